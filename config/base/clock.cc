@@ -1,0 +1,10 @@
+#include "config/base/clock.h"
+
+namespace tierkv {
+
+Clock* Clock::Real() {
+  static RealClock* clock = new RealClock();
+  return clock;
+}
+
+}  // namespace tierkv

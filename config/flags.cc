@@ -1,0 +1,202 @@
+#include "config/flags.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "config/units.h"
+
+namespace tierkv {
+namespace {
+
+absl::Status CheckBounds(const FlagSpec& spec, double v, absl::string_view text) {
+  if (v < spec.min || v > spec.max) {
+    return absl::InvalidArgumentError(absl::StrFormat("--%s: value '%s' is out of range [%g, %g]",
+                                                      spec.name, text, spec.min, spec.max));
+  }
+  return absl::OkStatus();
+}
+
+// Parses `text` for `spec` and stores it into cfg. `source` says where the
+// text came from ("", or " (from TIERKV_X)") for the error line.
+absl::Status ApplyValue(const FlagSpec& spec, void* cfg, absl::string_view text,
+                        absl::string_view source) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", spec.name, source, ": invalid value '", text, "': ", why));
+  };
+  switch (spec.type) {
+    case FlagType::kBool: {
+      std::string t = absl::AsciiStrToLower(text);
+      bool v;
+      if (t == "true" || t == "1" || t == "yes" || t == "on") {
+        v = true;
+      } else if (t == "false" || t == "0" || t == "no" || t == "off") {
+        v = false;
+      } else {
+        return bad("expected true or false");
+      }
+      spec.store(cfg, &v);
+      return absl::OkStatus();
+    }
+    case FlagType::kInt: {
+      int64_t v;
+      if (!absl::SimpleAtoi(text, &v)) return bad("expected an integer");
+      if (absl::Status s = CheckBounds(spec, static_cast<double>(v), text); !s.ok()) return s;
+      spec.store(cfg, &v);
+      return absl::OkStatus();
+    }
+    case FlagType::kSize: {
+      absl::StatusOr<uint64_t> v = ParseSize(text);
+      if (!v.ok()) return bad(v.status().message());
+      if (absl::Status s = CheckBounds(spec, static_cast<double>(*v), text); !s.ok()) return s;
+      spec.store(cfg, &*v);
+      return absl::OkStatus();
+    }
+    case FlagType::kDuration: {
+      absl::StatusOr<absl::Duration> v = ParseDuration(text);
+      if (!v.ok()) return bad(v.status().message());
+      if (absl::Status s = CheckBounds(spec, absl::ToDoubleSeconds(*v), text); !s.ok()) return s;
+      spec.store(cfg, &*v);
+      return absl::OkStatus();
+    }
+    case FlagType::kDouble: {
+      double v;
+      if (!absl::SimpleAtod(text, &v) || std::isnan(v)) return bad("expected a number");
+      if (absl::Status s = CheckBounds(spec, v, text); !s.ok()) return s;
+      spec.store(cfg, &v);
+      return absl::OkStatus();
+    }
+    case FlagType::kString: {
+      std::string v(text);
+      spec.store(cfg, &v);
+      return absl::OkStatus();
+    }
+  }
+  return absl::InternalError("unknown flag type");
+}
+
+}  // namespace
+
+std::string FlagEnvName(absl::string_view flag) {
+  std::string out = "TIERKV_";
+  for (char c : flag) out += c == '-' ? '_' : absl::ascii_toupper(c);
+  return out;
+}
+
+const char* Getenv(const char* name) { return std::getenv(name); }
+
+std::string PrintDuration(absl::Duration d) { return absl::FormatDuration(d); }
+
+absl::StatusOr<ParsedArgs> ParseFlags(const std::vector<FlagSpec>& specs, void* cfg, int argc,
+                                      const char* const* argv,
+                                      const std::function<const char*(const char*)>& getenv) {
+  absl::flat_hash_map<std::string, const FlagSpec*> by_name;
+  for (const FlagSpec& s : specs) by_name[s.name] = &s;
+
+  // Defaults first, then the environment, then the command line.
+  for (const FlagSpec& s : specs) {
+    if (absl::Status st = ApplyValue(s, cfg, s.default_value, " (default)"); !st.ok()) return st;
+  }
+  for (const FlagSpec& s : specs) {
+    std::string env = FlagEnvName(s.name);
+    if (const char* v = getenv(env.c_str()); v != nullptr) {
+      if (absl::Status st = ApplyValue(s, cfg, v, absl::StrCat(" (from ", env, ")")); !st.ok()) {
+        return st;
+      }
+    }
+  }
+
+  ParsedArgs out;
+  bool flags_done = false;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (flags_done || arg.size() < 2 || arg.substr(0, 2) != "--") {
+      out.positional.emplace_back(arg);
+      continue;
+    }
+    if (arg == "--") {
+      flags_done = true;
+      continue;
+    }
+    absl::string_view body = arg.substr(2);
+    absl::string_view name = body, value;
+    bool has_value = false;
+    if (size_t eq = body.find('='); eq != absl::string_view::npos) {
+      name = body.substr(0, eq);
+      value = body.substr(eq + 1);
+      has_value = true;
+    }
+    if (name == "help" || name == "h") {
+      out.help = true;
+      continue;
+    }
+    if (name == "print-config") {
+      out.print_config = true;
+      continue;
+    }
+    auto it = by_name.find(std::string(name));
+    if (it == by_name.end() && !has_value && name.substr(0, 3) == "no-") {
+      auto neg = by_name.find(std::string(name.substr(3)));
+      if (neg != by_name.end() && neg->second->type == FlagType::kBool) {
+        bool f = false;
+        neg->second->store(cfg, &f);
+        continue;
+      }
+    }
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+    }
+    const FlagSpec& spec = *it->second;
+    if (!has_value) {
+      if (spec.type == FlagType::kBool) {
+        bool t = true;
+        spec.store(cfg, &t);
+        continue;
+      }
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat("--", name, ": missing value"));
+      value = argv[++i];
+    }
+    if (absl::Status st = ApplyValue(spec, cfg, value, ""); !st.ok()) return st;
+  }
+  return out;
+}
+
+std::string FlagsHelp(const std::vector<FlagSpec>& specs, absl::string_view binary,
+                      absl::string_view summary) {
+  static constexpr const char* kTypeNames[] = {"bool", "int", "size", "duration", "number", "string"};
+  std::string out = absl::StrCat("usage: ", binary, " [flags]\n", summary, "\n\nflags:\n");
+  for (const FlagSpec& s : specs) {
+    absl::StrAppendFormat(&out, "  --%-22s %-8s %s\n", s.name, kTypeNames[static_cast<int>(s.type)],
+                          s.help);
+    absl::StrAppendFormat(&out, "  %-33s default '%s', env %s\n", "", s.default_value,
+                          FlagEnvName(s.name));
+  }
+  out += "  --print-config            print the resolved configuration and exit\n";
+  out += "  --help                    print this text and exit\n";
+  return out;
+}
+
+std::string FlagsDump(const std::vector<FlagSpec>& specs, const void* cfg) {
+  std::string out;
+  for (const FlagSpec& s : specs) absl::StrAppend(&out, s.name, " = ", s.print(cfg), "\n");
+  return out;
+}
+
+void ExitWithUsageError(absl::string_view binary, absl::string_view message) {
+  std::fprintf(stderr, "%.*s: %.*s\n", static_cast<int>(binary.size()), binary.data(),
+               static_cast<int>(message.size()), message.data());
+  std::exit(2);
+}
+
+void ExitWithText(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::exit(0);
+}
+
+}  // namespace tierkv

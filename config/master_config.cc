@@ -1,0 +1,47 @@
+#include "config/master_config.h"
+
+namespace tierkv {
+
+const FlagTable<MasterConfig>& MasterFlags() {
+  using C = MasterConfig;
+  static const FlagTable<C>* table = new FlagTable<C>(
+      "tierkv-master", "The tierkv master: segment registry, object index, metadata and metrics.",
+      {
+          StringFlag<C>("listen", &C::listen, "127.0.0.1", "address the gRPC and HTTP servers bind"),
+          IntFlag<C>("rpc-port", &C::rpc_port, "50051", 0, 65535, "gRPC port; 0 picks a free one"),
+          IntFlag<C>("http-port", &C::http_port, "8080", 0, 65535,
+                     "HTTP port (metadata, /v1 queries, /metrics, /health, /ready); 0 picks one"),
+          StringFlag<C>("data-dir", &C::data_dir, "",
+                        "RocksDB directory for the registry, index and metadata; empty keeps "
+                        "them in memory only"),
+          DurationFlag<C>("segment-ttl", &C::segment_ttl, "10s", 0.01, 86400,
+                          "a segment whose heartbeats stop this long is unmounted"),
+          DurationFlag<C>("put-timeout", &C::put_timeout, "30s", 0.01, 86400,
+                          "a put not committed this long after PutStart is reclaimed"),
+          DurationFlag<C>("lease-ttl", &C::lease_ttl, "5s", 0.001, 3600,
+                          "how long a read lease keeps an object from eviction"),
+          DurationFlag<C>("check-interval", &C::check_interval, "500ms", 0.001, 60,
+                          "period of liveness checks, reclaiming and eviction"),
+          DoubleFlag<C>("high-watermark", &C::high_watermark, "0.95", 0.01, 1,
+                        "eviction starts when used/capacity passes this"),
+          DoubleFlag<C>("low-watermark", &C::low_watermark, "0.90", 0, 1,
+                        "eviction stops at this used/capacity"),
+          IntFlag<C>("shards", &C::shards, "16", 1, 256, "object index shards"),
+          IntFlag<C>("max-key-bytes", &C::max_key_bytes, "4096", 1, 1 << 20, "longest key accepted"),
+          IntFlag<C>("max-batch", &C::max_batch, "65536", 1, 1 << 24, "most keys in one RPC"),
+          SizeFlag<C>("max-message-size", &C::max_message_size, "64mib", 1024, 1u << 31,
+                      "largest gRPC message received or sent"),
+          SizeFlag<C>("max-http-body", &C::max_http_body, "16mib", 1024, 1u << 31,
+                      "largest HTTP request body (413 beyond)"),
+          IntFlag<C>("http-threads", &C::http_threads, "8", 1, 256, "HTTP worker threads"),
+      },
+      [](const C& c) {
+        if (c.low_watermark > c.high_watermark) {
+          return absl::InvalidArgumentError("--low-watermark must not exceed --high-watermark");
+        }
+        return absl::OkStatus();
+      });
+  return *table;
+}
+
+}  // namespace tierkv

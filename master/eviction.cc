@@ -1,0 +1,325 @@
+// The object index's background work: eviction in prefix-aware LRU order,
+// reclaiming timed-out puts, finishing dead groups, dropping the objects of
+// departed segments, rebuilding from the store, and invariant checks.
+#include "absl/strings/str_cat.h"
+#include "config/base/log.h"
+#include "config/base/status.h"
+#include "master/internal/index_impl.h"
+#include "proto/master.pb.h"
+
+namespace tierkv::master {
+
+uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
+  MutexLock evicting(&evict_mu_);
+  uint64_t freed = 0;
+  int64_t now = NowMs();
+  // Unpinned leaves first; soft-pinned leaves only when those run out.
+  for (ListId list : {ListId::kLeaf, ListId::kPinnedLeaf}) {
+    int idle_rounds = 0;
+    while (registry_->used() > target_used) {
+      // The shard whose least recent candidate is oldest goes next.
+      size_t best = shards_.size();
+      uint32_t best_access = UINT32_MAX;
+      for (size_t i = 0; i < shards_.size(); ++i) {
+        Shard& s = *shards_[i];
+        MutexLock lock(&s.mu);
+        uint32_t tail = s.lists[static_cast<int>(list)].tail;
+        if (tail != kNil && s.objects[tail].access < best_access) {
+          best = i;
+          best_access = s.objects[tail].access;
+        }
+      }
+      if (best == shards_.size()) break;
+      Shard& s = *shards_[best];
+      FollowUp follow;
+      bool progressed = false;
+      {
+        MutexLock lock(&s.mu);
+        std::vector<Mutation> mutations;
+        LruList& l = s.lists[static_cast<int>(list)];
+        size_t budget = std::min<size_t>(l.size, 32);
+        for (size_t k = 0; k < budget && l.tail != kNil; ++k) {
+          uint32_t slot = l.tail;
+          Object& o = s.objects[slot];
+          bool filling = o.group != nullptr && !o.group->visible.load() && !o.group->dead;
+          if (Leased(o, now) || filling) {
+            // In use (or its group is still being written): skip it by
+            // making it most recent; it was just read anyway.
+            Unlist(s, slot);
+            ListAtHead(s, slot);
+            continue;
+          }
+          freed += registry_->Rounded(o.size) * o.replicas.size();
+          evicted_bytes_.fetch_add(o.size);
+          evictions_.fetch_add(1);
+          Erase(s, slot, &mutations, &follow);
+          progressed = true;
+        }
+        Persist(&mutations);
+      }
+      RunFollowUps(std::move(follow));
+      if (progressed) {
+        idle_rounds = 0;
+      } else if (++idle_rounds > static_cast<int>(shards_.size()) * 2) {
+        break;  // everything left is leased or still filling
+      }
+    }
+  }
+  return freed;
+}
+
+void ObjectIndex::Impl::MaybeEvict() {
+  uint64_t capacity = registry_->capacity();
+  if (capacity == 0) return;
+  uint64_t used = registry_->used();
+  if (used <= static_cast<uint64_t>(options_.high_watermark * capacity)) return;
+  EvictTo(static_cast<uint64_t>(options_.low_watermark * capacity));
+}
+
+void ObjectIndex::Impl::KillGroup(Group* g) {
+  std::vector<std::string> keys;
+  {
+    MutexLock lock(&groups_mu_);
+    keys = g->keys;
+  }
+  FollowUp follow;
+  for (const std::string& key : keys) EraseByKey(key, g, /*force=*/false, &follow);
+  RunFollowUps(std::move(follow));
+  bool keep = false;
+  {
+    MutexLock lock(&groups_mu_);
+    if (g->alive > 0) {
+      dead_groups_.push_back(g);  // a leased member: retry on a later tick
+      keep = true;
+    }
+  }
+  if (!keep) ReleaseGroupPin(g);
+}
+
+void ObjectIndex::Impl::Tick() {
+  int64_t now = NowMs();
+  FollowUp follow;
+  uint64_t reclaimed = 0;
+  for (auto& sp : shards_) {
+    Shard& s = *sp;
+    MutexLock lock(&s.mu);
+    std::vector<uint32_t> expired;
+    for (const auto& [slot, info] : s.pending) {
+      if (s.objects[slot].deadline_ms <= now) expired.push_back(slot);
+    }
+    std::vector<Mutation> none;
+    for (uint32_t slot : expired) Erase(s, slot, &none, &follow);
+    reclaimed += expired.size();
+  }
+  if (reclaimed > 0) TKV_LOG(INFO) << "reclaimed " << reclaimed << " puts whose writer timed out";
+  RunFollowUps(std::move(follow));
+
+  std::vector<Group*> dead;
+  {
+    MutexLock lock(&groups_mu_);
+    dead.swap(dead_groups_);
+  }
+  for (Group* g : dead) KillGroup(g);
+  MaybeEvict();
+}
+
+uint64_t ObjectIndex::Impl::DropSegments(const std::vector<uint32_t>& ids) {
+  if (ids.empty()) return 0;
+  absl::flat_hash_set<uint32_t> gone(ids.begin(), ids.end());
+  uint64_t dropped = 0;
+  FollowUp follow;
+  for (auto& sp : shards_) {
+    Shard& s = *sp;
+    MutexLock lock(&s.mu);
+    std::vector<Mutation> mutations;
+    for (uint32_t slot = 0; slot < s.objects.size(); ++slot) {
+      Object& o = s.objects[slot];
+      if (o.state == ObjState::kFree) continue;
+      size_t before = o.replicas.size();
+      o.replicas.erase(std::remove_if(o.replicas.begin(), o.replicas.end(),
+                                      [&](const Replica& r) { return gone.contains(r.segment_id); }),
+                       o.replicas.end());
+      if (o.replicas.size() == before) continue;
+      if (o.replicas.empty()) {
+        Erase(s, slot, &mutations, &follow);
+        ++dropped;
+      } else if (o.state == ObjState::kComplete) {
+        // Keep the surviving replicas durable; the parent link is rebuilt
+        // only from records, so keep the record's parent key as it was.
+        absl::StatusOr<std::string> old = store_->Get(absl::StrCat("o/", o.key));
+        v1::ObjectRecord rec;
+        std::string parent = old.ok() && rec.ParseFromString(*old) ? rec.parent_key() : "";
+        mutations.push_back({absl::StrCat("o/", o.key), EncodeRecord(o, parent), false});
+      }
+    }
+    Persist(&mutations);
+  }
+  RunFollowUps(std::move(follow));
+  return dropped;
+}
+
+absl::StatusOr<uint64_t> ObjectIndex::Impl::Recover() {
+  std::vector<std::pair<std::string, std::string>> links;  // child, parent
+  absl::flat_hash_map<std::string, Group*> groups;
+  std::vector<Mutation> stale;
+  uint64_t restored = 0;
+  absl::Status scan = store_->Scan("o/", [&](absl::string_view k, absl::string_view v) {
+    std::string key(k.substr(2));
+    v1::ObjectRecord rec;
+    if (!ValidateKey(key, options_.max_key_bytes).ok() ||
+        !rec.ParseFromArray(v.data(), static_cast<int>(v.size())) || rec.size() == 0) {
+      TKV_LOG(WARNING) << "dropping an unreadable object record (" << k.size() << " byte key)";
+      stale.push_back({std::string(k), "", true});
+      return true;
+    }
+    absl::InlinedVector<Replica, 1> replicas;
+    for (const v1::Extent& e : rec.replicas()) {
+      std::optional<uint32_t> id = registry_->IdOf(e.segment());
+      if (!id) continue;
+      Replica r{*id, e.offset()};
+      if (absl::Status st = registry_->Reserve(r, rec.size()); !st.ok()) {
+        TKV_LOG(WARNING) << "object " << key << ": dropping replica on " << e.segment() << ": " << st;
+        continue;
+      }
+      replicas.push_back(r);
+    }
+    if (replicas.empty()) {
+      stale.push_back({std::string(k), "", true});
+      return true;
+    }
+    Shard& s = *shards_[ShardOf(key)];
+    MutexLock lock(&s.mu);
+    uint32_t slot = NewSlot(s);
+    Object& o = s.objects[slot];
+    o.key = key;
+    o.size = rec.size();
+    o.replicas = replicas;
+    o.state = ObjState::kComplete;
+    o.soft_pin = rec.soft_pin();
+    o.access = AccessTick();
+    s.index.insert(slot);
+    ListAtHead(s, slot);
+    objects_.fetch_add(1);
+    if (o.soft_pin) pinned_.fetch_add(1);
+    key_bytes_.fetch_add(key.size());
+    if (!rec.group().empty()) {
+      Group*& g = groups[rec.group()];
+      if (g == nullptr) {
+        g = new Group();
+        g->id = rec.group();
+        g->members = rec.group_size();
+        g->completed = 0;
+        g->alive = 0;
+      }
+      MutexLock glock(&groups_mu_);
+      ++g->alive;
+      ++g->completed;
+      g->keys.push_back(key);
+      o.group = g;
+    }
+    if (!rec.parent_key().empty()) links.emplace_back(key, rec.parent_key());
+    ++restored;
+    return true;
+  });
+  if (!scan.ok()) return scan;
+
+  for (auto& [id, g] : groups) {
+    MutexLock lock(&groups_mu_);
+    g->serial = next_group_serial_++;
+    if (g->completed == g->members) {
+      g->visible.store(true);
+      groups_[id] = g;
+    } else {
+      pins_[g] = 1;  // a member is missing: the group is dropped below
+    }
+  }
+  for (auto& [id, g] : groups) {
+    if (g->visible.load()) continue;
+    FollowUp follow;
+    std::vector<std::string> keys;
+    {
+      MutexLock lock(&groups_mu_);
+      keys = g->keys;
+    }
+    for (const std::string& key : keys) EraseByKey(key, g, /*force=*/true, &follow);
+    RunFollowUps(std::move(follow));
+    restored -= keys.size();
+    ReleaseGroupPin(g);
+  }
+  for (const auto& [child, parent] : links) LinkParent(ShardOf(child), child, parent);
+  if (!stale.empty()) RETURN_IF_ERROR(store_->Write(stale));
+  return restored;
+}
+
+absl::Status ObjectIndex::Impl::CheckInvariants() {
+  // Lock every shard, in order, for one consistent view.
+  std::vector<std::unique_ptr<MutexLock>> locks;
+  for (auto& sp : shards_) locks.push_back(std::make_unique<MutexLock>(&sp->mu));
+  absl::flat_hash_map<uint32_t, uint64_t> used_by_objects;
+  absl::flat_hash_map<std::pair<size_t, uint32_t>, uint32_t> children;
+  uint64_t complete = 0, pending = 0;
+  for (size_t si = 0; si < shards_.size(); ++si) {
+    Shard& s = *shards_[si];
+    size_t live = 0;
+    for (uint32_t slot = 0; slot < s.objects.size(); ++slot) {
+      const Object& o = s.objects[slot];
+      if (o.state == ObjState::kFree) continue;
+      ++live;
+      (o.state == ObjState::kComplete ? complete : pending)++;
+      if (Find(s, o.key) != slot) return absl::InternalError(absl::StrCat("key ", o.key, " not indexed"));
+      if (o.replicas.empty()) return absl::InternalError(absl::StrCat(o.key, " has no replica"));
+      for (const Replica& r : o.replicas) used_by_objects[r.segment_id] += registry_->Rounded(o.size);
+      bool should_list = o.state == ObjState::kComplete && o.children == 0;
+      if (should_list != (o.list != ListId::kNone)) {
+        return absl::InternalError(absl::StrCat(o.key, ": eviction list membership is wrong"));
+      }
+      if (o.parent_slot != kNil) {
+        const Shard& ps = *shards_[o.parent_shard];
+        if (o.parent_slot < ps.objects.size() && ps.objects[o.parent_slot].gen == o.parent_gen) {
+          ++children[{o.parent_shard, o.parent_slot}];
+        }
+      }
+    }
+    if (live != s.index.size()) return absl::InternalError("index size disagrees with slots");
+    for (int l = 1; l <= 2; ++l) {
+      size_t n = 0;
+      uint32_t prev = kNil;
+      for (uint32_t cur = s.lists[l].head; cur != kNil; cur = s.objects[cur].next) {
+        if (s.objects[cur].prev != prev || static_cast<int>(s.objects[cur].list) != l) {
+          return absl::InternalError("eviction list links are broken");
+        }
+        prev = cur;
+        if (++n > s.objects.size()) return absl::InternalError("eviction list has a cycle");
+      }
+      if (n != s.lists[l].size || prev != s.lists[l].tail) {
+        return absl::InternalError("eviction list size or tail is wrong");
+      }
+    }
+  }
+  for (size_t si = 0; si < shards_.size(); ++si) {
+    Shard& s = *shards_[si];
+    for (uint32_t slot = 0; slot < s.objects.size(); ++slot) {
+      const Object& o = s.objects[slot];
+      if (o.state == ObjState::kFree) continue;
+      auto it = children.find({si, slot});
+      uint32_t want = it == children.end() ? 0 : it->second;
+      if (o.children != want) {
+        return absl::InternalError(
+            absl::StrCat(o.key, ": child count ", o.children, " but ", want, " children point at it"));
+      }
+    }
+  }
+  if (complete != objects_.load() || pending != pending_.load()) {
+    return absl::InternalError("object counters disagree with the index");
+  }
+  for (const auto& [id, used] : registry_->UsedById()) {
+    uint64_t want = used_by_objects.contains(id) ? used_by_objects[id] : 0;
+    if (used != want) {
+      return absl::InternalError(absl::StrCat("segment ", registry_->Name(id), ": allocator says ",
+                                              used, " bytes used, objects hold ", want));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tierkv::master

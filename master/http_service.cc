@@ -1,0 +1,169 @@
+#include "master/http_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace tierkv::master {
+namespace {
+
+using json = nlohmann::json;
+
+void SendJson(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(), "application/json");
+}
+
+void SendError(httplib::Response& res, int status, absl::string_view message) {
+  SendJson(res, status, json{{"error", message}});
+}
+
+int HttpStatusFor(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kInvalidArgument:
+      return 400;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    default:
+      return 500;
+  }
+}
+
+json ExtentsJson(const std::vector<ExtentOut>& extents) {
+  json out = json::array();
+  for (const ExtentOut& e : extents) {
+    out.push_back({{"segment", e.segment}, {"offset", e.offset}, {"length", e.length}});
+  }
+  return out;
+}
+
+json SegmentJson(const SegmentSnapshot& s) {
+  return {{"name", s.spec.name},
+          {"host", s.spec.host},
+          {"capacity", s.spec.capacity},
+          {"used", s.used},
+          {"incarnation", s.spec.incarnation},
+          {"endpoint", s.spec.endpoint},
+          {"state", s.recovering ? "recovering" : "live"},
+          {"last_heartbeat_unix_ms", absl::ToUnixMillis(s.last_heartbeat)}};
+}
+
+// The metadata key from ?key=; false (with a 400 sent) when it is missing
+// or breaks the key rules.
+bool MetadataKey(const httplib::Request& req, httplib::Response& res, const HttpLimits& limits,
+                 std::string* key) {
+  if (!req.has_param("key")) {
+    SendError(res, 400, "missing ?key= parameter");
+    return false;
+  }
+  *key = req.get_param_value("key");
+  if (absl::Status s = ValidateKey(*key, limits.max_key_bytes); !s.ok()) {
+    SendError(res, 400, s.message());
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limits) {
+  server->set_payload_max_length(limits.max_body);
+
+  server->Get("/metadata", [=](const httplib::Request& req, httplib::Response& res) {
+    std::string key;
+    if (!MetadataKey(req, res, limits, &key)) return;
+    absl::StatusOr<std::string> v = master->GetMetadata(key);
+    if (!v.ok()) return SendError(res, HttpStatusFor(v.status()), absl::IsNotFound(v.status()) ? "metadata not found" : v.status().message());
+    res.set_content(*v, "application/octet-stream");
+  });
+  server->Put("/metadata", [=](const httplib::Request& req, httplib::Response& res) {
+    std::string key;
+    if (!MetadataKey(req, res, limits, &key)) return;
+    absl::Status s = master->PutMetadata(key, req.body);
+    if (!s.ok()) return SendError(res, HttpStatusFor(s), s.message());
+    res.set_content("metadata updated", "text/plain");
+  });
+  server->Delete("/metadata", [=](const httplib::Request& req, httplib::Response& res) {
+    std::string key;
+    if (!MetadataKey(req, res, limits, &key)) return;
+    absl::Status s = master->DeleteMetadata(key);
+    if (!s.ok()) return SendError(res, HttpStatusFor(s), absl::IsNotFound(s) ? "metadata not found" : s.message());
+    res.set_content("metadata deleted", "text/plain");
+  });
+
+  server->Get("/v1/segments", [=](const httplib::Request&, httplib::Response& res) {
+    json out = json::array();
+    for (const SegmentSnapshot& s : master->registry().Snapshot()) out.push_back(SegmentJson(s));
+    SendJson(res, 200, out);
+  });
+  server->Get(R"(/v1/segments/(.+))", [=](const httplib::Request& req, httplib::Response& res) {
+    std::string name = req.matches[1];
+    for (const SegmentSnapshot& s : master->registry().Snapshot()) {
+      if (s.spec.name == name) return SendJson(res, 200, SegmentJson(s));
+    }
+    SendError(res, 404, absl::StrCat("no segment ", name));
+  });
+  server->Get(R"(/v1/objects/(.+))", [=](const httplib::Request& req, httplib::Response& res) {
+    std::string key = req.matches[1];
+    if (absl::Status s = ValidateKey(key, limits.max_key_bytes); !s.ok()) {
+      return SendError(res, 400, s.message());
+    }
+    absl::StatusOr<ObjectInfo> info = master->index().Describe(key);
+    if (!info.ok()) return SendError(res, 404, absl::StrCat("no object ", key));
+    json lease = nullptr;
+    if (info->lease_expiry != absl::Time()) lease = absl::ToUnixMillis(info->lease_expiry);
+    SendJson(res, 200,
+             {{"key", key},
+              {"size", info->size},
+              {"state", info->state},
+              {"visible", info->visible},
+              {"replicas", ExtentsJson(info->replicas)},
+              {"lease_expiry_unix_ms", lease},
+              {"soft_pin", info->soft_pin},
+              {"group", info->group},
+              {"cached_children", info->children}});
+  });
+  server->Get("/v1/stats", [=](const httplib::Request&, httplib::Response& res) {
+    IndexStats st = master->index().Stats();
+    uint64_t used = master->registry().used(), capacity = master->registry().capacity();
+    SendJson(res, 200,
+             {{"objects", st.objects},
+              {"pending", st.pending},
+              {"groups", st.groups},
+              {"leased", st.leased},
+              {"pinned", st.pinned},
+              {"evictions", st.evictions},
+              {"evicted_bytes", st.evicted_bytes},
+              {"index_memory_bytes", st.memory_bytes},
+              {"used_bytes", used},
+              {"capacity_bytes", capacity},
+              {"segments", master->registry().Snapshot().size()},
+              {"clients", master->clients_seen()}});
+  });
+  server->Get("/metrics", [=](const httplib::Request&, httplib::Response& res) {
+    res.set_content(master->metrics().Serialize(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server->Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  server->Get("/ready", [](const httplib::Request&, httplib::Response& res) {
+    // A Master exists only once recovery has finished, so serving is ready.
+    res.set_content("ready\n", "text/plain");
+  });
+
+  server->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;  // a handler already explained itself
+    if (res.status == 404) {
+      SendError(res, 404, absl::StrCat("no route for ", req.method, " ", req.path));
+    } else if (res.status == 413) {
+      SendError(res, 413, "request body too large");
+    } else {
+      SendError(res, res.status, "bad request");
+    }
+  });
+  server->set_exception_handler([](const httplib::Request&, httplib::Response& res,
+                                   std::exception_ptr) { SendError(res, 500, "internal error"); });
+}
+
+}  // namespace tierkv::master

@@ -1,0 +1,29 @@
+// The master's HTTP face (cpp-httplib):
+//
+//   GET|PUT|DELETE /metadata?key=K   opaque values, Mooncake-compatible:
+//                                    GET of a missing key is 404
+//   GET /v1/segments                 JSON list of segments
+//   GET /v1/segments/{name}          one segment (404 if unknown)
+//   GET /v1/objects/{key}            replicas, size, state, lease, pin
+//   GET /v1/stats                    index and capacity figures
+//   GET /metrics                     Prometheus text format 0.0.4
+//   GET /health, /ready              liveness, readiness
+//
+// Malformed requests get 400 and unknown paths 404, each with a JSON body
+// {"error": "..."}; bodies over the limit get 413.
+#pragma once
+
+#include "httplib.h"
+#include "master/master.h"
+
+namespace tierkv::master {
+
+struct HttpLimits {
+  size_t max_body = 16 << 20;
+  size_t max_key_bytes = 4096;
+};
+
+// Installs the routes on `server`; `master` must outlive it.
+void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limits);
+
+}  // namespace tierkv::master

@@ -1,0 +1,188 @@
+// Private to master/: the ObjectIndex's data structures, shared by
+// object_index.cc (the request paths) and eviction.cc (eviction, liveness,
+// recovery). See object_index.h for the contract.
+#pragma once
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/hash/hash.h"
+#include "master/object_index.h"
+
+namespace tierkv::master {
+
+inline constexpr uint32_t kNil = UINT32_MAX;
+
+enum class ObjState : uint8_t { kFree, kPending, kComplete };
+enum class ListId : uint8_t { kNone = 0, kLeaf = 1, kPinnedLeaf = 2 };
+
+struct Group {
+  std::string id;
+  uint64_t serial;
+  uint32_t members;    // declared by the PutStart that made it
+  uint32_t completed;  // members that reached PutEnd
+  uint32_t alive;      // members still in the index
+  std::atomic<bool> visible{false};
+  bool dead = false;   // a member left; the rest must follow
+  std::vector<std::string> keys;
+};
+
+// ~112 bytes; the key's characters live in the std::string (heap for keys
+// longer than 15 bytes). Field order packs the small ones together.
+struct Object {
+  std::string key;
+  uint64_t size = 0;
+  absl::InlinedVector<Replica, 1> replicas;
+  int64_t deadline_ms = 0;  // lease expiry (complete) or put deadline (pending)
+  Group* group = nullptr;
+  uint32_t prev = kNil, next = kNil;  // leaf-LRU links within the shard
+  uint32_t parent_slot = kNil;
+  uint32_t parent_gen = 0;
+  uint32_t children = 0;
+  uint32_t gen = 0;     // bumped when the slot is freed, to detect stale refs
+  uint32_t access = 0;  // seconds since index start of the last access
+  uint8_t parent_shard = 0;
+  ObjState state = ObjState::kFree;
+  ListId list = ListId::kNone;
+  bool soft_pin = false;
+};
+
+struct Shard;
+
+// Hash and equality over slot numbers that resolve to the slot's key, so
+// the set stores 4 bytes per object and looks up by string_view.
+struct SlotHash {
+  using is_transparent = void;
+  const std::deque<Object>* objects;
+  size_t operator()(uint32_t slot) const { return absl::HashOf(absl::string_view((*objects)[slot].key)); }
+  size_t operator()(absl::string_view key) const { return absl::HashOf(key); }
+};
+struct SlotEq {
+  using is_transparent = void;
+  const std::deque<Object>* objects;
+  bool operator()(uint32_t a, uint32_t b) const { return a == b; }
+  bool operator()(uint32_t a, absl::string_view b) const { return (*objects)[a].key == b; }
+  bool operator()(absl::string_view a, uint32_t b) const { return a == (*objects)[b].key; }
+};
+
+struct LruList {
+  uint32_t head = kNil;  // most recent
+  uint32_t tail = kNil;  // least recent
+  size_t size = 0;
+};
+
+struct PendingInfo {
+  std::string parent_key;
+};
+
+struct Shard {
+  Shard() : index(0, SlotHash{&objects}, SlotEq{&objects}) {}
+  Mutex mu;
+  std::deque<Object> objects ABSL_GUARDED_BY(mu);
+  std::vector<uint32_t> free_slots ABSL_GUARDED_BY(mu);
+  absl::flat_hash_set<uint32_t, SlotHash, SlotEq> index ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<uint32_t, PendingInfo> pending ABSL_GUARDED_BY(mu);
+  LruList lists[3] ABSL_GUARDED_BY(mu);  // indexed by ListId; [0] unused
+  uint64_t leased_hint ABSL_GUARDED_BY(mu) = 0;
+};
+
+// Work to do after a shard lock is released: parents whose child left, and
+// groups whose member left.
+struct FollowUp {
+  struct ParentRef {
+    uint8_t shard;
+    uint32_t slot;
+    uint32_t gen;
+  };
+  std::vector<ParentRef> parents;
+  std::vector<Group*> groups;  // each holds a pin (see ReleaseGroupPin)
+};
+
+class ObjectIndex::Impl {
+ public:
+  Impl(IndexOptions options, SegmentRegistry* registry, IndexStore* store, Clock* clock);
+  ~Impl();
+
+  // --- object_index.cc
+  std::vector<PutStartOut> PutStart(const std::vector<PutItem>& items);
+  std::vector<absl::Status> PutEnd(const std::vector<std::string>& keys);
+  std::vector<absl::Status> PutRevoke(const std::vector<std::string>& keys);
+  std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys);
+  std::vector<bool> Exists(const std::vector<std::string>& keys);
+  size_t PrefixMatch(const std::vector<std::string>& keys);
+  std::vector<absl::Status> Remove(const std::vector<std::string>& keys, bool force);
+  uint64_t RemoveAll(bool force);
+  absl::StatusOr<ObjectInfo> Describe(const std::string& key);
+  IndexStats Stats() const;
+
+  // --- eviction.cc
+  uint64_t EvictTo(uint64_t target_used);
+  void MaybeEvict();
+  void Tick();
+  uint64_t DropSegments(const std::vector<uint32_t>& ids);
+  absl::StatusOr<uint64_t> Recover();
+  absl::Status CheckInvariants();
+
+ private:
+  size_t ShardOf(absl::string_view key) const;
+  int64_t NowMs() const;
+  uint32_t AccessTick() const;
+
+  // Shard-locked helpers.
+  uint32_t Find(Shard& s, absl::string_view key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  uint32_t NewSlot(Shard& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void Unlist(Shard& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void ListAtHead(Shard& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void ListAtTail(Shard& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void Touch(Shard& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  bool Visible(const Object& o) const;
+  bool Leased(const Object& o, int64_t now_ms) const;
+  // Removes the object in `slot`: frees its live extents, deletes its
+  // record (into *mutations), and records parent/group follow-ups.
+  void Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mutations, FollowUp* follow)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void Persist(std::vector<Mutation>* mutations);
+  // Runs follow-ups with no shard lock held.
+  void RunFollowUps(FollowUp follow);
+  void DecrementParent(const FollowUp::ParentRef& ref);
+  // Removes the remaining members of a dead group (skipping leased ones,
+  // which Tick retries). Consumes one pin on `group`.
+  void KillGroup(Group* group);
+  void ReleaseGroupPin(Group* group);
+  std::string EncodeRecord(const Object& o, const std::string& parent_key) const;
+  std::vector<ExtentOut> VisibleExtents(const Object& o,
+                                        const absl::flat_hash_map<uint32_t, std::string>& names) const;
+  absl::flat_hash_map<uint32_t, std::string> LiveNames() const;
+  // Links a freshly completed child to its complete parent (if any).
+  void LinkParent(size_t child_shard, absl::string_view child_key, const std::string& parent_key);
+  void EraseByKey(const std::string& key, Group* only_group, bool force, FollowUp* follow);
+
+  const IndexOptions options_;
+  SegmentRegistry* const registry_;
+  IndexStore* const store_;
+  Clock* const clock_;
+  const absl::Time start_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+
+  Mutex groups_mu_;
+  // Groups by id, plus pins: a group is deleted when it has neither members
+  // nor pins (a pin is held across a follow-up that touches it).
+  absl::flat_hash_map<std::string, Group*> groups_ ABSL_GUARDED_BY(groups_mu_);
+  absl::flat_hash_map<Group*, int> pins_ ABSL_GUARDED_BY(groups_mu_);
+  uint64_t next_group_serial_ ABSL_GUARDED_BY(groups_mu_) = 1;
+  // Dead groups with members that were leased when the group died; each
+  // holds a pin. Tick retries them.
+  std::vector<Group*> dead_groups_ ABSL_GUARDED_BY(groups_mu_);
+
+  Mutex evict_mu_;  // one evictor at a time
+  std::atomic<uint64_t> objects_{0}, pending_{0}, evictions_{0}, evicted_bytes_{0};
+  std::atomic<uint64_t> pinned_{0}, key_bytes_{0};
+
+  friend class ObjectIndex;
+};
+
+}  // namespace tierkv::master

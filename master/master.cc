@@ -1,0 +1,223 @@
+#include "master/master.h"
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "config/base/log.h"
+#include "config/base/status.h"
+#include "proto/master.pb.h"
+
+namespace tierkv::master {
+namespace {
+
+constexpr char kSegmentPrefix[] = "s/";
+constexpr char kMetadataPrefix[] = "m/";
+
+std::string EncodeSegment(const SegmentSpec& spec) {
+  v1::SegmentRecord rec;
+  v1::Segment* s = rec.mutable_segment();
+  s->set_name(spec.name);
+  s->set_host(spec.host);
+  s->set_capacity(spec.capacity);
+  s->set_incarnation(spec.incarnation);
+  s->set_endpoint(spec.endpoint);
+  return rec.SerializeAsString();
+}
+
+}  // namespace
+
+Master::Master(MasterOptions options, std::unique_ptr<IndexStore> store, Clock* clock)
+    : options_(options), clock_(clock), store_(std::move(store)) {
+  index_ = std::make_unique<ObjectIndex>(options_.index, &registry_, store_.get(), clock_);
+  RegisterMetrics();
+}
+
+absl::StatusOr<std::unique_ptr<Master>> Master::Create(MasterOptions options,
+                                                       std::unique_ptr<IndexStore> store,
+                                                       Clock* clock) {
+  std::unique_ptr<Master> m(new Master(options, std::move(store), clock));
+  RETURN_IF_ERROR(m->Recover());
+  return m;
+}
+
+absl::Status Master::Recover() {
+  uint64_t segments = 0;
+  std::vector<Mutation> stale;
+  RETURN_IF_ERROR(store_->Scan(kSegmentPrefix, [&](absl::string_view k, absl::string_view v) {
+    v1::SegmentRecord rec;
+    if (!rec.ParseFromArray(v.data(), static_cast<int>(v.size())) ||
+        rec.segment().name().empty() || rec.segment().capacity() == 0) {
+      TKV_LOG(WARNING) << "dropping an unreadable segment record";
+      stale.push_back({std::string(k), "", true});
+      return true;
+    }
+    const v1::Segment& s = rec.segment();
+    registry_.Recover({s.name(), s.host(), s.capacity(), s.incarnation(), s.endpoint()},
+                      clock_->Now());
+    ++segments;
+    return true;
+  }));
+  RETURN_IF_ERROR(store_->Write(stale));
+  ASSIGN_OR_RETURN(uint64_t objects, index_->Recover());
+  if (segments > 0 || objects > 0) {
+    TKV_LOG(INFO) << "recovered " << segments << " segments (awaiting re-mount) and " << objects
+                  << " objects";
+  }
+  RETURN_IF_ERROR(index_->CheckInvariants());
+  return absl::OkStatus();
+}
+
+void Master::DropSegmentIds(const std::vector<uint32_t>& ids, absl::string_view why) {
+  if (ids.empty()) return;
+  uint64_t dropped = index_->DropSegments(ids);
+  segments_dropped_->Increment(static_cast<double>(ids.size()));
+  TKV_LOG(WARNING) << ids.size() << " segment(s) left (" << why << "); " << dropped
+                   << " objects dropped with them";
+}
+
+std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments) {
+  std::vector<absl::Status> out;
+  for (const SegmentSpec& spec : segments) {
+    bool restored = false;
+    std::optional<uint32_t> replaced;
+    absl::StatusOr<uint32_t> id = registry_.Mount(spec, clock_->Now(), &restored, &replaced);
+    if (!id.ok()) {
+      out.push_back(id.status());
+      continue;
+    }
+    if (replaced) DropSegmentIds({*replaced}, absl::StrCat(spec.name, " re-mounted as a new incarnation"));
+    absl::Status st = store_->Write({{absl::StrCat(kSegmentPrefix, spec.name), EncodeSegment(spec), false}});
+    if (!st.ok()) TKV_LOG(ERROR) << "persisting segment " << spec.name << ": " << st;
+    TKV_LOG(INFO) << (restored ? "re-mounted " : "mounted ") << spec.name << " ("
+                  << spec.capacity << " bytes, host " << spec.host << ")";
+    out.push_back(absl::OkStatus());
+  }
+  return out;
+}
+
+std::vector<absl::Status> Master::Unmount(const std::vector<std::string>& names) {
+  std::vector<absl::Status> out;
+  for (const std::string& name : names) {
+    absl::StatusOr<uint32_t> id = registry_.Unmount(name);
+    if (!id.ok()) {
+      out.push_back(id.status());
+      continue;
+    }
+    (void)store_->Write({{absl::StrCat(kSegmentPrefix, name), "", true}});
+    DropSegmentIds({*id}, absl::StrCat(name, " unmounted"));
+    out.push_back(absl::OkStatus());
+  }
+  return out;
+}
+
+HeartbeatResult Master::Heartbeat(const std::vector<SegmentSpec>& segments,
+                                  const std::string& client_id) {
+  HeartbeatResult out;
+  out.ttl = options_.segment_ttl;
+  absl::Time now = clock_->Now();
+  for (const SegmentSpec& s : segments) {
+    if (!registry_.Heartbeat(s.name, s.incarnation, now)) out.remount.push_back(s.name);
+  }
+  if (!client_id.empty()) {
+    MutexLock lock(&clients_mu_);
+    clients_[client_id] = now;
+  }
+  return out;
+}
+
+void Master::Tick() {
+  absl::Time now = clock_->Now();
+  std::vector<uint32_t> gone = registry_.Expire(now, options_.segment_ttl);
+  if (!gone.empty()) {
+    // Their names are no longer known to the registry; drop persisted
+    // records that no live segment carries.
+    std::vector<Mutation> removals;
+    absl::flat_hash_set<std::string> live;
+    for (const SegmentSnapshot& s : registry_.Snapshot()) live.insert(s.spec.name);
+    (void)store_->Scan(kSegmentPrefix, [&](absl::string_view k, absl::string_view) {
+      if (!live.contains(k.substr(2))) removals.push_back({std::string(k), "", true});
+      return true;
+    });
+    (void)store_->Write(removals);
+    DropSegmentIds(gone, "heartbeats stopped");
+  }
+  index_->Tick();
+  MutexLock lock(&clients_mu_);
+  for (auto it = clients_.begin(); it != clients_.end();) {
+    if (now - it->second > options_.segment_ttl) {
+      clients_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+uint64_t Master::clients_seen() const {
+  MutexLock lock(&clients_mu_);
+  return clients_.size();
+}
+
+absl::StatusOr<std::string> Master::GetMetadata(const std::string& key) {
+  return store_->Get(absl::StrCat(kMetadataPrefix, key));
+}
+
+absl::Status Master::PutMetadata(const std::string& key, const std::string& value) {
+  return store_->Write({{absl::StrCat(kMetadataPrefix, key), value, false}});
+}
+
+absl::Status Master::DeleteMetadata(const std::string& key) {
+  std::string k = absl::StrCat(kMetadataPrefix, key);
+  ASSIGN_OR_RETURN(std::string unused, store_->Get(k));
+  (void)unused;
+  return store_->Write({{k, "", true}});
+}
+
+absl::Status Master::Flush() { return store_->Flush(); }
+
+void Master::RegisterMetrics() {
+  segments_dropped_ = &metrics::BuildCounter()
+                           .Name("tierkv_master_segments_dropped_total")
+                           .Help("Segments unmounted by the master (missed heartbeats, re-mounts)")
+                           .Register(metrics_)
+                           .Add({});
+  auto& objects = metrics::BuildGauge().Name("tierkv_master_objects").Help("Objects in the index by state").Register(metrics_);
+  auto& evictions = metrics::BuildCounter().Name("tierkv_master_evictions_total").Help("Objects evicted").Register(metrics_);
+  auto& evicted_bytes = metrics::BuildCounter().Name("tierkv_master_evicted_bytes_total").Help("Bytes evicted").Register(metrics_);
+  auto& leases = metrics::BuildGauge().Name("tierkv_master_leased_objects").Help("Objects under a read lease").Register(metrics_);
+  auto& pinned = metrics::BuildGauge().Name("tierkv_master_pinned_objects").Help("Soft-pinned objects").Register(metrics_);
+  auto& groups = metrics::BuildGauge().Name("tierkv_master_groups").Help("Groups in the index").Register(metrics_);
+  auto& memory = metrics::BuildGauge().Name("tierkv_master_index_memory_bytes").Help("Approximate memory held by the object index").Register(metrics_);
+  auto& used = metrics::BuildGauge().Name("tierkv_segment_used_bytes").Help("Bytes allocated per segment").Register(metrics_);
+  auto& capacity = metrics::BuildGauge().Name("tierkv_segment_capacity_bytes").Help("Bytes lent per segment").Register(metrics_);
+  auto& clients = metrics::BuildGauge().Name("tierkv_master_clients").Help("Clients heard from within the TTL").Register(metrics_);
+  metrics_.AddCollectHook([this, &objects, &evictions, &evicted_bytes, &leases, &pinned, &groups,
+                           &memory, &used, &capacity, &clients] {
+    IndexStats st = index_->Stats();
+    objects.Add({{"state", "complete"}}).Set(static_cast<double>(st.objects));
+    objects.Add({{"state", "pending"}}).Set(static_cast<double>(st.pending));
+    // The index counts; the counters catch up to it (never backwards).
+    auto catch_up = [](metrics::Counter& c, uint64_t v) {
+      if (static_cast<double>(v) > c.Value()) c.Increment(static_cast<double>(v) - c.Value());
+    };
+    catch_up(evictions.Add({}), st.evictions);
+    catch_up(evicted_bytes.Add({}), st.evicted_bytes);
+    leases.Add({}).Set(static_cast<double>(st.leased));
+    pinned.Add({}).Set(static_cast<double>(st.pinned));
+    groups.Add({}).Set(static_cast<double>(st.groups));
+    memory.Add({}).Set(static_cast<double>(st.memory_bytes));
+    clients.Add({}).Set(static_cast<double>(clients_seen()));
+    // Rebuild the per-segment gauges so departed segments disappear.
+    std::vector<metrics::Labels> stale;
+    used.ForEach([&](const metrics::Labels& l, metrics::Gauge&) { stale.push_back(l); });
+    for (const auto& l : stale) {
+      used.Remove(l);
+      capacity.Remove(l);
+    }
+    for (const SegmentSnapshot& s : registry_.Snapshot()) {
+      metrics::Labels l{{"segment", s.spec.name}, {"host", s.spec.host}};
+      used.Add(l).Set(static_cast<double>(s.used));
+      capacity.Add(l).Set(static_cast<double>(s.spec.capacity));
+    }
+  });
+}
+
+}  // namespace tierkv::master

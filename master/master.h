@@ -1,0 +1,90 @@
+// Master: the cluster's source of truth about where every KV block lives.
+//
+// It owns the segment registry, the object index, the metadata keyspace and
+// the metrics, and applies liveness: Tick() unmounts segments whose
+// heartbeats stopped, drops their objects, reclaims timed-out puts and
+// evicts. It never carries data.
+//
+//   auto master = Master::Create(options, NewMemStore(), Clock::Real());
+//   (*master)->Mount({{"node1:8800", "node1", 180_GB, "inc-1", "tcp://..."}});
+//   auto placed = (*master)->index().PutStart({{"k", 4096}});
+//
+// Thread-safe. Threads are the caller's: MasterServer (master/server.h)
+// runs the RPC and HTTP pools and a ticker that calls Tick().
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "config/base/clock.h"
+#include "config/base/metrics.h"
+#include "master/object_index.h"
+#include "master/persistence.h"
+#include "master/segment_registry.h"
+
+namespace tierkv::master {
+
+struct MasterOptions {
+  IndexOptions index;
+  absl::Duration segment_ttl = absl::Seconds(10);
+};
+
+struct HeartbeatResult {
+  std::vector<std::string> remount;
+  absl::Duration ttl;
+};
+
+class Master {
+ public:
+  // Rebuilds the registry (segments come back RECOVERING) and the index
+  // from `store`. Errors from reading the store are returned.
+  static absl::StatusOr<std::unique_ptr<Master>> Create(MasterOptions options,
+                                                        std::unique_ptr<IndexStore> store,
+                                                        Clock* clock);
+
+  // Per segment: OK, or INVALID_ARGUMENT. A re-mount with the segment's
+  // incarnation keeps its objects; a new incarnation drops them.
+  std::vector<absl::Status> Mount(const std::vector<SegmentSpec>& segments);
+  // Per name: OK or NOT_FOUND. The segment's objects leave the index.
+  std::vector<absl::Status> Unmount(const std::vector<std::string>& names);
+  HeartbeatResult Heartbeat(const std::vector<SegmentSpec>& segments, const std::string& client_id);
+
+  // Liveness and housekeeping; called periodically.
+  void Tick();
+
+  // The opaque metadata keyspace (the transfer engine's descriptors).
+  // NOT_FOUND for a missing key.
+  absl::StatusOr<std::string> GetMetadata(const std::string& key);
+  absl::Status PutMetadata(const std::string& key, const std::string& value);
+  absl::Status DeleteMetadata(const std::string& key);
+
+  // Makes everything written so far durable.
+  absl::Status Flush();
+
+  ObjectIndex& index() { return *index_; }
+  SegmentRegistry& registry() { return registry_; }
+  metrics::Registry& metrics() { return metrics_; }
+  const MasterOptions& options() const { return options_; }
+  Clock* clock() const { return clock_; }
+  uint64_t clients_seen() const;
+
+ private:
+  Master(MasterOptions options, std::unique_ptr<IndexStore> store, Clock* clock);
+  absl::Status Recover();
+  void DropSegmentIds(const std::vector<uint32_t>& ids, absl::string_view why);
+  void RegisterMetrics();
+
+  const MasterOptions options_;
+  Clock* const clock_;
+  std::unique_ptr<IndexStore> store_;
+  SegmentRegistry registry_;
+  std::unique_ptr<ObjectIndex> index_;
+  metrics::Registry metrics_;
+  metrics::Counter* segments_dropped_ = nullptr;
+  mutable Mutex clients_mu_;
+  absl::flat_hash_map<std::string, absl::Time> clients_ ABSL_GUARDED_BY(clients_mu_);
+};
+
+}  // namespace tierkv::master

@@ -1,0 +1,684 @@
+// The request paths of the object index: put, get, exists, prefix match,
+// remove. Eviction, liveness and recovery are in eviction.cc.
+#include "master/object_index.h"
+
+#include "absl/strings/str_cat.h"
+#include "config/base/log.h"
+#include "config/base/status.h"
+#include "master/internal/index_impl.h"
+#include "proto/master.pb.h"
+
+namespace tierkv::master {
+
+absl::Status ValidateKey(absl::string_view key, size_t max_len) {
+  if (key.empty()) return absl::InvalidArgumentError("empty key");
+  if (key.size() > max_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key of ", key.size(), " bytes exceeds the limit of ", max_len));
+  }
+  if (key.find('\0') != absl::string_view::npos) {
+    return absl::InvalidArgumentError("key contains a NUL byte");
+  }
+  return absl::OkStatus();
+}
+
+ObjectIndex::Impl::Impl(IndexOptions options, SegmentRegistry* registry, IndexStore* store,
+                        Clock* clock)
+    : options_(options), registry_(registry), store_(store), clock_(clock), start_(clock->Now()) {
+  int n = std::clamp(options_.shards, 1, 256);
+  for (int i = 0; i < n; ++i) shards_.push_back(std::make_unique<Shard>());
+}
+
+ObjectIndex::Impl::~Impl() {
+  // Groups are owned by the table or by their members; free every one once.
+  absl::flat_hash_set<Group*> all;
+  for (auto& s : shards_) {
+    for (Object& o : s->objects) {
+      if (o.group != nullptr) all.insert(o.group);
+    }
+  }
+  for (auto& [id, g] : groups_) all.insert(g);
+  for (auto& [g, n] : pins_) all.insert(g);
+  for (Group* g : all) delete g;
+}
+
+size_t ObjectIndex::Impl::ShardOf(absl::string_view key) const {
+  // Mix the hash again so shard choice is independent of the set's probing.
+  uint64_t h = absl::HashOf(key, uint8_t{0x5b});
+  return static_cast<size_t>(h % shards_.size());
+}
+
+int64_t ObjectIndex::Impl::NowMs() const { return absl::ToUnixMillis(clock_->Now()); }
+
+uint32_t ObjectIndex::Impl::AccessTick() const {
+  return static_cast<uint32_t>(absl::ToInt64Seconds(clock_->Now() - start_));
+}
+
+uint32_t ObjectIndex::Impl::Find(Shard& s, absl::string_view key) {
+  auto it = s.index.find(key);
+  return it == s.index.end() ? kNil : *it;
+}
+
+uint32_t ObjectIndex::Impl::NewSlot(Shard& s) {
+  if (!s.free_slots.empty()) {
+    uint32_t slot = s.free_slots.back();
+    s.free_slots.pop_back();
+    return slot;
+  }
+  s.objects.emplace_back();
+  return static_cast<uint32_t>(s.objects.size() - 1);
+}
+
+void ObjectIndex::Impl::Unlist(Shard& s, uint32_t slot) {
+  Object& o = s.objects[slot];
+  if (o.list == ListId::kNone) return;
+  LruList& l = s.lists[static_cast<int>(o.list)];
+  if (o.prev != kNil) {
+    s.objects[o.prev].next = o.next;
+  } else {
+    l.head = o.next;
+  }
+  if (o.next != kNil) {
+    s.objects[o.next].prev = o.prev;
+  } else {
+    l.tail = o.prev;
+  }
+  o.prev = o.next = kNil;
+  o.list = ListId::kNone;
+  --l.size;
+}
+
+void ObjectIndex::Impl::ListAtHead(Shard& s, uint32_t slot) {
+  Object& o = s.objects[slot];
+  o.list = o.soft_pin ? ListId::kPinnedLeaf : ListId::kLeaf;
+  LruList& l = s.lists[static_cast<int>(o.list)];
+  o.prev = kNil;
+  o.next = l.head;
+  if (l.head != kNil) s.objects[l.head].prev = slot;
+  l.head = slot;
+  if (l.tail == kNil) l.tail = slot;
+  ++l.size;
+}
+
+void ObjectIndex::Impl::ListAtTail(Shard& s, uint32_t slot) {
+  Object& o = s.objects[slot];
+  o.list = o.soft_pin ? ListId::kPinnedLeaf : ListId::kLeaf;
+  LruList& l = s.lists[static_cast<int>(o.list)];
+  o.next = kNil;
+  o.prev = l.tail;
+  if (l.tail != kNil) s.objects[l.tail].next = slot;
+  l.tail = slot;
+  if (l.head == kNil) l.head = slot;
+  ++l.size;
+}
+
+void ObjectIndex::Impl::Touch(Shard& s, uint32_t slot) {
+  Object& o = s.objects[slot];
+  o.access = AccessTick();
+  if (o.list != ListId::kNone && s.lists[static_cast<int>(o.list)].head != slot) {
+    Unlist(s, slot);
+    ListAtHead(s, slot);
+  }
+}
+
+bool ObjectIndex::Impl::Visible(const Object& o) const {
+  return o.state == ObjState::kComplete &&
+         (o.group == nullptr || o.group->visible.load(std::memory_order_acquire));
+}
+
+bool ObjectIndex::Impl::Leased(const Object& o, int64_t now_ms) const {
+  return o.state == ObjState::kComplete && o.deadline_ms > now_ms;
+}
+
+absl::flat_hash_map<uint32_t, std::string> ObjectIndex::Impl::LiveNames() const {
+  return registry_->LiveNames();
+}
+
+std::vector<ExtentOut> ObjectIndex::Impl::VisibleExtents(
+    const Object& o, const absl::flat_hash_map<uint32_t, std::string>& names) const {
+  std::vector<ExtentOut> out;
+  for (const Replica& r : o.replicas) {
+    auto it = names.find(r.segment_id);
+    if (it != names.end()) out.push_back({it->second, r.offset, o.size});
+  }
+  return out;
+}
+
+std::string ObjectIndex::Impl::EncodeRecord(const Object& o, const std::string& parent_key) const {
+  v1::ObjectRecord rec;
+  rec.set_size(o.size);
+  for (const Replica& r : o.replicas) {
+    v1::Extent* e = rec.add_replicas();
+    e->set_segment(registry_->Name(r.segment_id));
+    e->set_offset(r.offset);
+    e->set_length(o.size);
+  }
+  rec.set_soft_pin(o.soft_pin);
+  if (o.group != nullptr) {
+    rec.set_group(o.group->id);
+    rec.set_group_size(o.group->members);
+  }
+  rec.set_parent_key(parent_key);
+  return rec.SerializeAsString();
+}
+
+void ObjectIndex::Impl::Persist(std::vector<Mutation>* mutations) {
+  if (mutations->empty()) return;
+  if (absl::Status s = store_->Write(*mutations); !s.ok()) {
+    TKV_LOG(ERROR) << "persisting " << mutations->size() << " index changes failed: " << s;
+  }
+  mutations->clear();
+}
+
+void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mutations,
+                              FollowUp* follow) {
+  Object& o = s.objects[slot];
+  Unlist(s, slot);
+  for (const Replica& r : o.replicas) registry_->Free(r, o.size);
+  if (o.state == ObjState::kComplete) {
+    mutations->push_back({absl::StrCat("o/", o.key), "", true});
+    objects_.fetch_sub(1);
+    if (o.soft_pin) pinned_.fetch_sub(1);
+  } else if (o.state == ObjState::kPending) {
+    s.pending.erase(slot);
+    pending_.fetch_sub(1);
+  }
+  if (o.parent_slot != kNil) {
+    follow->parents.push_back({o.parent_shard, o.parent_slot, o.parent_gen});
+  }
+  if (o.group != nullptr) {
+    Group* g = o.group;
+    MutexLock lock(&groups_mu_);
+    --g->alive;
+    g->visible.store(false, std::memory_order_release);
+    if (!g->dead) {
+      // First member to leave: the group dies and the rest must follow.
+      g->dead = true;
+      auto it = groups_.find(g->id);
+      if (it != groups_.end() && it->second == g) groups_.erase(it);
+      if (g->alive > 0) {
+        ++pins_[g];
+        follow->groups.push_back(g);
+      }
+    }
+    if (g->alive == 0 && !pins_.contains(g)) delete g;
+  }
+  s.index.erase(slot);
+  key_bytes_.fetch_sub(o.key.size());
+  uint32_t gen = o.gen + 1;
+  o = Object();
+  o.gen = gen;
+  s.free_slots.push_back(slot);
+}
+
+void ObjectIndex::Impl::ReleaseGroupPin(Group* g) {
+  MutexLock lock(&groups_mu_);
+  auto it = pins_.find(g);
+  if (it != pins_.end() && --it->second == 0) pins_.erase(it);
+  if (g->alive == 0 && !pins_.contains(g)) {
+    auto t = groups_.find(g->id);
+    if (t != groups_.end() && t->second == g) groups_.erase(t);
+    delete g;
+  }
+}
+
+void ObjectIndex::Impl::DecrementParent(const FollowUp::ParentRef& ref) {
+  Shard& s = *shards_[ref.shard];
+  MutexLock lock(&s.mu);
+  if (ref.slot >= s.objects.size()) return;
+  Object& p = s.objects[ref.slot];
+  if (p.gen != ref.gen || p.state != ObjState::kComplete || p.children == 0) return;
+  if (--p.children == 0) {
+    // The parent's last cached child just left; it is at least as old as
+    // that child in access order, so it is next in line.
+    ListAtTail(s, ref.slot);
+  }
+}
+
+void ObjectIndex::Impl::RunFollowUps(FollowUp follow) {
+  // Parents first, then groups; a group kill may add more follow-ups.
+  while (!follow.parents.empty() || !follow.groups.empty()) {
+    std::vector<FollowUp::ParentRef> parents;
+    parents.swap(follow.parents);
+    for (const auto& ref : parents) DecrementParent(ref);
+    std::vector<Group*> groups;
+    groups.swap(follow.groups);
+    for (Group* g : groups) KillGroup(g);
+  }
+}
+
+void ObjectIndex::Impl::EraseByKey(const std::string& key, Group* only_group, bool force,
+                                   FollowUp* follow) {
+  Shard& s = *shards_[ShardOf(key)];
+  std::vector<Mutation> mutations;
+  {
+    MutexLock lock(&s.mu);
+    uint32_t slot = Find(s, key);
+    if (slot == kNil) return;
+    Object& o = s.objects[slot];
+    if (only_group != nullptr && o.group != only_group) return;
+    if (!force && Leased(o, NowMs())) return;
+    Erase(s, slot, &mutations, follow);
+    Persist(&mutations);
+  }
+}
+
+std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>& items) {
+  std::vector<PutStartOut> out(items.size());
+  uint64_t largest = registry_->largest_segment();
+
+  // Declare groups first: all items of this call with the same group id.
+  absl::flat_hash_map<std::string, Group*> groups;
+  {
+    absl::flat_hash_map<std::string, std::vector<size_t>> members;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (!items[i].group.empty()) members[items[i].group].push_back(i);
+    }
+    MutexLock lock(&groups_mu_);
+    for (auto& [id, idx] : members) {
+      if (groups_.contains(id)) {
+        for (size_t i : idx) {
+          out[i].status = absl::AlreadyExistsError(absl::StrCat("group ", id, " exists"));
+        }
+        continue;
+      }
+      Group* g = new Group();
+      g->id = id;
+      g->serial = next_group_serial_++;
+      g->members = static_cast<uint32_t>(idx.size());
+      g->completed = 0;
+      g->alive = 0;
+      for (size_t i : idx) g->keys.push_back(items[i].key);
+      groups_[id] = g;
+      pins_[g] = 1;  // held until this call ends
+      groups[id] = g;
+    }
+  }
+
+  FollowUp follow;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const PutItem& item = items[i];
+    PutStartOut& res = out[i];
+    if (!res.status.ok()) continue;
+    if (absl::Status st = ValidateKey(item.key, options_.max_key_bytes); !st.ok()) {
+      res.status = st;
+      continue;
+    }
+    if (item.size == 0) {
+      res.status = absl::InvalidArgumentError(absl::StrCat(item.key, ": size is 0"));
+      continue;
+    }
+    if (item.size > largest) {
+      res.status = absl::InvalidArgumentError(absl::StrCat(
+          item.key, ": size ", item.size, " exceeds the largest segment (", largest, " bytes)"));
+      continue;
+    }
+    int replicas = item.replicas <= 0 ? 1 : item.replicas;
+    if (replicas > options_.max_replicas) {
+      res.status = absl::InvalidArgumentError(
+          absl::StrCat(item.key, ": ", replicas, " replicas exceeds ", options_.max_replicas));
+      continue;
+    }
+    Group* group = item.group.empty() ? nullptr : groups.at(item.group);
+    Shard& s = *shards_[ShardOf(item.key)];
+    for (int attempt = 0;; ++attempt) {
+      MutexLock lock(&s.mu);
+      uint32_t slot = Find(s, item.key);
+      if (slot != kNil) {
+        Object& o = s.objects[slot];
+        if (o.state == ObjState::kPending && o.deadline_ms <= NowMs()) {
+          std::vector<Mutation> none;
+          Erase(s, slot, &none, &follow);  // a timed-out put: reclaim it now
+        } else {
+          res.status = absl::AlreadyExistsError(
+              absl::StrCat(item.key, o.state == ObjState::kPending ? ": put in progress" : ": exists"));
+          break;
+        }
+      }
+      absl::StatusOr<std::vector<Replica>> placed =
+          registry_->Allocate(item.size, replicas, item.preferred_segment);
+      if (!placed.ok()) {
+        if (attempt == 0 && absl::IsResourceExhausted(placed.status())) {
+          // Make room outside the shard lock, then try once more.
+          s.mu.Unlock();
+          uint64_t used = registry_->used();
+          uint64_t need = item.size * replicas;
+          EvictTo(used > need ? used - need : 0);
+          s.mu.Lock();
+          continue;
+        }
+        res.status = placed.status();
+        break;
+      }
+      slot = NewSlot(s);
+      Object& o = s.objects[slot];
+      o.key = item.key;
+      o.size = item.size;
+      o.replicas.assign(placed->begin(), placed->end());
+      o.deadline_ms = NowMs() + absl::ToInt64Milliseconds(options_.put_timeout);
+      o.state = ObjState::kPending;
+      o.soft_pin = item.soft_pin;
+      o.access = AccessTick();
+      if (group != nullptr) {
+        MutexLock glock(&groups_mu_);
+        o.group = group;
+        ++group->alive;
+      }
+      s.index.insert(slot);
+      s.pending[slot] = PendingInfo{item.parent_key};
+      pending_.fetch_add(1);
+      key_bytes_.fetch_add(item.key.size());
+      auto names = LiveNames();
+      res.replicas = VisibleExtents(o, names);
+      break;
+    }
+  }
+
+  // A group with a failed member cannot complete: revoke the rest.
+  for (auto& [id, g] : groups) {
+    bool failed = false;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (items[i].group == id && !out[i].status.ok()) failed = true;
+    }
+    if (failed) {
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (items[i].group != id || !out[i].status.ok()) continue;
+        EraseByKey(items[i].key, g, /*force=*/true, &follow);
+        out[i].status = absl::AbortedError(
+            absl::StrCat(items[i].key, ": another member of group ", id, " failed"));
+        out[i].replicas.clear();
+      }
+    }
+    ReleaseGroupPin(g);
+  }
+  RunFollowUps(std::move(follow));
+  MaybeEvict();
+  return out;
+}
+
+void ObjectIndex::Impl::LinkParent(size_t child_shard, absl::string_view child_key,
+                                   const std::string& parent_key) {
+  size_t ps = ShardOf(parent_key);
+  Shard& a = *shards_[std::min(child_shard, ps)];
+  Shard& b = *shards_[std::max(child_shard, ps)];
+  MutexLock la(&a.mu);
+  std::optional<MutexLock> lb;
+  if (&a != &b) lb.emplace(&b.mu);
+  Shard& cs = *shards_[child_shard];
+  Shard& pshard = *shards_[ps];
+  uint32_t c = Find(cs, child_key);
+  uint32_t p = Find(pshard, parent_key);
+  if (c == kNil || p == kNil || (c == p && &cs == &pshard)) return;
+  Object& child = cs.objects[c];
+  Object& parent = pshard.objects[p];
+  if (child.state != ObjState::kComplete || child.parent_slot != kNil ||
+      parent.state != ObjState::kComplete) {
+    return;
+  }
+  child.parent_shard = static_cast<uint8_t>(ps);
+  child.parent_slot = p;
+  child.parent_gen = parent.gen;
+  if (parent.children++ == 0) Unlist(pshard, p);
+}
+
+std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::string>& keys) {
+  std::vector<absl::Status> out(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string& key = keys[i];
+    size_t si = ShardOf(key);
+    Shard& s = *shards_[si];
+    std::string parent_key;
+    {
+      MutexLock lock(&s.mu);
+      uint32_t slot = Find(s, key);
+      if (slot == kNil) {
+        out[i] = absl::NotFoundError(absl::StrCat(key, ": no put in progress"));
+        continue;
+      }
+      Object& o = s.objects[slot];
+      if (o.state == ObjState::kComplete) continue;  // a retried PutEnd
+      if (o.deadline_ms <= NowMs()) {
+        out[i] = absl::NotFoundError(absl::StrCat(key, ": put timed out"));
+        continue;
+      }
+      parent_key = std::move(s.pending[slot].parent_key);
+      std::vector<Mutation> rec{{absl::StrCat("o/", key), EncodeRecord(o, parent_key), false}};
+      if (absl::Status st = store_->Write(rec); !st.ok()) {
+        out[i] = Annotate(st, absl::StrCat(key, ": persisting the object"));
+        continue;
+      }
+      s.pending.erase(slot);
+      pending_.fetch_sub(1);
+      objects_.fetch_add(1);
+      if (o.soft_pin) pinned_.fetch_add(1);
+      o.state = ObjState::kComplete;
+      o.deadline_ms = 0;
+      o.access = AccessTick();
+      ListAtHead(s, slot);
+      if (o.group != nullptr) {
+        MutexLock glock(&groups_mu_);
+        Group* g = o.group;
+        if (++g->completed == g->members && !g->dead) {
+          g->visible.store(true, std::memory_order_release);
+        }
+      }
+    }
+    if (!parent_key.empty()) LinkParent(si, key, parent_key);
+  }
+  return out;
+}
+
+std::vector<absl::Status> ObjectIndex::Impl::PutRevoke(const std::vector<std::string>& keys) {
+  std::vector<absl::Status> out(keys.size());
+  FollowUp follow;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Shard& s = *shards_[ShardOf(keys[i])];
+    MutexLock lock(&s.mu);
+    uint32_t slot = Find(s, keys[i]);
+    if (slot == kNil || s.objects[slot].state != ObjState::kPending) {
+      out[i] = absl::NotFoundError(absl::StrCat(keys[i], ": no put in progress"));
+      continue;
+    }
+    std::vector<Mutation> none;
+    Erase(s, slot, &none, &follow);
+  }
+  RunFollowUps(std::move(follow));
+  return out;
+}
+
+std::vector<LookupOut> ObjectIndex::Impl::GetReplicas(const std::vector<std::string>& keys) {
+  std::vector<LookupOut> out(keys.size());
+  auto names = LiveNames();
+  absl::Time now = clock_->Now();
+  int64_t lease_until = absl::ToUnixMillis(now + options_.lease_ttl);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Shard& s = *shards_[ShardOf(keys[i])];
+    MutexLock lock(&s.mu);
+    uint32_t slot = Find(s, keys[i]);
+    if (slot == kNil || !Visible(s.objects[slot])) {
+      out[i].status = absl::NotFoundError(keys[i]);
+      continue;
+    }
+    Object& o = s.objects[slot];
+    out[i].replicas = VisibleExtents(o, names);
+    if (out[i].replicas.empty()) {
+      out[i].status = absl::NotFoundError(absl::StrCat(keys[i], ": no live replica"));
+      continue;
+    }
+    out[i].size = o.size;
+    o.deadline_ms = std::max(o.deadline_ms, lease_until);
+    out[i].lease_expiry = absl::FromUnixMillis(o.deadline_ms);
+    Touch(s, slot);
+  }
+  return out;
+}
+
+std::vector<bool> ObjectIndex::Impl::Exists(const std::vector<std::string>& keys) {
+  std::vector<bool> out(keys.size());
+  auto names = LiveNames();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Shard& s = *shards_[ShardOf(keys[i])];
+    MutexLock lock(&s.mu);
+    uint32_t slot = Find(s, keys[i]);
+    out[i] = slot != kNil && Visible(s.objects[slot]) &&
+             !VisibleExtents(s.objects[slot], names).empty();
+  }
+  return out;
+}
+
+size_t ObjectIndex::Impl::PrefixMatch(const std::vector<std::string>& keys) {
+  auto names = LiveNames();
+  size_t n = 0;
+  for (; n < keys.size(); ++n) {
+    Shard& s = *shards_[ShardOf(keys[n])];
+    MutexLock lock(&s.mu);
+    uint32_t slot = Find(s, keys[n]);
+    if (slot == kNil || !Visible(s.objects[slot]) ||
+        VisibleExtents(s.objects[slot], names).empty()) {
+      break;
+    }
+    Touch(s, slot);
+  }
+  return n;
+}
+
+std::vector<absl::Status> ObjectIndex::Impl::Remove(const std::vector<std::string>& keys,
+                                                    bool force) {
+  std::vector<absl::Status> out(keys.size());
+  FollowUp follow;
+  int64_t now = NowMs();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Shard& s = *shards_[ShardOf(keys[i])];
+    MutexLock lock(&s.mu);
+    uint32_t slot = Find(s, keys[i]);
+    if (slot == kNil) {
+      out[i] = absl::NotFoundError(keys[i]);
+      continue;
+    }
+    Object& o = s.objects[slot];
+    if (!force && o.state == ObjState::kPending) {
+      out[i] = absl::FailedPreconditionError(absl::StrCat(keys[i], ": put in progress"));
+      continue;
+    }
+    if (!force && Leased(o, now)) {
+      out[i] = absl::FailedPreconditionError(
+          absl::StrCat(keys[i], ": leased for another ", o.deadline_ms - now, " ms"));
+      continue;
+    }
+    std::vector<Mutation> mutations;
+    Erase(s, slot, &mutations, &follow);
+    Persist(&mutations);
+  }
+  RunFollowUps(std::move(follow));
+  return out;
+}
+
+uint64_t ObjectIndex::Impl::RemoveAll(bool force) {
+  uint64_t removed = 0;
+  int64_t now = NowMs();
+  FollowUp follow;
+  for (auto& sp : shards_) {
+    Shard& s = *sp;
+    MutexLock lock(&s.mu);
+    std::vector<Mutation> mutations;
+    for (uint32_t slot = 0; slot < s.objects.size(); ++slot) {
+      Object& o = s.objects[slot];
+      if (o.state != ObjState::kComplete || (!force && Leased(o, now))) continue;
+      Erase(s, slot, &mutations, &follow);
+      ++removed;
+    }
+    Persist(&mutations);
+  }
+  RunFollowUps(std::move(follow));
+  return removed;
+}
+
+absl::StatusOr<ObjectInfo> ObjectIndex::Impl::Describe(const std::string& key) {
+  auto names = LiveNames();
+  Shard& s = *shards_[ShardOf(key)];
+  MutexLock lock(&s.mu);
+  uint32_t slot = Find(s, key);
+  if (slot == kNil) return absl::NotFoundError(key);
+  const Object& o = s.objects[slot];
+  ObjectInfo info;
+  info.size = o.size;
+  info.state = o.state == ObjState::kPending ? "pending" : "complete";
+  info.replicas = VisibleExtents(o, names);
+  if (o.state == ObjState::kComplete && o.deadline_ms > 0) {
+    info.lease_expiry = absl::FromUnixMillis(o.deadline_ms);
+  }
+  info.soft_pin = o.soft_pin;
+  info.group = o.group != nullptr ? o.group->id : "";
+  info.visible = Visible(o) && !info.replicas.empty();
+  info.children = o.children;
+  return info;
+}
+
+IndexStats ObjectIndex::Impl::Stats() const {
+  IndexStats st;
+  st.objects = objects_.load();
+  st.pending = pending_.load();
+  st.evictions = evictions_.load();
+  st.evicted_bytes = evicted_bytes_.load();
+  st.pinned = pinned_.load();
+  int64_t now = NowMs();
+  uint64_t slots = 0, index_bytes = 0;
+  for (const auto& sp : shards_) {
+    Shard& s = *sp;
+    MutexLock lock(&s.mu);
+    slots += s.objects.size();
+    index_bytes += s.index.capacity() * (sizeof(uint32_t) + 1);
+    for (const Object& o : s.objects) {
+      if (Leased(o, now)) ++st.leased;
+    }
+  }
+  {
+    MutexLock lock(&const_cast<Impl*>(this)->groups_mu_);
+    st.groups = groups_.size();
+  }
+  st.memory_bytes = slots * sizeof(Object) + index_bytes + key_bytes_.load();
+  return st;
+}
+
+// --- The public face forwards to Impl.
+
+ObjectIndex::ObjectIndex(IndexOptions options, SegmentRegistry* registry, IndexStore* store,
+                         Clock* clock)
+    : impl_(std::make_unique<Impl>(options, registry, store, clock)) {}
+ObjectIndex::~ObjectIndex() = default;
+std::vector<PutStartOut> ObjectIndex::PutStart(const std::vector<PutItem>& items) {
+  return impl_->PutStart(items);
+}
+std::vector<absl::Status> ObjectIndex::PutEnd(const std::vector<std::string>& keys) {
+  return impl_->PutEnd(keys);
+}
+std::vector<absl::Status> ObjectIndex::PutRevoke(const std::vector<std::string>& keys) {
+  return impl_->PutRevoke(keys);
+}
+std::vector<LookupOut> ObjectIndex::GetReplicas(const std::vector<std::string>& keys) {
+  return impl_->GetReplicas(keys);
+}
+std::vector<bool> ObjectIndex::Exists(const std::vector<std::string>& keys) {
+  return impl_->Exists(keys);
+}
+size_t ObjectIndex::PrefixMatch(const std::vector<std::string>& keys) {
+  return impl_->PrefixMatch(keys);
+}
+std::vector<absl::Status> ObjectIndex::Remove(const std::vector<std::string>& keys, bool force) {
+  return impl_->Remove(keys, force);
+}
+uint64_t ObjectIndex::RemoveAll(bool force) { return impl_->RemoveAll(force); }
+uint64_t ObjectIndex::EvictTo(uint64_t target_used) { return impl_->EvictTo(target_used); }
+void ObjectIndex::MaybeEvict() { impl_->MaybeEvict(); }
+void ObjectIndex::Tick() { impl_->Tick(); }
+uint64_t ObjectIndex::DropSegments(const std::vector<uint32_t>& ids) {
+  return impl_->DropSegments(ids);
+}
+absl::StatusOr<uint64_t> ObjectIndex::Recover() { return impl_->Recover(); }
+absl::StatusOr<ObjectInfo> ObjectIndex::Describe(const std::string& key) {
+  return impl_->Describe(key);
+}
+IndexStats ObjectIndex::Stats() const { return impl_->Stats(); }
+absl::Status ObjectIndex::CheckInvariants() { return impl_->CheckInvariants(); }
+
+}  // namespace tierkv::master

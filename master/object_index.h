@@ -1,0 +1,168 @@
+// ObjectIndex: key -> object (size, state, replicas, lease, pin, group,
+// parent), plus the eviction order. The heart of the master.
+//
+// Sharded by key hash; each shard has its own lock, slot array and two
+// leaf-LRU lists (unpinned, soft-pinned). An object is an eviction
+// candidate only while it is COMPLETE and has no cached children, which is
+// what makes eviction prefix-aware in O(1): evicting a leaf decrements its
+// parent's child count, and a parent whose count reaches zero joins the
+// candidates. docs/eviction.md describes the order in full.
+//
+// States: PENDING (between PutStart and PutEnd; invisible, reclaimed after
+// the put timeout) and COMPLETE (immutable, visible). Objects in a group
+// are visible only while the group is; a group turns visible in one step
+// when its last member completes and dies whole.
+//
+// Lock order: shard locks in ascending shard index, then the group table
+// lock, then the segment registry's lock. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "config/base/clock.h"
+#include "master/persistence.h"
+#include "master/segment_registry.h"
+
+namespace tierkv::master {
+
+struct IndexOptions {
+  int shards = 16;
+  absl::Duration lease_ttl = absl::Seconds(5);
+  absl::Duration put_timeout = absl::Seconds(30);
+  double high_watermark = 0.95;
+  double low_watermark = 0.90;
+  int max_replicas = 8;
+  size_t max_key_bytes = 4096;
+};
+
+struct PutItem {
+  std::string key;
+  uint64_t size = 0;
+  int replicas = 1;
+  std::string preferred_segment;
+  std::string group;
+  bool soft_pin = false;
+  std::string parent_key;
+};
+
+struct ExtentOut {
+  std::string segment;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+struct PutStartOut {
+  absl::Status status;
+  std::vector<ExtentOut> replicas;
+};
+
+struct LookupOut {
+  absl::Status status;  // NOT_FOUND for a miss
+  uint64_t size = 0;
+  std::vector<ExtentOut> replicas;
+  absl::Time lease_expiry;
+};
+
+struct ObjectInfo {
+  uint64_t size = 0;
+  std::string state;  // "pending", "complete"
+  std::vector<ExtentOut> replicas;
+  absl::Time lease_expiry;
+  bool soft_pin = false;
+  std::string group;
+  bool visible = false;
+  uint32_t children = 0;
+};
+
+struct IndexStats {
+  uint64_t objects = 0;
+  uint64_t pending = 0;
+  uint64_t evictions = 0;
+  uint64_t evicted_bytes = 0;
+  uint64_t groups = 0;
+  uint64_t leased = 0;
+  uint64_t pinned = 0;
+  uint64_t memory_bytes = 0;
+};
+
+class ObjectIndex {
+ public:
+  // `registry`, `store` and `clock` must outlive the index.
+  ObjectIndex(IndexOptions options, SegmentRegistry* registry, IndexStore* store, Clock* clock);
+  ~ObjectIndex();
+  ObjectIndex(const ObjectIndex&) = delete;
+  ObjectIndex& operator=(const ObjectIndex&) = delete;
+
+  // Allocates replicas for each item and records it PENDING. Per item:
+  // INVALID_ARGUMENT (bad key, size 0 or larger than any segment, replica
+  // count out of range), ALREADY_EXISTS (the key is complete or being put),
+  // RESOURCE_EXHAUSTED (no room even after evicting). Items sharing a
+  // non-empty group form that group; if one of them fails, the others are
+  // revoked and answer ABORTED.
+  std::vector<PutStartOut> PutStart(const std::vector<PutItem>& items);
+
+  // Makes each PENDING key COMPLETE and durable. OK for a key already
+  // complete (a retried PutEnd); NOT_FOUND when the key is unknown or its
+  // put timed out.
+  std::vector<absl::Status> PutEnd(const std::vector<std::string>& keys);
+
+  // Drops PENDING keys and frees their space. NOT_FOUND if not pending.
+  std::vector<absl::Status> PutRevoke(const std::vector<std::string>& keys);
+
+  // Visible replicas and a read lease (lease_ttl) per key; NOT_FOUND on a
+  // miss. Counts as an access for LRU.
+  std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys);
+
+  std::vector<bool> Exists(const std::vector<std::string>& keys);
+
+  // How many leading keys are visible; stops at the first miss. Counts as an
+  // access to the matched keys.
+  size_t PrefixMatch(const std::vector<std::string>& keys);
+
+  // NOT_FOUND when absent; FAILED_PRECONDITION when leased (or pending)
+  // and !force. Removing a group member removes its group.
+  std::vector<absl::Status> Remove(const std::vector<std::string>& keys, bool force);
+  // Removes every complete object (unleased ones unless force); the count.
+  uint64_t RemoveAll(bool force);
+
+  // Evicts candidates until used bytes are at most `target_used` or none
+  // is left; returns bytes freed.
+  uint64_t EvictTo(uint64_t target_used);
+  // Evicts down to the low watermark when above the high one.
+  void MaybeEvict();
+
+  // Periodic work: reclaims timed-out puts, finishes dead groups, evicts.
+  void Tick();
+
+  // Drops replicas on these (departed) segments; objects left with none
+  // leave the index. Returns the number of objects dropped.
+  uint64_t DropSegments(const std::vector<uint32_t>& ids);
+
+  // Rebuilds from the store's "o/" records (segments must be recovered in
+  // the registry first). Returns how many objects were restored.
+  absl::StatusOr<uint64_t> Recover();
+
+  // NOT_FOUND when absent. For operators: shows pending and invisible too.
+  absl::StatusOr<ObjectInfo> Describe(const std::string& key);
+
+  IndexStats Stats() const;
+
+  // Checks internal invariants (slot/set agreement, list membership, child
+  // counts); INTERNAL naming the first violation. For tests and start-up.
+  absl::Status CheckInvariants();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The key rules: non-empty, at most `max_len` bytes, no NUL bytes.
+absl::Status ValidateKey(absl::string_view key, size_t max_len = 4096);
+
+}  // namespace tierkv::master

@@ -1,0 +1,119 @@
+#include "master/persistence.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "rocksdb/db.h"
+#include "rocksdb/options.h"
+#include "rocksdb/write_batch.h"
+
+namespace tierkv::master {
+namespace {
+
+absl::Status FromRocks(const rocksdb::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  std::string msg = absl::StrCat(what, ": ", s.ToString());
+  if (s.IsNotFound()) return absl::NotFoundError(msg);
+  if (s.IsBusy() || s.IsTryAgain() || s.IsTimedOut()) return absl::UnavailableError(msg);
+  if (s.IsCorruption()) return absl::DataLossError(msg);
+  return absl::InternalError(msg);
+}
+
+class RocksDbStore final : public IndexStore {
+ public:
+  explicit RocksDbStore(std::unique_ptr<rocksdb::DB> db) : db_(std::move(db)) {}
+  ~RocksDbStore() override { (void)Flush(); }
+
+  absl::Status Write(const std::vector<Mutation>& batch) override {
+    if (batch.empty()) return absl::OkStatus();
+    rocksdb::WriteBatch wb;
+    for (const Mutation& m : batch) {
+      if (m.remove) {
+        wb.Delete(m.key);
+      } else {
+        wb.Put(m.key, m.value);
+      }
+    }
+    return FromRocks(db_->Write(rocksdb::WriteOptions(), &wb), "rocksdb write");
+  }
+
+  absl::StatusOr<std::string> Get(const std::string& key) override {
+    std::string value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), key, &value);
+    if (!s.ok()) return FromRocks(s, absl::StrCat("rocksdb get ", key));
+    return value;
+  }
+
+  absl::Status Scan(const std::string& prefix,
+                    const std::function<bool(absl::string_view, absl::string_view)>& fn) override {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      if (!fn(absl::string_view(it->key().data(), it->key().size()), absl::string_view(it->value().data(), it->value().size()))) break;
+    }
+    return FromRocks(it->status(), "rocksdb scan");
+  }
+
+  absl::Status Flush() override { return FromRocks(db_->FlushWAL(/*sync=*/true), "rocksdb sync"); }
+
+ private:
+  std::unique_ptr<rocksdb::DB> db_;
+};
+
+class MemStore final : public IndexStore {
+ public:
+  absl::Status Write(const std::vector<Mutation>& batch) override {
+    MutexLock lock(&mu_);
+    for (const Mutation& m : batch) {
+      if (m.remove) {
+        data_.erase(m.key);
+      } else {
+        data_[m.key] = m.value;
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> Get(const std::string& key) override {
+    MutexLock lock(&mu_);
+    auto it = data_.find(key);
+    if (it == data_.end()) return absl::NotFoundError(key);
+    return it->second;
+  }
+  absl::Status Scan(const std::string& prefix,
+                    const std::function<bool(absl::string_view, absl::string_view)>& fn) override {
+    std::vector<std::pair<std::string, std::string>> copy;
+    {
+      MutexLock lock(&mu_);
+      for (auto it = data_.lower_bound(prefix);
+           it != data_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+        copy.emplace_back(*it);
+      }
+    }
+    for (auto& [k, v] : copy) {
+      if (!fn(k, v)) break;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Flush() override { return absl::OkStatus(); }
+
+ private:
+  Mutex mu_;
+  std::map<std::string, std::string> data_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<IndexStore>> OpenRocksDbStore(const std::string& dir) {
+  rocksdb::Options options;
+  options.create_if_missing = true;
+  options.manual_wal_flush = false;
+  options.max_background_jobs = 2;
+  options.keep_log_file_num = 4;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(options, dir, &db);
+  if (!s.ok()) return FromRocks(s, absl::StrCat("opening rocksdb in ", dir));
+  return std::unique_ptr<IndexStore>(new RocksDbStore(std::unique_ptr<rocksdb::DB>(db)));
+}
+
+std::unique_ptr<IndexStore> NewMemStore() { return std::make_unique<MemStore>(); }
+
+}  // namespace tierkv::master

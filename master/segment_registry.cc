@@ -1,0 +1,217 @@
+#include "master/segment_registry.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace tierkv::master {
+
+uint32_t SegmentRegistry::AddLocked(const SegmentSpec& spec, absl::Time now, bool recovering) {
+  uint32_t id = next_id_++;
+  by_id_.emplace(id, Segment{id, spec, std::make_unique<ExtentAllocator>(spec.capacity, alignment_),
+                             now, recovering});
+  by_name_[spec.name] = id;
+  return id;
+}
+
+absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::Time now,
+                                                bool* restored,
+                                                std::optional<uint32_t>* replaced_id) {
+  if (spec.name.empty()) return absl::InvalidArgumentError("segment name is empty");
+  if (spec.capacity < alignment_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("segment ", spec.name, ": capacity ", spec.capacity, " is too small"));
+  }
+  *restored = false;
+  replaced_id->reset();
+  MutexLock lock(&mu_);
+  if (auto it = by_name_.find(spec.name); it != by_name_.end()) {
+    Segment& seg = by_id_.at(it->second);
+    if (seg.spec.incarnation == spec.incarnation && seg.spec.capacity == spec.capacity) {
+      seg.recovering = false;
+      seg.last_heartbeat = now;
+      seg.spec = spec;
+      *restored = true;
+      return seg.id;
+    }
+    *replaced_id = seg.id;
+    by_id_.erase(seg.id);
+    by_name_.erase(it);
+  }
+  return AddLocked(spec, now, /*recovering=*/false);
+}
+
+uint32_t SegmentRegistry::Recover(const SegmentSpec& spec, absl::Time now) {
+  MutexLock lock(&mu_);
+  return AddLocked(spec, now, /*recovering=*/true);
+}
+
+absl::StatusOr<uint32_t> SegmentRegistry::Unmount(const std::string& name) {
+  MutexLock lock(&mu_);
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return absl::NotFoundError(absl::StrCat("no segment ", name));
+  uint32_t id = it->second;
+  by_id_.erase(id);
+  by_name_.erase(it);
+  return id;
+}
+
+bool SegmentRegistry::Heartbeat(const std::string& name, const std::string& incarnation,
+                                absl::Time now) {
+  MutexLock lock(&mu_);
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return false;
+  Segment& seg = by_id_.at(it->second);
+  if (seg.recovering || seg.spec.incarnation != incarnation) return false;
+  seg.last_heartbeat = now;
+  return true;
+}
+
+std::vector<uint32_t> SegmentRegistry::Expire(absl::Time now, absl::Duration ttl) {
+  std::vector<uint32_t> gone;
+  MutexLock lock(&mu_);
+  for (auto& [id, seg] : by_id_) {
+    if (now - seg.last_heartbeat > ttl) gone.push_back(id);
+  }
+  for (uint32_t id : gone) {
+    by_name_.erase(by_id_.at(id).spec.name);
+    by_id_.erase(id);
+  }
+  return gone;
+}
+
+absl::StatusOr<std::vector<Replica>> SegmentRegistry::Allocate(uint64_t size, int count,
+                                                               const std::string& preferred) {
+  MutexLock lock(&mu_);
+  struct Candidate {
+    Segment* seg;
+    uint64_t free;
+  };
+  std::vector<Candidate> candidates;
+  candidates.reserve(by_id_.size());
+  for (auto& [id, seg] : by_id_) {
+    if (seg.recovering || seg.allocator->largest_free() < seg.allocator->Rounded(size)) continue;
+    candidates.push_back({&seg, seg.allocator->capacity() - seg.allocator->used()});
+  }
+  if (candidates.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat("no segment has room for ", size, " bytes"));
+  }
+  std::sort(candidates.begin(), candidates.end(), [&](const Candidate& a, const Candidate& b) {
+    bool pa = a.seg->spec.name == preferred, pb = b.seg->spec.name == preferred;
+    if (pa != pb) return pa;
+    if (a.free != b.free) return a.free > b.free;
+    return a.seg->id < b.seg->id;
+  });
+  // Two passes: first one replica per host, then any remaining segment.
+  std::vector<Replica> out;
+  absl::flat_hash_set<std::string> hosts;
+  absl::flat_hash_set<uint32_t> used;
+  for (int pass = 0; pass < 2 && static_cast<int>(out.size()) < count; ++pass) {
+    for (Candidate& c : candidates) {
+      if (static_cast<int>(out.size()) >= count) break;
+      if (used.contains(c.seg->id)) continue;
+      if (pass == 0 && hosts.contains(c.seg->spec.host)) continue;
+      std::optional<uint64_t> off = c.seg->allocator->Allocate(size);
+      if (!off) continue;
+      out.push_back({c.seg->id, *off});
+      hosts.insert(c.seg->spec.host);
+      used.insert(c.seg->id);
+    }
+  }
+  if (out.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat("no segment has room for ", size, " bytes"));
+  }
+  return out;
+}
+
+void SegmentRegistry::Free(const Replica& r, uint64_t size) {
+  MutexLock lock(&mu_);
+  auto it = by_id_.find(r.segment_id);
+  if (it == by_id_.end()) return;
+  // A refused free means the index and allocator disagree; the extent is
+  // leaked rather than handed out twice.
+  (void)it->second.allocator->Free(r.offset, size);
+}
+
+absl::Status SegmentRegistry::Reserve(const Replica& r, uint64_t size) {
+  MutexLock lock(&mu_);
+  auto it = by_id_.find(r.segment_id);
+  if (it == by_id_.end()) return absl::NotFoundError("segment left");
+  return it->second.allocator->Reserve(r.offset, size);
+}
+
+bool SegmentRegistry::IsLive(uint32_t id) const {
+  MutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  return it != by_id_.end() && !it->second.recovering;
+}
+
+std::string SegmentRegistry::Name(uint32_t id) const {
+  MutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? std::string() : it->second.spec.name;
+}
+
+std::optional<uint32_t> SegmentRegistry::IdOf(const std::string& name) const {
+  MutexLock lock(&mu_);
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::flat_hash_map<uint32_t, std::string> SegmentRegistry::LiveNames() const {
+  MutexLock lock(&mu_);
+  absl::flat_hash_map<uint32_t, std::string> out;
+  out.reserve(by_id_.size());
+  for (const auto& [id, seg] : by_id_) {
+    if (!seg.recovering) out.emplace(id, seg.spec.name);
+  }
+  return out;
+}
+
+uint64_t SegmentRegistry::Rounded(uint64_t size) const {
+  if (size == 0) size = 1;
+  return (size + alignment_ - 1) & ~(alignment_ - 1);
+}
+
+absl::flat_hash_map<uint32_t, uint64_t> SegmentRegistry::UsedById() const {
+  MutexLock lock(&mu_);
+  absl::flat_hash_map<uint32_t, uint64_t> out;
+  for (const auto& [id, seg] : by_id_) out[id] = seg.allocator->used();
+  return out;
+}
+
+std::vector<SegmentSnapshot> SegmentRegistry::Snapshot() const {
+  MutexLock lock(&mu_);
+  std::vector<SegmentSnapshot> out;
+  for (const auto& [id, seg] : by_id_) {
+    out.push_back({id, seg.spec, seg.allocator->used(), seg.recovering, seg.last_heartbeat});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.spec.name < b.spec.name; });
+  return out;
+}
+
+uint64_t SegmentRegistry::used() const {
+  MutexLock lock(&mu_);
+  uint64_t n = 0;
+  for (const auto& [id, seg] : by_id_) n += seg.allocator->used();
+  return n;
+}
+
+uint64_t SegmentRegistry::capacity() const {
+  MutexLock lock(&mu_);
+  uint64_t n = 0;
+  for (const auto& [id, seg] : by_id_) n += seg.allocator->capacity();
+  return n;
+}
+
+uint64_t SegmentRegistry::largest_segment() const {
+  MutexLock lock(&mu_);
+  uint64_t n = 0;
+  for (const auto& [id, seg] : by_id_) n = std::max(n, seg.allocator->capacity());
+  return n;
+}
+
+}  // namespace tierkv::master

@@ -1,0 +1,123 @@
+// SegmentRegistry: the segments daemons and clients lend, their liveness,
+// and the allocation of extents inside them (placement).
+//
+// A segment is known by name; each mount gets a fresh numeric id that is
+// never reused, so an object that points at an id whose segment left (or
+// re-mounted as a new incarnation) can never be served from it again.
+//
+// States: LIVE (mounted, heartbeating) and RECOVERING (read back from the
+// persisted registry after a master restart; its objects are not served
+// until the daemon re-mounts with the same incarnation, and it is dropped
+// if it does not come back within the TTL).
+//
+// Thread-safe; its lock is the innermost in the master's lock order.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "config/base/mutex.h"
+#include "master/allocator.h"
+
+namespace tierkv::master {
+
+struct SegmentSpec {
+  std::string name;
+  std::string host;
+  uint64_t capacity = 0;
+  std::string incarnation;
+  std::string endpoint;
+};
+
+struct Replica {
+  uint32_t segment_id;
+  uint64_t offset;
+};
+
+struct SegmentSnapshot {
+  uint32_t id;
+  SegmentSpec spec;
+  uint64_t used;
+  bool recovering;
+  absl::Time last_heartbeat;
+};
+
+class SegmentRegistry {
+ public:
+  explicit SegmentRegistry(uint64_t alignment = 64) : alignment_(alignment) {}
+
+  // Mounts (or re-mounts) a segment. A re-mount of a LIVE or RECOVERING
+  // segment with the same incarnation and capacity keeps its id and
+  // allocations (*restored = true). A different incarnation replaces it:
+  // the old id is returned in *replaced_id (its objects must be dropped).
+  // INVALID_ARGUMENT for an empty name or zero capacity.
+  absl::StatusOr<uint32_t> Mount(const SegmentSpec& spec, absl::Time now, bool* restored,
+                                 std::optional<uint32_t>* replaced_id);
+
+  // Adds a segment read back from persistence in RECOVERING state.
+  uint32_t Recover(const SegmentSpec& spec, absl::Time now);
+
+  // NOT_FOUND if no segment has that name. Returns the removed id.
+  absl::StatusOr<uint32_t> Unmount(const std::string& name);
+
+  // Refreshes liveness. False when the segment must be mounted again
+  // (unknown, recovering, or a different incarnation).
+  bool Heartbeat(const std::string& name, const std::string& incarnation, absl::Time now);
+
+  // Removes LIVE segments not heard from since `now - ttl` and RECOVERING
+  // ones older than `now - ttl`; returns the removed ids.
+  std::vector<uint32_t> Expire(absl::Time now, absl::Duration ttl);
+
+  // Picks `count` LIVE segments with room for `size` bytes and allocates an
+  // extent in each: the preferred segment first when named and able, then
+  // segments on hosts not yet used, most free space first, then any other
+  // segment. Fewer than `count` replicas are placed only when the cluster
+  // has fewer segments with room; RESOURCE_EXHAUSTED if none has room.
+  absl::StatusOr<std::vector<Replica>> Allocate(uint64_t size, int count,
+                                                const std::string& preferred);
+  // Returns an extent; a no-op for a segment that has left.
+  void Free(const Replica& r, uint64_t size);
+  // Marks an extent used while rebuilding from persistence.
+  absl::Status Reserve(const Replica& r, uint64_t size);
+
+  // True when the id names a LIVE segment.
+  bool IsLive(uint32_t id) const;
+  // The segment's name ("" when it has left).
+  std::string Name(uint32_t id) const;
+  std::optional<uint32_t> IdOf(const std::string& name) const;
+  // id -> name of every LIVE segment: one lock for a whole batch of reads.
+  absl::flat_hash_map<uint32_t, std::string> LiveNames() const;
+  // Bytes an extent of `size` occupies after alignment.
+  uint64_t Rounded(uint64_t size) const;
+  // Allocated bytes per segment id.
+  absl::flat_hash_map<uint32_t, uint64_t> UsedById() const;
+  std::vector<SegmentSnapshot> Snapshot() const;
+  // Sum over LIVE and RECOVERING segments.
+  uint64_t used() const;
+  uint64_t capacity() const;
+  uint64_t largest_segment() const;
+
+ private:
+  struct Segment {
+    uint32_t id;
+    SegmentSpec spec;
+    std::unique_ptr<ExtentAllocator> allocator;
+    absl::Time last_heartbeat;
+    bool recovering;
+  };
+  uint32_t AddLocked(const SegmentSpec& spec, absl::Time now, bool recovering)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const uint64_t alignment_;
+  mutable Mutex mu_;
+  uint32_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint32_t, Segment> by_id_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint32_t> by_name_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tierkv::master

@@ -1,0 +1,98 @@
+#include "master/server.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "config/base/log.h"
+#include "config/base/status.h"
+#include "httplib.h"
+#include "master/grpc_service.h"
+#include "master/http_service.h"
+
+namespace tierkv::master {
+
+absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterConfig& config,
+                                                                  Clock* clock) {
+  std::unique_ptr<MasterServer> s(new MasterServer());
+  std::unique_ptr<IndexStore> store;
+  if (config.data_dir.empty()) {
+    store = NewMemStore();
+  } else {
+    ASSIGN_OR_RETURN(store, OpenRocksDbStore(config.data_dir));
+  }
+  MasterOptions options;
+  options.segment_ttl = config.segment_ttl;
+  options.index.shards = static_cast<int>(config.shards);
+  options.index.lease_ttl = config.lease_ttl;
+  options.index.put_timeout = config.put_timeout;
+  options.index.high_watermark = config.high_watermark;
+  options.index.low_watermark = config.low_watermark;
+  options.index.max_key_bytes = static_cast<size_t>(config.max_key_bytes);
+  ASSIGN_OR_RETURN(s->master_, Master::Create(options, std::move(store), clock));
+
+  s->service_ = NewMasterService(s->master_.get(), {static_cast<size_t>(config.max_batch)});
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat(config.listen, ":", config.rpc_port),
+                           grpc::InsecureServerCredentials(), &s->rpc_port_);
+  builder.RegisterService(s->service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_size));
+  builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_size));
+  s->grpc_ = builder.BuildAndStart();
+  if (s->grpc_ == nullptr || s->rpc_port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve gRPC on ", config.listen, ":", config.rpc_port));
+  }
+
+  s->http_ = std::make_unique<httplib::Server>();
+  int threads = static_cast<int>(config.http_threads);
+  s->http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s->http_->set_read_timeout(std::chrono::seconds(10));
+  s->http_->set_keep_alive_timeout(5);
+  InstallHttpRoutes(s->http_.get(), s->master_.get(),
+                    {static_cast<size_t>(config.max_http_body), static_cast<size_t>(config.max_key_bytes)});
+  if (config.http_port == 0) {
+    s->http_port_ = s->http_->bind_to_any_port(config.listen);
+  } else if (s->http_->bind_to_port(config.listen, static_cast<int>(config.http_port))) {
+    s->http_port_ = static_cast<int>(config.http_port);
+  }
+  if (s->http_port_ <= 0) {
+    s->grpc_->Shutdown();
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve HTTP on ", config.listen, ":", config.http_port));
+  }
+  s->http_thread_ = std::thread([srv = s->http_.get()] { srv->listen_after_bind(); });
+  s->ticker_ = std::thread([srv = s.get(), interval = config.check_interval] { srv->TickLoop(interval); });
+  return s;
+}
+
+void MasterServer::TickLoop(absl::Duration interval) {
+  auto period = absl::ToChronoMilliseconds(interval);
+  MutexLock lock(&mu_);
+  while (!stopping_) {
+    stop_cv_.WaitFor(&mu_, period);
+    if (stopping_) break;
+    mu_.Unlock();
+    master_->Tick();
+    mu_.Lock();
+  }
+}
+
+void MasterServer::Shutdown() {
+  {
+    MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  stop_cv_.SignalAll();
+  if (http_) http_->stop();
+  if (http_thread_.joinable()) http_thread_.join();
+  if (grpc_) grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (ticker_.joinable()) ticker_.join();
+  if (master_) {
+    if (absl::Status st = master_->Flush(); !st.ok()) TKV_LOG(ERROR) << "flush at shutdown: " << st;
+  }
+}
+
+MasterServer::~MasterServer() { Shutdown(); }
+
+}  // namespace tierkv::master

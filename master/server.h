@@ -1,0 +1,64 @@
+// MasterServer: tierkv-master as an object (the binary's main only parses
+// flags and calls Run), so tests and the demo can embed one.
+//
+// Threads:
+//   - gRPC's synchronous server pool runs the RPC handlers;
+//   - cpp-httplib's pool (--http-threads) runs the HTTP handlers;
+//   - one ticker thread calls Master::Tick every --check-interval.
+// All of them call into Master, which is thread-safe; the server itself
+// holds no locks while they run. Shutdown stops the listeners first, then
+// the ticker, then flushes the store.
+#pragma once
+
+#include <memory>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "config/base/mutex.h"
+#include "config/master_config.h"
+#include "master/master.h"
+
+namespace grpc {
+class Server;
+class Service;
+}
+namespace httplib {
+class Server;
+}
+
+namespace tierkv::master {
+
+class MasterServer {
+ public:
+  // Opens the store, recovers, binds both ports (0 picks a free one) and
+  // starts serving. UNAVAILABLE if a port cannot be bound; errors from
+  // opening the data directory are passed through.
+  static absl::StatusOr<std::unique_ptr<MasterServer>> Start(const MasterConfig& config,
+                                                             Clock* clock = Clock::Real());
+  ~MasterServer();
+
+  int rpc_port() const { return rpc_port_; }
+  int http_port() const { return http_port_; }
+  Master& master() { return *master_; }
+
+  // Stops serving and flushes; idempotent.
+  void Shutdown();
+
+ private:
+  MasterServer() = default;
+  void TickLoop(absl::Duration interval);
+
+  std::unique_ptr<Master> master_;
+  std::unique_ptr<grpc::Service> service_;
+  std::unique_ptr<grpc::Server> grpc_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread http_thread_;
+  std::thread ticker_;
+  Mutex mu_;
+  CondVar stop_cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int rpc_port_ = 0;
+  int http_port_ = 0;
+};
+
+}  // namespace tierkv::master

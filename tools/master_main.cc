@@ -1,0 +1,36 @@
+// tierkv-master: parses flags and runs a MasterServer until SIGTERM/SIGINT.
+#include <signal.h>
+
+#include <cstdio>
+
+#include "config/base/log.h"
+#include "config/master_config.h"
+#include "master/server.h"
+
+int main(int argc, char** argv) {
+  tierkv::MasterConfig config = tierkv::MasterFlags().ParseOrExit(argc, argv);
+
+  // Block the stop signals before any thread starts, so only sigwait sees them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto server = tierkv::master::MasterServer::Start(config);
+  if (!server.ok()) {
+    std::fprintf(stderr, "tierkv-master: %s\n", std::string(server.status().message()).c_str());
+    return 1;
+  }
+  std::printf("listening rpc=%d http=%d\n", (*server)->rpc_port(), (*server)->http_port());
+  std::fflush(stdout);
+  TKV_LOG(INFO) << "serving gRPC on " << config.listen << ":" << (*server)->rpc_port()
+                << ", HTTP on " << config.listen << ":" << (*server)->http_port();
+
+  int sig = 0;
+  sigwait(&stop, &sig);
+  TKV_LOG(INFO) << "signal " << sig << ": shutting down";
+  (*server)->Shutdown();
+  return 0;
+}
