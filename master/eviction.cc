@@ -16,17 +16,26 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
   // Unpinned leaves first; soft-pinned leaves only when those run out.
   for (ListId list : {ListId::kLeaf, ListId::kPinnedLeaf}) {
     int idle_rounds = 0;
-    while (registry_->used() > target_used) {
-      // The shard whose least recent candidate is oldest goes next.
+    for (;;) {
+      uint64_t used = registry_->used();
+      if (used <= target_used) break;
+      // The shard whose least recent candidate is oldest goes next, and it
+      // evicts only while its tail stays no newer than the runner-up's, so
+      // the order across shards is LRU to within one clock tick.
       size_t best = shards_.size();
-      uint32_t best_access = UINT32_MAX;
+      uint32_t best_access = UINT32_MAX, runner_up = UINT32_MAX;
       for (size_t i = 0; i < shards_.size(); ++i) {
         Shard& s = *shards_[i];
         MutexLock lock(&s.mu);
         uint32_t tail = s.lists[static_cast<int>(list)].tail;
-        if (tail != kNil && s.objects[tail].access < best_access) {
+        if (tail == kNil) continue;
+        uint32_t a = s.objects[tail].access;
+        if (a < best_access) {
+          runner_up = best_access;
           best = i;
-          best_access = s.objects[tail].access;
+          best_access = a;
+        } else if (a < runner_up) {
+          runner_up = a;
         }
       }
       if (best == shards_.size()) break;
@@ -38,18 +47,22 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
         std::vector<Mutation> mutations;
         LruList& l = s.lists[static_cast<int>(list)];
         size_t budget = std::min<size_t>(l.size, 32);
-        for (size_t k = 0; k < budget && l.tail != kNil; ++k) {
+        for (size_t k = 0; k < budget && l.tail != kNil && used > target_used; ++k) {
           uint32_t slot = l.tail;
           Object& o = s.objects[slot];
+          if (o.access > runner_up) break;
           bool filling = o.group != nullptr && !o.group->visible.load() && !o.group->dead;
           if (Leased(o, now) || filling) {
             // In use (or its group is still being written): skip it by
             // making it most recent; it was just read anyway.
             Unlist(s, slot);
             ListAtHead(s, slot);
+            s.objects[slot].access = AccessTick();
             continue;
           }
-          freed += registry_->Rounded(o.size) * o.replicas.size();
+          uint64_t bytes = registry_->Rounded(o.size) * o.replicas.size();
+          freed += bytes;
+          used = used > bytes ? used - bytes : 0;
           evicted_bytes_.fetch_add(o.size);
           evictions_.fetch_add(1);
           Erase(s, slot, &mutations, &follow);

@@ -1,0 +1,300 @@
+// Starts the real tierkv-master binary on loopback ports and drives it over
+// gRPC and HTTP.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "proto/master.grpc.pb.h"
+#include "tests/support/process.h"
+#include "tests/support/status_matchers.h"
+
+namespace tierkv {
+namespace {
+
+using testing::ChildProcess;
+using json = nlohmann::json;
+
+class MasterProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override { data_dir_ = testing::MakeTempDir("tierkv-master-data"); }
+  void TearDown() override {
+    if (HasFailure() && master_) std::cerr << "master stderr:\n" << master_->Stderr();
+    master_.reset();
+    std::filesystem::remove_all(data_dir_);
+  }
+
+  void StartMaster(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args{"--rpc-port=0", "--http-port=0", "--data-dir=" + data_dir_,
+                                  "--segment-ttl=1s", "--check-interval=100ms"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto m = ChildProcess::Start(testing::BinaryPath("tierkv-master"), args);
+    ASSERT_TRUE(m.ok()) << m.status();
+    master_ = std::move(*m);
+    ASSERT_GT(master_->port("rpc"), 0);
+    ASSERT_GT(master_->port("http"), 0);
+    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", master_->port("rpc")),
+                                       grpc::InsecureChannelCredentials());
+    stub_ = v1::Master::NewStub(channel);
+    http_ = std::make_unique<httplib::Client>("127.0.0.1", master_->port("http"));
+    http_->set_read_timeout(std::chrono::seconds(5));
+  }
+
+  std::unique_ptr<grpc::ClientContext> Ctx() {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    return ctx;
+  }
+
+  void Mount(const std::string& name, const std::string& incarnation = "inc-1") {
+    v1::MountSegmentRequest req;
+    v1::Segment* s = req.add_segments();
+    s->set_name(name);
+    s->set_host("host-" + name);
+    s->set_capacity(64 << 20);
+    s->set_incarnation(incarnation);
+    v1::MountSegmentResponse resp;
+    ASSERT_TRUE(stub_->MountSegment(Ctx().get(), req, &resp).ok());
+    ASSERT_EQ(resp.status(0).code(), 0) << resp.status(0).message();
+  }
+
+  std::vector<std::string> Heartbeat(const std::string& name, const std::string& inc = "inc-1") {
+    v1::HeartbeatRequest req;
+    v1::Segment* s = req.add_segments();
+    s->set_name(name);
+    s->set_incarnation(inc);
+    v1::HeartbeatResponse resp;
+    EXPECT_TRUE(stub_->Heartbeat(Ctx().get(), req, &resp).ok());
+    return {resp.remount().begin(), resp.remount().end()};
+  }
+
+  void Put(const std::string& key, uint64_t size, const std::string& preferred = "") {
+    v1::PutStartRequest req;
+    auto* item = req.add_items();
+    item->set_key(key);
+    item->set_size(size);
+    item->set_preferred_segment(preferred);
+    v1::PutStartResponse resp;
+    ASSERT_TRUE(stub_->PutStart(Ctx().get(), req, &resp).ok());
+    ASSERT_EQ(resp.results(0).status().code(), 0) << resp.results(0).status().message();
+    v1::KeysRequest end;
+    end.add_keys(key);
+    v1::KeysResponse done;
+    ASSERT_TRUE(stub_->PutEnd(Ctx().get(), end, &done).ok());
+    ASSERT_EQ(done.status(0).code(), 0) << done.status(0).message();
+  }
+
+  v1::GetReplicasResult Get(const std::string& key) {
+    v1::KeysRequest req;
+    req.add_keys(key);
+    v1::GetReplicasResponse resp;
+    EXPECT_TRUE(stub_->GetReplicas(Ctx().get(), req, &resp).ok());
+    return resp.results(0);
+  }
+
+  std::string data_dir_;
+  std::unique_ptr<ChildProcess> master_;
+  std::unique_ptr<v1::Master::Stub> stub_;
+  std::unique_ptr<httplib::Client> http_;
+};
+
+TEST_F(MasterProcessTest, MountPutGetRemove) {
+  StartMaster();
+  Mount("seg-a");
+  Put("key-1", 123456);
+  v1::GetReplicasResult got = Get("key-1");
+  ASSERT_EQ(got.status().code(), 0);
+  EXPECT_EQ(got.size(), 123456u);
+  ASSERT_EQ(got.replicas_size(), 1);
+  EXPECT_EQ(got.replicas(0).segment(), "seg-a");
+  EXPECT_GT(got.lease_expiry_unix_ms(), 0);
+
+  v1::KeysRequest keys;
+  keys.add_keys("key-1");
+  keys.add_keys("missing");
+  v1::ExistsResponse ex;
+  ASSERT_TRUE(stub_->Exists(Ctx().get(), keys, &ex).ok());
+  EXPECT_TRUE(ex.present(0));
+  EXPECT_FALSE(ex.present(1));
+  v1::PrefixMatchResponse pm;
+  ASSERT_TRUE(stub_->PrefixMatch(Ctx().get(), keys, &pm).ok());
+  EXPECT_EQ(pm.matched(), 1u);
+
+  // The object as operators see it.
+  auto obj = http_->Get("/v1/objects/key-1");
+  ASSERT_TRUE(obj);
+  ASSERT_EQ(obj->status, 200);
+  json j = json::parse(obj->body);
+  EXPECT_EQ(j["size"], 123456);
+  EXPECT_EQ(j["state"], "complete");
+  EXPECT_EQ(j["replicas"][0]["segment"], "seg-a");
+
+  v1::RemoveRequest rm;
+  rm.add_keys("key-1");
+  rm.set_force(true);  // it is leased by the Get above
+  v1::KeysResponse rm_resp;
+  ASSERT_TRUE(stub_->Remove(Ctx().get(), rm, &rm_resp).ok());
+  EXPECT_EQ(rm_resp.status(0).code(), 0);
+  EXPECT_EQ(Get("key-1").status().code(), static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_EQ(http_->Get("/v1/objects/key-1")->status, 404);
+}
+
+TEST_F(MasterProcessTest, OversizedBatchIsRefusedWhole) {
+  StartMaster({"--max-batch=100"});
+  v1::KeysRequest req;
+  for (int i = 0; i < 101; ++i) req.add_keys(absl::StrCat("k", i));
+  v1::GetReplicasResponse resp;
+  grpc::Status s = stub_->GetReplicas(Ctx().get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // The master is still serving.
+  Mount("seg-a");
+}
+
+TEST_F(MasterProcessTest, SegmentWhoseHeartbeatsStopIsDropped) {
+  StartMaster();
+  Mount("alive");
+  Mount("silent");
+  Put("on-silent", 1000, "silent");
+  Put("on-alive", 1000, "alive");
+  // Heartbeat only "alive", for three TTLs at most.
+  bool dropped = false;
+  for (int i = 0; i < 30 && !dropped; ++i) {
+    EXPECT_TRUE(Heartbeat("alive").empty());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    dropped = Get("on-silent").status().code() == static_cast<int>(absl::StatusCode::kNotFound);
+  }
+  EXPECT_TRUE(dropped);
+  EXPECT_EQ(Get("on-alive").status().code(), 0);
+  EXPECT_EQ(Heartbeat("silent"), std::vector<std::string>{"silent"});
+  auto seg = http_->Get("/v1/segments/silent");
+  ASSERT_TRUE(seg);
+  EXPECT_EQ(seg->status, 404);
+  EXPECT_EQ(json::parse(http_->Get("/v1/segments")->body).size(), 1u);
+}
+
+TEST_F(MasterProcessTest, SigkillAndRestartKeepsTheIndex) {
+  StartMaster({"--segment-ttl=30s"});
+  Mount("seg-a");
+  for (int i = 0; i < 100; ++i) Put(absl::StrCat("k", i), 4096 + i);
+  ASSERT_EQ(http_->Put("/metadata?key=tierkv/seg-a", "descriptor", "application/json")->status, 200);
+  master_->Kill(SIGKILL);
+  master_->Wait();
+  StartMaster({"--segment-ttl=30s"});
+  // Before the daemon re-mounts the objects are held but not served.
+  EXPECT_EQ(Get("k0").status().code(), static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_EQ(Heartbeat("seg-a"), std::vector<std::string>{"seg-a"});
+  Mount("seg-a");
+  for (int i = 0; i < 100; ++i) {
+    v1::GetReplicasResult r = Get(absl::StrCat("k", i));
+    ASSERT_EQ(r.status().code(), 0) << i;
+    EXPECT_EQ(r.size(), 4096u + i);
+  }
+  EXPECT_EQ(http_->Get("/metadata?key=tierkv/seg-a")->body, "descriptor");
+}
+
+TEST_F(MasterProcessTest, MetadataEndpointRoundTrip) {
+  StartMaster();
+  std::string value("\x01\x02 binary \xff", 12);
+  auto put = http_->Put("/metadata?key=mooncake/ram/node1", value, "application/octet-stream");
+  ASSERT_TRUE(put);
+  EXPECT_EQ(put->status, 200);
+  auto get = http_->Get("/metadata?key=mooncake/ram/node1");
+  EXPECT_EQ(get->status, 200);
+  EXPECT_EQ(get->body, value);
+  EXPECT_EQ(http_->Delete("/metadata?key=mooncake/ram/node1")->status, 200);
+  EXPECT_EQ(http_->Get("/metadata?key=mooncake/ram/node1")->status, 404);
+  EXPECT_EQ(http_->Delete("/metadata?key=mooncake/ram/node1")->status, 404);
+  // Malformed and unknown requests.
+  auto no_key = http_->Get("/metadata");
+  EXPECT_EQ(no_key->status, 400);
+  EXPECT_TRUE(json::parse(no_key->body).contains("error"));
+  auto unknown = http_->Get("/no/such/path");
+  EXPECT_EQ(unknown->status, 404);
+  EXPECT_TRUE(json::parse(unknown->body).contains("error"));
+  EXPECT_EQ(http_->Get("/health")->status, 200);
+  EXPECT_EQ(http_->Get("/ready")->status, 200);
+}
+
+TEST_F(MasterProcessTest, OversizedHttpBodyIs413) {
+  StartMaster({"--max-http-body=64kib"});
+  auto r = http_->Put("/metadata?key=big", std::string(1 << 20, 'x'), "application/octet-stream");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  EXPECT_EQ(http_->Get("/health")->status, 200);
+}
+
+// Parses the exposition text: every sample line is `name{labels} value`
+// with a HELP and TYPE line for its family before it.
+TEST_F(MasterProcessTest, MetricsAreValidPrometheusText) {
+  StartMaster();
+  Mount("seg-a");
+  Put("k", 1000);
+  Get("k");
+  auto res = http_->Get("/metrics");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  EXPECT_NE(res->get_header_value("Content-Type").find("version=0.0.4"), std::string::npos);
+  const std::string& text = res->body;
+  std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.e+-]+|\+Inf|NaN)$)");
+  std::set<std::string> typed;
+  std::map<std::string, double> values;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::string l(line);
+    if (l.rfind("# TYPE ", 0) == 0) {
+      typed.insert(std::string(absl::StrSplit(l.substr(7), ' ').begin()->data(),
+                               l.substr(7).find(' ')));
+      continue;
+    }
+    if (l.rfind("# HELP ", 0) == 0) continue;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(l, m, sample)) << "bad sample line: " << l;
+    std::string family = m[1];
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      if (!typed.contains(family) && family.size() > strlen(suffix) &&
+          family.compare(family.size() - strlen(suffix), strlen(suffix), suffix) == 0) {
+        family = family.substr(0, family.size() - strlen(suffix));
+      }
+    }
+    EXPECT_TRUE(typed.contains(family)) << "no TYPE line before " << l;
+    values[std::string(m[1]) + std::string(m[2].matched ? m[2].str() : "")] = std::stod(m[3]);
+  }
+  EXPECT_EQ(values["tierkv_master_objects{state=\"complete\"}"], 1);
+  EXPECT_EQ(values["tierkv_master_rpc_total{method=\"PutStart\"}"], 1);
+  EXPECT_EQ(values["tierkv_master_rpc_total{method=\"GetReplicas\"}"], 1);
+  EXPECT_EQ(values["tierkv_segment_capacity_bytes{host=\"host-seg-a\",segment=\"seg-a\"}"], 64 << 20);
+  EXPECT_GE(values["tierkv_segment_used_bytes{host=\"host-seg-a\",segment=\"seg-a\"}"], 1000);
+
+  // promtool, where the prometheus package is installed, must agree.
+  if (std::system("command -v promtool >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "promtool not installed (Debian package prometheus); format checked above";
+  }
+  std::string path = testing::MakeTempDir("tierkv-metrics") + "/metrics.txt";
+  std::ofstream(path) << text;
+  int rc = std::system(("promtool check metrics < " + path + " > " + path + ".out 2>&1").c_str());
+  std::ifstream out(path + ".out");
+  std::string report((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(rc, 0) << report;
+}
+
+TEST_F(MasterProcessTest, BadFlagExitsWithStatus2) {
+  auto m = ChildProcess::Start(testing::BinaryPath("tierkv-master"), {"--segment-ttl=forever"});
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("--segment-ttl"), std::string::npos);
+  EXPECT_NE(m.status().message().find("code 2"), std::string::npos);
+}
+
+TEST_F(MasterProcessTest, SigtermExitsCleanly) {
+  StartMaster();
+  master_->Kill(SIGTERM);
+  EXPECT_EQ(master_->Wait(), 0);
+}
+
+}  // namespace
+}  // namespace tierkv

@@ -1,0 +1,163 @@
+#include <map>
+
+#include "config/flags.h"
+#include "config/master_config.h"
+#include "config/units.h"
+#include "tests/support/status_matchers.h"
+
+namespace tierkv {
+namespace {
+
+using ::tierkv::testing::StatusIs;
+
+TEST(UnitsTest, SizesInEveryUnit) {
+  EXPECT_EQ(*ParseSize("512mb"), 512'000'000u);
+  EXPECT_EQ(*ParseSize("180gb"), 180'000'000'000u);
+  EXPECT_EQ(*ParseSize("1.5tb"), 1'500'000'000'000u);
+  EXPECT_EQ(*ParseSize("4gib"), 4ull << 30);
+  EXPECT_EQ(*ParseSize("4GiB"), 4ull << 30);
+  EXPECT_EQ(*ParseSize("64k"), 64u << 10);
+  EXPECT_EQ(*ParseSize("1048576"), 1u << 20);
+  EXPECT_EQ(*ParseSize(" 2 MiB "), 2u << 20);
+  EXPECT_EQ(*ParseSize("0"), 0u);
+}
+
+TEST(UnitsTest, BadSizesAreRefused) {
+  for (const char* bad : {"", "mb", "-1gb", "1e9", "12xb", "1.2.3gb", "nan", "inf", "99999999tb",
+                          "0x10"}) {
+    EXPECT_THAT(ParseSize(bad), StatusIs(absl::StatusCode::kInvalidArgument)) << bad;
+  }
+}
+
+TEST(UnitsTest, Durations) {
+  EXPECT_EQ(*ParseDuration("500ms"), absl::Milliseconds(500));
+  EXPECT_EQ(*ParseDuration("10s"), absl::Seconds(10));
+  EXPECT_EQ(*ParseDuration("1.5m"), absl::Seconds(90));
+  EXPECT_EQ(*ParseDuration("2h"), absl::Hours(2));
+  EXPECT_EQ(*ParseDuration("250us"), absl::Microseconds(250));
+  for (const char* bad : {"", "10", "5 parsecs", "-1s", "s"}) {
+    EXPECT_THAT(ParseDuration(bad), StatusIs(absl::StatusCode::kInvalidArgument)) << bad;
+  }
+}
+
+TEST(UnitsTest, FormatSize) {
+  EXPECT_EQ(FormatSize(512), "512 B");
+  EXPECT_EQ(FormatSize(3ull << 30), "3.0 GiB");
+}
+
+struct TestConfig {
+  int64_t port = 0;
+  uint64_t size = 0;
+  absl::Duration ttl;
+  bool verbose = false;
+  std::string name;
+  double ratio = 0;
+};
+
+const FlagTable<TestConfig>& Table() {
+  using C = TestConfig;
+  static auto* t = new FlagTable<C>(
+      "test-bin", "a test binary",
+      {IntFlag<C>("port", &C::port, "50051", 0, 65535, "port"),
+       SizeFlag<C>("segment-size", &C::size, "1gb", 1, 1e15, "size"),
+       DurationFlag<C>("ttl", &C::ttl, "10s", 0.001, 3600, "ttl"),
+       BoolFlag<C>("verbose", &C::verbose, "false", "talk more"),
+       StringFlag<C>("name", &C::name, "x", "name"),
+       DoubleFlag<C>("ratio", &C::ratio, "0.5", 0, 1, "ratio")},
+      [](const C& c) {
+        return c.name == "forbidden" ? absl::InvalidArgumentError("--name: forbidden")
+                                     : absl::OkStatus();
+      });
+  return *t;
+}
+
+absl::StatusOr<TestConfig> Parse(std::vector<const char*> args,
+                                 std::map<std::string, std::string> env = {},
+                                 std::vector<std::string>* positional = nullptr) {
+  args.insert(args.begin(), "test-bin");
+  static std::map<std::string, std::string> keep;  // outlives the lambda's c_str()
+  keep = env;
+  auto stable = [](const char* name) -> const char* {
+    auto it = keep.find(name);
+    return it == keep.end() ? nullptr : it->second.c_str();
+  };
+  return Table().Parse(static_cast<int>(args.size()), args.data(), positional, stable);
+}
+
+TEST(FlagsTest, DefaultsApply) {
+  auto c = Parse({});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->port, 50051);
+  EXPECT_EQ(c->size, 1'000'000'000u);
+  EXPECT_EQ(c->ttl, absl::Seconds(10));
+  EXPECT_FALSE(c->verbose);
+  EXPECT_EQ(c->ratio, 0.5);
+}
+
+TEST(FlagsTest, CommandLineFormsAndPrecedence) {
+  auto c = Parse({"--port=1", "--segment-size", "180gb", "--verbose", "--ttl=500ms"},
+                 {{"TIERKV_PORT", "2"}, {"TIERKV_NAME", "from-env"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->port, 1);  // the command line beats the environment
+  EXPECT_EQ(c->size, 180'000'000'000u);
+  EXPECT_TRUE(c->verbose);
+  EXPECT_EQ(c->ttl, absl::Milliseconds(500));
+  EXPECT_EQ(c->name, "from-env");
+  auto off = Parse({"--no-verbose"}, {{"TIERKV_VERBOSE", "true"}});
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->verbose);
+}
+
+TEST(FlagsTest, BadValuesNameTheFlag) {
+  auto out_of_range = Parse({"--port=70000"});
+  EXPECT_THAT(out_of_range, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(out_of_range.status().message().find("--port"), absl::string_view::npos);
+  auto bad_env = Parse({}, {{"TIERKV_SEGMENT_SIZE", "lots"}});
+  EXPECT_THAT(bad_env, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(bad_env.status().message().find("TIERKV_SEGMENT_SIZE"), absl::string_view::npos);
+  EXPECT_THAT(Parse({"--unknown=1"}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(Parse({"--port"}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(Parse({"--verbose=maybe"}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(Parse({"--ratio=1.5"}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(Parse({"--ttl=10"}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(Parse({"--name=forbidden"}), StatusIs(absl::StatusCode::kInvalidArgument));
+  // Every error is one line.
+  EXPECT_EQ(out_of_range.status().message().find('\n'), absl::string_view::npos);
+}
+
+TEST(FlagsTest, PositionalArgs) {
+  std::vector<std::string> pos;
+  auto c = Parse({"get", "--port=3", "key1"}, {}, &pos);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(pos, (std::vector<std::string>{"get", "key1"}));
+  EXPECT_THAT(Parse({"stray"}), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(FlagsTest, HelpAndDumpCoverEveryFlag) {
+  std::string help = Table().Help();
+  auto c = Parse({"--port=7"});
+  std::string dump = Table().Dump(*c);
+  for (const FlagSpec& s : Table().specs()) {
+    EXPECT_NE(help.find("--" + s.name), std::string::npos) << s.name;
+    EXPECT_NE(help.find(FlagEnvName(s.name)), std::string::npos) << s.name;
+    EXPECT_NE(dump.find(s.name + " = "), std::string::npos) << s.name;
+  }
+  EXPECT_NE(dump.find("port = 7"), std::string::npos);
+  EXPECT_EQ(FlagEnvName("segment-size"), "TIERKV_SEGMENT_SIZE");
+}
+
+TEST(FlagsTest, MasterTableDefaultsAndRules) {
+  const char* argv[] = {"tierkv-master"};
+  auto c = MasterFlags().Parse(1, argv, nullptr, [](const char*) -> const char* { return nullptr; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rpc_port, 50051);
+  EXPECT_EQ(c->http_port, 8080);
+  EXPECT_EQ(c->listen, "127.0.0.1");
+  EXPECT_EQ(c->segment_ttl, absl::Seconds(10));
+  const char* bad[] = {"tierkv-master", "--low-watermark=0.99", "--high-watermark=0.9"};
+  EXPECT_THAT(MasterFlags().Parse(3, bad, nullptr, [](const char*) -> const char* { return nullptr; }),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace tierkv

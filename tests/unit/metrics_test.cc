@@ -1,0 +1,52 @@
+#include "config/base/metrics.h"
+
+#include <gtest/gtest.h>
+
+namespace tierkv::metrics {
+namespace {
+
+TEST(MetricsTest, RendersTextFormat) {
+  Registry r;
+  auto& calls = BuildCounter().Name("rpc_total").Help("RPCs served").Register(r);
+  calls.Add({{"method", "Put"}}).Increment();
+  calls.Add({{"method", "Put"}}).Increment(2);
+  calls.Add({{"method", "Get \"x\"\n"}}).Increment();
+  auto& g = BuildGauge().Name("used_bytes").Help("Bytes\\used\nnow").Register(r);
+  g.Add({}).Set(1.5);
+  auto& h = BuildHistogram().Name("latency_seconds").Help("Latency").Register(r);
+  Histogram& hist = h.Add({{"method", "Put"}}, Histogram::BucketBoundaries{0.1, 1});
+  hist.Observe(0.05);
+  hist.Observe(0.5);
+  hist.Observe(5);
+  std::string text = r.Serialize();
+  EXPECT_NE(text.find("# HELP rpc_total RPCs served\n# TYPE rpc_total counter\n"), std::string::npos);
+  EXPECT_NE(text.find("rpc_total{method=\"Put\"} 3\n"), std::string::npos);
+  EXPECT_NE(text.find("rpc_total{method=\"Get \\\"x\\\"\\n\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("# HELP used_bytes Bytes\\\\used\\nnow\n"), std::string::npos);
+  EXPECT_NE(text.find("used_bytes 1.5\n"), std::string::npos);
+  EXPECT_NE(text.find("latency_seconds_bucket{method=\"Put\",le=\"0.10000000000000001\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("latency_seconds_bucket{method=\"Put\",le=\"1\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("latency_seconds_bucket{method=\"Put\",le=\"+Inf\"} 3\n"), std::string::npos);
+  EXPECT_NE(text.find("latency_seconds_sum{method=\"Put\"} 5.5499999999999998\n"), std::string::npos);
+  EXPECT_NE(text.find("latency_seconds_count{method=\"Put\"} 3\n"), std::string::npos);
+}
+
+TEST(MetricsTest, HooksRunBeforeSerializeAndRemoveDrops) {
+  Registry r;
+  auto& g = BuildGauge().Name("segments").Help("x").Register(r);
+  int calls = 0;
+  r.AddCollectHook([&] {
+    ++calls;
+    g.Add({{"segment", "a"}}).Set(calls);
+  });
+  EXPECT_NE(r.Serialize().find("segments{segment=\"a\"} 1\n"), std::string::npos);
+  g.Remove({{"segment", "a"}});
+  g.Add({{"segment", "b"}}).Set(9);
+  std::string text = r.Serialize();
+  EXPECT_NE(text.find("segments{segment=\"a\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("segments{segment=\"b\"} 9\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tierkv::metrics

@@ -1,0 +1,380 @@
+#include "master/object_index.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tests/support/status_matchers.h"
+
+namespace tierkv::master {
+namespace {
+
+using ::tierkv::testing::IsOk;
+using ::tierkv::testing::StatusIs;
+
+class IndexTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Build(IndexOptions()); }
+
+  void Build(IndexOptions options) {
+    index_.reset();
+    registry_ = std::make_unique<SegmentRegistry>();
+    store_ = NewMemStore();
+    options_ = options;
+    index_ = std::make_unique<ObjectIndex>(options, registry_.get(), store_.get(), &clock_);
+  }
+
+  uint32_t Mount(const std::string& name, uint64_t capacity, const std::string& host = "") {
+    bool restored;
+    std::optional<uint32_t> replaced;
+    auto id = registry_->Mount({name, host.empty() ? name : host, capacity, "inc", ""},
+                               clock_.Now(), &restored, &replaced);
+    EXPECT_TRUE(id.ok());
+    return *id;
+  }
+
+  absl::Status Put(const std::string& key, uint64_t size, PutItem extra = {}) {
+    extra.key = key;
+    extra.size = size;
+    auto started = index_->PutStart({extra});
+    if (!started[0].status.ok()) return started[0].status;
+    return index_->PutEnd({key})[0];
+  }
+
+  bool Present(const std::string& key) { return index_->Exists({key})[0]; }
+
+  ManualClock clock_;
+  IndexOptions options_;
+  std::unique_ptr<SegmentRegistry> registry_;
+  std::unique_ptr<IndexStore> store_;
+  std::unique_ptr<ObjectIndex> index_;
+};
+
+TEST_F(IndexTest, PutGetRemove) {
+  Mount("seg-a", 1 << 20);
+  auto started = index_->PutStart({{"k1", 1000}});
+  ASSERT_OK(started[0].status);
+  ASSERT_EQ(started[0].replicas.size(), 1u);
+  EXPECT_EQ(started[0].replicas[0].segment, "seg-a");
+  EXPECT_EQ(started[0].replicas[0].length, 1000u);
+  // Pending objects are invisible.
+  EXPECT_FALSE(Present("k1"));
+  EXPECT_THAT(index_->GetReplicas({"k1"})[0].status, StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK(index_->PutEnd({"k1"})[0]);
+  ASSERT_OK(index_->PutEnd({"k1"})[0]);  // retried commit is fine
+  EXPECT_TRUE(Present("k1"));
+  LookupOut got = index_->GetReplicas({"k1"})[0];
+  ASSERT_OK(got.status);
+  EXPECT_EQ(got.size, 1000u);
+  EXPECT_EQ(got.replicas[0].offset, started[0].replicas[0].offset);
+  EXPECT_THAT(index_->PutStart({{"k1", 1000}})[0].status, StatusIs(absl::StatusCode::kAlreadyExists));
+  // Leased: not removable without force.
+  EXPECT_THAT(index_->Remove({"k1"}, false)[0], StatusIs(absl::StatusCode::kFailedPrecondition));
+  clock_.Advance(options_.lease_ttl + absl::Milliseconds(1));
+  EXPECT_OK(index_->Remove({"k1"}, false)[0]);
+  EXPECT_THAT(index_->Remove({"k1"}, false)[0], StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(registry_->used(), 0u);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+TEST_F(IndexTest, BadRequestsGetClearErrors) {
+  Mount("seg-a", 1 << 20);
+  auto out = index_->PutStart({{"", 10},
+                               {std::string(5000, 'k'), 10},
+                               {"zero", 0},
+                               {"huge", 2 << 20},
+                               {"many", 10, 99},
+                               {std::string("nul\0key", 7), 10},
+                               {"fine", 10}});
+  EXPECT_THAT(out[0].status, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(out[1].status, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(out[2].status, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(out[3].status, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(out[4].status, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(out[5].status, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_OK(out[6].status);  // one bad key never fails its neighbours
+  EXPECT_THAT(index_->PutEnd({"never-started"})[0], StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(index_->PutRevoke({"never-started"})[0], StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(IndexTest, FullStoreWithoutCandidatesIsResourceExhausted) {
+  Mount("seg-a", 4096);
+  ASSERT_OK(index_->PutStart({{"a", 4096}})[0].status);  // pending: not evictable
+  EXPECT_THAT(index_->PutStart({{"b", 64}})[0].status, StatusIs(absl::StatusCode::kResourceExhausted));
+}
+
+TEST_F(IndexTest, ReplicasGoToDistinctHosts) {
+  Mount("a1", 1 << 20, "host-a");
+  Mount("a2", 1 << 20, "host-a");
+  Mount("b1", 1 << 20, "host-b");
+  auto out = index_->PutStart({{"k", 100, 2}});
+  ASSERT_OK(out[0].status);
+  ASSERT_EQ(out[0].replicas.size(), 2u);
+  std::set<std::string> hosts;
+  for (auto& r : out[0].replicas) hosts.insert(r.segment == "b1" ? "host-b" : "host-a");
+  EXPECT_EQ(hosts.size(), 2u);
+  // Three replicas on two hosts: the third shares a host but not a segment.
+  auto three = index_->PutStart({{"k3", 100, 3}});
+  ASSERT_EQ(three[0].replicas.size(), 3u);
+  std::set<std::string> segs;
+  for (auto& r : three[0].replicas) segs.insert(r.segment);
+  EXPECT_EQ(segs.size(), 3u);
+}
+
+TEST_F(IndexTest, PreferredSegmentWins) {
+  Mount("big", 100 << 20);
+  Mount("local", 1 << 20);
+  auto out = index_->PutStart({{"k", 100, 1, "local"}});
+  ASSERT_OK(out[0].status);
+  EXPECT_EQ(out[0].replicas[0].segment, "local");
+  auto other = index_->PutStart({{"k2", 100}});
+  EXPECT_EQ(other[0].replicas[0].segment, "big");  // most free space otherwise
+}
+
+TEST_F(IndexTest, TimedOutPutsAreReclaimed) {
+  Mount("seg-a", 1 << 20);
+  ASSERT_OK(index_->PutStart({{"k", 4096}})[0].status);
+  EXPECT_GT(registry_->used(), 0u);
+  clock_.Advance(options_.put_timeout - absl::Seconds(1));
+  index_->Tick();
+  EXPECT_GT(registry_->used(), 0u);
+  clock_.Advance(absl::Seconds(2));
+  index_->Tick();
+  EXPECT_EQ(registry_->used(), 0u);
+  EXPECT_THAT(index_->PutEnd({"k"})[0], StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_FALSE(Present("k"));
+  ASSERT_OK(Put("k", 4096));  // the key is free again
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+TEST_F(IndexTest, RevokeFreesSpace) {
+  Mount("seg-a", 1 << 20);
+  ASSERT_OK(index_->PutStart({{"k", 4096}})[0].status);
+  ASSERT_OK(index_->PutRevoke({"k"})[0]);
+  EXPECT_EQ(registry_->used(), 0u);
+  EXPECT_FALSE(Present("k"));
+}
+
+TEST_F(IndexTest, PrefixMatchStopsAtFirstMiss) {
+  Mount("seg-a", 1 << 20);
+  for (const char* k : {"p0", "p1", "p2", "p4"}) ASSERT_OK(Put(k, 100));
+  EXPECT_EQ(index_->PrefixMatch({"p0", "p1", "p2", "p3", "p4"}), 3u);
+  EXPECT_EQ(index_->PrefixMatch({"p3", "p0"}), 0u);
+  EXPECT_EQ(index_->PrefixMatch({}), 0u);
+  EXPECT_EQ(index_->Exists({"p0", "p3", "p4"}), (std::vector<bool>{true, false, true}));
+}
+
+TEST_F(IndexTest, EvictsLeastRecentlyUsedAboveHighWatermark) {
+  // 100 pages of 1 KiB; the watermarks 95 %/90 %.
+  Mount("seg-a", 100 * 1024);
+  for (int i = 0; i < 95; ++i) {
+    ASSERT_OK(Put(absl::StrCat("k", i), 1024));
+    clock_.Advance(absl::Seconds(1));
+  }
+  // Touch the oldest ten: they become most recent.
+  std::vector<std::string> touched;
+  for (int i = 0; i < 10; ++i) touched.push_back(absl::StrCat("k", i));
+  index_->GetReplicas(touched);
+  clock_.Advance(options_.lease_ttl + absl::Seconds(1));
+  ASSERT_OK(Put("trigger", 1024));  // 96 % > 95 %: evict down to 90 %
+  EXPECT_LE(registry_->used(), 90u * 1024);
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(Present(absl::StrCat("k", i))) << i;
+  for (int i = 10; i < 16; ++i) EXPECT_FALSE(Present(absl::StrCat("k", i))) << i;
+  EXPECT_TRUE(Present("k20"));
+  EXPECT_TRUE(Present("trigger"));
+  EXPECT_GT(index_->Stats().evictions, 0u);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+TEST_F(IndexTest, LeasedAndPinnedObjectsGoLast) {
+  Mount("seg-a", 10 * 1024);
+  ASSERT_OK(Put("pinned", 1024, {.soft_pin = true}));
+  ASSERT_OK(Put("leased", 1024));
+  for (int i = 0; i < 8; ++i) ASSERT_OK(Put(absl::StrCat("k", i), 1024));
+  clock_.Advance(absl::Seconds(10));
+  index_->GetReplicas({"leased"});  // a live lease
+  // Ask for nearly everything back.
+  index_->EvictTo(1024);
+  EXPECT_TRUE(Present("leased"));
+  EXPECT_FALSE(Present("pinned"));  // pinned goes, but only after all unpinned ones
+  for (int i = 0; i < 8; ++i) EXPECT_FALSE(Present(absl::StrCat("k", i)));
+  // A pinned object survives while unpinned candidates remain.
+  ASSERT_OK(Put("pin2", 1024, {.soft_pin = true}));
+  ASSERT_OK(Put("plain", 1024));
+  clock_.Advance(absl::Seconds(10));
+  index_->EvictTo(2 * 1024);
+  EXPECT_TRUE(Present("pin2"));
+  EXPECT_FALSE(Present("plain"));
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+TEST_F(IndexTest, PrefixAwareEvictionTakesLeavesBeforeAncestors) {
+  Mount("seg-a", 64 * 1024);
+  // Chain c0 <- c1 <- c2 <- c3, written oldest first, so plain LRU would
+  // evict c0 first and strand c1..c3.
+  std::string parent;
+  for (int i = 0; i < 4; ++i) {
+    std::string key = absl::StrCat("c", i);
+    ASSERT_OK(Put(key, 1024, {.parent_key = parent}));
+    parent = key;
+    clock_.Advance(absl::Seconds(1));
+  }
+  ASSERT_OK(Put("young-leaf", 1024));
+  EXPECT_EQ(index_->Describe("c0")->children, 1u);
+  EXPECT_EQ(index_->Describe("c3")->children, 0u);
+  uint64_t used = registry_->used();
+  index_->EvictTo(used - 1024);  // one object
+  EXPECT_FALSE(Present("c3"));   // the deepest leaf, though c0 is older
+  EXPECT_TRUE(Present("c0") && Present("c1") && Present("c2") && Present("young-leaf"));
+  index_->EvictTo(used - 3 * 1024);
+  EXPECT_EQ(index_->PrefixMatch({"c0", "c1", "c2", "c3"}), 1u);  // still a usable prefix
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+TEST_F(IndexTest, GroupsAreVisibleAtOnceAndLeaveWhole) {
+  Mount("seg-a", 1 << 20);
+  auto started = index_->PutStart({{"g-k", 100, 1, "", "page1"}, {"g-v", 100, 1, "", "page1"}});
+  ASSERT_OK(started[0].status);
+  ASSERT_OK(started[1].status);
+  ASSERT_OK(index_->PutEnd({"g-k"})[0]);
+  EXPECT_FALSE(Present("g-k"));  // its partner is not committed yet
+  ASSERT_OK(index_->PutEnd({"g-v"})[0]);
+  EXPECT_TRUE(Present("g-k") && Present("g-v"));
+  EXPECT_EQ(index_->Stats().groups, 1u);
+  // A group id in use is refused.
+  EXPECT_THAT(index_->PutStart({{"other", 100, 1, "", "page1"}})[0].status,
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  clock_.Advance(options_.lease_ttl);
+  // Removing one member removes the group.
+  ASSERT_OK(index_->Remove({"g-k"}, false)[0]);
+  EXPECT_FALSE(Present("g-v"));
+  EXPECT_EQ(registry_->used(), 0u);
+  EXPECT_EQ(index_->Stats().groups, 0u);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+TEST_F(IndexTest, GroupWithAFailedMemberIsAborted) {
+  Mount("seg-a", 1 << 20);
+  auto out = index_->PutStart({{"m1", 100, 1, "", "grp"}, {"", 100, 1, "", "grp"}});
+  EXPECT_THAT(out[0].status, StatusIs(absl::StatusCode::kAborted));
+  EXPECT_THAT(out[1].status, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(registry_->used(), 0u);
+  EXPECT_EQ(index_->Stats().groups, 0u);
+}
+
+TEST_F(IndexTest, GroupIsEvictedWhole) {
+  Mount("seg-a", 20 * 1024);
+  ASSERT_OK(index_->PutStart({{"a", 1024, 1, "", "g"}, {"b", 1024, 1, "", "g"}})[0].status);
+  ASSERT_OK(index_->PutEnd({"a", "b"})[0]);
+  clock_.Advance(absl::Seconds(5));
+  index_->GetReplicas({"b"});  // b is recent and leased; a is old
+  clock_.Advance(options_.lease_ttl + absl::Seconds(1));
+  for (int i = 0; i < 10; ++i) ASSERT_OK(Put(absl::StrCat("k", i), 1024));
+  index_->EvictTo(registry_->used() - 1024);  // evicts "a", the oldest
+  EXPECT_FALSE(Present("a"));
+  EXPECT_FALSE(Present("b"));  // its group went with it
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+TEST_F(IndexTest, DroppedSegmentTakesItsObjects) {
+  uint32_t a = Mount("a", 1 << 20, "ha");
+  Mount("b", 1 << 20, "hb");
+  ASSERT_OK(Put("two", 100, {.replicas = 2}));
+  ASSERT_OK(Put("one", 100, {.preferred_segment = "a"}));
+  ASSERT_OK(registry_->Unmount("a").status());
+  EXPECT_EQ(index_->DropSegments({a}), 1u);
+  EXPECT_FALSE(Present("one"));
+  LookupOut two = index_->GetReplicas({"two"})[0];
+  ASSERT_OK(two.status);
+  ASSERT_EQ(two.replicas.size(), 1u);
+  EXPECT_EQ(two.replicas[0].segment, "b");
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+TEST_F(IndexTest, RecoverRebuildsIndexGroupsAndParents) {
+  Mount("seg-a", 1 << 20);
+  ASSERT_OK(Put("p", 100));
+  ASSERT_OK(Put("c", 200, {.parent_key = "p"}));
+  ASSERT_OK(index_->PutStart({{"g1", 10, 1, "", "g"}, {"g2", 10, 1, "", "g"}})[0].status);
+  ASSERT_OK(index_->PutEnd({"g1", "g2"})[0]);
+  ASSERT_OK(index_->PutStart({{"pending", 10}})[0].status);
+  uint64_t used_before = registry_->used();
+
+  // A new registry and index over the same store: the segment comes back
+  // recovering and its objects are held but not served until it re-mounts.
+  std::unique_ptr<ObjectIndex> old_index = std::move(index_);
+  std::unique_ptr<SegmentRegistry> old_registry = std::move(registry_);
+  registry_ = std::make_unique<SegmentRegistry>();
+  registry_->Recover({"seg-a", "seg-a", 1 << 20, "inc", ""}, clock_.Now());
+  index_ = std::make_unique<ObjectIndex>(options_, registry_.get(), store_.get(), &clock_);
+  ASSERT_OK_AND_ASSIGN(uint64_t restored, index_->Recover());
+  EXPECT_EQ(restored, 4u);
+  EXPECT_FALSE(Present("p"));
+  Mount("seg-a", 1 << 20);  // same incarnation
+  EXPECT_TRUE(Present("p") && Present("c") && Present("g1") && Present("g2"));
+  EXPECT_FALSE(Present("pending"));
+  EXPECT_EQ(index_->Describe("p")->children, 1u);
+  EXPECT_LT(registry_->used(), used_before);  // the pending put's space is free again
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+TEST_F(IndexTest, ConcurrentClientsKeepInvariants) {
+  IndexOptions o;
+  o.lease_ttl = absl::ZeroDuration();
+  Build(o);
+  Mount("a", 4 << 20, "h1");
+  Mount("b", 4 << 20, "h2");
+  constexpr int kThreads = 6;
+  constexpr int kOps = 4000;
+  std::vector<std::thread> threads;
+  std::atomic<int> unexpected{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kOps; ++i) {
+        // A small shared key space so threads collide on keys and shards.
+        std::string key = absl::StrCat("k", (i * 7 + t) % 300);
+        std::string parent = absl::StrCat("k", (i * 7 + t) % 300 - 1);
+        switch (i % 6) {
+          case 0:
+          case 1: {
+            auto s = index_->PutStart({{key, 1000 + (i % 5) * 4096, 1 + i % 2, "", "", i % 3 == 0, parent}});
+            if (s[0].status.ok()) {
+              if (i % 4 == 0) {
+                index_->PutRevoke({key});
+              } else {
+                index_->PutEnd({key});
+              }
+            } else if (!absl::IsAlreadyExists(s[0].status) && !absl::IsResourceExhausted(s[0].status)) {
+              ++unexpected;
+            }
+            break;
+          }
+          case 2:
+            index_->GetReplicas({key, parent});
+            break;
+          case 3:
+            index_->PrefixMatch({parent, key});
+            break;
+          case 4:
+            index_->Remove({key}, i % 8 == 0);
+            break;
+          case 5:
+            if (t == 0 && i % 60 == 5) index_->EvictTo(registry_->used() / 2);
+            if (t == 1 && i % 50 == 5) index_->Tick();
+            index_->Exists({key});
+            break;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(unexpected.load(), 0);
+  EXPECT_OK(index_->CheckInvariants());
+  index_->RemoveAll(true);
+  clock_.Advance(options_.put_timeout + absl::Seconds(1));
+  index_->Tick();
+  EXPECT_EQ(registry_->used(), 0u);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+}  // namespace
+}  // namespace tierkv::master
