@@ -29,7 +29,8 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
         MutexLock lock(&s.mu);
         uint32_t tail = s.lists[static_cast<int>(list)].tail;
         if (tail == kNil) continue;
-        uint32_t a = s.objects[tail].access;
+        // A referenced tail is only requeued, which is cheap: go there first.
+        uint32_t a = s.objects[tail].referenced ? 0 : s.objects[tail].access;
         if (a < best_access) {
           runner_up = best_access;
           best = i;
@@ -50,6 +51,14 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
         for (size_t k = 0; k < budget && l.tail != kNil && used > target_used; ++k) {
           uint32_t slot = l.tail;
           Object& o = s.objects[slot];
+          if (o.referenced) {
+            // Used since it was queued: a second chance at the head.
+            o.referenced = false;
+            Unlist(s, slot);
+            ListAtHead(s, slot);
+            progressed = true;  // bounded: the bit is set again only by a use
+            continue;
+          }
           if (o.access > runner_up) break;
           bool filling = o.group != nullptr && !o.group->visible.load() && !o.group->dead;
           if (Leased(o, now) || filling) {

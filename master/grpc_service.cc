@@ -12,6 +12,13 @@ void SetStatus(v1::ItemStatus* out, const absl::Status& s) {
   out->set_message(std::string(s.message()));
 }
 
+// Sets a result's status submessage only when not OK: an absent status
+// reads as OK and saves an allocation per key on both ends.
+template <class Result>
+void SetResultStatus(Result* out, const absl::Status& s) {
+  if (!s.ok()) SetStatus(out->mutable_status(), s);
+}
+
 void SetExtent(v1::Extent* out, const ExtentOut& e) {
   out->set_segment(e.segment);
   out->set_offset(e.offset);
@@ -26,7 +33,7 @@ std::vector<std::string> Keys(const google::protobuf::RepeatedPtrField<std::stri
   return {keys.begin(), keys.end()};
 }
 
-class Service final : public v1::Master::Service {
+class Service final : public v1::Master::CallbackService {
  public:
   Service(Master* master, ServiceLimits limits) : master_(master), limits_(limits) {
     auto& calls = metrics::BuildCounter().Name("tierkv_master_rpc_total").Help("RPCs served").Register(master->metrics());
@@ -42,25 +49,25 @@ class Service final : public v1::Master::Service {
     }
   }
 
-  grpc::Status MountSegment(grpc::ServerContext*, const v1::MountSegmentRequest* req,
+  grpc::ServerUnaryReactor* MountSegment(grpc::CallbackServerContext* ctx, const v1::MountSegmentRequest* req,
                             v1::MountSegmentResponse* resp) override {
-    return Handle("MountSegment", req->segments_size(), [&] {
+    return Handle(ctx, "MountSegment", req->segments_size(), [&] {
       std::vector<SegmentSpec> specs;
       for (const auto& s : req->segments()) specs.push_back(FromProto(s));
       for (const absl::Status& s : master_->Mount(specs)) SetStatus(resp->add_status(), s);
     });
   }
 
-  grpc::Status UnmountSegment(grpc::ServerContext*, const v1::UnmountSegmentRequest* req,
+  grpc::ServerUnaryReactor* UnmountSegment(grpc::CallbackServerContext* ctx, const v1::UnmountSegmentRequest* req,
                               v1::UnmountSegmentResponse* resp) override {
-    return Handle("UnmountSegment", req->names_size(), [&] {
+    return Handle(ctx, "UnmountSegment", req->names_size(), [&] {
       for (const absl::Status& s : master_->Unmount(Keys(req->names()))) SetStatus(resp->add_status(), s);
     });
   }
 
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
                          v1::HeartbeatResponse* resp) override {
-    return Handle("Heartbeat", req->segments_size(), [&] {
+    return Handle(ctx, "Heartbeat", req->segments_size(), [&] {
       std::vector<SegmentSpec> specs;
       for (const auto& s : req->segments()) specs.push_back(FromProto(s));
       HeartbeatResult r = master_->Heartbeat(specs, req->client_id());
@@ -69,9 +76,9 @@ class Service final : public v1::Master::Service {
     });
   }
 
-  grpc::Status PutStart(grpc::ServerContext*, const v1::PutStartRequest* req,
+  grpc::ServerUnaryReactor* PutStart(grpc::CallbackServerContext* ctx, const v1::PutStartRequest* req,
                         v1::PutStartResponse* resp) override {
-    return Handle("PutStart", req->items_size(), [&] {
+    return Handle(ctx, "PutStart", req->items_size(), [&] {
       std::vector<PutItem> items;
       items.reserve(req->items_size());
       for (const auto& it : req->items()) {
@@ -80,72 +87,94 @@ class Service final : public v1::Master::Service {
       }
       for (const PutStartOut& r : master_->index().PutStart(items)) {
         v1::PutStartResult* out = resp->add_results();
-        SetStatus(out->mutable_status(), r.status);
+        SetResultStatus(out, r.status);
         for (const ExtentOut& e : r.replicas) SetExtent(out->add_replicas(), e);
       }
     });
   }
 
-  grpc::Status PutEnd(grpc::ServerContext*, const v1::KeysRequest* req,
+  grpc::ServerUnaryReactor* PutEnd(grpc::CallbackServerContext* ctx, const v1::KeysRequest* req,
                       v1::KeysResponse* resp) override {
-    return Handle("PutEnd", req->keys_size(), [&] {
+    return Handle(ctx, "PutEnd", req->keys_size(), [&] {
       for (const absl::Status& s : master_->index().PutEnd(Keys(req->keys()))) SetStatus(resp->add_status(), s);
     });
   }
 
-  grpc::Status PutRevoke(grpc::ServerContext*, const v1::KeysRequest* req,
+  grpc::ServerUnaryReactor* PutRevoke(grpc::CallbackServerContext* ctx, const v1::KeysRequest* req,
                          v1::KeysResponse* resp) override {
-    return Handle("PutRevoke", req->keys_size(), [&] {
+    return Handle(ctx, "PutRevoke", req->keys_size(), [&] {
       for (const absl::Status& s : master_->index().PutRevoke(Keys(req->keys()))) SetStatus(resp->add_status(), s);
     });
   }
 
-  grpc::Status GetReplicas(grpc::ServerContext*, const v1::KeysRequest* req,
+  grpc::ServerUnaryReactor* GetReplicas(grpc::CallbackServerContext* ctx, const v1::KeysRequest* req,
                            v1::GetReplicasResponse* resp) override {
-    return Handle("GetReplicas", req->keys_size(), [&] {
-      std::vector<LookupOut> found = master_->index().GetReplicas(Keys(req->keys()));
-      resp->mutable_results()->Reserve(static_cast<int>(found.size()));
+    return Handle(ctx, "GetReplicas", req->keys_size(), [&] {
+      std::vector<LookupOut> found = master_->index().GetReplicas(Keys(req->keys()), false);
+      int n = static_cast<int>(found.size());
+      resp->mutable_sizes()->Reserve(n);
+      resp->mutable_lease_expiry_unix_ms()->Reserve(n);
+      resp->mutable_replica_counts()->Reserve(n);
+      // Segment ids -> positions in the response's segment table.
+      absl::flat_hash_map<uint32_t, uint32_t> table;
+      absl::flat_hash_map<uint32_t, std::string> names;
       for (const LookupOut& r : found) {
-        v1::GetReplicasResult* out = resp->add_results();
-        SetStatus(out->mutable_status(), r.status);
-        if (!r.status.ok()) continue;
-        out->set_size(r.size);
-        for (const ExtentOut& e : r.replicas) SetExtent(out->add_replicas(), e);
-        out->set_lease_expiry_unix_ms(absl::ToUnixMillis(r.lease_expiry));
+        uint32_t count = 0;
+        if (r.status.ok()) {
+          for (const ExtentOut& e : r.replicas) {
+            auto [it, fresh] = table.try_emplace(e.segment_id, resp->segments_size());
+            if (fresh) {
+              if (names.empty()) names = master_->registry().LiveNames();
+              auto name = names.find(e.segment_id);
+              // The segment left since the lookup: drop this replica.
+              if (name == names.end()) {
+                table.erase(it);
+                continue;
+              }
+              resp->add_segments(name->second);
+            }
+            resp->add_replica_segments(it->second);
+            resp->add_replica_offsets(e.offset);
+            ++count;
+          }
+        }
+        resp->add_sizes(count > 0 ? r.size : 0);
+        resp->add_lease_expiry_unix_ms(count > 0 ? absl::ToUnixMillis(r.lease_expiry) : 0);
+        resp->add_replica_counts(count);
       }
     });
   }
 
-  grpc::Status Exists(grpc::ServerContext*, const v1::KeysRequest* req,
+  grpc::ServerUnaryReactor* Exists(grpc::CallbackServerContext* ctx, const v1::KeysRequest* req,
                       v1::ExistsResponse* resp) override {
-    return Handle("Exists", req->keys_size(), [&] {
+    return Handle(ctx, "Exists", req->keys_size(), [&] {
       for (bool b : master_->index().Exists(Keys(req->keys()))) resp->add_present(b);
     });
   }
 
-  grpc::Status PrefixMatch(grpc::ServerContext*, const v1::KeysRequest* req,
+  grpc::ServerUnaryReactor* PrefixMatch(grpc::CallbackServerContext* ctx, const v1::KeysRequest* req,
                            v1::PrefixMatchResponse* resp) override {
-    return Handle("PrefixMatch", req->keys_size(), [&] {
+    return Handle(ctx, "PrefixMatch", req->keys_size(), [&] {
       resp->set_matched(static_cast<uint32_t>(master_->index().PrefixMatch(Keys(req->keys()))));
     });
   }
 
-  grpc::Status Remove(grpc::ServerContext*, const v1::RemoveRequest* req,
+  grpc::ServerUnaryReactor* Remove(grpc::CallbackServerContext* ctx, const v1::RemoveRequest* req,
                       v1::KeysResponse* resp) override {
-    return Handle("Remove", req->keys_size(), [&] {
+    return Handle(ctx, "Remove", req->keys_size(), [&] {
       for (const absl::Status& s : master_->index().Remove(Keys(req->keys()), req->force())) {
         SetStatus(resp->add_status(), s);
       }
     });
   }
 
-  grpc::Status RemoveAll(grpc::ServerContext*, const v1::RemoveAllRequest* req,
+  grpc::ServerUnaryReactor* RemoveAll(grpc::CallbackServerContext* ctx, const v1::RemoveAllRequest* req,
                          v1::RemoveAllResponse* resp) override {
-    return Handle("RemoveAll", 0, [&] { resp->set_removed(master_->index().RemoveAll(req->force())); });
+    return Handle(ctx, "RemoveAll", 0, [&] { resp->set_removed(master_->index().RemoveAll(req->force())); });
   }
 
-  grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse* resp) override {
-    return Handle("Stats", 0, [&] {
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx, const v1::StatsRequest*, v1::StatsResponse* resp) override {
+    return Handle(ctx, "Stats", 0, [&] {
       IndexStats st = master_->index().Stats();
       resp->set_objects(st.objects);
       resp->set_pending(st.pending);
@@ -183,21 +212,28 @@ class Service final : public v1::Master::Service {
     metrics::Histogram* latency;
   };
 
+  // Runs the handler inline on gRPC's callback thread (no hand-off to a
+  // thread pool: every handler is short and never waits on the network).
   template <class Fn>
-  grpc::Status Handle(const char* method, int items, Fn fn) {
+  grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* ctx, const char* method, int items,
+                                   Fn fn) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     MethodStats& st = stats_.at(method);
     st.calls->Increment();
     if (static_cast<size_t>(items) > limits_.max_batch) {
       st.errors->Increment();
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat(method, ": ", items, " items exceeds the batch limit of ",
-                                       limits_.max_batch));
+      reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                   absl::StrCat(method, ": ", items,
+                                                " items exceeds the batch limit of ",
+                                                limits_.max_batch)));
+      return reactor;
     }
     st.items->Increment(items);
     absl::Time start = absl::Now();
     fn();
     st.latency->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-    return grpc::Status::OK;
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
   }
 
   Master* const master_;
@@ -207,7 +243,7 @@ class Service final : public v1::Master::Service {
 
 }  // namespace
 
-std::unique_ptr<v1::Master::Service> NewMasterService(Master* master, ServiceLimits limits) {
+std::unique_ptr<grpc::Service> NewMasterService(Master* master, ServiceLimits limits) {
   return std::make_unique<Service>(master, limits);
 }
 

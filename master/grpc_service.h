@@ -18,6 +18,6 @@ struct ServiceLimits {
 };
 
 // Thread-safe; `master` must outlive it.
-std::unique_ptr<v1::Master::Service> NewMasterService(Master* master, ServiceLimits limits);
+std::unique_ptr<grpc::Service> NewMasterService(Master* master, ServiceLimits limits);
 
 }  // namespace tierkv::master

@@ -115,10 +115,7 @@ void ObjectIndex::Impl::ListAtTail(Shard& s, uint32_t slot) {
 void ObjectIndex::Impl::Touch(Shard& s, uint32_t slot) {
   Object& o = s.objects[slot];
   o.access = AccessTick();
-  if (o.list != ListId::kNone && s.lists[static_cast<int>(o.list)].head != slot) {
-    Unlist(s, slot);
-    ListAtHead(s, slot);
-  }
+  o.referenced = true;
 }
 
 bool ObjectIndex::Impl::Visible(const Object& o) const {
@@ -135,11 +132,13 @@ absl::flat_hash_map<uint32_t, std::string> ObjectIndex::Impl::LiveNames() const 
 }
 
 std::vector<ExtentOut> ObjectIndex::Impl::VisibleExtents(
-    const Object& o, const absl::flat_hash_map<uint32_t, std::string>& names) const {
+    const Object& o, const absl::flat_hash_map<uint32_t, std::string>& names,
+    bool resolve_names) const {
   std::vector<ExtentOut> out;
   for (const Replica& r : o.replicas) {
     auto it = names.find(r.segment_id);
-    if (it != names.end()) out.push_back({it->second, r.offset, o.size});
+    if (it == names.end()) continue;
+    out.push_back({resolve_names ? it->second : std::string(), r.offset, o.size, r.segment_id});
   }
   return out;
 }
@@ -486,7 +485,8 @@ std::vector<absl::Status> ObjectIndex::Impl::PutRevoke(const std::vector<std::st
   return out;
 }
 
-std::vector<LookupOut> ObjectIndex::Impl::GetReplicas(const std::vector<std::string>& keys) {
+std::vector<LookupOut> ObjectIndex::Impl::GetReplicas(const std::vector<std::string>& keys,
+                                                      bool resolve_names) {
   std::vector<LookupOut> out(keys.size());
   auto names = LiveNames();
   absl::Time now = clock_->Now();
@@ -500,7 +500,7 @@ std::vector<LookupOut> ObjectIndex::Impl::GetReplicas(const std::vector<std::str
       continue;
     }
     Object& o = s.objects[slot];
-    out[i].replicas = VisibleExtents(o, names);
+    out[i].replicas = VisibleExtents(o, names, resolve_names);
     if (out[i].replicas.empty()) {
       out[i].status = absl::NotFoundError(absl::StrCat(keys[i], ": no live replica"));
       continue;
@@ -655,8 +655,9 @@ std::vector<absl::Status> ObjectIndex::PutEnd(const std::vector<std::string>& ke
 std::vector<absl::Status> ObjectIndex::PutRevoke(const std::vector<std::string>& keys) {
   return impl_->PutRevoke(keys);
 }
-std::vector<LookupOut> ObjectIndex::GetReplicas(const std::vector<std::string>& keys) {
-  return impl_->GetReplicas(keys);
+std::vector<LookupOut> ObjectIndex::GetReplicas(const std::vector<std::string>& keys,
+                                                bool resolve_names) {
+  return impl_->GetReplicas(keys, resolve_names);
 }
 std::vector<bool> ObjectIndex::Exists(const std::vector<std::string>& keys) {
   return impl_->Exists(keys);

@@ -52,9 +52,10 @@ struct PutItem {
 };
 
 struct ExtentOut {
-  std::string segment;
+  std::string segment;  // empty when names were not asked for
   uint64_t offset = 0;
   uint64_t length = 0;
+  uint32_t segment_id = 0;
 };
 
 struct PutStartOut {
@@ -116,8 +117,11 @@ class ObjectIndex {
   std::vector<absl::Status> PutRevoke(const std::vector<std::string>& keys);
 
   // Visible replicas and a read lease (lease_ttl) per key; NOT_FOUND on a
-  // miss. Counts as an access for LRU.
-  std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys);
+  // miss. Counts as an access for LRU. With `resolve_names` false, extents
+  // carry only segment ids (SegmentRegistry::LiveNames maps them), which
+  // saves a string per replica on the RPC fast path.
+  std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys,
+                                     bool resolve_names = true);
 
   std::vector<bool> Exists(const std::vector<std::string>& keys);
 

@@ -49,6 +49,10 @@ struct Object {
   ObjState state = ObjState::kFree;
   ListId list = ListId::kNone;
   bool soft_pin = false;
+  // Set by an access, cleared when the evictor gives the object a second
+  // chance: touching writes one byte of the object instead of relinking
+  // the list (CLOCK-style approximate LRU).
+  bool referenced = false;
 };
 
 struct Shard;
@@ -111,7 +115,7 @@ class ObjectIndex::Impl {
   std::vector<PutStartOut> PutStart(const std::vector<PutItem>& items);
   std::vector<absl::Status> PutEnd(const std::vector<std::string>& keys);
   std::vector<absl::Status> PutRevoke(const std::vector<std::string>& keys);
-  std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys);
+  std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys, bool resolve_names);
   std::vector<bool> Exists(const std::vector<std::string>& keys);
   size_t PrefixMatch(const std::vector<std::string>& keys);
   std::vector<absl::Status> Remove(const std::vector<std::string>& keys, bool force);
@@ -154,8 +158,10 @@ class ObjectIndex::Impl {
   void KillGroup(Group* group);
   void ReleaseGroupPin(Group* group);
   std::string EncodeRecord(const Object& o, const std::string& parent_key) const;
+  // Replicas on LIVE segments (those in `names`); names copied if asked.
   std::vector<ExtentOut> VisibleExtents(const Object& o,
-                                        const absl::flat_hash_map<uint32_t, std::string>& names) const;
+                                        const absl::flat_hash_map<uint32_t, std::string>& names,
+                                        bool resolve_names = true) const;
   absl::flat_hash_map<uint32_t, std::string> LiveNames() const;
   // Links a freshly completed child to its complete parent (if any).
   void LinkParent(size_t child_shard, absl::string_view child_key, const std::string& parent_key);

@@ -18,7 +18,9 @@ class Model {
   void Add(uint64_t off, uint64_t len) {
     ASSERT_LE(off + len, capacity_);
     auto next = live_.lower_bound(off);
-    if (next != live_.end()) ASSERT_GE(next->first, off + len) << "overlaps the next extent";
+    if (next != live_.end()) {
+      ASSERT_GE(next->first, off + len) << "overlaps the next extent";
+    }
     if (next != live_.begin()) {
       auto prev = std::prev(next);
       ASSERT_LE(prev->first + prev->second, off) << "overlaps the previous extent";

@@ -89,7 +89,9 @@ TEST_F(MasterTest, RestartKeepsObjectsOfSegmentsThatComeBack) {
   EXPECT_LT(present, 50);
   for (int i = 0; i < 50; ++i) {
     auto r = m->index().GetReplicas({absl::StrCat("k", i)})[0];
-    if (r.status.ok()) EXPECT_EQ(r.replicas[0].segment, "a");
+    if (r.status.ok()) {
+      EXPECT_EQ(r.replicas[0].segment, "a");
+    }
   }
   EXPECT_EQ(*m->GetMetadata("desc/a"), "segment-a-descriptor");
   EXPECT_OK(m->index().CheckInvariants());

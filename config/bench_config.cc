@@ -1,0 +1,27 @@
+#include "config/bench_config.h"
+
+namespace tierkv {
+
+const FlagTable<BenchConfig>& BenchFlags() {
+  using C = BenchConfig;
+  static const FlagTable<C>* table = new FlagTable<C>(
+      "tierkv-bench",
+      "Benchmarks: tierkv-bench master|transfer|store [flags]. Each prints a table, or one JSON "
+      "object with --json, with the physical reference measured in the same run.",
+      {
+          BoolFlag<C>("json", &C::json, "false", "print one JSON object with the figures"),
+          DoubleFlag<C>("min-time", &C::min_time, "1", 0.01, 600, "seconds per measured case"),
+          IntFlag<C>("objects", &C::objects, "1000000", 1000, 100'000'000,
+                     "master: objects for the memory-per-object figure"),
+          IntFlag<C>("batch", &C::batch, "256", 1, 65536, "keys per batched call / requests per batch"),
+          IntFlag<C>("threads", &C::threads, "2", 1, 256, "client threads"),
+          SizeFlag<C>("block", &C::block, "1mib", 1, 1u << 30, "transfer: bytes per request"),
+          SizeFlag<C>("value", &C::value, "1mib", 1, 1u << 30, "store: bytes per value"),
+          StringFlag<C>("transport", &C::transport, "tcp", "transfer/store: tcp or shm"),
+          IntFlag<C>("connections", &C::connections, "4", 1, 64, "transfer: tcp connections per peer"),
+          SizeFlag<C>("total", &C::total, "2gib", 1, 1e13, "transfer/store: bytes per measurement"),
+      });
+  return *table;
+}
+
+}  // namespace tierkv

@@ -1,0 +1,26 @@
+// tierkv-bench's configuration: one table for every subcommand's flags.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "config/flags.h"
+
+namespace tierkv {
+
+struct BenchConfig {
+  bool json = false;
+  double min_time = 0;         // seconds per Google Benchmark case
+  int64_t objects = 0;         // master memory measurement
+  int64_t batch = 0;           // keys per batched call / requests per transfer batch
+  int64_t threads = 0;         // client threads
+  uint64_t block = 0;          // transfer block size
+  uint64_t value = 0;          // store value size
+  std::string transport;       // transfer/store: tcp, shm, ...
+  int64_t connections = 0;     // transfer: tcp connections per peer
+  uint64_t total = 0;          // bytes moved per measurement
+};
+
+const FlagTable<BenchConfig>& BenchFlags();
+
+}  // namespace tierkv

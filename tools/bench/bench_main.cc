@@ -1,0 +1,19 @@
+// tierkv-bench: master | transfer | store. See config/bench_config.cc.
+#include <cstdio>
+#include <string>
+
+#include "config/bench_config.h"
+#include "config/base/log.h"
+#include "tools/bench/subcommands.h"
+
+int main(int argc, char** argv) {
+  std::vector<std::string> positional;
+  tierkv::BenchConfig config = tierkv::BenchFlags().ParseOrExit(argc, argv, &positional);
+  if (positional.size() != 1) {
+    tierkv::ExitWithUsageError("tierkv-bench", "expected one subcommand: master, transfer or store");
+  }
+  tierkv::SetLogLevel(tierkv::LogLevel::kWarning);
+  const std::string& cmd = positional[0];
+  if (cmd == "master") return tierkv::bench::RunMaster(config);
+  tierkv::ExitWithUsageError("tierkv-bench", "unknown subcommand '" + cmd + "'");
+}

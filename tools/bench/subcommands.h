@@ -1,0 +1,10 @@
+// tierkv-bench's subcommands; each returns the process exit status.
+#pragma once
+
+#include "config/bench_config.h"
+
+namespace tierkv::bench {
+
+int RunMaster(const BenchConfig& config);
+
+}  // namespace tierkv::bench
