@@ -1,0 +1,263 @@
+// One suite that every transport backend must pass: the in-process fake
+// (loopback), tcp and shm. Two engines in this process: one serves a
+// segment, the other is the client restricted to the transport under test.
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "tests/support/status_matchers.h"
+#include "transport/engine.h"
+#include "transport/memory.h"
+
+namespace tierkv::transport {
+namespace {
+
+using ::tierkv::testing::StatusIs;
+
+constexpr uint64_t kSegmentSize = 160ull << 20;
+
+uint64_t Checksum(const char* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<uint8_t>(p[i])) * 1099511628211ull;
+  return h;
+}
+
+std::vector<char> Pattern(size_t n, uint64_t seed) {
+  std::vector<char> v(n);
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t x = rng();
+    std::memcpy(v.data() + i, &x, std::min<size_t>(8, n - i));
+  }
+  return v;
+}
+
+class TransportConformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    metadata_ = NewInMemoryMetadata();
+    auto region = SharedRegion::Create(kSegmentSize, {});
+    ASSERT_TRUE(region.ok()) << region.status();
+    region_ = std::move(*region);
+    StartServer();
+    EngineOptions c;
+    c.metadata = metadata_;
+    c.transports = {GetParam()};
+    auto client = TransferEngine::Create(c);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(*client);
+  }
+
+  void StartServer() {
+    EngineOptions s;
+    s.metadata = metadata_;
+    s.transports = {GetParam()};
+    auto server = TransferEngine::Create(s);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    ASSERT_OK(server_->RegisterMemory(region_->data(), region_->size(), "cpu:0", region_->fd()));
+    ASSERT_OK(server_->ServeSegment("seg", {region_->data()}));
+  }
+
+  std::vector<absl::Status> Do(Op op, char* local, uint64_t offset, uint64_t length) {
+    return client_->Transfer({{op, local, "seg", offset, length}}, absl::Seconds(20));
+  }
+
+  std::shared_ptr<MetadataClient> metadata_;
+  std::unique_ptr<SharedRegion> region_;
+  std::unique_ptr<TransferEngine> server_;
+  std::unique_ptr<TransferEngine> client_;
+};
+
+TEST_P(TransportConformance, RoundTripsFromOneByteTo64MiB) {
+  uint64_t offset = 12345;
+  for (uint64_t size : {1ull, 7ull, 4096ull, 65537ull, 1ull << 20, (4ull << 20) + 3, 64ull << 20}) {
+    std::vector<char> out = Pattern(size, size);
+    std::vector<char> in(size, 0);
+    ASSERT_OK(Do(Op::kWrite, out.data(), offset, size)[0]) << size;
+    // The bytes really are in the served memory...
+    EXPECT_EQ(Checksum(region_->data() + offset, size), Checksum(out.data(), size)) << size;
+    // ... and come back.
+    ASSERT_OK(Do(Op::kRead, in.data(), offset, size)[0]) << size;
+    EXPECT_EQ(Checksum(in.data(), size), Checksum(out.data(), size)) << size;
+    offset += size + 1;
+  }
+  EngineStats st = client_->Stats();
+  EXPECT_GT(st.bytes_written, 64u << 20);
+  EXPECT_GT(st.bytes_read, 64u << 20);
+}
+
+TEST_P(TransportConformance, BatchesOfOneTo1024Requests) {
+  for (size_t n : {1u, 16u, 1024u}) {
+    constexpr uint64_t kBlock = 4096 + 64;
+    std::vector<char> out = Pattern(n * kBlock, n);
+    std::vector<char> in(n * kBlock, 0);
+    std::vector<Request> writes, reads;
+    for (size_t i = 0; i < n; ++i) {
+      // Scatter: request i goes to a distinct, non-adjacent remote place.
+      uint64_t remote = (n - 1 - i) * 2 * kBlock;
+      writes.push_back({Op::kWrite, out.data() + i * kBlock, "seg", remote, kBlock});
+      reads.push_back({Op::kRead, in.data() + i * kBlock, "seg", remote, kBlock});
+    }
+    for (const absl::Status& s : client_->Transfer(writes)) ASSERT_OK(s);
+    std::vector<absl::Status> got = client_->Transfer(reads);
+    ASSERT_EQ(got.size(), n);
+    for (const absl::Status& s : got) ASSERT_OK(s);
+    EXPECT_EQ(in, out) << n;
+  }
+}
+
+TEST_P(TransportConformance, OutOfRangeAndOverflowingOffsetsAreRefused) {
+  std::vector<char> buf(64, 'x');
+  std::vector<char> tail_before(region_->data() + kSegmentSize - 4096, region_->data() + kSegmentSize);
+  EXPECT_THAT(Do(Op::kWrite, buf.data(), kSegmentSize, 1)[0], StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(Do(Op::kWrite, buf.data(), kSegmentSize - 10, 20)[0], StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(Do(Op::kWrite, buf.data(), UINT64_MAX - 5, 10)[0], StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(Do(Op::kRead, buf.data(), 10, UINT64_MAX - 5)[0], StatusIs(absl::StatusCode::kOutOfRange));
+  std::vector<char> tail_after(region_->data() + kSegmentSize - 4096, region_->data() + kSegmentSize);
+  EXPECT_EQ(tail_before, tail_after);  // no byte touched
+  // Good requests in the same batch as bad ones still work.
+  std::vector<char> a(100, 'a');
+  auto st = client_->Transfer({{Op::kWrite, a.data(), "seg", kSegmentSize + 1, 100},
+                               {Op::kWrite, a.data(), "seg", 0, 100}});
+  EXPECT_THAT(st[0], StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_OK(st[1]);
+  // Unknown segment and a null buffer are per-request errors too.
+  EXPECT_THAT(client_->Transfer({{Op::kRead, a.data(), "nope", 0, 1}})[0],
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(client_->Transfer({{Op::kRead, nullptr, "seg", 0, 1}})[0],
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_P(TransportConformance, ZeroLengthRequestsSucceedAndTouchNothing) {
+  region_->data()[0] = 'q';
+  auto st = client_->Transfer({{Op::kWrite, nullptr, "seg", 0, 0}, {Op::kRead, nullptr, "seg", kSegmentSize, 0}});
+  EXPECT_OK(st[0]);
+  EXPECT_OK(st[1]);
+  EXPECT_EQ(region_->data()[0], 'q');
+}
+
+TEST_P(TransportConformance, ConcurrentSubmitters) {
+  constexpr int kThreads = 4;
+  constexpr uint64_t kBlock = 256 << 10;
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int iter = 0; iter < 20; ++iter) {
+        std::vector<char> out = Pattern(4 * kBlock, t * 1000 + iter);
+        std::vector<char> in(4 * kBlock);
+        std::vector<Request> w, r;
+        for (int k = 0; k < 4; ++k) {
+          uint64_t remote = (t * 4 + k) * kBlock;
+          w.push_back({Op::kWrite, out.data() + k * kBlock, "seg", remote, kBlock});
+          r.push_back({Op::kRead, in.data() + k * kBlock, "seg", remote, kBlock});
+        }
+        for (auto& s : client_->Transfer(w)) bad += !s.ok();
+        for (auto& s : client_->Transfer(r)) bad += !s.ok();
+        bad += in != out;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST_P(TransportConformance, PeerKilledMidBatchFailsWithinDeadline) {
+  constexpr int kRequests = 256;
+  constexpr uint64_t kBlock = 512 << 10;
+  std::vector<char> local(kRequests * kBlock);
+  std::vector<Request> reqs;
+  for (int i = 0; i < kRequests; ++i) reqs.push_back({Op::kRead, local.data() + i * kBlock, "seg", i * kBlock, kBlock});
+  absl::Time start = absl::Now();
+  std::shared_ptr<Batch> batch = client_->Submit(reqs, absl::Seconds(5));
+  server_.reset();  // the peer goes away while the batch is in flight
+  ASSERT_TRUE(batch->Wait(absl::Now() + absl::Seconds(10))) << "batch hung";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  int ok = 0, failed = 0;
+  for (const absl::Status& s : batch->statuses()) {
+    if (s.ok()) {
+      ++ok;
+    } else {
+      ++failed;
+      EXPECT_TRUE(absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsNotFound(s)) << s;
+    }
+  }
+  EXPECT_EQ(ok + failed, kRequests);
+  // A later transfer to the departed segment fails fast and cleanly.
+  absl::Time again = absl::Now();
+  auto st = client_->Transfer({{Op::kRead, local.data(), "seg", 0, 4096}}, absl::Seconds(5));
+  EXPECT_FALSE(st[0].ok() && GetParam() != "shm") << "served by a stopped peer";
+  EXPECT_LT(absl::Now() - again, absl::Seconds(6));
+  // And the segment can come back.
+  StartServer();
+  client_->ForgetPeers();
+  std::vector<char> out = Pattern(4096, 9);
+  EXPECT_OK(Do(Op::kWrite, out.data(), 0, 4096)[0]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, TransportConformance,
+                         ::testing::Values("loopback", "tcp", "shm"),
+                         [](const auto& info) { return info.param; });
+
+TEST(TransportSelection, FallsBackWhenThePreferredTransportCannotReach) {
+  auto metadata = NewInMemoryMetadata();
+  auto region = SharedRegion::Create(8 << 20, {});
+  ASSERT_TRUE(region.ok());
+  EngineOptions so;
+  so.metadata = metadata;
+  so.host_id = "another-machine";  // shm's same-host check must refuse
+  auto server = TransferEngine::Create(so);
+  ASSERT_TRUE(server.ok());
+  ASSERT_OK((*server)->RegisterMemory((*region)->data(), (*region)->size(), "cpu:0", (*region)->fd()));
+  ASSERT_OK((*server)->ServeSegment("remote", {(*region)->data()}));
+
+  EngineOptions co;
+  co.metadata = metadata;
+  co.transports = {"shm", "tcp"};
+  auto client = TransferEngine::Create(co);
+  ASSERT_TRUE(client.ok());
+  std::vector<char> out = Pattern(1 << 20, 3), in(1 << 20);
+  ASSERT_OK((*client)->Transfer({{Op::kWrite, out.data(), "remote", 100, out.size()}})[0]);
+  ASSERT_OK((*client)->Transfer({{Op::kRead, in.data(), "remote", 100, in.size()}})[0]);
+  EXPECT_EQ(in, out);
+  PeerInfo info = (*client)->Describe("remote");
+  EXPECT_EQ(info.transport, "tcp");
+  ASSERT_FALSE(info.fallbacks.empty());
+  EXPECT_NE(info.fallbacks[0].find("shm"), std::string::npos) << info.fallbacks[0];
+}
+
+TEST(TransportSelection, AutoPicksShmOnTheSameHost) {
+  auto metadata = NewInMemoryMetadata();
+  auto region = SharedRegion::Create(1 << 20, {});
+  ASSERT_TRUE(region.ok());
+  auto server = TransferEngine::Create({.metadata = metadata});
+  ASSERT_TRUE(server.ok());
+  ASSERT_OK((*server)->RegisterMemory((*region)->data(), (*region)->size(), "cpu:0", (*region)->fd()));
+  ASSERT_OK((*server)->ServeSegment("local", {(*region)->data()}));
+  auto client = TransferEngine::Create({.metadata = metadata});
+  ASSERT_TRUE(client.ok());
+  EXPECT_EQ((*client)->Describe("local").transport, "shm");
+}
+
+TEST(TransportSelection, NothingReachesAnUnreachablePeer) {
+  auto metadata = NewInMemoryMetadata();
+  SegmentDescriptor d;
+  d.name = "ghost";
+  d.host = "ghost-host";
+  d.host_id = "ghost";
+  d.control = "127.0.0.1:1";
+  d.transports = {{"tcp", "127.0.0.1:1"}};
+  d.buffers = {{0, 4096, "cpu:0", {}}};
+  ASSERT_OK(metadata->Put(DescriptorKey("ghost"), d.ToJson()));
+  auto client = TransferEngine::Create({.metadata = metadata});
+  ASSERT_TRUE(client.ok());
+  char buf[16];
+  auto st = (*client)->Transfer({{Op::kRead, buf, "ghost", 0, 16}}, absl::Seconds(2));
+  EXPECT_THAT(st[0], StatusIs(absl::StatusCode::kUnavailable));
+}
+
+}  // namespace
+}  // namespace tierkv::transport

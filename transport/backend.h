@@ -1,0 +1,152 @@
+// The narrow interface every transport backend implements, and the
+// engine-side services backends may use.
+//
+// A backend lives in transport/<name>/, is created by name from the
+// registry (registry.h), and keeps all of its state behind this interface:
+//
+//   capabilities()      what it can do and how it ranks against others
+//   Start / Stop        serving side: bind listeners, serve ServedMemory
+//   RegisterBuffer      serving side: make a local buffer reachable; the
+//                       returned key goes into the segment descriptor
+//                       (descriptor.buffers[i].keys[name])
+//   Prepare             client side: prove that a remote segment is
+//                       reachable (a handshake) and return a PeerChannel
+//   PeerChannel::Post   move a group of slices; returns when every slice
+//                       has a status or the deadline passed (post + poll)
+//   ~PeerChannel        release
+//
+// How the hardware backends fit without changing the engine:
+//
+// - rdma (libibverbs RC queue pairs): RegisterBuffer registers the buffer
+//   with every NIC (ibv_reg_mr) and returns the remote keys and addresses
+//   per NIC as its key string. Prepare exchanges QP numbers, GIDs/LIDs, PSNs
+//   and MTU with the server through the control channel
+//   (PrepareContext::handshake, the same path shm uses), moves the QPs to
+//   RTS and returns a channel holding them. Post stripes the slices over
+//   the NICs' QPs as one-sided RDMA READ/WRITE work requests (with a
+//   bounded number outstanding per QP) and waits for their completions,
+//   which the backend's own completion threads deliver; a slice that fails
+//   on one NIC is retried on another. capabilities().needs_registered_local
+//   is true: the engine then checks that every local address lies in
+//   memory registered through TransferEngine::RegisterMemory, whose buffers
+//   the backend registered with the NICs as well.
+// - cuda (CUDA IPC): RegisterBuffer of cuda:<dev> memory exports an IPC
+//   handle; Prepare checks the peer is on the same host (as shm does) and
+//   opens the handles; Post issues cudaMemcpyAsync on dedicated streams and
+//   synchronises them before returning. capabilities().cuda_memory is true.
+//
+// Thread-safety: a Backend is shared by all engine threads. A PeerChannel's
+// Post may be called from several worker threads at once.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "transport/descriptor.h"
+#include "transport/types.h"
+
+namespace tierkv::transport {
+
+// Registered local memory.
+struct LocalBuffer {
+  uint64_t id = 0;
+  char* addr = nullptr;
+  uint64_t length = 0;
+  Location location;
+  int memfd = -1;  // >= 0 when the memory is a memfd mapping other processes can map
+};
+
+// A part of a request that one backend moves in one piece.
+struct Slice {
+  Op op = Op::kRead;
+  char* local = nullptr;
+  uint64_t remote_offset = 0;  // within the segment
+  uint64_t length = 0;
+  absl::Status status;  // set by the backend
+};
+
+struct Capabilities {
+  int rank = 0;                   // higher wins when several reach a peer
+  bool same_host_only = false;    // shm, cuda
+  bool needs_registered_local = false;  // rdma
+  bool cuda_memory = false;       // can read and write cuda:<n> memory
+};
+
+// The serving side's view of locally served segments, given to backends by
+// the engine. Thread-safe.
+class ServedMemory {
+ public:
+  // Keeps a resolved range mapped while held (unregistering waits for it).
+  struct Pin {
+    char* addr = nullptr;
+    std::shared_lock<std::shared_mutex> hold;
+  };
+  virtual ~ServedMemory() = default;
+  // The local address of [offset, offset+length) in served segment
+  // `segment_index`. NOT_FOUND for an unknown (or just unmounted) segment,
+  // OUT_OF_RANGE when the range is not inside one of its buffers; checked
+  // overflow-safe before any byte is touched.
+  virtual absl::StatusOr<Pin> Resolve(uint32_t segment_index, uint64_t offset,
+                                      uint64_t length) = 0;
+  // Answers a backend's handshake (`transport` names it) arriving on the
+  // control channel; the reply goes back to the peer's Prepare.
+  virtual absl::StatusOr<std::string> Handshake(const std::string& transport,
+                                                const std::string& request) = 0;
+};
+
+class PeerChannel {
+ public:
+  virtual ~PeerChannel() = default;
+  // Moves every slice (all for this channel's segment) and sets each
+  // status: OK, DEADLINE_EXCEEDED when the deadline passed first,
+  // UNAVAILABLE when the peer could not be reached or went away,
+  // OUT_OF_RANGE / NOT_FOUND when the server refused the range.
+  virtual void Post(absl::Span<Slice* const> slices, absl::Time deadline) = 0;
+  // False once a connection-level failure was seen; the engine then
+  // prepares a fresh channel (and re-reads the descriptor) before next use.
+  virtual bool healthy() const = 0;
+};
+
+struct PrepareContext {
+  std::string local_host_id;
+  // Sends `request` to the serving engine's control endpoint for backend
+  // `transport` and returns its answer.
+  std::function<absl::StatusOr<std::string>(const std::string& control, const std::string& transport,
+                                            const std::string& request, absl::Time deadline)>
+      handshake;
+  absl::Time deadline;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Capabilities capabilities() const = 0;
+
+  virtual absl::Status Start(ServedMemory* served) = 0;
+  virtual void Stop() = 0;
+  // Goes into descriptor.transports[name()].
+  virtual std::string endpoint() const = 0;
+  // "" when the buffer needs no per-transport key. An error means this
+  // backend cannot serve the buffer; the engine leaves its key out, and
+  // peers will not choose this backend for it.
+  virtual absl::StatusOr<std::string> RegisterBuffer(const LocalBuffer& buffer) = 0;
+  virtual void UnregisterBuffer(const LocalBuffer& buffer) = 0;
+  // The serving side of Prepare's handshake; UNIMPLEMENTED if none.
+  virtual absl::StatusOr<std::string> ServeHandshake(const std::string& request,
+                                                     const LocalBuffer* const* buffers,
+                                                     size_t count) {
+    return absl::UnimplementedError(name() + " has no handshake");
+  }
+
+  // UNAVAILABLE (with the reason) when the remote cannot be reached this way.
+  virtual absl::StatusOr<std::unique_ptr<PeerChannel>> Prepare(const SegmentDescriptor& remote,
+                                                               const PrepareContext& ctx) = 0;
+};
+
+}  // namespace tierkv::transport

@@ -1,0 +1,455 @@
+#include "transport/engine.h"
+
+#include <algorithm>
+#include <map>
+#include <shared_mutex>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "config/base/log.h"
+#include "config/base/status.h"
+#include "nlohmann/json.hpp"
+#include "transport/internal/batch.h"
+#include "transport/internal/builtin.h"
+#include "transport/memory.h"
+
+namespace tierkv::transport {
+namespace {
+
+using internal::BatchImpl;
+using internal::Task;
+
+struct ServedSegment {
+  std::string name;
+  uint32_t index;
+  std::vector<LocalBuffer*> buffers;
+  std::vector<uint64_t> offsets;  // segment offset of each buffer
+};
+
+struct PeerEntry {
+  Mutex mu;
+  std::optional<SegmentDescriptor> desc ABSL_GUARDED_BY(mu);
+  std::shared_ptr<PeerChannel> channel ABSL_GUARDED_BY(mu);
+  std::string transport ABSL_GUARDED_BY(mu);
+  std::vector<std::string> fallbacks ABSL_GUARDED_BY(mu);
+  bool needs_registered_local ABSL_GUARDED_BY(mu) = false;
+};
+
+class Engine final : public TransferEngine, public ServedMemory {
+ public:
+  explicit Engine(EngineOptions options) : options_(std::move(options)) {}
+  ~Engine() override {
+    // Stop serving first so no backend thread touches served memory.
+    for (auto& b : backends_) b->Stop();
+    queue_.reset();
+    for (auto& [name, seg] : served_) {
+      (void)options_.metadata->Delete(DescriptorKey(name));
+    }
+  }
+
+  absl::Status Init() {
+    if (options_.metadata == nullptr) return absl::InvalidArgumentError("the engine needs a metadata client");
+    if (options_.host_id.empty()) options_.host_id = LocalHostId();
+    if (options_.host.empty()) options_.host = options_.backend.advertise.empty() ? options_.backend.listen : options_.backend.advertise;
+    std::vector<std::string> names = options_.transports;
+    if (names.empty()) names = {"shm", "tcp"};
+    // tcp is always present: it is the control channel for every handshake.
+    std::vector<std::string> create = names;
+    if (std::find(create.begin(), create.end(), "tcp") == create.end()) create.push_back("tcp");
+    for (const std::string& n : create) {
+      ASSIGN_OR_RETURN(std::unique_ptr<Backend> b, CreateBackend(n, options_.backend));
+      RETURN_IF_ERROR(b->Start(this));
+      backends_.push_back(std::move(b));
+    }
+    // Candidate order: as configured, else by rank.
+    for (const std::string& n : names) order_.push_back(FindBackend(n));
+    if (options_.transports.empty()) {
+      std::sort(order_.begin(), order_.end(), [](Backend* a, Backend* b) {
+        return a->capabilities().rank > b->capabilities().rank;
+      });
+    }
+    queue_ = std::make_unique<internal::WorkQueue>(std::max(1, options_.workers),
+                                                   [this](Task& t) { Run(t); });
+    return absl::OkStatus();
+  }
+
+  // --- registration and serving
+
+  absl::Status RegisterMemory(void* addr, uint64_t length, const std::string& location,
+                              int memfd) override {
+    if (addr == nullptr || length == 0) return absl::InvalidArgumentError("empty memory range");
+    ASSIGN_OR_RETURN(Location loc, ParseLocation(location));
+    std::unique_lock lock(served_mu_);
+    char* a = static_cast<char*>(addr);
+    for (auto& [start, b] : buffers_) {
+      if (a < b->addr + b->length && b->addr < a + length) {
+        return absl::InvalidArgumentError("range overlaps registered memory");
+      }
+    }
+    auto b = std::make_unique<LocalBuffer>();
+    b->id = next_buffer_id_++;
+    b->addr = a;
+    b->length = length;
+    b->location = loc;
+    b->memfd = memfd;
+    buffers_[a] = std::move(b);
+    return absl::OkStatus();
+  }
+
+  absl::Status UnregisterMemory(void* addr) override {
+    std::unique_lock lock(served_mu_);
+    auto it = buffers_.find(static_cast<char*>(addr));
+    if (it == buffers_.end()) return absl::NotFoundError("no registered buffer starts there");
+    for (auto& [name, seg] : served_) {
+      for (LocalBuffer* b : seg.buffers) {
+        if (b == it->second.get()) {
+          return absl::FailedPreconditionError(absl::StrCat("buffer is served as segment ", name));
+        }
+      }
+    }
+    for (auto& be : backends_) be->UnregisterBuffer(*it->second);
+    buffers_.erase(it);
+    return absl::OkStatus();
+  }
+
+  absl::Status ServeSegment(const std::string& name, const std::vector<void*>& addrs) override {
+    if (name.empty()) return absl::InvalidArgumentError("segment name is empty");
+    if (addrs.empty()) return absl::InvalidArgumentError("a segment needs at least one buffer");
+    SegmentDescriptor d;
+    {
+      std::unique_lock lock(served_mu_);
+      if (served_.contains(name)) return absl::AlreadyExistsError(absl::StrCat("already serving ", name));
+      ServedSegment seg{name, next_segment_index_++, {}, {}};
+      d.name = name;
+      d.host = options_.host;
+      d.host_id = options_.host_id;
+      d.segment_index = seg.index;
+      uint64_t offset = 0;
+      for (void* a : addrs) {
+        auto it = buffers_.find(static_cast<char*>(a));
+        if (it == buffers_.end()) return absl::InvalidArgumentError("segment buffer is not registered");
+        LocalBuffer* b = it->second.get();
+        BufferDescriptor bd{offset, b->length, b->location.ToString(), {}};
+        for (auto& be : backends_) {
+          absl::StatusOr<std::string> key = be->RegisterBuffer(*b);
+          if (key.ok() && !key->empty()) bd.keys[be->name()] = *key;
+        }
+        seg.buffers.push_back(b);
+        seg.offsets.push_back(offset);
+        d.buffers.push_back(bd);
+        offset += b->length;
+      }
+      for (auto& be : backends_) {
+        // shm only helps when some buffer can be shared.
+        if (be->name() == "shm" && std::none_of(d.buffers.begin(), d.buffers.end(),
+                                                [](const BufferDescriptor& b) { return b.keys.contains("shm"); })) {
+          continue;
+        }
+        d.transports[be->name()] = be->endpoint();
+      }
+      d.control = FindBackend("tcp")->endpoint();
+      served_.emplace(name, std::move(seg));
+    }
+    absl::Status st = options_.metadata->Put(DescriptorKey(name), d.ToJson());
+    if (!st.ok()) {
+      std::unique_lock lock(served_mu_);
+      served_.erase(name);
+      return Annotate(st, absl::StrCat("publishing segment ", name));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status StopServing(const std::string& name) override {
+    {
+      std::unique_lock lock(served_mu_);  // waits for transfers holding pins
+      if (served_.erase(name) == 0) return absl::NotFoundError(absl::StrCat("not serving ", name));
+    }
+    absl::Status st = options_.metadata->Delete(DescriptorKey(name));
+    if (!st.ok() && !absl::IsNotFound(st)) return st;
+    return absl::OkStatus();
+  }
+
+  // --- ServedMemory (called by backends' serving threads)
+
+  absl::StatusOr<Pin> Resolve(uint32_t segment_index, uint64_t offset, uint64_t length) override {
+    std::shared_lock lock(served_mu_);
+    const ServedSegment* seg = nullptr;
+    for (const auto& [name, s] : served_) {
+      if (s.index == segment_index) seg = &s;
+    }
+    if (seg == nullptr) return absl::NotFoundError(absl::StrCat("segment #", segment_index, " is not served here"));
+    for (size_t i = 0; i < seg->buffers.size(); ++i) {
+      uint64_t start = seg->offsets[i];
+      const LocalBuffer* b = seg->buffers[i];
+      if (offset >= start && RangeWithin(offset - start, length, b->length)) {
+        return Pin{b->addr + (offset - start), std::move(lock)};
+      }
+    }
+    return absl::OutOfRangeError(absl::StrCat("range [", offset, ", +", length, ") is outside segment ",
+                                              seg->name));
+  }
+
+  absl::StatusOr<std::string> Handshake(const std::string& transport,
+                                        const std::string& request) override {
+    Backend* b = FindBackend(transport);
+    if (b == nullptr) return absl::NotFoundError(absl::StrCat("no transport ", transport, " here"));
+    nlohmann::json j = nlohmann::json::parse(request, nullptr, false);
+    if (j.is_discarded() || !j.contains("segment_index") || !j["segment_index"].is_number_unsigned()) {
+      return absl::InvalidArgumentError("handshake without a segment_index");
+    }
+    uint32_t index = j["segment_index"].get<uint32_t>();
+    std::shared_lock lock(served_mu_);
+    for (const auto& [name, s] : served_) {
+      if (s.index == index) return b->ServeHandshake(request, s.buffers.data(), s.buffers.size());
+    }
+    return absl::NotFoundError(absl::StrCat("segment #", index, " is not served here"));
+  }
+
+  // --- client side
+
+  std::shared_ptr<Batch> Submit(std::vector<Request> requests, absl::Duration timeout) override {
+    if (timeout <= absl::ZeroDuration()) timeout = options_.default_timeout;
+    absl::Time deadline = absl::Now() + timeout;
+    auto batch = std::make_shared<BatchImpl>(requests.size());
+    requests_.fetch_add(requests.size(), std::memory_order_relaxed);
+
+    // Group by segment, keeping request order within each.
+    std::map<std::string, std::vector<size_t>> by_segment;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const Request& r = requests[i];
+      if (r.length == 0) continue;  // nothing to move: OK
+      if (r.local == nullptr) {
+        batch->SetStatus(i, absl::InvalidArgumentError("request has no local buffer"));
+        continue;
+      }
+      by_segment[r.segment].push_back(i);
+    }
+    struct Plan {
+      std::shared_ptr<PeerChannel> channel;
+      std::string segment;
+      size_t first_slice, end_slice;
+    };
+    std::vector<Plan> plans;
+    for (auto& [segment, idx] : by_segment) {
+      absl::StatusOr<Prepared> peer = GetPeer(segment, deadline);
+      if (!peer.ok()) {
+        for (size_t i : idx) batch->SetStatus(i, peer.status());
+        continue;
+      }
+      size_t first = batch->slices.size();
+      for (size_t i : idx) {
+        const Request& r = requests[i];
+        absl::StatusOr<const BufferDescriptor*> where = peer->desc.Locate(r.offset, r.length);
+        if (!where.ok()) {
+          batch->SetStatus(i, where.status());
+          continue;
+        }
+        if (peer->needs_registered_local && !LocalRegistered(r.local, r.length)) {
+          batch->SetStatus(i, absl::FailedPreconditionError(
+                                  absl::StrCat("transport ", peer->transport,
+                                               " needs the local buffer registered")));
+          continue;
+        }
+        for (uint64_t done = 0; done < r.length; done += options_.slice_size) {
+          Slice s;
+          s.op = r.op;
+          s.local = static_cast<char*>(r.local) + done;
+          s.remote_offset = r.offset + done;
+          s.length = std::min(options_.slice_size, r.length - done);
+          batch->slices.push_back(s);
+          batch->slice_request.push_back(i);
+        }
+      }
+      plans.push_back({peer->channel, segment, first, batch->slices.size()});
+    }
+    batch->Start(batch->slices.size());
+    // Spread each segment's slices over the workers, at most 64 per task.
+    for (const Plan& p : plans) {
+      size_t n = p.end_slice - p.first_slice;
+      if (n == 0) continue;
+      size_t per = std::clamp<size_t>((n + options_.workers - 1) / options_.workers, 1, 64);
+      for (size_t at = p.first_slice; at < p.end_slice; at += per) {
+        Task t{batch, p.channel, p.segment, {}, deadline};
+        for (size_t k = at; k < std::min(at + per, p.end_slice); ++k) t.slices.push_back(&batch->slices[k]);
+        queue_->Push(std::move(t));
+      }
+    }
+    return batch;
+  }
+
+  std::vector<absl::Status> Transfer(std::vector<Request> requests, absl::Duration timeout) override {
+    if (timeout <= absl::ZeroDuration()) timeout = options_.default_timeout;
+    std::shared_ptr<Batch> b = Submit(std::move(requests), timeout);
+    // Every task ends by the deadline; the margin covers the last wake-up.
+    b->Wait(absl::Now() + timeout + absl::Seconds(5));
+    return b->statuses();
+  }
+
+  PeerInfo Describe(const std::string& segment) override {
+    PeerInfo info;
+    info.segment = segment;
+    absl::StatusOr<Prepared> p = GetPeer(segment, absl::Now() + absl::Seconds(5));
+    std::shared_ptr<PeerEntry> e = Entry(segment);
+    MutexLock lock(&e->mu);
+    if (e->desc) info.host = e->desc->host;
+    info.fallbacks = e->fallbacks;
+    if (p.ok()) {
+      info.transport = p->transport;
+    } else {
+      info.fallbacks.push_back(std::string(p.status().message()));
+    }
+    return info;
+  }
+
+  void ForgetPeers() override {
+    MutexLock lock(&peers_mu_);
+    peers_.clear();
+  }
+
+  EngineStats Stats() const override {
+    return {requests_.load(), failed_.load(), bytes_read_.load(), bytes_written_.load()};
+  }
+  int port() const override { return tcp_port(); }
+  const std::string& host_id() const override { return options_.host_id; }
+
+ private:
+  struct Prepared {
+    SegmentDescriptor desc;
+    std::shared_ptr<PeerChannel> channel;
+    std::string transport;
+    bool needs_registered_local;
+  };
+
+  int tcp_port() const {
+    for (const auto& b : backends_) {
+      if (b->name() == "tcp") {
+        std::string ep = b->endpoint();
+        return std::stoi(ep.substr(ep.rfind(':') + 1));
+      }
+    }
+    return 0;
+  }
+
+  Backend* FindBackend(const std::string& name) {
+    for (auto& b : backends_) {
+      if (b->name() == name) return b.get();
+    }
+    return nullptr;
+  }
+
+  bool LocalRegistered(void* addr, uint64_t length) {
+    std::shared_lock lock(served_mu_);
+    char* a = static_cast<char*>(addr);
+    auto it = buffers_.upper_bound(a);
+    if (it == buffers_.begin()) return false;
+    --it;
+    const LocalBuffer* b = it->second.get();
+    return a >= b->addr && RangeWithin(a - b->addr, length, b->length);
+  }
+
+  std::shared_ptr<PeerEntry> Entry(const std::string& segment) {
+    MutexLock lock(&peers_mu_);
+    auto& e = peers_[segment];
+    if (!e) e = std::make_shared<PeerEntry>();
+    return e;
+  }
+
+  absl::StatusOr<Prepared> GetPeer(const std::string& segment, absl::Time deadline) {
+    std::shared_ptr<PeerEntry> e = Entry(segment);
+    MutexLock lock(&e->mu);
+    if (e->channel && e->channel->healthy() && e->desc) {
+      return Prepared{*e->desc, e->channel, e->transport, e->needs_registered_local};
+    }
+    // (Re)read the descriptor: the peer may have restarted or moved.
+    absl::StatusOr<std::string> json = options_.metadata->Get(DescriptorKey(segment));
+    if (!json.ok()) {
+      if (absl::IsNotFound(json.status())) {
+        return absl::NotFoundError(absl::StrCat("segment ", segment, " is not published"));
+      }
+      return json.status();
+    }
+    ASSIGN_OR_RETURN(SegmentDescriptor desc, SegmentDescriptor::FromJson(*json));
+    e->desc = desc;
+    e->channel.reset();
+    e->fallbacks.clear();
+    PrepareContext ctx{options_.host_id, &internal::TcpHandshake, deadline};
+    std::vector<std::string> reasons;
+    for (Backend* b : order_) {
+      if (!desc.transports.contains(b->name())) {
+        reasons.push_back(absl::StrCat(b->name(), ": not offered by the peer"));
+        continue;
+      }
+      absl::StatusOr<std::unique_ptr<PeerChannel>> ch = b->Prepare(desc, ctx);
+      if (ch.ok()) {
+        e->channel = std::move(*ch);
+        e->transport = b->name();
+        e->needs_registered_local = b->capabilities().needs_registered_local;
+        e->fallbacks = reasons;
+        return Prepared{desc, e->channel, e->transport, e->needs_registered_local};
+      }
+      std::string why = absl::StrCat(b->name(), ": ", ch.status().message());
+      TKV_LOG(WARNING) << "transport " << b->name() << " cannot reach segment " << segment
+                       << " on host " << desc.host << " (" << desc.host_id.substr(0, 8) << ") from "
+                       << options_.host << " (" << options_.host_id.substr(0, 8) << "): "
+                       << ch.status().message() << "; trying the next transport";
+      reasons.push_back(why);
+    }
+    e->fallbacks = reasons;
+    return absl::UnavailableError(absl::StrCat("no transport reaches segment ", segment, ": ",
+                                               absl::StrJoin(reasons, "; ")));
+  }
+
+  void Run(Task& t) {
+    if (absl::Now() >= t.deadline) {
+      for (Slice* s : t.slices) s->status = absl::DeadlineExceededError("transfer queued past its deadline");
+    } else {
+      t.channel->Post(t.slices, t.deadline);
+    }
+    uint64_t read = 0, written = 0, failed = 0;
+    for (Slice* s : t.slices) {
+      if (!s->status.ok()) {
+        ++failed;
+      } else if (s->op == Op::kRead) {
+        read += s->length;
+      } else {
+        written += s->length;
+      }
+    }
+    bytes_read_.fetch_add(read, std::memory_order_relaxed);
+    bytes_written_.fetch_add(written, std::memory_order_relaxed);
+    failed_.fetch_add(failed, std::memory_order_relaxed);
+    if (!t.channel->healthy()) {
+      std::shared_ptr<PeerEntry> e = Entry(t.segment);
+      MutexLock lock(&e->mu);
+      if (e->channel == t.channel) e->channel.reset();  // re-prepare on next use
+    }
+    t.batch->Complete(t.slices);
+  }
+
+  EngineOptions options_;
+  std::vector<std::unique_ptr<Backend>> backends_;
+  std::vector<Backend*> order_;
+  std::unique_ptr<internal::WorkQueue> queue_;
+
+  std::shared_mutex served_mu_;
+  std::map<char*, std::unique_ptr<LocalBuffer>> buffers_;  // guarded by served_mu_
+  std::map<std::string, ServedSegment> served_;            // guarded by served_mu_
+  uint64_t next_buffer_id_ = 1;
+  uint32_t next_segment_index_ = 0;
+
+  Mutex peers_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<PeerEntry>> peers_ ABSL_GUARDED_BY(peers_mu_);
+
+  std::atomic<uint64_t> requests_{0}, failed_{0}, bytes_read_{0}, bytes_written_{0};
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(EngineOptions options) {
+  auto e = std::make_unique<Engine>(std::move(options));
+  RETURN_IF_ERROR(e->Init());
+  return std::unique_ptr<TransferEngine>(std::move(e));
+}
+
+}  // namespace tierkv::transport

@@ -1,0 +1,123 @@
+// TransferEngine: moves bytes between this process's memory and segments
+// that other processes (or this one) serve, without the master in the
+// path.
+//
+//   EngineOptions options;
+//   options.metadata = NewInMemoryMetadata();       // or NewHttpMetadata(url)
+//   ASSIGN_OR_RETURN(auto engine, TransferEngine::Create(options));
+//   // Serving: lend memory as a named segment.
+//   ASSIGN_OR_RETURN(auto region, SharedRegion::Create(1 << 30, {}));
+//   RETURN_IF_ERROR(engine->RegisterMemory(region->data(), region->size(), "cpu:0", region->fd()));
+//   RETURN_IF_ERROR(engine->ServeSegment("node1:8800", {region->data()}));
+//   // Client: batched one-sided reads and writes.
+//   std::vector<absl::Status> st = engine->Transfer(
+//       {{Op::kWrite, buf, "node1:8800", /*offset=*/0, /*length=*/4096}});
+//
+// Transport selection per remote segment: the configured list in order if
+// one was given (`--transport shm,tcp`), else every backend this process
+// has, fastest first. The first that proves it can reach the peer (its
+// Prepare handshake) is used; a transport that cannot is skipped with a
+// warning naming both ends and the reason. The process never aborts over
+// an unreachable peer: requests fail with UNAVAILABLE instead.
+//
+// Threads: `workers` threads run transfers; backends add their own (the tcp
+// server's acceptor and connection threads). Submit and everything else
+// may be called from any thread. Lock order: peers_mu_ -> PeerEntry::mu;
+// served_mu_ is independent (held by serving threads while they touch
+// served memory).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "transport/backend.h"
+#include "transport/metadata.h"
+#include "transport/registry.h"
+#include "transport/types.h"
+
+namespace tierkv::transport {
+
+struct EngineOptions {
+  std::shared_ptr<MetadataClient> metadata;  // required
+  // Preference order; empty means every built-in (tcp, shm), fastest first.
+  std::vector<std::string> transports;
+  BackendOptions backend;                    // listen address, port, connections, ...
+  std::string host;                          // advertised host name (default: the listen address)
+  std::string host_id;                       // default: LocalHostId(); tests override it
+  int workers = 4;
+  uint64_t slice_size = 4ull << 20;          // larger requests are cut into slices
+  absl::Duration default_timeout = absl::Seconds(30);
+};
+
+// A submitted batch: poll Done() or Wait(); statuses() is valid once done.
+class Batch {
+ public:
+  virtual ~Batch() = default;
+  virtual bool Done() const = 0;
+  // True when complete before `deadline`.
+  virtual bool Wait(absl::Time deadline) = 0;
+  // One status per request, in submission order.
+  virtual const std::vector<absl::Status>& statuses() const = 0;
+};
+
+struct PeerInfo {
+  std::string segment;
+  std::string host;
+  std::string transport;                  // chosen; empty if none reached it
+  std::vector<std::string> fallbacks;     // "shm: <reason>" for each transport skipped
+};
+
+struct EngineStats {
+  uint64_t requests = 0;
+  uint64_t failed_requests = 0;
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+};
+
+class TransferEngine {
+ public:
+  // INVALID_ARGUMENT without metadata or with an unknown transport name;
+  // UNAVAILABLE when the tcp server cannot bind.
+  static absl::StatusOr<std::unique_ptr<TransferEngine>> Create(EngineOptions options);
+  virtual ~TransferEngine() = default;
+
+  // Registers [addr, addr+length) at `location` ("cpu:0", "cuda:1"). Pass
+  // the memfd of a SharedRegion so same-host peers can use shm.
+  // INVALID_ARGUMENT for a null/empty/overlapping range or bad location.
+  virtual absl::Status RegisterMemory(void* addr, uint64_t length, const std::string& location,
+                                      int memfd = -1) = 0;
+  // FAILED_PRECONDITION while the buffer is part of a served segment;
+  // NOT_FOUND if `addr` does not start a registered buffer.
+  virtual absl::Status UnregisterMemory(void* addr) = 0;
+
+  // Serves registered buffers (given by their start addresses, in order)
+  // as segment `name` and publishes its descriptor. ALREADY_EXISTS for a
+  // name already served here.
+  virtual absl::Status ServeSegment(const std::string& name, const std::vector<void*>& buffers) = 0;
+  // Stops serving and unpublishes; waits for transfers touching it.
+  virtual absl::Status StopServing(const std::string& name) = 0;
+
+  // Starts the requests; never blocks on the data (it may block up to the
+  // timeout to look up and reach a segment it has not used before).
+  virtual std::shared_ptr<Batch> Submit(std::vector<Request> requests,
+                                        absl::Duration timeout = absl::ZeroDuration()) = 0;
+  // Submit and wait. Per request: OK; OUT_OF_RANGE (outside the segment);
+  // INVALID_ARGUMENT (null local buffer); NOT_FOUND (unknown segment);
+  // UNAVAILABLE (unreachable peer); DEADLINE_EXCEEDED.
+  virtual std::vector<absl::Status> Transfer(std::vector<Request> requests,
+                                             absl::Duration timeout = absl::ZeroDuration()) = 0;
+
+  // Which transport reaches `segment`, and why others did not.
+  virtual PeerInfo Describe(const std::string& segment) = 0;
+  // Forgets cached descriptors and channels (after a peer re-mounts, say).
+  virtual void ForgetPeers() = 0;
+  virtual EngineStats Stats() const = 0;
+  // The tcp server's port (data and control).
+  virtual int port() const = 0;
+  virtual const std::string& host_id() const = 0;
+};
+
+}  // namespace tierkv::transport

@@ -1,0 +1,17 @@
+// Private to transport/: factories of the backends built into every build.
+#pragma once
+
+#include "transport/registry.h"
+
+namespace tierkv::transport::internal {
+
+absl::StatusOr<std::unique_ptr<Backend>> NewTcpBackend(const BackendOptions& options);
+absl::StatusOr<std::unique_ptr<Backend>> NewShmBackend(const BackendOptions& options);
+absl::StatusOr<std::unique_ptr<Backend>> NewLoopbackBackend(const BackendOptions& options);
+
+// The tcp control channel, used by every backend's handshake: sends
+// `request` for backend `transport` to `control` ("host:port").
+absl::StatusOr<std::string> TcpHandshake(const std::string& control, const std::string& transport,
+                                         const std::string& request, absl::Time deadline);
+
+}  // namespace tierkv::transport::internal

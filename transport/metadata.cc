@@ -1,0 +1,118 @@
+#include "transport/metadata.h"
+
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "config/base/mutex.h"
+#include "httplib.h"
+
+namespace tierkv::transport {
+namespace {
+
+class InMemoryMetadata final : public MetadataClient {
+ public:
+  absl::StatusOr<std::string> Get(const std::string& key) override {
+    MutexLock lock(&mu_);
+    auto it = data_.find(key);
+    if (it == data_.end()) return absl::NotFoundError(absl::StrCat("no metadata for ", key));
+    return it->second;
+  }
+  absl::Status Put(const std::string& key, const std::string& value) override {
+    MutexLock lock(&mu_);
+    data_[key] = value;
+    return absl::OkStatus();
+  }
+  absl::Status Delete(const std::string& key) override {
+    MutexLock lock(&mu_);
+    if (data_.erase(key) == 0) return absl::NotFoundError(absl::StrCat("no metadata for ", key));
+    return absl::OkStatus();
+  }
+
+ private:
+  Mutex mu_;
+  std::map<std::string, std::string> data_ ABSL_GUARDED_BY(mu_);
+};
+
+class HttpMetadata final : public MetadataClient {
+ public:
+  HttpMetadata(std::string host, int port, absl::Duration timeout)
+      : host_(std::move(host)), port_(port), timeout_(timeout) {}
+
+  absl::StatusOr<std::string> Get(const std::string& key) override {
+    auto cli = Client();
+    auto res = cli->Get(Path(key));
+    if (!res) return Unreachable("GET", res.error());
+    if (res->status == 404) return absl::NotFoundError(absl::StrCat("no metadata for ", key));
+    if (res->status != 200) return BadStatus("GET", res->status, res->body);
+    return res->body;
+  }
+  absl::Status Put(const std::string& key, const std::string& value) override {
+    auto cli = Client();
+    auto res = cli->Put(Path(key), value, "application/octet-stream");
+    if (!res) return Unreachable("PUT", res.error());
+    if (res->status != 200) return BadStatus("PUT", res->status, res->body);
+    return absl::OkStatus();
+  }
+  absl::Status Delete(const std::string& key) override {
+    auto cli = Client();
+    auto res = cli->Delete(Path(key));
+    if (!res) return Unreachable("DELETE", res.error());
+    if (res->status == 404) return absl::NotFoundError(absl::StrCat("no metadata for ", key));
+    if (res->status != 200) return BadStatus("DELETE", res->status, res->body);
+    return absl::OkStatus();
+  }
+
+ private:
+  // A client per call keeps this object thread-safe without a lock;
+  // descriptor traffic is rare (cached by the engine).
+  std::unique_ptr<httplib::Client> Client() {
+    auto cli = std::make_unique<httplib::Client>(host_, port_);
+    auto t = absl::ToChronoMicroseconds(timeout_);
+    cli->set_connection_timeout(t);
+    cli->set_read_timeout(t);
+    cli->set_write_timeout(t);
+    return cli;
+  }
+  std::string Path(const std::string& key) {
+    return absl::StrCat("/metadata?key=", httplib::detail::encode_query_param(key));
+  }
+  absl::Status Unreachable(const char* method, httplib::Error e) {
+    return absl::UnavailableError(absl::StrCat("metadata ", method, " to ", host_, ":", port_,
+                                               " failed: ", httplib::to_string(e)));
+  }
+  absl::Status BadStatus(const char* method, int status, const std::string& body) {
+    return absl::InternalError(absl::StrCat("metadata ", method, " to ", host_, ":", port_,
+                                            " answered ", status, ": ", body.substr(0, 200)));
+  }
+
+  std::string host_;
+  int port_;
+  absl::Duration timeout_;
+};
+
+}  // namespace
+
+std::shared_ptr<MetadataClient> NewInMemoryMetadata() { return std::make_shared<InMemoryMetadata>(); }
+
+absl::StatusOr<std::unique_ptr<MetadataClient>> NewHttpMetadata(const std::string& url,
+                                                                absl::Duration timeout) {
+  absl::string_view rest = url;
+  if (!absl::ConsumePrefix(&rest, "http://")) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata URL '", url, "' must start with http://"));
+  }
+  while (absl::ConsumeSuffix(&rest, "/")) {
+  }
+  size_t colon = rest.rfind(':');
+  int port = 0;
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(colon + 1), &port) ||
+      port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata URL '", url, "' needs host:port"));
+  }
+  return std::unique_ptr<MetadataClient>(
+      new HttpMetadata(std::string(rest.substr(0, colon)), port, timeout));
+}
+
+}  // namespace tierkv::transport

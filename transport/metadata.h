@@ -1,0 +1,35 @@
+// MetadataClient: where segment descriptors are published and looked up.
+//
+// Three implementations: the master's HTTP metadata endpoint
+// (`http://host:port`, Mooncake-compatible GET/PUT/DELETE /metadata?key=),
+// an in-process map for tests, and (later) etcd. Values are opaque bytes.
+//
+// Thread-safe. Calls block for at most the client's timeout.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tierkv::transport {
+
+class MetadataClient {
+ public:
+  virtual ~MetadataClient() = default;
+  // NOT_FOUND for a missing key; UNAVAILABLE when the store cannot be reached.
+  virtual absl::StatusOr<std::string> Get(const std::string& key) = 0;
+  virtual absl::Status Put(const std::string& key, const std::string& value) = 0;
+  // NOT_FOUND for a missing key.
+  virtual absl::Status Delete(const std::string& key) = 0;
+};
+
+// Shared by everything in one process that holds the pointer.
+std::shared_ptr<MetadataClient> NewInMemoryMetadata();
+
+// `url` is "http://host:port". INVALID_ARGUMENT for another scheme.
+absl::StatusOr<std::unique_ptr<MetadataClient>> NewHttpMetadata(
+    const std::string& url, absl::Duration timeout = absl::Seconds(5));
+
+}  // namespace tierkv::transport

@@ -1,0 +1,34 @@
+// Backends are created by name ("tcp", "shm", "loopback"; "rdma" and
+// "cuda" when their optional targets are linked in).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "transport/backend.h"
+
+namespace tierkv::transport {
+
+// Settings every backend may read; each uses what applies to it.
+struct BackendOptions {
+  std::string listen = "127.0.0.1";  // address servers bind
+  std::string advertise;             // address peers dial (default: listen)
+  int port = 0;                      // tcp data/control port; 0 picks one
+  int connections = 4;               // tcp connections per peer
+  uint64_t max_frame = 64ull << 20;  // largest request a server accepts
+  std::vector<std::string> rdma_devices;
+};
+
+using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendOptions&)>;
+
+// Registers a factory; a later registration of the same name replaces it.
+void RegisterBackend(const std::string& name, BackendFactory factory);
+// NOT_FOUND naming the known backends when `name` is unknown.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
+                                                       const BackendOptions& options);
+std::vector<std::string> RegisteredBackends();
+
+}  // namespace tierkv::transport

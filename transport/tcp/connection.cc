@@ -1,0 +1,194 @@
+#include "transport/tcp/connection.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "transport/tcp/wire.h"
+
+namespace tierkv::transport::tcp {
+
+void Connection::RunBatch(uint32_t segment, absl::Span<Slice* const> slices, absl::Time deadline) {
+  const size_t n = slices.size();
+  std::vector<uint8_t> heads(n * kRequestSize);
+  uint64_t first_id = next_id_;
+  next_id_ += n;
+  for (size_t i = 0; i < n; ++i) {
+    RequestHeader h;
+    h.op = slices[i]->op == Op::kRead ? WireOp::kRead : WireOp::kWrite;
+    h.segment = segment;
+    h.id = first_id + i;
+    h.offset = slices[i]->remote_offset;
+    h.length = slices[i]->length;
+    EncodeRequest(h, &heads[i * kRequestSize]);
+  }
+
+  // Send state: slice index, and bytes of (header + payload) already sent.
+  size_t send_i = 0;
+  uint64_t send_off = 0;
+  // Receive state: slice index, reply header bytes, payload bytes.
+  size_t recv_i = 0;
+  uint8_t reply[kReplySize];
+  size_t reply_got = 0;
+  ReplyHeader current;
+  uint64_t payload_got = 0;
+  std::string error_text;
+
+  auto fail_rest = [&](const absl::Status& why) {
+    for (size_t i = recv_i; i < n; ++i) slices[i]->status = why;
+    broken_ = true;
+  };
+
+  while (recv_i < n) {
+    short events = POLLIN;
+    if (send_i < n) events |= POLLOUT;
+    pollfd p{fd_.get(), events, 0};
+    int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms < 0) {
+      fail_rest(absl::DeadlineExceededError(absl::StrCat("transfer to ", endpoint_, " timed out")));
+      return;
+    }
+    int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms + 1, 1 << 30)));
+    if (r < 0 && errno != EINTR) {
+      fail_rest(absl::UnavailableError(absl::StrCat("poll on ", endpoint_, ": ", strerror(errno))));
+      return;
+    }
+    if (r <= 0) continue;
+    if (p.revents & (POLLERR | POLLNVAL)) {
+      fail_rest(absl::UnavailableError(absl::StrCat("connection to ", endpoint_, " failed")));
+      return;
+    }
+
+    if ((p.revents & POLLOUT) && send_i < n) {
+      // Gather up to 32 frames into one sendmsg.
+      iovec iov[64];
+      int cnt = 0;
+      uint64_t skip = send_off;
+      for (size_t i = send_i; i < n && cnt < 62; ++i) {
+        Slice* s = slices[i];
+        uint64_t payload = s->op == Op::kWrite ? s->length : 0;
+        uint8_t* head = &heads[i * kRequestSize];
+        if (skip < kRequestSize) {
+          iov[cnt++] = {head + skip, kRequestSize - skip};
+          if (payload > 0) iov[cnt++] = {s->local, payload};
+        } else {
+          iov[cnt++] = {s->local + (skip - kRequestSize), payload - (skip - kRequestSize)};
+        }
+        skip = 0;
+      }
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = cnt;
+      ssize_t sent = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (sent < 0 && errno != EAGAIN && errno != EINTR) {
+        fail_rest(absl::UnavailableError(absl::StrCat("send to ", endpoint_, ": ", strerror(errno))));
+        return;
+      }
+      uint64_t left = sent > 0 ? static_cast<uint64_t>(sent) : 0;
+      while (left > 0 && send_i < n) {
+        Slice* s = slices[send_i];
+        uint64_t frame = kRequestSize + (s->op == Op::kWrite ? s->length : 0);
+        uint64_t rest = frame - send_off;
+        if (left >= rest) {
+          left -= rest;
+          ++send_i;
+          send_off = 0;
+        } else {
+          send_off += left;
+          left = 0;
+        }
+      }
+    }
+
+    if (p.revents & (POLLIN | POLLHUP)) {
+      // Drain what is readable without blocking.
+      for (;;) {
+        if (recv_i >= n) break;
+        Slice* s = slices[recv_i];
+        ssize_t got;
+        if (reply_got < kReplySize) {
+          got = ::recv(fd_.get(), reply + reply_got, kReplySize - reply_got, MSG_DONTWAIT);
+        } else if (current.status == WireStatus::kOk) {
+          got = ::recv(fd_.get(), s->local + payload_got, current.length - payload_got, MSG_DONTWAIT);
+        } else {
+          char buf[kMaxErrorText];
+          got = ::recv(fd_.get(), buf, current.length - payload_got, MSG_DONTWAIT);
+          if (got > 0) error_text.append(buf, got);
+        }
+        if (got == 0) {
+          fail_rest(absl::UnavailableError(absl::StrCat("connection to ", endpoint_, " closed")));
+          return;
+        }
+        if (got < 0) {
+          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+          fail_rest(absl::UnavailableError(absl::StrCat("recv from ", endpoint_, ": ", strerror(errno))));
+          return;
+        }
+        if (reply_got < kReplySize) {
+          reply_got += got;
+          if (reply_got < kReplySize) continue;
+          absl::StatusOr<ReplyHeader> h = DecodeReply(reply, kReplySize);
+          uint64_t want = s->op == Op::kRead ? s->length : 0;
+          if (!h.ok() || h->id != first_id + recv_i ||
+              (h->status == WireStatus::kOk && h->length != want) ||
+              (h->status != WireStatus::kOk && h->length > kMaxErrorText)) {
+            fail_rest(absl::UnavailableError(
+                absl::StrCat("protocol error from ", endpoint_,
+                             h.ok() ? ": unexpected reply" : absl::StrCat(": ", h.status().message()))));
+            return;
+          }
+          current = *h;
+          payload_got = 0;
+          error_text.clear();
+        } else {
+          payload_got += got;
+        }
+        if (reply_got == kReplySize && payload_got == current.length) {
+          s->status = ReplyToStatus(current.status, error_text);
+          ++recv_i;
+          reply_got = 0;
+          payload_got = 0;
+        }
+      }
+    }
+  }
+}
+
+absl::StatusOr<std::string> Connection::Handshake(const std::string& transport,
+                                                  const std::string& request, absl::Time deadline) {
+  RequestHeader h;
+  h.op = WireOp::kHandshake;
+  h.id = next_id_++;
+  h.offset = transport.size();
+  h.length = transport.size() + request.size();
+  if (h.length > kMaxHandshake) return absl::InvalidArgumentError("handshake too large");
+  uint8_t head[kRequestSize];
+  EncodeRequest(h, head);
+  std::string body = transport + request;
+  iovec iov[2] = {{head, kRequestSize}, {body.data(), body.size()}};
+  absl::Status st = WriteVecFull(fd_.get(), iov, 2, deadline);
+  uint8_t reply[kReplySize];
+  if (st.ok()) st = ReadFull(fd_.get(), reply, kReplySize, deadline);
+  if (!st.ok()) {
+    broken_ = true;
+    return absl::UnavailableError(absl::StrCat("handshake with ", endpoint_, ": ", st.message()));
+  }
+  absl::StatusOr<ReplyHeader> r = DecodeReply(reply, kReplySize);
+  if (!r.ok() || r->id != h.id || r->length > kMaxHandshake) {
+    broken_ = true;
+    return absl::UnavailableError(absl::StrCat("handshake with ", endpoint_, ": protocol error"));
+  }
+  std::string answer(r->length, '\0');
+  if (absl::Status s = ReadFull(fd_.get(), answer.data(), answer.size(), deadline); !s.ok()) {
+    broken_ = true;
+    return absl::UnavailableError(absl::StrCat("handshake with ", endpoint_, ": ", s.message()));
+  }
+  if (r->status != WireStatus::kOk) return ReplyToStatus(r->status, answer);
+  return answer;
+}
+
+}  // namespace tierkv::transport::tcp

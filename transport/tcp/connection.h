@@ -1,0 +1,42 @@
+// One client connection to a tcp server, with pipelined batches.
+//
+// RunBatch writes every slice's request (and WRITE payload) while reading
+// replies as they arrive, on a non-blocking socket driven by poll(), so a
+// batch never deadlocks on full socket buffers and every step honours the
+// deadline. Replies are matched by order and checked by id.
+//
+// Not thread-safe: a connection is used by one worker at a time (the pool
+// in tcp_backend.cc hands it out).
+#pragma once
+
+#include <string>
+
+#include "absl/types/span.h"
+#include "transport/backend.h"
+#include "transport/tcp/socket.h"
+
+namespace tierkv::transport::tcp {
+
+class Connection {
+ public:
+  Connection(Fd fd, std::string endpoint) : fd_(std::move(fd)), endpoint_(std::move(endpoint)) {}
+
+  // Moves the slices of one segment. On a socket error or the deadline,
+  // the unfinished slices fail (UNAVAILABLE / DEADLINE_EXCEEDED) and the
+  // connection becomes broken.
+  void RunBatch(uint32_t segment, absl::Span<Slice* const> slices, absl::Time deadline);
+
+  // One control-channel exchange (blocking until the deadline).
+  absl::StatusOr<std::string> Handshake(const std::string& transport, const std::string& request,
+                                        absl::Time deadline);
+
+  bool broken() const { return broken_; }
+
+ private:
+  Fd fd_;
+  std::string endpoint_;
+  uint64_t next_id_ = 1;
+  bool broken_ = false;
+};
+
+}  // namespace tierkv::transport::tcp

@@ -1,0 +1,182 @@
+#include "transport/tcp/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "config/base/status.h"
+
+namespace tierkv::transport::tcp {
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+int Fd::release() {
+  int f = fd_;
+  fd_ = -1;
+  return f;
+}
+
+namespace {
+
+int PollMs(absl::Time deadline) {
+  int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+  if (ms < 0) return 0;
+  return static_cast<int>(std::min<int64_t>(ms + 1, 1 << 30));
+}
+
+absl::Status WaitFor(int fd, short events, absl::Time deadline, const char* what) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int ms = PollMs(deadline);
+    int r = ::poll(&p, 1, ms);
+    if (r > 0) {
+      if (p.revents & (POLLERR | POLLNVAL)) return absl::UnavailableError(absl::StrCat(what, ": socket error"));
+      return absl::OkStatus();
+    }
+    if (r == 0) {
+      if (absl::Now() >= deadline) return absl::DeadlineExceededError(absl::StrCat(what, ": deadline passed"));
+      continue;
+    }
+    if (errno != EINTR) return ErrnoToStatus(errno, what);
+  }
+}
+
+absl::Status ParseEndpoint(const std::string& endpoint, sockaddr_in* addr) {
+  size_t colon = endpoint.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(endpoint.substr(colon + 1), &port) ||
+      port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("endpoint '", endpoint, "' is not host:port"));
+  }
+  std::string host = endpoint.substr(0, colon);
+  *addr = {};
+  addr->sin_family = AF_INET;
+  addr->sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &addr->sin_addr) == 1) return absl::OkStatus();
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve host '", host, "'"));
+  }
+  addr->sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
+  freeaddrinfo(res);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Fd> Dial(const std::string& endpoint, absl::Time deadline) {
+  sockaddr_in addr;
+  RETURN_IF_ERROR(ParseEndpoint(endpoint, &addr));
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoToStatus(errno, "socket");
+  int one = 1;
+  setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (errno != EINPROGRESS) {
+      return absl::UnavailableError(absl::StrCat("connect to ", endpoint, ": ", strerror(errno)));
+    }
+    absl::Status waited = WaitFor(fd.get(), POLLOUT, deadline, "connect");
+    if (absl::IsDeadlineExceeded(waited)) {
+      return absl::DeadlineExceededError(absl::StrCat("connect to ", endpoint, ": timed out"));
+    }
+    int err = 0;
+    socklen_t len = sizeof err;
+    getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0 || !waited.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("connect to ", endpoint, ": ", err != 0 ? strerror(err) : waited.message()));
+    }
+  }
+  return fd;
+}
+
+absl::StatusOr<Fd> Listen(const std::string& address, int port, int* bound) {
+  sockaddr_in addr;
+  RETURN_IF_ERROR(ParseEndpoint(absl::StrCat(address, ":", port == 0 ? 1 : port), &addr));
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoToStatus(errno, "socket");
+  int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("bind ", address, ":", port));
+  }
+  if (::listen(fd.get(), 512) != 0) return ErrnoToStatus(errno, "listen");
+  socklen_t len = sizeof addr;
+  getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+  *bound = ntohs(addr.sin_port);
+  return fd;
+}
+
+absl::Status ReadFull(int fd, void* buf, size_t len, absl::Time deadline) {
+  char* p = static_cast<char*>(buf);
+  while (len > 0) {
+    ssize_t n = ::recv(fd, p, len, 0);
+    if (n > 0) {
+      p += n;
+      len -= n;
+      continue;
+    }
+    if (n == 0) return absl::UnavailableError("connection closed by peer");
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      RETURN_IF_ERROR(WaitFor(fd, POLLIN, deadline, "read"));
+      continue;
+    }
+    if (errno != EINTR) return ErrnoToStatus(errno, "read");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFull(int fd, const void* buf, size_t len, absl::Time deadline) {
+  iovec iov{const_cast<void*>(buf), len};
+  return WriteVecFull(fd, &iov, 1, deadline);
+}
+
+absl::Status WriteVecFull(int fd, iovec* iov, int count, absl::Time deadline) {
+  while (count > 0) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(std::min(count, 64));
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        RETURN_IF_ERROR(WaitFor(fd, POLLOUT, deadline, "write"));
+        continue;
+      }
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, "write");
+    }
+    size_t sent = static_cast<size_t>(n);
+    while (count > 0 && sent >= iov->iov_len) {
+      sent -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + sent;
+      iov->iov_len -= sent;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tierkv::transport::tcp

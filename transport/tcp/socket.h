@@ -1,0 +1,44 @@
+// Socket helpers for the tcp backend: every blocking step has a deadline.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tierkv::transport::tcp {
+
+// An owned file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept;
+  ~Fd();
+  int get() const { return fd_; }
+  int release();
+  bool valid() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+// "host:port" -> a connected, non-blocking, TCP_NODELAY socket.
+// UNAVAILABLE (naming the endpoint) when refused or unreachable;
+// DEADLINE_EXCEEDED when the deadline passes first.
+absl::StatusOr<Fd> Dial(const std::string& endpoint, absl::Time deadline);
+
+// A listening socket on `address`:`port` (0 picks one); *bound gets the port.
+absl::StatusOr<Fd> Listen(const std::string& address, int port, int* bound);
+
+// Full reads and writes on a non-blocking socket, polling up to `deadline`.
+// UNAVAILABLE on EOF or a socket error.
+absl::Status ReadFull(int fd, void* buf, size_t len, absl::Time deadline);
+absl::Status WriteFull(int fd, const void* buf, size_t len, absl::Time deadline);
+// Writes every iovec fully (the array is modified).
+absl::Status WriteVecFull(int fd, struct iovec* iov, int count, absl::Time deadline);
+
+}  // namespace tierkv::transport::tcp

@@ -1,0 +1,144 @@
+// The tcp backend: reaches any peer. Each peer channel keeps a small pool
+// of connections; a worker takes one, runs its group of slices pipelined,
+// and gives it back. A broken connection is dropped and redialled on next
+// use; a channel whose dial fails reports itself unhealthy so the engine
+// re-reads the peer's descriptor.
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "config/base/mutex.h"
+#include "transport/internal/builtin.h"
+#include "transport/tcp/connection.h"
+#include "transport/tcp/server.h"
+
+namespace tierkv::transport {
+namespace internal {
+namespace {
+
+using tcp::Connection;
+
+class TcpChannel final : public PeerChannel {
+ public:
+  TcpChannel(std::string endpoint, uint32_t segment, int max_connections)
+      : endpoint_(std::move(endpoint)), segment_(segment), max_(max_connections) {}
+
+  void Post(absl::Span<Slice* const> slices, absl::Time deadline) override {
+    absl::StatusOr<std::unique_ptr<Connection>> conn = Acquire(deadline);
+    if (!conn.ok()) {
+      for (Slice* s : slices) s->status = conn.status();
+      return;
+    }
+    (*conn)->RunBatch(segment_, slices, deadline);
+    Release(std::move(*conn));
+  }
+
+  bool healthy() const override { return healthy_.load(); }
+
+ private:
+  absl::StatusOr<std::unique_ptr<Connection>> Acquire(absl::Time deadline) {
+    {
+      MutexLock lock(&mu_);
+      while (idle_.empty() && open_ >= max_) {
+        if (absl::Now() >= deadline) {
+          return absl::DeadlineExceededError(absl::StrCat("no free connection to ", endpoint_));
+        }
+        cv_.WaitFor(&mu_, absl::ToChronoMilliseconds(deadline - absl::Now()) + std::chrono::milliseconds(1));
+      }
+      if (!idle_.empty()) {
+        auto c = std::move(idle_.front());
+        idle_.pop_front();
+        return c;
+      }
+      ++open_;
+    }
+    absl::StatusOr<tcp::Fd> fd = tcp::Dial(endpoint_, deadline);
+    if (!fd.ok()) {
+      MutexLock lock(&mu_);
+      --open_;
+      cv_.SignalAll();
+      if (!absl::IsDeadlineExceeded(fd.status())) healthy_.store(false);
+      return fd.status();
+    }
+    return std::make_unique<Connection>(std::move(*fd), endpoint_);
+  }
+
+  void Release(std::unique_ptr<Connection> c) {
+    MutexLock lock(&mu_);
+    if (c->broken()) {
+      --open_;
+    } else {
+      idle_.push_back(std::move(c));
+    }
+    cv_.SignalAll();
+  }
+
+  const std::string endpoint_;
+  const uint32_t segment_;
+  const int max_;
+  std::atomic<bool> healthy_{true};
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::unique_ptr<Connection>> idle_ ABSL_GUARDED_BY(mu_);
+  int open_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class TcpBackend final : public Backend {
+ public:
+  explicit TcpBackend(const BackendOptions& o) : options_(o) {}
+  ~TcpBackend() override { Stop(); }
+
+  std::string name() const override { return "tcp"; }
+  Capabilities capabilities() const override { return {.rank = 10}; }
+
+  absl::Status Start(ServedMemory* served) override {
+    tcp::ServerOptions so;
+    so.listen = options_.listen;
+    so.port = options_.port;
+    so.max_frame = options_.max_frame;
+    server_ = std::make_unique<tcp::Server>(so, served);
+    return server_->Start();
+  }
+  void Stop() override {
+    if (server_) server_->Stop();
+  }
+  std::string endpoint() const override {
+    std::string host = options_.advertise.empty() ? options_.listen : options_.advertise;
+    return absl::StrCat(host, ":", server_ ? server_->port() : 0);
+  }
+  absl::StatusOr<std::string> RegisterBuffer(const LocalBuffer&) override { return std::string(); }
+  void UnregisterBuffer(const LocalBuffer&) override {}
+
+  absl::StatusOr<std::unique_ptr<PeerChannel>> Prepare(const SegmentDescriptor& remote,
+                                                       const PrepareContext& ctx) override {
+    auto it = remote.transports.find("tcp");
+    if (it == remote.transports.end()) {
+      return absl::UnavailableError(absl::StrCat("segment ", remote.name, " offers no tcp endpoint"));
+    }
+    // Prove reachability with one connection now, so selection can fall back.
+    absl::StatusOr<tcp::Fd> probe = tcp::Dial(it->second, ctx.deadline);
+    if (!probe.ok()) return absl::UnavailableError(probe.status().message());
+    return std::unique_ptr<PeerChannel>(
+        new TcpChannel(it->second, remote.segment_index, options_.connections));
+  }
+
+ private:
+  BackendOptions options_;
+  std::unique_ptr<tcp::Server> server_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> NewTcpBackend(const BackendOptions& options) {
+  return std::unique_ptr<Backend>(new TcpBackend(options));
+}
+
+absl::StatusOr<std::string> TcpHandshake(const std::string& control, const std::string& transport,
+                                         const std::string& request, absl::Time deadline) {
+  absl::StatusOr<tcp::Fd> fd = tcp::Dial(control, deadline);
+  if (!fd.ok()) return fd.status();
+  Connection conn(std::move(*fd), control);
+  return conn.Handshake(transport, request, deadline);
+}
+
+}  // namespace internal
+}  // namespace tierkv::transport

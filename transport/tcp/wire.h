@@ -1,0 +1,67 @@
+// The tcp transport's frames. docs/wire-formats.md has the full contract.
+//
+// Request (40 bytes, little-endian), then `length` payload bytes for WRITE
+// and HANDSHAKE:
+//   u32 magic 'TKVQ' | u8 op | u8 flags | u16 reserved | u32 segment |
+//   u32 reserved | u64 id | u64 offset | u64 length
+// Reply (24 bytes), then `length` payload bytes (READ data, HANDSHAKE
+// answer, or an error message):
+//   u32 magic 'TKVA' | u8 status | u8[3] reserved | u64 id | u64 length
+//
+// Replies come back in request order on a connection, so a client may
+// pipeline. For HANDSHAKE, `offset` carries the length of the transport
+// name that prefixes the payload.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace tierkv::transport::tcp {
+
+inline constexpr uint32_t kRequestMagic = 0x51564b54;  // "TKVQ"
+inline constexpr uint32_t kReplyMagic = 0x41564b54;    // "TKVA"
+inline constexpr size_t kRequestSize = 40;
+inline constexpr size_t kReplySize = 24;
+inline constexpr uint64_t kMaxHandshake = 64 << 10;
+inline constexpr uint64_t kMaxErrorText = 1024;
+
+enum class WireOp : uint8_t { kRead = 1, kWrite = 2, kHandshake = 3, kPing = 4 };
+
+enum class WireStatus : uint8_t {
+  kOk = 0,
+  kOutOfRange = 1,    // the range is not inside a registered buffer
+  kNoSegment = 2,     // unknown or unmounted segment
+  kTooLarge = 3,      // length above the server's frame cap
+  kBadRequest = 4,    // malformed frame
+  kInternal = 5,      // handshake refused, or a server-side failure
+};
+
+struct RequestHeader {
+  WireOp op = WireOp::kRead;
+  uint8_t flags = 0;
+  uint32_t segment = 0;
+  uint64_t id = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+struct ReplyHeader {
+  WireStatus status = WireStatus::kOk;
+  uint64_t id = 0;
+  uint64_t length = 0;
+};
+
+void EncodeRequest(const RequestHeader& h, uint8_t out[kRequestSize]);
+void EncodeReply(const ReplyHeader& h, uint8_t out[kReplySize]);
+// INVALID_ARGUMENT for a wrong magic or unknown op/status. Never reads past
+// `size`; sizes below the header size are INVALID_ARGUMENT too.
+absl::StatusOr<RequestHeader> DecodeRequest(const uint8_t* data, size_t size);
+absl::StatusOr<ReplyHeader> DecodeReply(const uint8_t* data, size_t size);
+
+// The absl status a non-OK reply stands for, with the server's message.
+absl::Status ReplyToStatus(WireStatus status, const std::string& message);
+
+}  // namespace tierkv::transport::tcp

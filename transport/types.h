@@ -1,0 +1,41 @@
+// Types shared by the transfer engine and its backends.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tierkv::transport {
+
+enum class Op : uint8_t { kRead = 1, kWrite = 2 };
+
+// One transfer: READ copies `length` bytes at `offset` in the remote
+// `segment` into `local`; WRITE copies from `local` to the remote range.
+// `local` is owned by the caller and must stay valid until the batch
+// completes.
+struct Request {
+  Op op = Op::kRead;
+  void* local = nullptr;
+  std::string segment;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// Where registered memory lives: "cpu:<numa node>" or "cuda:<device>".
+struct Location {
+  enum Kind { kCpu, kCuda } kind = kCpu;
+  int index = 0;
+  std::string ToString() const;
+};
+// INVALID_ARGUMENT for anything but cpu:<n> / cuda:<n>.
+absl::StatusOr<Location> ParseLocation(absl::string_view text);
+
+// True when [offset, offset + length) lies inside [0, size), without
+// overflow for any inputs.
+inline bool RangeWithin(uint64_t offset, uint64_t length, uint64_t size) {
+  return offset <= size && length <= size - offset;
+}
+
+}  // namespace tierkv::transport
