@@ -18,8 +18,9 @@ const FlagTable<BenchConfig>& BenchFlags() {
           SizeFlag<C>("block", &C::block, "1mib", 1, 1u << 30, "transfer: bytes per request"),
           SizeFlag<C>("value", &C::value, "1mib", 1, 1u << 30, "store: bytes per value"),
           StringFlag<C>("transport", &C::transport, "tcp", "transfer/store: tcp or shm"),
-          IntFlag<C>("connections", &C::connections, "4", 1, 64, "transfer: tcp connections per peer"),
-          SizeFlag<C>("total", &C::total, "2gib", 1, 1e13, "transfer/store: bytes per measurement"),
+          IntFlag<C>("connections", &C::connections, "4", 1, 64, "transfer/store: tcp connections per peer"),
+          IntFlag<C>("repetitions", &C::repetitions, "3", 1, 100,
+                     "interleaved repetitions of each case; medians are reported"),
       });
   return *table;
 }

@@ -18,7 +18,7 @@ struct BenchConfig {
   uint64_t value = 0;          // store value size
   std::string transport;       // transfer/store: tcp, shm, ...
   int64_t connections = 0;     // transfer: tcp connections per peer
-  uint64_t total = 0;          // bytes moved per measurement
+  int64_t repetitions = 0;     // interleaved repetitions; medians are reported
 };
 
 const FlagTable<BenchConfig>& BenchFlags();

@@ -55,7 +55,7 @@ void WorkQueue::Push(Task task) {
     MutexLock lock(&mu_);
     tasks_.push_back(std::move(task));
   }
-  cv_.SignalAll();
+  cv_.Signal();  // one task, one worker: no thundering herd
 }
 
 void WorkQueue::Loop() {

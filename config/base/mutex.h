@@ -47,6 +47,7 @@ class CondVar {
     cv_.wait_for(lock, d);
     lock.release();
   }
+  void Signal() { cv_.notify_one(); }
   void SignalAll() { cv_.notify_all(); }
 
  private:

@@ -15,5 +15,6 @@ int main(int argc, char** argv) {
   tierkv::SetLogLevel(tierkv::LogLevel::kWarning);
   const std::string& cmd = positional[0];
   if (cmd == "master") return tierkv::bench::RunMaster(config);
+  if (cmd == "transfer") return tierkv::bench::RunTransfer(config);
   tierkv::ExitWithUsageError("tierkv-bench", "unknown subcommand '" + cmd + "'");
 }

@@ -15,11 +15,16 @@ class Collector : public benchmark::ConsoleReporter {
   }
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& run : runs) {
+      if (run.run_type == Run::RT_Aggregate && run.aggregate_name != "median") continue;
       if (run.error_occurred) {
         figures_[run.benchmark_name()]["error"] = 1;
         continue;
       }
-      auto& f = figures_[run.benchmark_name()];
+      std::string name = run.benchmark_name();
+      // "x/real_time_median" and "x/real_time" report the same case.
+      if (size_t at = name.rfind("_median"); at != std::string::npos) name.erase(at);
+      // With repetitions, the median (reported after the runs) wins.
+      auto& f = figures_[name];
       f["real_time_ns"] = run.GetAdjustedRealTime();
       for (const auto& [name, counter] : run.counters) f[name] = counter.value;
     }
@@ -33,10 +38,12 @@ class Collector : public benchmark::ConsoleReporter {
 
 }  // namespace
 
-Figures RunRegistered(double min_time, bool quiet) {
+Figures RunRegistered(double min_time, bool quiet, int repetitions) {
   std::string min_time_flag = "--benchmark_min_time=" + std::to_string(min_time);
-  const char* argv[] = {"tierkv-bench", min_time_flag.c_str(), nullptr};
-  int argc = 2;
+  std::string reps_flag = "--benchmark_repetitions=" + std::to_string(repetitions);
+  const char* argv[] = {"tierkv-bench", min_time_flag.c_str(), reps_flag.c_str(),
+                        "--benchmark_enable_random_interleaving=true", nullptr};
+  int argc = repetitions > 1 ? 4 : 2;
   benchmark::Initialize(&argc, const_cast<char**>(argv));
   Collector collector(quiet);
   benchmark::RunSpecifiedBenchmarks(&collector);

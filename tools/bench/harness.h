@@ -19,7 +19,10 @@ using Figures = std::map<std::string, std::map<std::string, double>>;
 
 // Runs every registered case for at least `min_time` seconds each and
 // returns their counters. Prints Google Benchmark's table unless `quiet`.
-Figures RunRegistered(double min_time, bool quiet);
+// With repetitions > 1 the cases run interleaved in random order and the
+// medians are returned, so a ratio between two cases is not skewed by a
+// burst of noise on this shared machine landing on one of them.
+Figures RunRegistered(double min_time, bool quiet, int repetitions = 1);
 
 // Records per-operation latencies on one benchmark thread and publishes
 // p50/p99 (microseconds) as thread-averaged counters.

@@ -6,5 +6,6 @@
 namespace tierkv::bench {
 
 int RunMaster(const BenchConfig& config);
+int RunTransfer(const BenchConfig& config);
 
 }  // namespace tierkv::bench

@@ -1,5 +1,6 @@
 #include "transport/tcp/connection.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -40,9 +41,11 @@ void Connection::RunBatch(uint32_t segment, absl::Span<Slice* const> slices, abs
 
   auto fail_rest = [&](const absl::Status& why) {
     for (size_t i = recv_i; i < n; ++i) slices[i]->status = why;
+    recv_i = n;
     broken_ = true;
   };
 
+  bool blocking = false;  // switched on once every request is sent
   while (recv_i < n) {
     short events = POLLIN;
     if (send_i < n) events |= POLLOUT;
@@ -50,9 +53,17 @@ void Connection::RunBatch(uint32_t segment, absl::Span<Slice* const> slices, abs
     int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
     if (ms < 0) {
       fail_rest(absl::DeadlineExceededError(absl::StrCat("transfer to ", endpoint_, " timed out")));
-      return;
+      break;
     }
-    int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms + 1, 1 << 30)));
+    if (send_i == n && !blocking) {
+      // Only replies are left: blocking receives with MSG_WAITALL take a
+      // whole payload per wake-up; the socket timeout keeps the deadline.
+      SetBlocking(true);
+      SetTimeouts(fd_.get(), deadline - absl::Now() + absl::Milliseconds(1));
+      blocking = true;
+    }
+    int r = blocking ? 1 : ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms + 1, 1 << 30)));
+    if (blocking) p.revents = POLLIN;
     if (r < 0 && errno != EINTR) {
       fail_rest(absl::UnavailableError(absl::StrCat("poll on ", endpoint_, ": ", strerror(errno))));
       return;
@@ -110,13 +121,14 @@ void Connection::RunBatch(uint32_t segment, absl::Span<Slice* const> slices, abs
         if (recv_i >= n) break;
         Slice* s = slices[recv_i];
         ssize_t got;
+        int flags = blocking ? MSG_WAITALL : MSG_DONTWAIT;
         if (reply_got < kReplySize) {
-          got = ::recv(fd_.get(), reply + reply_got, kReplySize - reply_got, MSG_DONTWAIT);
+          got = ::recv(fd_.get(), reply + reply_got, kReplySize - reply_got, flags);
         } else if (current.status == WireStatus::kOk) {
-          got = ::recv(fd_.get(), s->local + payload_got, current.length - payload_got, MSG_DONTWAIT);
+          got = ::recv(fd_.get(), s->local + payload_got, current.length - payload_got, flags);
         } else {
           char buf[kMaxErrorText];
-          got = ::recv(fd_.get(), buf, current.length - payload_got, MSG_DONTWAIT);
+          got = ::recv(fd_.get(), buf, current.length - payload_got, flags);
           if (got > 0) error_text.append(buf, got);
         }
         if (got == 0) {
@@ -124,7 +136,12 @@ void Connection::RunBatch(uint32_t segment, absl::Span<Slice* const> slices, abs
           return;
         }
         if (got < 0) {
-          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+          if (errno == EINTR) continue;
+          if (blocking && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            fail_rest(absl::DeadlineExceededError(absl::StrCat("transfer to ", endpoint_, " timed out")));
+            break;
+          }
+          if (errno == EAGAIN || errno == EWOULDBLOCK) break;
           fail_rest(absl::UnavailableError(absl::StrCat("recv from ", endpoint_, ": ", strerror(errno))));
           return;
         }
@@ -156,6 +173,12 @@ void Connection::RunBatch(uint32_t segment, absl::Span<Slice* const> slices, abs
       }
     }
   }
+  if (blocking && !broken_) SetBlocking(false);
+}
+
+void Connection::SetBlocking(bool on) {
+  int flags = fcntl(fd_.get(), F_GETFL);
+  fcntl(fd_.get(), F_SETFL, on ? (flags & ~O_NONBLOCK) : (flags | O_NONBLOCK));
 }
 
 absl::StatusOr<std::string> Connection::Handshake(const std::string& transport,

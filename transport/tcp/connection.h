@@ -33,6 +33,7 @@ class Connection {
   bool broken() const { return broken_; }
 
  private:
+  void SetBlocking(bool on);
   Fd fd_;
   std::string endpoint_;
   uint64_t next_id_ = 1;

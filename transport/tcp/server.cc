@@ -31,8 +31,9 @@ WireStatus ToWire(const absl::Status& s) {
   }
 }
 
+// Server sockets are blocking with per-call timeouts (SetTimeouts).
 absl::Status SendReply(int fd, uint64_t id, const absl::Status& status, const char* payload,
-                       uint64_t length, absl::Time deadline) {
+                       uint64_t length) {
   ReplyHeader h;
   h.id = id;
   std::string text;
@@ -46,7 +47,7 @@ absl::Status SendReply(int fd, uint64_t id, const absl::Status& status, const ch
   uint8_t head[kReplySize];
   EncodeReply(h, head);
   iovec iov[2] = {{head, kReplySize}, {const_cast<char*>(payload), length}};
-  return WriteVecFull(fd, iov, length > 0 ? 2 : 1, deadline);
+  return SendVecAll(fd, iov, length > 0 ? 2 : 1);
 }
 
 }  // namespace
@@ -108,11 +109,12 @@ void Server::AcceptLoop() {
       continue;
     }
     if (p[1].revents) break;
-    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     Fd conn_fd(fd);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    SetTimeouts(fd, options_.frame_timeout);
     MutexLock lock(&mu_);
     ReapFinished();
     if (static_cast<int>(conns_.size()) >= options_.max_connections) {
@@ -137,32 +139,34 @@ void Server::Serve(Conn* conn) {
 
 bool Server::ServeOne(int fd, uint8_t* scratch) {
   uint8_t head[kRequestSize];
-  // Waiting for the next request may take long; a started frame may not.
-  if (!ReadFull(fd, head, 1, absl::Now() + options_.idle_timeout).ok()) return false;
-  absl::Time deadline = absl::Now() + options_.frame_timeout;
-  if (!ReadFull(fd, head + 1, kRequestSize - 1, deadline).ok()) return false;
+  // Waiting for the next request may take long; a started frame may not
+  // (each blocking call is bounded by the socket's frame timeout).
+  pollfd p{fd, POLLIN, 0};
+  int idle_ms = static_cast<int>(absl::ToInt64Milliseconds(options_.idle_timeout));
+  if (::poll(&p, 1, idle_ms) <= 0) return false;
+  if (!RecvAll(fd, head, kRequestSize).ok()) return false;
   absl::StatusOr<RequestHeader> req = DecodeRequest(head, kRequestSize);
   if (!req.ok()) {
     // The stream cannot be trusted any more: explain, then close.
-    (void)SendReply(fd, 0, absl::InvalidArgumentError(req.status().message()), nullptr, 0, deadline);
+    (void)SendReply(fd, 0, absl::InvalidArgumentError(req.status().message()), nullptr, 0);
     return false;
   }
   const RequestHeader& h = *req;
   switch (h.op) {
     case WireOp::kPing:
-      return SendReply(fd, h.id, absl::OkStatus(), nullptr, 0, deadline).ok();
+      return SendReply(fd, h.id, absl::OkStatus(), nullptr, 0).ok();
     case WireOp::kRead: {
       if (h.length > options_.max_frame) {
         return SendReply(fd, h.id,
                          absl::ResourceExhaustedError(absl::StrCat("read of ", h.length,
                                                                    " bytes exceeds the frame cap ",
                                                                    options_.max_frame)),
-                         nullptr, 0, deadline)
+                         nullptr, 0)
             .ok();
       }
       absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.offset, h.length);
-      if (!pin.ok()) return SendReply(fd, h.id, pin.status(), nullptr, 0, deadline).ok();
-      return SendReply(fd, h.id, absl::OkStatus(), pin->addr, h.length, deadline).ok();
+      if (!pin.ok()) return SendReply(fd, h.id, pin.status(), nullptr, 0).ok();
+      return SendReply(fd, h.id, absl::OkStatus(), pin->addr, h.length).ok();
     }
     case WireOp::kWrite: {
       if (h.length > options_.max_frame) {
@@ -171,32 +175,32 @@ bool Server::ServeOne(int fd, uint8_t* scratch) {
                         absl::ResourceExhaustedError(absl::StrCat("write of ", h.length,
                                                                   " bytes exceeds the frame cap ",
                                                                   options_.max_frame)),
-                        nullptr, 0, deadline);
+                        nullptr, 0);
         return false;
       }
       absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.offset, h.length);
       if (!pin.ok()) {
         for (uint64_t left = h.length; left > 0;) {
           size_t n = static_cast<size_t>(std::min<uint64_t>(left, kScratch));
-          if (!ReadFull(fd, scratch, n, deadline).ok()) return false;
+          if (!RecvAll(fd, scratch, n).ok()) return false;
           left -= n;
         }
-        return SendReply(fd, h.id, pin.status(), nullptr, 0, deadline).ok();
+        return SendReply(fd, h.id, pin.status(), nullptr, 0).ok();
       }
-      if (!ReadFull(fd, pin->addr, h.length, deadline).ok()) return false;
-      return SendReply(fd, h.id, absl::OkStatus(), nullptr, 0, deadline).ok();
+      if (!RecvAll(fd, pin->addr, h.length).ok()) return false;
+      return SendReply(fd, h.id, absl::OkStatus(), nullptr, 0).ok();
     }
     case WireOp::kHandshake: {
       if (h.length > kMaxHandshake || h.offset > h.length) {
-        (void)SendReply(fd, h.id, absl::InvalidArgumentError("bad handshake frame"), nullptr, 0, deadline);
+        (void)SendReply(fd, h.id, absl::InvalidArgumentError("bad handshake frame"), nullptr, 0);
         return false;
       }
       std::string body(h.length, '\0');
-      if (!ReadFull(fd, body.data(), body.size(), deadline).ok()) return false;
+      if (!RecvAll(fd, body.data(), body.size()).ok()) return false;
       std::string transport = body.substr(0, h.offset);
       absl::StatusOr<std::string> answer = served_->Handshake(transport, body.substr(h.offset));
-      if (!answer.ok()) return SendReply(fd, h.id, answer.status(), nullptr, 0, deadline).ok();
-      return SendReply(fd, h.id, absl::OkStatus(), answer->data(), answer->size(), deadline).ok();
+      if (!answer.ok()) return SendReply(fd, h.id, answer.status(), nullptr, 0).ok();
+      return SendReply(fd, h.id, absl::OkStatus(), answer->data(), answer->size()).ok();
     }
   }
   return false;

@@ -146,6 +146,53 @@ absl::Status ReadFull(int fd, void* buf, size_t len, absl::Time deadline) {
   return absl::OkStatus();
 }
 
+absl::Status RecvAll(int fd, void* buf, size_t len) {
+  char* p = static_cast<char*>(buf);
+  while (len > 0) {
+    ssize_t n = ::recv(fd, p, len, MSG_WAITALL);
+    if (n > 0) {
+      p += n;
+      len -= n;
+      continue;
+    }
+    if (n == 0) return absl::UnavailableError("connection closed by peer");
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return absl::DeadlineExceededError("receive timed out");
+    if (errno != EINTR) return ErrnoToStatus(errno, "read");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SendVecAll(int fd, iovec* iov, int count) {
+  while (count > 0) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(std::min(count, 64));
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return absl::DeadlineExceededError("send timed out");
+      return ErrnoToStatus(errno, "write");
+    }
+    size_t sent = static_cast<size_t>(n);
+    while (count > 0 && sent >= iov->iov_len) {
+      sent -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + sent;
+      iov->iov_len -= sent;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void SetTimeouts(int fd, absl::Duration timeout) {
+  timeval tv = absl::ToTimeval(timeout);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
 absl::Status WriteFull(int fd, const void* buf, size_t len, absl::Time deadline) {
   iovec iov{const_cast<void*>(buf), len};
   return WriteVecFull(fd, &iov, 1, deadline);

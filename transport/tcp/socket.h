@@ -41,4 +41,12 @@ absl::Status WriteFull(int fd, const void* buf, size_t len, absl::Time deadline)
 // Writes every iovec fully (the array is modified).
 absl::Status WriteVecFull(int fd, struct iovec* iov, int count, absl::Time deadline);
 
+// For blocking sockets whose SO_RCVTIMEO/SO_SNDTIMEO bound each call (the
+// server's connections): MSG_WAITALL receives a whole payload in one call
+// and one wake-up instead of one per arriving segment. DEADLINE_EXCEEDED
+// when a timeout fires, UNAVAILABLE on EOF or error.
+absl::Status RecvAll(int fd, void* buf, size_t len);
+absl::Status SendVecAll(int fd, struct iovec* iov, int count);
+void SetTimeouts(int fd, absl::Duration timeout);
+
 }  // namespace tierkv::transport::tcp

@@ -1,0 +1,217 @@
+// tierkv-bench transfer: the transfer engine's throughput for batched
+// one-sided reads and writes, and in the same run the physical reference:
+// a raw socket pump over as many loopback connections (tcp), or plain
+// memcpy with as many threads (shm).
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "tools/bench/harness.h"
+#include "tools/bench/subcommands.h"
+#include "transport/engine.h"
+#include "transport/memory.h"
+#include "transport/tcp/socket.h"
+
+namespace tierkv::bench {
+namespace {
+
+using transport::Op;
+using transport::Request;
+
+// A connected loopback TCP pair (client end, server end), blocking.
+std::pair<int, int> LoopbackPair() {
+  int bound = 0;
+  auto listener = transport::tcp::Listen("127.0.0.1", 0, &bound);
+  auto client = transport::tcp::Dial(absl::StrCat("127.0.0.1:", bound), absl::Now() + absl::Seconds(5));
+  int server = accept(listener->get(), nullptr, nullptr);
+  int c = client->release();
+  int flags = 0;
+  ioctl(c, FIONBIO, &flags);  // back to blocking
+  int one = 1;
+  setsockopt(server, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return {c, server};
+}
+
+// Sends `block`-sized chunks walking a `span`-byte source and receives into
+// a `span`-byte destination: the same memory footprint as the engine's
+// batches, so neither side enjoys warmer caches.
+void RegisterTcpPump(uint64_t block, uint64_t span, int connections) {
+  benchmark::RegisterBenchmark("reference/tcp_pump", [block, span](benchmark::State& state) {
+    auto [tx, rx] = LoopbackPair();
+    std::vector<char> src(span, 'p');
+    std::atomic<bool> stop{false};
+    std::thread receiver([rx = rx, span, block, &stop] {
+      std::vector<char> dst(span);
+      uint64_t off = 0;
+      while (!stop.load()) {
+        if (off + block > span) off = 0;
+        ssize_t n = recv(rx, dst.data() + off, block, 0);
+        if (n <= 0) break;
+        off += n;
+      }
+    });
+    uint64_t base = 0;
+    for (auto _ : state) {
+      if (base + block > span) base = 0;
+      size_t off = 0;
+      while (off < block) {
+        ssize_t n = send(tx, src.data() + base + off, block - off, MSG_NOSIGNAL);
+        if (n <= 0) break;
+        off += n;
+      }
+      base += block;
+    }
+    stop.store(true);
+    shutdown(tx, SHUT_RDWR);
+    receiver.join();
+    close(tx);
+    close(rx);
+    state.SetBytesProcessed(state.iterations() * block);
+  })->UseRealTime()->Threads(connections);
+}
+
+void RegisterMemcpy(uint64_t block, int threads) {
+  for (int t : {1, threads}) {
+    benchmark::RegisterBenchmark("reference/memcpy", [block](benchmark::State& state) {
+      // Buffers much larger than the caches, walked block by block.
+      constexpr uint64_t kSpan = 256 << 20;
+      uint64_t span = std::max<uint64_t>(kSpan / state.threads(), block);
+      std::vector<char> src(span, 's'), dst(span, 'd');
+      uint64_t off = 0;
+      for (auto _ : state) {
+        if (off + block > span) off = 0;
+        std::memcpy(dst.data() + off, src.data() + off, block);
+        benchmark::DoNotOptimize(dst.data());
+        off += block;
+      }
+      state.SetBytesProcessed(state.iterations() * block);
+    })->UseRealTime()->Threads(t);
+  }
+}
+
+}  // namespace
+
+int RunTransfer(const BenchConfig& config) {
+  const uint64_t block = config.block;
+  const int batch = static_cast<int>(config.batch);
+  const int threads = static_cast<int>(config.threads);
+  if (config.transport != "tcp" && config.transport != "shm") {
+    ExitWithUsageError("tierkv-bench", "--transport must be tcp or shm for transfer");
+  }
+  // Each thread works on its own area of the segment.
+  uint64_t per_thread = block * batch;
+  uint64_t size = per_thread * threads;
+  auto metadata = transport::NewInMemoryMetadata();
+  auto region = transport::SharedRegion::Create(size, {.prefault = true});
+  if (!region.ok()) {
+    std::fprintf(stderr, "tierkv-bench: %s\n", std::string(region.status().message()).c_str());
+    return 1;
+  }
+  transport::EngineOptions so;
+  so.metadata = metadata;
+  so.transports = {config.transport};
+  auto server = transport::TransferEngine::Create(so);
+  transport::EngineOptions co = so;
+  co.backend.connections = static_cast<int>(config.connections);
+  co.workers = std::max<int>(static_cast<int>(config.connections), threads);
+  auto client = transport::TransferEngine::Create(co);
+  if (!server.ok() || !client.ok()) {
+    std::fprintf(stderr, "tierkv-bench: cannot start the engines\n");
+    return 1;
+  }
+  (void)(*server)->RegisterMemory((*region)->data(), size, "cpu:0", (*region)->fd());
+  (void)(*server)->ServeSegment("bench", {(*region)->data()});
+  transport::TransferEngine* engine = client->get();
+
+  for (Op op : {Op::kRead, Op::kWrite}) {
+    std::string name = absl::StrCat("engine/", op == Op::kRead ? "read" : "write");
+    benchmark::RegisterBenchmark(name.c_str(), [engine, op, block, batch, per_thread](benchmark::State& state) {
+      std::vector<char> local(per_thread, 'l');
+      uint64_t base = state.thread_index() * per_thread;
+      std::vector<Request> reqs;
+      for (int i = 0; i < batch; ++i) reqs.push_back({op, local.data() + i * block, "bench", base + i * block, block});
+      for (auto _ : state) {
+        for (const absl::Status& s : engine->Transfer(reqs)) {
+          if (!s.ok()) {
+            state.SkipWithError(std::string(s.message()).c_str());
+            return;
+          }
+        }
+      }
+      state.SetBytesProcessed(state.iterations() * batch * block);
+      state.SetItemsProcessed(state.iterations() * batch);
+    })->UseRealTime()->Threads(threads);
+  }
+  if (config.transport == "tcp") {
+    RegisterTcpPump(block, per_thread, static_cast<int>(config.connections));
+  } else {
+    RegisterMemcpy(block, threads);
+  }
+  Figures f = RunRegistered(config.min_time, config.json, static_cast<int>(config.repetitions));
+
+  auto gbps = [&](const std::string& prefix) {
+    double best = 0;
+    for (const auto& [name, c] : f) {
+      if (name.rfind(prefix, 0) == 0 && c.contains("bytes_per_second")) {
+        best = std::max(best, c.at("bytes_per_second") / 1e9);
+      }
+    }
+    return best;
+  };
+  auto rps = [&](const std::string& prefix) {
+    for (const auto& [name, c] : f) {
+      if (name.rfind(prefix, 0) == 0 && c.contains("items_per_second")) return c.at("items_per_second");
+    }
+    return 0.0;
+  };
+  double read = gbps("engine/read"), write = gbps("engine/write");
+  nlohmann::json out{{"transport", config.transport},
+                     {"block_bytes", block},
+                     {"batch", batch},
+                     {"threads", threads},
+                     {"connections", config.connections},
+                     {"read_GBps", read},
+                     {"write_GBps", write},
+                     {"read_requests_per_s", rps("engine/read")},
+                     {"write_requests_per_s", rps("engine/write")}};
+  double reference = 0, target = 0;
+  if (config.transport == "tcp") {
+    reference = gbps("reference/tcp_pump");
+    target = 0.9;
+    out["reference"] = {{"raw_tcp_pump_GBps", reference}};
+  } else {
+    double single = 0, multi = 0;
+    for (const auto& [name, c] : f) {
+      if (name.rfind("reference/memcpy", 0) != 0 || !c.contains("bytes_per_second")) continue;
+      double v = c.at("bytes_per_second") / 1e9;
+      (name.find("threads:1") != std::string::npos && threads > 1 ? single : multi) = v;
+    }
+    if (threads == 1) single = multi;
+    reference = multi;
+    target = 0.8;
+    out["reference"] = {{"memcpy_1_thread_GBps", single}, {"memcpy_threads_GBps", multi}};
+  }
+  double ratio = reference > 0 ? std::min(read, write) / reference : 0;
+  out["read_ratio"] = reference > 0 ? read / reference : 0;
+  out["write_ratio"] = reference > 0 ? write / reference : 0;
+  out["ratio_to_reference"] = ratio;  // the worse direction
+  out["target_ratio"] = target;
+  out["target_met"] = ratio >= target;
+  if (config.json) {
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf("\n%s: read %.2f GB/s, write %.2f GB/s; reference %.2f GB/s; ratio %.2f (target >= %.2f: %s)\n",
+                config.transport.c_str(), read, write, reference, ratio, target,
+                ratio >= target ? "met" : "MISSED");
+  }
+  return 0;
+}
+
+}  // namespace tierkv::bench
