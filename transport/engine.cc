@@ -25,6 +25,7 @@ struct ServedSegment {
   uint32_t index;
   std::vector<LocalBuffer*> buffers;
   std::vector<uint64_t> offsets;  // segment offset of each buffer
+  std::string descriptor;         // JSON, as published
 };
 
 struct PeerEntry {
@@ -120,7 +121,7 @@ class Engine final : public TransferEngine, public ServedMemory {
     {
       std::unique_lock lock(served_mu_);
       if (served_.contains(name)) return absl::AlreadyExistsError(absl::StrCat("already serving ", name));
-      ServedSegment seg{name, next_segment_index_++, {}, {}};
+      ServedSegment seg{name, next_segment_index_++, {}, {}, {}};
       d.name = name;
       d.host = options_.host;
       d.host_id = options_.host_id;
@@ -149,15 +150,22 @@ class Engine final : public TransferEngine, public ServedMemory {
         d.transports[be->name()] = be->endpoint();
       }
       d.control = FindBackend("tcp")->endpoint();
+      seg.descriptor = d.ToJson();
       served_.emplace(name, std::move(seg));
     }
-    absl::Status st = options_.metadata->Put(DescriptorKey(name), d.ToJson());
-    if (!st.ok()) {
-      std::unique_lock lock(served_mu_);
-      served_.erase(name);
-      return Annotate(st, absl::StrCat("publishing segment ", name));
+    return Publish(name);
+  }
+
+  absl::Status Publish(const std::string& name) override {
+    std::string json;
+    {
+      std::shared_lock lock(served_mu_);
+      auto it = served_.find(name);
+      if (it == served_.end()) return absl::NotFoundError(absl::StrCat("not serving ", name));
+      json = it->second.descriptor;
     }
-    return absl::OkStatus();
+    return Annotate(options_.metadata->Put(DescriptorKey(name), json),
+                    absl::StrCat("publishing segment ", name));
   }
 
   absl::Status StopServing(const std::string& name) override {

@@ -95,8 +95,13 @@ class TransferEngine {
 
   // Serves registered buffers (given by their start addresses, in order)
   // as segment `name` and publishes its descriptor. ALREADY_EXISTS for a
-  // name already served here.
+  // name already served here. If only publishing fails, the segment stays
+  // served and the metadata error (UNAVAILABLE when the store is down) is
+  // returned; Publish retries it.
   virtual absl::Status ServeSegment(const std::string& name, const std::vector<void*>& buffers) = 0;
+  // (Re)publishes a served segment's descriptor, e.g. after the metadata
+  // server restarted. NOT_FOUND if `name` is not served here.
+  virtual absl::Status Publish(const std::string& name) = 0;
   // Stops serving and unpublishes; waits for transfers touching it.
   virtual absl::Status StopServing(const std::string& name) = 0;
 

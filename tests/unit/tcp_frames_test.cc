@@ -232,7 +232,9 @@ TEST(TcpFailures, DescriptorsStayFlatOverManyDeadPeers) {
       ASSERT_OK(server->ServeSegment("s", {region->data()}));
       ASSERT_OK(client->Transfer({{Op::kWrite, buf.data(), "s", 0, buf.size()}})[0]);
       // Kill the peer while a batch is in flight.
-      std::vector<Request> reqs(16, Request{Op::kRead, buf.data(), "s", 0, buf.size()});
+      std::vector<std::vector<char>> dst(16, std::vector<char>(buf.size()));
+      std::vector<Request> reqs;
+      for (auto& d : dst) reqs.push_back({Op::kRead, d.data(), "s", 0, d.size()});
       auto batch = client->Submit(reqs, absl::Seconds(5));
       server.reset();
       ASSERT_TRUE(batch->Wait(absl::Now() + absl::Seconds(10)));

@@ -1,0 +1,125 @@
+// Client: the library inference workers link to put and get KV blocks.
+//
+//   ClientOptions options;
+//   options.master = "10.0.0.1:50051";
+//   options.metadata = "http://10.0.0.1:8080";
+//   ASSIGN_OR_RETURN(auto client, Client::Create(options));
+//   RETURN_IF_ERROR(client->Put("page-1f3a...", bytes));
+//   ASSIGN_OR_RETURN(std::string value, client->Get("page-1f3a..."));
+//
+// Put: PutStart at the master (which picks replicas and extents), writes
+// the bytes to every replica through the transfer engine, then PutEnd; on
+// any failure PutRevoke, so no reader ever sees a partial value. Get:
+// GetReplicas (which grants a read lease), reads one replica, and tries the
+// next replica when a transport fails. Every value is stored with a CRC32C
+// trailer that Get checks: a mismatch is DATA_LOSS, never data.
+//
+// Zero copy: Put reads from the caller's bytes and Get(key, span) writes
+// into it directly; nothing is copied in between. Transports that need
+// registered memory (rdma) require RegisterMemory on those buffers first.
+//
+// Batch calls are the fast path: one RPC per phase for the whole batch and
+// one transfer batch; they return one status per key.
+//
+// Thread-safe; a Client is meant to be shared by a worker's threads.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "client/master_client.h"
+#include "transport/engine.h"
+
+namespace tierkv::client {
+
+struct ClientOptions {
+  std::string master = "127.0.0.1:50051";
+  // http://host:port of the metadata server (the master's HTTP port).
+  std::string metadata = "http://127.0.0.1:8080";
+  // Overrides `metadata` (tests, embedded clusters).
+  std::shared_ptr<transport::MetadataClient> metadata_client;
+  std::vector<std::string> transports;  // preference; empty = auto
+  int connections = 4;
+  int workers = 4;
+  std::string listen = "127.0.0.1";
+  absl::Duration rpc_timeout = absl::Seconds(5);
+  absl::Duration transfer_timeout = absl::Seconds(30);
+  bool verify_checksums = true;
+  // Lend this much of the client's own memory as a segment (0: none).
+  uint64_t lend_size = 0;
+  std::string lend_name;  // default: "client-<id>"
+  std::string host;       // host identity for replica spreading; default: the machine's
+  std::string client_id;  // default: random
+};
+
+struct PutOptions {
+  int replicas = 1;
+  std::string preferred_segment;  // e.g. local_segment() to keep KV local
+  bool soft_pin = false;
+};
+
+// One value of a batch put. `group`: items of one BatchPut with the same
+// non-empty group become visible together and leave together.
+// `parent_key`: the previous page of the same prefix (prefix-aware eviction).
+struct PutItem {
+  std::string key;
+  absl::string_view value;  // binary-safe; the caller's bytes, read in place
+  std::string group;
+  std::string parent_key;
+};
+
+class Client {
+ public:
+  // INVALID_ARGUMENT for bad options; errors from starting the transfer
+  // engine or lending memory (the first mount must succeed).
+  static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
+  ~Client();
+
+  // ALREADY_EXISTS if the key is present or being put; RESOURCE_EXHAUSTED
+  // when the cluster has no room; UNAVAILABLE when the master or a store
+  // cannot be reached.
+  absl::Status Put(const std::string& key, absl::string_view value, const PutOptions& options = {});
+  std::vector<absl::Status> BatchPut(const std::vector<PutItem>& items, const PutOptions& options = {});
+
+  // NOT_FOUND for a miss; DATA_LOSS on a checksum mismatch.
+  absl::StatusOr<std::string> Get(const std::string& key);
+  // Into `out`; the value's size. INVALID_ARGUMENT if `out` is too small.
+  absl::StatusOr<size_t> Get(const std::string& key, absl::Span<char> out);
+  std::vector<absl::StatusOr<size_t>> BatchGet(const std::vector<std::string>& keys,
+                                               const std::vector<absl::Span<char>>& outs);
+  std::vector<absl::StatusOr<std::string>> BatchGet(const std::vector<std::string>& keys);
+
+  absl::StatusOr<bool> Exists(const std::string& key);
+  absl::StatusOr<std::vector<bool>> BatchExists(const std::vector<std::string>& keys);
+  // How many leading keys are present (a prefix cache's question).
+  absl::StatusOr<size_t> PrefixMatch(const std::vector<std::string>& keys);
+  // NOT_FOUND; FAILED_PRECONDITION while leased unless `force`.
+  absl::Status Remove(const std::string& key, bool force = false);
+
+  // For transports that need registered local memory.
+  absl::Status RegisterMemory(void* addr, size_t length);
+  absl::Status UnregisterMemory(void* addr);
+
+  // The lent segment's name ("" when not lending) and whether it is mounted.
+  std::string local_segment() const;
+  bool local_segment_mounted() const;
+
+  transport::TransferEngine& engine() { return *engine_; }
+  MasterClient& master() { return *master_; }
+
+ private:
+  Client() = default;
+  struct Impl;
+  ClientOptions options_;
+  std::unique_ptr<MasterClient> master_;
+  std::unique_ptr<transport::TransferEngine> engine_;
+  std::unique_ptr<class SegmentLender> lender_;
+};
+
+// Bytes a value of `size` occupies in the store (value + checksum trailer).
+uint64_t StoredSize(uint64_t value_size);
+
+}  // namespace tierkv::client

@@ -1,0 +1,83 @@
+// SegmentLender: lends a block of this process's DRAM to the cluster as a
+// segment. Used by store daemons (their whole job) and by clients that
+// keep their own KV local (a prefill rank).
+//
+// Start allocates the memory lazily (SharedRegion), registers it with the
+// transfer engine, serves and publishes it, and starts a heartbeat thread
+// that mounts it at the master, heartbeats every interval, and mounts it
+// again whenever the master asks (after a master restart, or after the
+// segment was dropped for missed heartbeats). mounted() is false before the
+// first mount and while the master cannot be reached.
+//
+// Threads: one heartbeat thread. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "client/master_client.h"
+#include "config/base/mutex.h"
+#include "transport/engine.h"
+#include "transport/memory.h"
+
+namespace tierkv::client {
+
+struct LenderOptions {
+  std::string name;     // segment name, unique in the cluster
+  std::string host;     // host identity for replica spreading
+  uint64_t size = 0;
+  bool prefault = false;
+  bool hugepages = false;
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Block in Start until the first mount succeeds (or fails).
+  bool wait_for_mount = false;
+};
+
+class SegmentLender {
+ public:
+  // `engine` and `master` must outlive the lender. Errors: memory cannot be
+  // allocated (RESOURCE_EXHAUSTED), the name is taken locally; with
+  // wait_for_mount, the first mount's error.
+  static absl::StatusOr<std::unique_ptr<SegmentLender>> Start(LenderOptions options,
+                                                              transport::TransferEngine* engine,
+                                                              MasterClient* master);
+  ~SegmentLender();
+
+  // Unmounts at the master (best effort), stops serving, joins the
+  // heartbeat thread. Idempotent.
+  void Stop();
+
+  bool mounted() const { return mounted_.load(); }
+  uint64_t mounts() const { return mounts_.load(); }
+  uint64_t heartbeat_failures() const { return failures_.load(); }
+  const std::string& name() const { return options_.name; }
+  const std::string& incarnation() const { return incarnation_; }
+  char* data() const { return region_->data(); }
+  uint64_t size() const { return region_->size(); }
+
+ private:
+  SegmentLender(LenderOptions options, transport::TransferEngine* engine, MasterClient* master);
+  absl::Status MountOnce();
+  void Loop();
+  v1::Segment Spec() const;
+
+  const LenderOptions options_;
+  transport::TransferEngine* const engine_;
+  MasterClient* const master_;
+  std::string incarnation_;
+  std::unique_ptr<transport::SharedRegion> region_;
+  std::atomic<bool> mounted_{false};
+  std::atomic<uint64_t> mounts_{0}, failures_{0};
+  Mutex mu_;
+  CondVar cv_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// 32 random hex characters.
+std::string RandomId();
+
+}  // namespace tierkv::client

@@ -1,0 +1,165 @@
+#include "client/master_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace tierkv::client {
+
+absl::Status FromItem(const v1::ItemStatus& s) {
+  if (s.code() == 0) return absl::OkStatus();
+  if (s.code() < 0 || s.code() > 16) return absl::UnknownError(s.message());
+  return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
+}
+
+absl::StatusOr<std::unique_ptr<MasterClient>> MasterClient::Create(const std::string& address,
+                                                                   MasterClientOptions options) {
+  size_t colon = address.rfind(':');
+  if (address.empty() || colon == std::string::npos || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("master address '", address, "' is not host:port"));
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_size);
+  args.SetMaxSendMessageSize(options.max_message_size);
+  // Reconnect quickly after a master restart.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return std::unique_ptr<MasterClient>(
+      new MasterClient(address, options, v1::Master::NewStub(channel)));
+}
+
+template <class Req, class Resp, class Call>
+absl::Status MasterClient::Invoke(const char* method, const Req& req, Resp* resp, bool idempotent,
+                                  Call call) {
+  absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  absl::Duration backoff = absl::Milliseconds(50);
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    grpc::Status s = call(&ctx, req, resp);
+    if (s.ok()) return absl::OkStatus();
+    absl::Status st(static_cast<absl::StatusCode>(s.error_code()),
+                    absl::StrCat("master ", address_, " ", method, ": ", s.error_message()));
+    if (!idempotent || s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        absl::Now() + backoff >= deadline) {
+      return st;
+    }
+    std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
+    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+  }
+}
+
+#define TIERKV_CALL(Method) \
+  [this](grpc::ClientContext* c, const auto& r, auto* o) { return stub_->Method(c, r, o); }
+
+absl::Status MasterClient::Mount(const v1::Segment& segment) {
+  v1::MountSegmentRequest req;
+  *req.add_segments() = segment;
+  v1::MountSegmentResponse resp;
+  absl::Status s = Invoke("MountSegment", req, &resp, true, TIERKV_CALL(MountSegment));
+  if (!s.ok()) return s;
+  if (resp.status_size() != 1) return absl::InternalError("malformed MountSegment reply");
+  return FromItem(resp.status(0));
+}
+
+absl::Status MasterClient::Unmount(const std::string& name) {
+  v1::UnmountSegmentRequest req;
+  req.add_names(name);
+  v1::UnmountSegmentResponse resp;
+  absl::Status s = Invoke("UnmountSegment", req, &resp, true, TIERKV_CALL(UnmountSegment));
+  if (!s.ok()) return s;
+  if (resp.status_size() != 1) return absl::InternalError("malformed UnmountSegment reply");
+  return FromItem(resp.status(0));
+}
+
+absl::StatusOr<std::vector<std::string>> MasterClient::Heartbeat(
+    const std::vector<v1::Segment>& segments, const std::string& client_id) {
+  v1::HeartbeatRequest req;
+  for (const auto& s : segments) *req.add_segments() = s;
+  req.set_client_id(client_id);
+  v1::HeartbeatResponse resp;
+  absl::Status s = Invoke("Heartbeat", req, &resp, true, TIERKV_CALL(Heartbeat));
+  if (!s.ok()) return s;
+  return std::vector<std::string>(resp.remount().begin(), resp.remount().end());
+}
+
+absl::StatusOr<v1::PutStartResponse> MasterClient::PutStart(const v1::PutStartRequest& request) {
+  v1::PutStartResponse resp;
+  absl::Status s = Invoke("PutStart", request, &resp, false, TIERKV_CALL(PutStart));
+  if (!s.ok()) return s;
+  if (resp.results_size() != request.items_size()) return absl::InternalError("malformed PutStart reply");
+  return resp;
+}
+
+namespace {
+v1::KeysRequest KeysOf(const std::vector<std::string>& keys) {
+  v1::KeysRequest req;
+  for (const auto& k : keys) req.add_keys(k);
+  return req;
+}
+}  // namespace
+
+absl::StatusOr<v1::KeysResponse> MasterClient::PutEnd(const std::vector<std::string>& keys) {
+  v1::KeysResponse resp;
+  // A retried PutEnd is harmless: the master answers OK for a committed key.
+  absl::Status s = Invoke("PutEnd", KeysOf(keys), &resp, true, TIERKV_CALL(PutEnd));
+  if (!s.ok()) return s;
+  if (resp.status_size() != static_cast<int>(keys.size())) return absl::InternalError("malformed PutEnd reply");
+  return resp;
+}
+
+absl::StatusOr<v1::KeysResponse> MasterClient::PutRevoke(const std::vector<std::string>& keys) {
+  v1::KeysResponse resp;
+  absl::Status s = Invoke("PutRevoke", KeysOf(keys), &resp, true, TIERKV_CALL(PutRevoke));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<v1::GetReplicasResponse> MasterClient::GetReplicas(const std::vector<std::string>& keys) {
+  v1::GetReplicasResponse resp;
+  absl::Status s = Invoke("GetReplicas", KeysOf(keys), &resp, true, TIERKV_CALL(GetReplicas));
+  if (!s.ok()) return s;
+  if (resp.sizes_size() != static_cast<int>(keys.size()) ||
+      resp.replica_counts_size() != static_cast<int>(keys.size())) {
+    return absl::InternalError("malformed GetReplicas reply");
+  }
+  return resp;
+}
+
+absl::StatusOr<std::vector<bool>> MasterClient::Exists(const std::vector<std::string>& keys) {
+  v1::ExistsResponse resp;
+  absl::Status s = Invoke("Exists", KeysOf(keys), &resp, true, TIERKV_CALL(Exists));
+  if (!s.ok()) return s;
+  if (resp.present_size() != static_cast<int>(keys.size())) return absl::InternalError("malformed Exists reply");
+  return std::vector<bool>(resp.present().begin(), resp.present().end());
+}
+
+absl::StatusOr<uint32_t> MasterClient::PrefixMatch(const std::vector<std::string>& keys) {
+  v1::PrefixMatchResponse resp;
+  absl::Status s = Invoke("PrefixMatch", KeysOf(keys), &resp, true, TIERKV_CALL(PrefixMatch));
+  if (!s.ok()) return s;
+  return std::min<uint32_t>(resp.matched(), static_cast<uint32_t>(keys.size()));
+}
+
+absl::StatusOr<v1::KeysResponse> MasterClient::Remove(const std::vector<std::string>& keys, bool force) {
+  v1::RemoveRequest req;
+  for (const auto& k : keys) req.add_keys(k);
+  req.set_force(force);
+  v1::KeysResponse resp;
+  absl::Status s = Invoke("Remove", req, &resp, false, TIERKV_CALL(Remove));
+  if (!s.ok()) return s;
+  if (resp.status_size() != static_cast<int>(keys.size())) return absl::InternalError("malformed Remove reply");
+  return resp;
+}
+
+absl::StatusOr<v1::StatsResponse> MasterClient::Stats() {
+  v1::StatsResponse resp;
+  absl::Status s = Invoke("Stats", v1::StatsRequest(), &resp, true, TIERKV_CALL(Stats));
+  if (!s.ok()) return s;
+  return resp;
+}
+
+}  // namespace tierkv::client

@@ -1,0 +1,65 @@
+// MasterClient: the typed, deadline-bound gRPC client of the master, used
+// by the client library, store daemons and tools.
+//
+// Every call has a deadline (rpc_timeout). Idempotent calls (lookups,
+// heartbeats, mounts, stats) are retried with backoff on UNAVAILABLE
+// within that budget; puts and removes are not. gRPC statuses are
+// converted to absl::Status with the master's address in the message.
+//
+// Thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/master.grpc.pb.h"
+
+namespace tierkv::client {
+
+struct MasterClientOptions {
+  absl::Duration rpc_timeout = absl::Seconds(5);
+  int max_message_size = 64 << 20;
+};
+
+class MasterClient {
+ public:
+  // INVALID_ARGUMENT for an address that is not host:port. Does not wait
+  // for the master: the first call does.
+  static absl::StatusOr<std::unique_ptr<MasterClient>> Create(const std::string& address,
+                                                              MasterClientOptions options = {});
+
+  absl::Status Mount(const v1::Segment& segment);
+  absl::Status Unmount(const std::string& name);
+  // The segments the master wants mounted again.
+  absl::StatusOr<std::vector<std::string>> Heartbeat(const std::vector<v1::Segment>& segments,
+                                                     const std::string& client_id);
+  absl::StatusOr<v1::PutStartResponse> PutStart(const v1::PutStartRequest& request);
+  absl::StatusOr<v1::KeysResponse> PutEnd(const std::vector<std::string>& keys);
+  absl::StatusOr<v1::KeysResponse> PutRevoke(const std::vector<std::string>& keys);
+  absl::StatusOr<v1::GetReplicasResponse> GetReplicas(const std::vector<std::string>& keys);
+  absl::StatusOr<std::vector<bool>> Exists(const std::vector<std::string>& keys);
+  absl::StatusOr<uint32_t> PrefixMatch(const std::vector<std::string>& keys);
+  absl::StatusOr<v1::KeysResponse> Remove(const std::vector<std::string>& keys, bool force);
+  absl::StatusOr<v1::StatsResponse> Stats();
+
+  const std::string& address() const { return address_; }
+
+ private:
+  MasterClient(std::string address, MasterClientOptions options,
+               std::unique_ptr<v1::Master::Stub> stub)
+      : address_(std::move(address)), options_(options), stub_(std::move(stub)) {}
+  template <class Req, class Resp, class Call>
+  absl::Status Invoke(const char* method, const Req& req, Resp* resp, bool idempotent, Call call);
+
+  std::string address_;
+  MasterClientOptions options_;
+  std::unique_ptr<v1::Master::Stub> stub_;
+};
+
+// An ItemStatus from the wire as an absl::Status.
+absl::Status FromItem(const v1::ItemStatus& s);
+
+}  // namespace tierkv::client

@@ -1,0 +1,27 @@
+// Failpoints: named places where a test can make the process fail on
+// purpose, switched on by the TIERKV_FAILPOINTS environment variable:
+//
+//   TIERKV_FAILPOINTS=client.put.before_end=abort,master.persist=error
+//
+// Actions: `abort` kills the process on the spot (as a crash would),
+// `error` makes TIERKV_FAILPOINT return true so the caller fails the
+// operation, `sleep:<ms>` stalls there. With the variable unset a
+// failpoint costs one load of a static flag. Builds configured with
+// -DTIERKV_FAILPOINTS=OFF compile every failpoint out.
+//
+//   if (TIERKV_FAILPOINT("master.persist")) return absl::InternalError("failpoint");
+#pragma once
+
+namespace tierkv {
+
+// True when `name` is set to `error`; aborts or sleeps for those actions.
+bool FailpointHit(const char* name);
+bool FailpointsActive();
+
+}  // namespace tierkv
+
+#ifdef TIERKV_NO_FAILPOINTS
+#define TIERKV_FAILPOINT(name) false
+#else
+#define TIERKV_FAILPOINT(name) (::tierkv::FailpointsActive() && ::tierkv::FailpointHit(name))
+#endif

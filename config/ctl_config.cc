@@ -1,0 +1,29 @@
+#include "config/ctl_config.h"
+
+namespace tierkv {
+
+const FlagTable<CtlConfig>& CtlFlags() {
+  using C = CtlConfig;
+  static const FlagTable<C>* table = new FlagTable<C>(
+      "tierkvctl",
+      "Operate a tierkv cluster.\n\n"
+      "  tierkvctl [flags] segments          segments, capacity, use, liveness\n"
+      "  tierkvctl [flags] stats             index and capacity figures\n"
+      "  tierkvctl [flags] key <key>         an object's replicas, size, state, lease, pin\n"
+      "  tierkvctl [flags] put <key> <file>  store a file's bytes ('-' reads stdin)\n"
+      "  tierkvctl [flags] get <key> <file>  fetch a value ('-' writes stdout)\n"
+      "  tierkvctl [flags] rm <key>          remove (--force: even while leased)\n"
+      "  tierkvctl [flags] doctor            per segment: transport, probe latency, bandwidth",
+      {
+          StringFlag<C>("master", &C::master, "127.0.0.1:50051", "the master's gRPC address"),
+          StringFlag<C>("http", &C::http, "127.0.0.1:8080", "the master's HTTP address"),
+          BoolFlag<C>("json", &C::json, "false", "print JSON instead of a table"),
+          StringFlag<C>("transport", &C::transport, "", "transport preference for data (tcp,shm)"),
+          IntFlag<C>("replicas", &C::replicas, "1", 1, 8, "put: replicas to write"),
+          BoolFlag<C>("force", &C::force, "false", "rm: remove even while leased"),
+          DurationFlag<C>("timeout", &C::timeout, "10s", 0.01, 3600, "deadline for each step"),
+      });
+  return *table;
+}
+
+}  // namespace tierkv

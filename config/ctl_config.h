@@ -1,0 +1,24 @@
+// tierkvctl's configuration: the one table that defines its flags.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+#include "config/flags.h"
+
+namespace tierkv {
+
+struct CtlConfig {
+  std::string master;     // gRPC host:port
+  std::string http;       // the master's HTTP host:port
+  bool json = false;
+  std::string transport;  // comma-separated preference for put/get/doctor
+  int64_t replicas = 0;
+  bool force = false;
+  absl::Duration timeout;
+};
+
+const FlagTable<CtlConfig>& CtlFlags();
+
+}  // namespace tierkv

@@ -1,0 +1,37 @@
+#include "config/store_config.h"
+
+namespace tierkv {
+
+const FlagTable<StoreConfig>& StoreFlags() {
+  using C = StoreConfig;
+  static const FlagTable<C>* table = new FlagTable<C>(
+      "tierkv-store",
+      "A tierkv store daemon: lends a DRAM segment, serves it through the transfer engine, "
+      "mounts it at the master.",
+      {
+          StringFlag<C>("master", &C::master, "127.0.0.1:50051", "the master's gRPC address host:port"),
+          StringFlag<C>("metadata", &C::metadata, "http://127.0.0.1:8080",
+                        "metadata server URL (the master's HTTP port)"),
+          SizeFlag<C>("segment-size", &C::segment_size, "1gib", 1 << 20, 1e15,
+                      "DRAM to lend (512mb, 180gb, 1.5tb, 4gib)"),
+          StringFlag<C>("listen", &C::listen, "127.0.0.1", "address the transfer and HTTP servers bind"),
+          StringFlag<C>("host", &C::host, "", "address peers dial (default: --listen)"),
+          IntFlag<C>("port", &C::port, "8800", 0, 65535, "transfer server port; 0 picks a free one"),
+          IntFlag<C>("http-port", &C::http_port, "0", 0, 65535,
+                     "HTTP port for /ready, /health, /metrics; 0 picks a free one"),
+          StringFlag<C>("name", &C::name, "", "segment name (default: host:port)"),
+          StringFlag<C>("transport", &C::transport, "",
+                        "transports to offer, in preference order (tcp,shm); empty offers all"),
+          StringFlag<C>("rdma-devices", &C::rdma_devices, "",
+                        "RDMA NICs to use, e.g. mlx5_0,mlx5_1 (used by the rdma backend)"),
+          BoolFlag<C>("hugepages", &C::hugepages, "false", "back the segment with 2 MiB hugepages"),
+          BoolFlag<C>("prefault", &C::prefault, "false",
+                      "fault the whole segment in at start (slower start, no first-touch cost)"),
+          DurationFlag<C>("heartbeat-interval", &C::heartbeat_interval, "1s", 0.01, 60,
+                          "how often the daemon heartbeats the master"),
+          IntFlag<C>("connections", &C::connections, "4", 1, 64, "tcp connections per peer"),
+      });
+  return *table;
+}
+
+}  // namespace tierkv

@@ -1,0 +1,31 @@
+// tierkv-store's configuration: the one table that defines its flags.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+#include "config/flags.h"
+
+namespace tierkv {
+
+struct StoreConfig {
+  std::string master;         // host:port of the master's gRPC
+  std::string metadata;       // http://host:port of the metadata server
+  uint64_t segment_size = 0;
+  std::string listen;
+  std::string host;           // address peers dial; default: --listen
+  int64_t port = 0;           // transfer (tcp) port
+  int64_t http_port = 0;      // /ready, /health, /metrics
+  std::string name;           // segment name; default host:port
+  std::string transport;      // comma-separated preference; empty = auto
+  std::string rdma_devices;   // comma-separated NIC names
+  bool hugepages = false;
+  bool prefault = false;
+  absl::Duration heartbeat_interval;
+  int64_t connections = 0;
+};
+
+const FlagTable<StoreConfig>& StoreFlags();
+
+}  // namespace tierkv

@@ -1,0 +1,104 @@
+#include "store/daemon.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "config/base/log.h"
+#include "config/base/status.h"
+#include "httplib.h"
+
+namespace tierkv::store {
+
+absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfig& config) {
+  std::unique_ptr<StoreDaemon> d(new StoreDaemon());
+  ASSIGN_OR_RETURN(d->master_, client::MasterClient::Create(config.master));
+  transport::EngineOptions eo;
+  ASSIGN_OR_RETURN(std::unique_ptr<transport::MetadataClient> metadata,
+                   transport::NewHttpMetadata(config.metadata));
+  eo.metadata = std::move(metadata);
+  for (absl::string_view t : absl::StrSplit(config.transport, ',', absl::SkipWhitespace())) {
+    eo.transports.emplace_back(t);
+  }
+  for (absl::string_view t : absl::StrSplit(config.rdma_devices, ',', absl::SkipWhitespace())) {
+    eo.backend.rdma_devices.emplace_back(t);
+  }
+  eo.backend.listen = config.listen;
+  eo.backend.advertise = config.host;
+  eo.backend.port = static_cast<int>(config.port);
+  eo.backend.connections = static_cast<int>(config.connections);
+  ASSIGN_OR_RETURN(d->engine_, transport::TransferEngine::Create(eo));
+
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  client::LenderOptions lo;
+  std::string advertised = config.host.empty() ? config.listen : config.host;
+  lo.name = config.name.empty() ? absl::StrCat(advertised, ":", d->engine_->port()) : config.name;
+  lo.host = host;
+  lo.size = config.segment_size;
+  lo.prefault = config.prefault;
+  lo.hugepages = config.hugepages;
+  lo.heartbeat_interval = config.heartbeat_interval;
+  ASSIGN_OR_RETURN(d->lender_, client::SegmentLender::Start(lo, d->engine_.get(), d->master_.get()));
+
+  d->RegisterMetrics();
+  d->http_ = std::make_unique<httplib::Server>();
+  d->http_->new_task_queue = [] { return new httplib::ThreadPool(2); };
+  StoreDaemon* raw = d.get();
+  d->http_->Get("/ready", [raw](const httplib::Request&, httplib::Response& res) {
+    bool ready = raw->ready();
+    res.status = ready ? 200 : 503;
+    res.set_content(ready ? "ready\n" : "not mounted\n", "text/plain");
+  });
+  d->http_->Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok\n", "text/plain");
+  });
+  d->http_->Get("/metrics", [raw](const httplib::Request&, httplib::Response& res) {
+    res.set_content(raw->metrics_.Serialize(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  d->http_->set_payload_max_length(1 << 16);
+  if (config.http_port == 0) {
+    d->http_port_ = d->http_->bind_to_any_port(config.listen);
+  } else if (d->http_->bind_to_port(config.listen, static_cast<int>(config.http_port))) {
+    d->http_port_ = static_cast<int>(config.http_port);
+  }
+  if (d->http_port_ <= 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", config.listen, ":", config.http_port));
+  }
+  d->http_thread_ = std::thread([srv = d->http_.get()] { srv->listen_after_bind(); });
+  return d;
+}
+
+void StoreDaemon::RegisterMetrics() {
+  auto& mounted = metrics::BuildGauge().Name("tierkv_store_mounted").Help("1 while the segment is mounted at the master").Register(metrics_);
+  auto& capacity = metrics::BuildGauge().Name("tierkv_store_segment_bytes").Help("Bytes this daemon lends").Register(metrics_);
+  auto& mounts = metrics::BuildCounter().Name("tierkv_store_mounts_total").Help("Successful mounts (first and re-mounts)").Register(metrics_);
+  auto& failures = metrics::BuildCounter().Name("tierkv_store_heartbeat_failures_total").Help("Failed mounts and heartbeats").Register(metrics_);
+  auto& served = metrics::BuildCounter().Name("tierkv_store_client_bytes_total").Help("Bytes this process moved as a client, by direction").Register(metrics_);
+  metrics_.AddCollectHook([this, &mounted, &capacity, &mounts, &failures, &served] {
+    auto catch_up = [](metrics::Counter& c, uint64_t v) {
+      if (static_cast<double>(v) > c.Value()) c.Increment(static_cast<double>(v) - c.Value());
+    };
+    mounted.Add({}).Set(lender_->mounted() ? 1 : 0);
+    capacity.Add({}).Set(static_cast<double>(lender_->size()));
+    catch_up(mounts.Add({}), lender_->mounts());
+    catch_up(failures.Add({}), lender_->heartbeat_failures());
+    transport::EngineStats st = engine_->Stats();
+    catch_up(served.Add({{"direction", "read"}}), st.bytes_read);
+    catch_up(served.Add({{"direction", "write"}}), st.bytes_written);
+  });
+}
+
+void StoreDaemon::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  if (lender_) lender_->Stop();  // unmount first: clients stop choosing us
+  if (http_) http_->stop();
+  if (http_thread_.joinable()) http_thread_.join();
+  lender_.reset();
+  engine_.reset();
+}
+
+StoreDaemon::~StoreDaemon() { Stop(); }
+
+}  // namespace tierkv::store

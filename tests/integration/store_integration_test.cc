@@ -1,0 +1,388 @@
+// One master and three store daemons as real processes on loopback; the
+// client library in the test process.
+#include <signal.h>
+
+#include <atomic>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/tierkv.h"
+#include "config/base/crc32c.h"
+#include "nlohmann/json.hpp"
+#include "tests/support/cluster.h"
+#include "tests/support/status_matchers.h"
+
+namespace tierkv {
+namespace {
+
+using testing::ChildProcess;
+using testing::StatusIs;
+using testing::TestCluster;
+
+// Deterministic contents from the key, so any reader can check them.
+std::string ValueFor(const std::string& key, size_t size) {
+  std::string v(size, '\0');
+  std::mt19937_64 rng(Crc32c(key.data(), key.size()));
+  for (size_t i = 0; i < size; i += 8) {
+    uint64_t x = rng();
+    std::memcpy(v.data() + i, &x, std::min<size_t>(8, size - i));
+  }
+  return v;
+}
+
+// Mostly small KV pages, some large: 4 KiB .. 8 MiB.
+size_t SizeFor(int i) {
+  std::mt19937 rng(i);
+  int bucket = rng() % 100;
+  if (bucket < 90) return 4096 + rng() % (60 << 10);
+  if (bucket < 99) return (64 << 10) + rng() % (960 << 10);
+  return (1 << 20) + rng() % (7 << 20);
+}
+
+class StoreClusterTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if (HasFailure()) std::cerr << cluster_.Logs();
+  }
+  std::unique_ptr<client::Client> Client(std::vector<std::string> transports = {}) {
+    auto c = cluster_.NewClient(std::move(transports));
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  nlohmann::json Stats() {
+    auto body = cluster_.HttpGet("/v1/stats");
+    EXPECT_TRUE(body.ok());
+    return nlohmann::json::parse(body.ok() ? *body : "{}");
+  }
+  TestCluster cluster_;
+};
+
+TEST_F(StoreClusterTest, TenThousandMixedObjectsFromSeveralThreads) {
+  ASSERT_OK(cluster_.Start({.daemons = 3, .segment_size = "1gib"}));
+  auto client = Client();
+  constexpr int kThreads = 4, kPerThread = 2500, kBatch = 50;
+  std::atomic<int> put_errors{0}, get_errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int base = 0; base < kPerThread; base += kBatch) {
+        std::vector<std::string> keys, values;
+        for (int i = base; i < base + kBatch; ++i) {
+          int id = t * kPerThread + i;
+          keys.push_back(absl::StrCat("obj-", id));
+          values.push_back(ValueFor(keys.back(), SizeFor(id)));
+        }
+        std::vector<client::PutItem> items;
+        for (size_t k = 0; k < keys.size(); ++k) items.push_back({keys[k], values[k]});
+        for (const absl::Status& s : client->BatchPut(items)) {
+          if (!s.ok()) {
+            ++put_errors;
+            ADD_FAILURE() << s;
+          }
+        }
+        auto got = client->BatchGet(keys);
+        for (size_t k = 0; k < keys.size(); ++k) {
+          if (!got[k].ok() || *got[k] != values[k]) {
+            ++get_errors;
+            ADD_FAILURE() << keys[k] << ": " << (got[k].ok() ? "wrong bytes" : got[k].status().ToString());
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(put_errors.load(), 0);
+  EXPECT_EQ(get_errors.load(), 0);
+  EXPECT_EQ(Stats()["objects"], kThreads * kPerThread);
+  // A second client over tcp only reads a sample back too.
+  auto tcp = Client({"tcp"});
+  for (int id = 0; id < kThreads * kPerThread; id += 37) {
+    std::string key = absl::StrCat("obj-", id);
+    auto v = tcp->Get(key);
+    ASSERT_TRUE(v.ok()) << key << ": " << v.status();
+    ASSERT_EQ(*v, ValueFor(key, SizeFor(id))) << key;
+  }
+  EXPECT_EQ(tcp->engine().Describe("daemon-0").transport, "tcp");
+  EXPECT_EQ(client->engine().Describe("daemon-0").transport, "shm");
+}
+
+TEST_F(StoreClusterTest, SecondReplicaServesAfterADaemonIsKilled) {
+  ASSERT_OK(cluster_.Start({.daemons = 3, .segment_size = "256mib"}));
+  // tcp only: a killed daemon's memory is then really out of reach.
+  auto client = Client({"tcp"});
+  client::PutOptions two;
+  two.replicas = 2;
+  for (int i = 0; i < 200; ++i) {
+    std::string key = absl::StrCat("r2-", i);
+    ASSERT_OK(client->Put(key, ValueFor(key, 20000 + i), two));
+    std::string single = absl::StrCat("r1-", i);
+    client::PutOptions spread;
+    spread.preferred_segment = absl::StrCat("daemon-", i % 3);
+    ASSERT_OK(client->Put(single, ValueFor(single, 20000 + i), spread));
+  }
+  cluster_.daemon(0).Kill(SIGKILL);
+  cluster_.daemon(0).Wait();
+  // Before the TTL passes the master still lists daemon-0's replicas; the
+  // client falls over to the other replica.
+  for (int i = 0; i < 200; ++i) {
+    std::string key = absl::StrCat("r2-", i);
+    auto v = client->Get(key);
+    ASSERT_TRUE(v.ok()) << key << ": " << v.status();
+    ASSERT_EQ(*v, ValueFor(key, 20000 + i));
+  }
+  // Single-replica objects on the dead daemon: an error, never wrong bytes;
+  // once the TTL passes, NOT_FOUND.
+  ASSERT_OK(cluster_.WaitForLiveSegments(2));
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  int lost = 0;
+  for (int i = 0; i < 200; ++i) {
+    std::string key = absl::StrCat("r1-", i);
+    auto v = client->Get(key);
+    if (v.ok()) {
+      ASSERT_EQ(*v, ValueFor(key, 20000 + i));
+    } else {
+      // The drop may still be in flight: wait for NOT_FOUND.
+      while (!absl::IsNotFound(v.status()) && absl::Now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        v = client->Get(key);
+      }
+      EXPECT_THAT(v, StatusIs(absl::StatusCode::kNotFound)) << key;
+      ++lost;
+    }
+  }
+  EXPECT_EQ(lost, 67);  // the ones placed on daemon-0
+  for (int i = 0; i < 200; ++i) {
+    auto v = client->Get(absl::StrCat("r2-", i));
+    ASSERT_TRUE(v.ok()) << v.status();
+  }
+}
+
+TEST_F(StoreClusterTest, FillingPastCapacityEvicts) {
+  ASSERT_OK(cluster_.Start({.daemons = 2, .segment_size = "32mib"}));
+  auto client = Client();
+  std::string value(1 << 20, 'v');
+  for (int i = 0; i < 150; ++i) {
+    ASSERT_OK(client->Put(absl::StrCat("fill-", i), ValueFor(absl::StrCat("fill-", i), 1 << 20))) << i;
+  }
+  nlohmann::json st = Stats();
+  EXPECT_GT(st["evictions"].get<int>(), 80);
+  EXPECT_LE(st["used_bytes"].get<uint64_t>(), st["capacity_bytes"].get<uint64_t>());
+  EXPECT_THAT(client->Get("fill-0"), StatusIs(absl::StatusCode::kNotFound));
+  auto last = client->Get("fill-149");
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(*last, ValueFor("fill-149", 1 << 20));
+}
+
+TEST_F(StoreClusterTest, PrefixMatchAndGroups) {
+  ASSERT_OK(cluster_.Start({.daemons = 2, .segment_size = "64mib"}));
+  auto client = Client();
+  std::vector<std::string> chain;
+  std::vector<client::PutItem> items;
+  std::vector<std::string> values;
+  for (int i = 0; i < 8; ++i) chain.push_back(absl::StrCat("page-", i));
+  for (int i = 0; i < 8; ++i) values.push_back(ValueFor(chain[i], 4096));
+  for (int i = 0; i < 8; ++i) items.push_back({chain[i], values[i], "", i > 0 ? chain[i - 1] : ""});
+  for (const auto& s : client->BatchPut(items)) ASSERT_OK(s);
+  EXPECT_EQ(*client->PrefixMatch(chain), 8u);
+  ASSERT_OK(client->Remove("page-5", true));
+  EXPECT_EQ(*client->PrefixMatch(chain), 5u);
+  auto key = cluster_.HttpGet("/v1/objects/page-3");
+  ASSERT_TRUE(key.ok());
+  EXPECT_EQ(nlohmann::json::parse(*key)["cached_children"], 1);
+
+  // A page of two tensor-parallel ranks is one group: all or nothing.
+  std::string k0 = ValueFor("tp0", 8192), k1 = ValueFor("tp1", 8192);
+  for (const auto& s : client->BatchPut({{"tp-0", k0, "page-x"}, {"tp-1", k1, "page-x"}})) ASSERT_OK(s);
+  EXPECT_EQ(*client->BatchExists({"tp-0", "tp-1"}), (std::vector<bool>{true, true}));
+  ASSERT_OK(client->Remove("tp-1", true));
+  EXPECT_EQ(*client->BatchExists({"tp-0", "tp-1"}), (std::vector<bool>{false, false}));
+  EXPECT_THAT(client->Get("tp-0"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(StoreClusterTest, WriterKilledBeforeCommitLeavesNothing) {
+  ASSERT_OK(cluster_.Start({.daemons = 1, .segment_size = "64mib", .put_timeout = "1s"}));
+  std::string file = testing::MakeTempDir("tierkv-put") + "/value";
+  std::string value = ValueFor("victim", 3 << 20);
+  {
+    std::ofstream(file, std::ios::binary) << value;
+  }
+  uint64_t used_before = Stats()["used_bytes"];
+  auto writer = ChildProcess::Start(
+      testing::BinaryPath("tierkvctl"),
+      {"--master=" + cluster_.master_address(), absl::StrCat("--http=127.0.0.1:", cluster_.http_port()), "put",
+       "victim", file},
+      {{"TIERKV_FAILPOINTS", "client.put.before_end=abort"}}, absl::Seconds(20));
+  // tierkvctl prints nothing before dying, so Start reports its exit.
+  ASSERT_FALSE(writer.ok());
+  EXPECT_NE(writer.status().message().find("code 134"), std::string::npos) << writer.status();
+  auto client = Client();
+  EXPECT_THAT(client->Get("victim"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_GT(Stats()["used_bytes"].get<uint64_t>(), used_before);  // its space is still held
+  // After the put timeout the space comes back and the key can be put.
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Stats()["pending"].get<int>() > 0 && absl::Now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(Stats()["pending"], 0);
+  EXPECT_EQ(Stats()["used_bytes"].get<uint64_t>(), used_before);
+  ASSERT_OK(client->Put("victim", value));
+  EXPECT_EQ(*client->Get("victim"), value);
+}
+
+TEST_F(StoreClusterTest, ReadinessFollowsTheMountAndSigtermUnmounts) {
+  // The daemon starts first, against a master that is not up yet.
+  int bound = 0;
+  {
+    // Two free ports for the master, found by binding and releasing.
+    auto a = ChildProcess::Start(testing::BinaryPath("tierkv-master"), {"--rpc-port=0", "--http-port=0"});
+    ASSERT_TRUE(a.ok());
+    bound = (*a)->port("rpc");
+    int http = (*a)->port("http");
+    (*a)->Kill(SIGKILL);
+    (*a)->Wait();
+    auto d = ChildProcess::Start(
+        testing::BinaryPath("tierkv-store"),
+        {absl::StrCat("--master=127.0.0.1:", bound), absl::StrCat("--metadata=http://127.0.0.1:", http),
+         "--segment-size=64mib", "--port=0", "--http-port=0", "--heartbeat-interval=100ms", "--name=late"});
+    ASSERT_TRUE(d.ok()) << d.status();
+    int ready_port = (*d)->port("http");
+    EXPECT_THAT(cluster_.HttpGet("/ready", ready_port), StatusIs(absl::StatusCode::kUnknown));  // 503
+    EXPECT_TRUE(cluster_.HttpGet("/health", ready_port).ok());
+    auto m = ChildProcess::Start(testing::BinaryPath("tierkv-master"),
+                                 {absl::StrCat("--rpc-port=", bound), absl::StrCat("--http-port=", http)});
+    ASSERT_TRUE(m.ok()) << m.status();
+    absl::Time deadline = absl::Now() + absl::Seconds(15);
+    while (!cluster_.HttpGet("/ready", ready_port).ok() && absl::Now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_TRUE(cluster_.HttpGet("/ready", ready_port).ok()) << (*d)->Stderr();
+    auto segs = cluster_.HttpGet("/v1/segments", http);
+    ASSERT_TRUE(segs.ok());
+    EXPECT_EQ(nlohmann::json::parse(*segs).size(), 1u);
+    auto metrics = cluster_.HttpGet("/metrics", ready_port);
+    ASSERT_TRUE(metrics.ok());
+    EXPECT_NE(metrics->find("tierkv_store_mounted 1"), std::string::npos);
+    (*d)->Kill(SIGTERM);
+    EXPECT_EQ((*d)->Wait(), 0);
+    segs = cluster_.HttpGet("/v1/segments", http);
+    ASSERT_TRUE(segs.ok());
+    EXPECT_EQ(nlohmann::json::parse(*segs).size(), 0u);  // unmounted on the way out
+  }
+}
+
+TEST_F(StoreClusterTest, MasterRestartDaemonsRemountAndObjectsReadBack) {
+  ASSERT_OK(cluster_.Start({.daemons = 3, .segment_size = "128mib", .segment_ttl = "5s", .persist = true}));
+  auto client = Client();
+  for (int i = 0; i < 100; ++i) {
+    std::string key = absl::StrCat("keep-", i);
+    ASSERT_OK(client->Put(key, ValueFor(key, 10000 + i)));
+  }
+  cluster_.master().Kill(SIGKILL);
+  cluster_.master().Wait();
+  ASSERT_OK(cluster_.StartMaster());
+  ASSERT_OK(cluster_.WaitForLiveSegments(3));
+  for (int i = 0; i < 100; ++i) {
+    std::string key = absl::StrCat("keep-", i);
+    auto v = client->Get(key);
+    ASSERT_TRUE(v.ok()) << key << ": " << v.status();
+    EXPECT_EQ(*v, ValueFor(key, 10000 + i));
+  }
+  ASSERT_OK(client->Put("after-restart", "fresh"));
+  EXPECT_EQ(*client->Get("after-restart"), "fresh");
+}
+
+TEST_F(StoreClusterTest, MasterRestartWithoutPersistenceRepublishesDescriptors) {
+  ASSERT_OK(cluster_.Start({.daemons = 2, .segment_size = "64mib"}));
+  cluster_.master().Kill(SIGKILL);
+  cluster_.master().Wait();
+  ASSERT_OK(cluster_.StartMaster());
+  ASSERT_OK(cluster_.WaitForLiveSegments(2));
+  auto client = Client({"tcp"});
+  ASSERT_OK(client->Put("k", "v"));
+  EXPECT_EQ(*client->Get("k"), "v");
+}
+
+TEST_F(StoreClusterTest, CApiRoundTrip) {
+  ASSERT_OK(cluster_.Start({.daemons = 1, .segment_size = "64mib"}));
+  char* err = nullptr;
+  tierkv_client* c = tierkv_client_create(cluster_.master_address().c_str(), cluster_.metadata_url().c_str(), 0, &err);
+  ASSERT_NE(c, nullptr) << err;
+  EXPECT_EQ(tierkv_put(c, "c-key", "hello", 5, 1, &err), TIERKV_OK);
+  char buf[16];
+  size_t size = 0;
+  EXPECT_EQ(tierkv_get(c, "c-key", buf, sizeof buf, &size, &err), TIERKV_OK);
+  EXPECT_EQ(std::string(buf, size), "hello");
+  EXPECT_EQ(tierkv_get(c, "c-key", buf, 2, &size, &err), TIERKV_INVALID_ARGUMENT);
+  ASSERT_NE(err, nullptr);
+  tierkv_free_string(err);
+  err = nullptr;
+  EXPECT_EQ(tierkv_put(c, "c-key", "again", 5, 1, nullptr), TIERKV_ALREADY_EXISTS);
+  int present = 0;
+  EXPECT_EQ(tierkv_exists(c, "c-key", &present, nullptr), TIERKV_OK);
+  EXPECT_EQ(present, 1);
+  const char* keys[] = {"c-key", "missing"};
+  size_t matched = 9;
+  EXPECT_EQ(tierkv_prefix_match(c, keys, 2, &matched, nullptr), TIERKV_OK);
+  EXPECT_EQ(matched, 1u);
+  char b0[8], b1[8];
+  void* bufs[] = {b0, b1};
+  size_t caps[] = {8, 8}, sizes[2];
+  int codes[2];
+  EXPECT_EQ(tierkv_batch_get(c, keys, 2, bufs, caps, sizes, codes, nullptr), TIERKV_OK);
+  EXPECT_EQ(codes[0], TIERKV_OK);
+  EXPECT_EQ(codes[1], TIERKV_NOT_FOUND);
+  EXPECT_EQ(tierkv_remove(c, "c-key", 1, nullptr), TIERKV_OK);
+  EXPECT_EQ(tierkv_get(c, "c-key", buf, sizeof buf, &size, nullptr), TIERKV_NOT_FOUND);
+  tierkv_client_destroy(c);
+  EXPECT_EQ(tierkv_client_create(nullptr, nullptr, 0, nullptr), nullptr);
+}
+
+TEST_F(StoreClusterTest, CtlCommands) {
+  ASSERT_OK(cluster_.Start({.daemons = 2, .segment_size = "64mib"}));
+  std::string dir = testing::MakeTempDir("tierkv-ctl");
+  {
+    std::ofstream(dir + "/in", std::ios::binary) << "ctl value bytes";
+  }
+  std::vector<std::string> base{"--master=" + cluster_.master_address(),
+                                absl::StrCat("--http=127.0.0.1:", cluster_.http_port())};
+  auto run = [&](std::vector<std::string> args) {
+    std::vector<std::string> all = base;
+    all.insert(all.end(), args.begin(), args.end());
+    std::string cmd = testing::BinaryPath("tierkvctl");
+    for (auto& a : all) cmd += " '" + a + "'";
+    cmd += " > " + dir + "/out 2>&1";
+    int rc = std::system(cmd.c_str());
+    std::ifstream in(dir + "/out");
+    std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return std::make_pair(WEXITSTATUS(rc), out);
+  };
+  EXPECT_EQ(run({"put", "ctl-key", dir + "/in"}).first, 0);
+  EXPECT_EQ(run({"get", "ctl-key", dir + "/got"}).first, 0);
+  std::ifstream got(dir + "/got");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(got)), std::istreambuf_iterator<char>()), "ctl value bytes");
+  auto segs = run({"--json", "segments"});
+  EXPECT_EQ(segs.first, 0);
+  EXPECT_EQ(nlohmann::json::parse(segs.second).size(), 2u);
+  EXPECT_NE(run({"segments"}).second.find("daemon-1"), std::string::npos);
+  auto key = run({"--json", "key", "ctl-key"});
+  EXPECT_EQ(nlohmann::json::parse(key.second)["size"], 15 + 8);
+  EXPECT_NE(run({"stats"}).second.find("objects"), std::string::npos);
+  auto doctor = run({"--json", "doctor"});
+  ASSERT_EQ(doctor.first, 0) << doctor.second;
+  nlohmann::json d = nlohmann::json::parse(doctor.second);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0]["transport"], "shm");
+  EXPECT_TRUE(d[0]["probe_ok"].get<bool>());
+  EXPECT_GT(d[0]["bandwidth_GBps"].get<double>(), 0);
+  auto doctor_tcp = run({"--json", "--transport=tcp", "doctor"});
+  EXPECT_EQ(nlohmann::json::parse(doctor_tcp.second)[0]["transport"], "tcp");
+  EXPECT_EQ(run({"rm", "ctl-key"}).first, 1);  // leased by the get just now
+  EXPECT_EQ(run({"--force", "rm", "ctl-key"}).first, 0);
+  EXPECT_EQ(run({"get", "ctl-key", dir + "/got"}).first, 1);
+  EXPECT_EQ(run({"frobnicate"}).first, 2);
+}
+
+}  // namespace
+}  // namespace tierkv

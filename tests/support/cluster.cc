@@ -1,0 +1,112 @@
+#include "tests/support/cluster.h"
+
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+
+namespace tierkv::testing {
+
+TestCluster::~TestCluster() {
+  daemons_.clear();
+  master_.reset();
+  if (!data_dir_.empty()) std::filesystem::remove_all(data_dir_);
+}
+
+std::string TestCluster::master_address() const { return absl::StrCat("127.0.0.1:", rpc_port_); }
+std::string TestCluster::metadata_url() const { return absl::StrCat("http://127.0.0.1:", http_port_); }
+
+absl::Status TestCluster::Start(ClusterOptions options) {
+  options_ = std::move(options);
+  if (options_.persist) data_dir_ = MakeTempDir("tierkv-cluster-data");
+  if (absl::Status s = StartMaster(); !s.ok()) return s;
+  daemons_.resize(options_.daemons);
+  for (int i = 0; i < options_.daemons; ++i) {
+    if (absl::Status s = StartDaemon(i); !s.ok()) return s;
+  }
+  return WaitForLiveSegments(options_.daemons);
+}
+
+absl::Status TestCluster::StartMaster() {
+  std::vector<std::string> args{absl::StrCat("--rpc-port=", rpc_port_),
+                                absl::StrCat("--http-port=", http_port_),
+                                "--segment-ttl=" + options_.segment_ttl,
+                                "--put-timeout=" + options_.put_timeout, "--check-interval=100ms"};
+  if (!data_dir_.empty()) args.push_back("--data-dir=" + data_dir_);
+  args.insert(args.end(), options_.master_flags.begin(), options_.master_flags.end());
+  master_.reset();
+  absl::StatusOr<std::unique_ptr<ChildProcess>> m;
+  // A port just released by a killed master can take a moment to be free.
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    m = ChildProcess::Start(BinaryPath("tierkv-master"), args);
+    if (m.ok() || rpc_port_ == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!m.ok()) return m.status();
+  master_ = std::move(*m);
+  rpc_port_ = master_->port("rpc");
+  http_port_ = master_->port("http");
+  return absl::OkStatus();
+}
+
+absl::Status TestCluster::StartDaemon(int i) {
+  std::vector<std::string> args{"--master=" + master_address(), "--metadata=" + metadata_url(),
+                                "--segment-size=" + options_.segment_size, "--port=0", "--http-port=0",
+                                "--heartbeat-interval=200ms", absl::StrCat("--name=daemon-", i)};
+  args.insert(args.end(), options_.daemon_flags.begin(), options_.daemon_flags.end());
+  daemons_[i].reset();
+  auto d = ChildProcess::Start(BinaryPath("tierkv-store"), args);
+  if (!d.ok()) return d.status();
+  daemons_[i] = std::move(*d);
+  return absl::OkStatus();
+}
+
+absl::Status TestCluster::WaitForLiveSegments(size_t n, absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  size_t live = 0;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<std::string> body = HttpGet("/v1/segments");
+    if (body.ok()) {
+      nlohmann::json j = nlohmann::json::parse(*body, nullptr, false);
+      live = 0;
+      if (j.is_array()) {
+        for (const auto& s : j) live += s.value("state", "") == "live";
+      }
+      if (live == n) return absl::OkStatus();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("only ", live, " of ", n, " segments live"));
+}
+
+absl::StatusOr<std::unique_ptr<client::Client>> TestCluster::NewClient(std::vector<std::string> transports) {
+  client::ClientOptions o;
+  o.master = master_address();
+  o.metadata = metadata_url();
+  o.transports = std::move(transports);
+  o.transfer_timeout = absl::Seconds(10);
+  return client::Client::Create(o);
+}
+
+absl::StatusOr<std::string> TestCluster::HttpGet(const std::string& path, int port) {
+  httplib::Client cli("127.0.0.1", port == 0 ? http_port_ : port);
+  cli.set_read_timeout(std::chrono::seconds(5));
+  cli.set_connection_timeout(std::chrono::seconds(2));
+  auto res = cli.Get(path);
+  if (!res) return absl::UnavailableError(httplib::to_string(res.error()));
+  if (res->status != 200) return absl::Status(absl::StatusCode::kUnknown, absl::StrCat("HTTP ", res->status));
+  return res->body;
+}
+
+std::string TestCluster::Logs() {
+  std::string out;
+  if (master_) absl::StrAppend(&out, "--- master\n", master_->Stderr());
+  for (size_t i = 0; i < daemons_.size(); ++i) {
+    if (daemons_[i]) absl::StrAppend(&out, "--- daemon ", i, "\n", daemons_[i]->Stderr());
+  }
+  return out;
+}
+
+}  // namespace tierkv::testing

@@ -1,0 +1,231 @@
+// tierkvctl: the operator's CLI. Read-only views come from the master's
+// HTTP query endpoints; put/get/rm/doctor use the client library.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "client/client.h"
+#include "config/base/log.h"
+#include "config/ctl_config.h"
+#include "config/units.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+
+namespace tierkv {
+namespace {
+
+using json = nlohmann::json;
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "tierkvctl: %s\n", what.c_str());
+  return 1;
+}
+
+absl::StatusOr<json> FetchJson(const CtlConfig& c, const std::string& path) {
+  size_t colon = c.http.rfind(':');
+  if (colon == std::string::npos) return absl::InvalidArgumentError("--http must be host:port");
+  httplib::Client cli(c.http.substr(0, colon), std::stoi(c.http.substr(colon + 1)));
+  cli.set_read_timeout(absl::ToChronoSeconds(c.timeout));
+  cli.set_connection_timeout(absl::ToChronoSeconds(c.timeout));
+  auto res = cli.Get(path);
+  if (!res) return absl::UnavailableError(absl::StrCat("master HTTP ", c.http, ": ", httplib::to_string(res.error())));
+  json j = json::parse(res->body, nullptr, false);
+  if (res->status == 404) {
+    return absl::NotFoundError(j.is_object() && j.contains("error") ? j["error"].get<std::string>() : path);
+  }
+  if (res->status != 200 || j.is_discarded()) {
+    return absl::InternalError(absl::StrCat("master answered ", res->status, " for ", path));
+  }
+  return j;
+}
+
+absl::StatusOr<std::unique_ptr<client::Client>> Connect(const CtlConfig& c) {
+  client::ClientOptions o;
+  o.master = c.master;
+  o.metadata = "http://" + c.http;
+  o.rpc_timeout = c.timeout;
+  o.transfer_timeout = c.timeout;
+  for (absl::string_view t : absl::StrSplit(c.transport, ',', absl::SkipWhitespace())) o.transports.emplace_back(t);
+  return client::Client::Create(o);
+}
+
+int Segments(const CtlConfig& c) {
+  absl::StatusOr<json> segs = FetchJson(c, "/v1/segments");
+  if (!segs.ok()) return Fail(std::string(segs.status().message()));
+  if (c.json) {
+    std::printf("%s\n", segs->dump().c_str());
+    return 0;
+  }
+  int64_t now = absl::ToUnixMillis(absl::Now());
+  std::printf("%-28s %-16s %-10s %12s %12s %6s %10s\n", "SEGMENT", "HOST", "STATE", "CAPACITY", "USED", "USE%",
+              "HEARTBEAT");
+  for (const json& s : *segs) {
+    uint64_t cap = s["capacity"], used = s["used"];
+    std::printf("%-28s %-16s %-10s %12s %12s %5.1f%% %8.1fs\n", s["name"].get<std::string>().c_str(),
+                s["host"].get<std::string>().c_str(), s["state"].get<std::string>().c_str(),
+                FormatSize(cap).c_str(), FormatSize(used).c_str(), cap ? 100.0 * used / cap : 0.0,
+                (now - s["last_heartbeat_unix_ms"].get<int64_t>()) / 1000.0);
+  }
+  return 0;
+}
+
+int Stats(const CtlConfig& c) {
+  absl::StatusOr<json> st = FetchJson(c, "/v1/stats");
+  if (!st.ok()) return Fail(std::string(st.status().message()));
+  if (c.json) {
+    std::printf("%s\n", st->dump().c_str());
+    return 0;
+  }
+  for (auto& [k, v] : st->items()) std::printf("%-22s %s\n", k.c_str(), v.dump().c_str());
+  return 0;
+}
+
+int Key(const CtlConfig& c, const std::string& key) {
+  absl::StatusOr<json> obj = FetchJson(c, "/v1/objects/" + httplib::detail::encode_query_param(key));
+  if (!obj.ok()) return Fail(std::string(obj.status().message()));
+  if (c.json) {
+    std::printf("%s\n", obj->dump().c_str());
+    return 0;
+  }
+  for (auto& [k, v] : obj->items()) {
+    if (k == "replicas") continue;
+    std::printf("%-16s %s\n", k.c_str(), v.dump().c_str());
+  }
+  for (const json& r : (*obj)["replicas"]) {
+    std::printf("replica          %s @ %llu (+%llu)\n", r["segment"].get<std::string>().c_str(),
+                static_cast<unsigned long long>(r["offset"].get<uint64_t>()),
+                static_cast<unsigned long long>(r["length"].get<uint64_t>()));
+  }
+  return 0;
+}
+
+int Put(const CtlConfig& c, const std::string& key, const std::string& file) {
+  std::stringstream ss;
+  if (file == "-") {
+    ss << std::cin.rdbuf();
+  } else {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) return Fail("cannot read " + file);
+    ss << in.rdbuf();
+  }
+  std::string data = ss.str();
+  auto cli = Connect(c);
+  if (!cli.ok()) return Fail(std::string(cli.status().message()));
+  client::PutOptions o;
+  o.replicas = static_cast<int>(c.replicas);
+  absl::Status s = (*cli)->Put(key, data, o);
+  if (!s.ok()) return Fail(s.ToString());
+  if (c.json) {
+    std::printf("%s\n", json{{"key", key}, {"bytes", data.size()}}.dump().c_str());
+  } else {
+    std::printf("put %s (%zu bytes)\n", key.c_str(), data.size());
+  }
+  return 0;
+}
+
+int Get(const CtlConfig& c, const std::string& key, const std::string& file) {
+  auto cli = Connect(c);
+  if (!cli.ok()) return Fail(std::string(cli.status().message()));
+  absl::StatusOr<std::string> v = (*cli)->Get(key);
+  if (!v.ok()) return Fail(v.status().ToString());
+  if (file == "-") {
+    std::fwrite(v->data(), 1, v->size(), stdout);
+  } else {
+    std::ofstream out(file, std::ios::binary);
+    out.write(v->data(), static_cast<std::streamsize>(v->size()));
+    if (!out) return Fail("cannot write " + file);
+  }
+  return 0;
+}
+
+int Remove(const CtlConfig& c, const std::string& key) {
+  auto cli = Connect(c);
+  if (!cli.ok()) return Fail(std::string(cli.status().message()));
+  absl::Status s = (*cli)->Remove(key, c.force);
+  if (!s.ok()) return Fail(s.ToString());
+  if (!c.json) std::printf("removed %s\n", key.c_str());
+  return 0;
+}
+
+// For each segment: the transport this host would use and why others were
+// skipped, the median latency of a 4 KiB read, and read bandwidth over up
+// to 64 MiB. Probes only read, so they never disturb stored data.
+int Doctor(const CtlConfig& c) {
+  absl::StatusOr<json> segs = FetchJson(c, "/v1/segments");
+  if (!segs.ok()) return Fail(std::string(segs.status().message()));
+  auto cli = Connect(c);
+  if (!cli.ok()) return Fail(std::string(cli.status().message()));
+  transport::TransferEngine& engine = (*cli)->engine();
+  json report = json::array();
+  for (const json& s : *segs) {
+    std::string name = s["name"];
+    uint64_t capacity = s["capacity"];
+    transport::PeerInfo info = engine.Describe(name);
+    json row{{"segment", name}, {"host", s["host"]}, {"state", s["state"]}, {"transport", info.transport},
+             {"fallbacks", info.fallbacks}};
+    if (!info.transport.empty()) {
+      std::vector<char> buf(64 << 20);
+      std::vector<double> lat;
+      bool ok = true;
+      for (int i = 0; i < 10 && ok; ++i) {
+        absl::Time t0 = absl::Now();
+        ok = engine.Transfer({{transport::Op::kRead, buf.data(), name, 0, 4096}}, c.timeout)[0].ok();
+        lat.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+      }
+      std::sort(lat.begin(), lat.end());
+      uint64_t span = std::min<uint64_t>(capacity, buf.size());
+      std::vector<transport::Request> reqs;
+      for (uint64_t off = 0; off + (1 << 20) <= span; off += 1 << 20) {
+        reqs.push_back({transport::Op::kRead, buf.data() + off, name, off, 1 << 20});
+      }
+      absl::Time t0 = absl::Now();
+      for (const absl::Status& st : engine.Transfer(reqs, c.timeout)) ok = ok && st.ok();
+      double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+      row["probe_ok"] = ok;
+      row["latency_us_p50"] = lat[lat.size() / 2];
+      row["bandwidth_GBps"] = secs > 0 ? reqs.size() * double(1 << 20) / secs / 1e9 : 0;
+    }
+    report.push_back(row);
+  }
+  if (c.json) {
+    std::printf("%s\n", report.dump().c_str());
+    return 0;
+  }
+  std::printf("%-28s %-10s %-10s %12s %12s  %s\n", "SEGMENT", "STATE", "TRANSPORT", "LATENCY(us)", "GB/s",
+              "FALLBACKS");
+  for (const json& r : report) {
+    std::string fb;
+    for (const auto& f : r["fallbacks"]) fb += (fb.empty() ? "" : "; ") + f.get<std::string>();
+    std::printf("%-28s %-10s %-10s %12.1f %12.2f  %s\n", r["segment"].get<std::string>().c_str(),
+                r["state"].get<std::string>().c_str(),
+                r["transport"].get<std::string>().empty() ? "NONE" : r["transport"].get<std::string>().c_str(),
+                r.value("latency_us_p50", 0.0), r.value("bandwidth_GBps", 0.0), fb.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tierkv
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args;
+  tierkv::CtlConfig config = tierkv::CtlFlags().ParseOrExit(argc, argv, &args);
+  tierkv::SetLogLevel(tierkv::LogLevel::kError);
+  auto need = [&](size_t n) {
+    if (args.size() != n) tierkv::ExitWithUsageError("tierkvctl", "wrong number of arguments for '" + args[0] + "' (see --help)");
+  };
+  if (args.empty()) tierkv::ExitWithUsageError("tierkvctl", "missing subcommand (see --help)");
+  const std::string& cmd = args[0];
+  if (cmd == "segments") return need(1), tierkv::Segments(config);
+  if (cmd == "stats") return need(1), tierkv::Stats(config);
+  if (cmd == "key") return need(2), tierkv::Key(config, args[1]);
+  if (cmd == "put") return need(3), tierkv::Put(config, args[1], args[2]);
+  if (cmd == "get") return need(3), tierkv::Get(config, args[1], args[2]);
+  if (cmd == "rm") return need(2), tierkv::Remove(config, args[1]);
+  if (cmd == "doctor") return need(1), tierkv::Doctor(config);
+  tierkv::ExitWithUsageError("tierkvctl", "unknown subcommand '" + cmd + "'");
+}
