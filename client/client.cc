@@ -132,33 +132,41 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
     return out;
   }
 
+  // Values go out first; their checksums are computed while they travel,
+  // and the trailers follow in a second batch.
   std::vector<Trailer> trailers(n);
-  std::vector<Request> requests;
-  std::vector<size_t> owner;  // request -> item
+  std::vector<Request> values, tails;
+  std::vector<size_t> value_owner, tail_owner;
   std::vector<bool> began(n, false);
   for (size_t i = 0; i < n; ++i) {
     const v1::PutStartResult& r = started->results(static_cast<int>(i));
     out[i] = FromItem(r.status());
     if (!out[i].ok()) continue;
     began[i] = true;
-    trailers[i] = MakeTrailer(items[i].value);
     const uint64_t vsize = items[i].value.size();
     for (const v1::Extent& e : r.replicas()) {
       if (vsize > 0) {
-        requests.push_back({Op::kWrite, const_cast<char*>(items[i].value.data()), e.segment(), e.offset(), vsize});
-        owner.push_back(i);
+        values.push_back({Op::kWrite, const_cast<char*>(items[i].value.data()), e.segment(), e.offset(), vsize});
+        value_owner.push_back(i);
       }
-      requests.push_back({Op::kWrite, trailers[i].data(), e.segment(), e.offset() + vsize, kTrailer});
-      owner.push_back(i);
+      tails.push_back({Op::kWrite, trailers[i].data(), e.segment(), e.offset() + vsize, kTrailer});
+      tail_owner.push_back(i);
     }
   }
-  std::vector<absl::Status> moved = engine_->Transfer(std::move(requests), options_.transfer_timeout);
-  for (size_t k = 0; k < moved.size(); ++k) {
-    size_t i = owner[k];
-    if (!moved[k].ok() && out[i].ok()) {
-      out[i] = Annotate(moved[k], absl::StrCat("writing ", items[i].key));
-    }
+  std::shared_ptr<transport::Batch> value_batch = engine_->Submit(std::move(values), options_.transfer_timeout);
+  for (size_t i = 0; i < n; ++i) {
+    if (began[i]) trailers[i] = MakeTrailer(items[i].value);
   }
+  std::vector<absl::Status> tail_status = engine_->Transfer(std::move(tails), options_.transfer_timeout);
+  value_batch->Wait(absl::Now() + options_.transfer_timeout + absl::Seconds(5));
+  auto record = [&](const std::vector<absl::Status>& statuses, const std::vector<size_t>& owner) {
+    for (size_t k = 0; k < statuses.size(); ++k) {
+      size_t i = owner[k];
+      if (!statuses[k].ok() && out[i].ok()) out[i] = Annotate(statuses[k], absl::StrCat("writing ", items[i].key));
+    }
+  };
+  record(value_batch->statuses(), value_owner);
+  record(tail_status, tail_owner);
   // A group with a failed member is given up whole.
   absl::flat_hash_set<std::string> failed_groups;
   for (size_t i = 0; i < n; ++i) {
@@ -240,20 +248,38 @@ struct Client::Impl {
         owner.push_back(i);
       }
       if (requests.empty()) return;
-      std::vector<absl::Status> got = c->engine_->Transfer(std::move(requests), c->options_.transfer_timeout);
-      std::vector<absl::Status> round(n);
-      for (size_t k = 0; k < got.size(); ++k) {
-        if (!got[k].ok() && round[owner[k]].ok()) round[owner[k]] = got[k];
+      // Submit in a few chunks and check each chunk's checksums while the
+      // later ones are still on the wire.
+      constexpr size_t kChunks = 4;
+      size_t per = std::max<size_t>(2, (requests.size() / kChunks + 1) & ~size_t{1});
+      std::vector<std::pair<size_t, std::shared_ptr<transport::Batch>>> chunks;
+      for (size_t at = 0; at < requests.size();) {
+        size_t end = std::min(requests.size(), at + per);
+        while (end < requests.size() && owner[end] == owner[end - 1]) ++end;  // keep a key's requests together
+        chunks.emplace_back(at, c->engine_->Submit({requests.begin() + at, requests.begin() + end},
+                                                   c->options_.transfer_timeout));
+        at = end;
       }
-      for (size_t i = 0; i < n; ++i) {
-        if (!pending[i]) continue;
-        absl::Status s = round[i];
-        if (s.ok()) {
-          uint64_t vsize = resp.sizes(static_cast<int>(i)) - kTrailer;
-          s = CheckTrailer(trailers[i], {outs[i], vsize}, keys[i], c->options_.verify_checksums);
+      std::vector<absl::Status> round(n);
+      for (auto& [at, batch] : chunks) {
+        batch->Wait(absl::Now() + c->options_.transfer_timeout + absl::Seconds(5));
+        const std::vector<absl::Status>& got = batch->statuses();
+        for (size_t k = 0; k < got.size(); ++k) {
+          if (!got[k].ok() && round[owner[at + k]].ok()) round[owner[at + k]] = got[k];
         }
-        (*status)[i] = s.ok() ? s : Annotate(s, absl::StrCat("reading ", keys[i]));
-        if (s.ok() || !Retryable(s)) pending[i] = false;
+        size_t end = at + got.size();
+        for (size_t k = at; k < end; ++k) {
+          size_t i = owner[k];
+          if (k + 1 < end && owner[k + 1] == i) continue;  // check once, at the key's last request
+          if (!pending[i]) continue;
+          absl::Status st = round[i];
+          if (st.ok()) {
+            uint64_t vsize = resp.sizes(static_cast<int>(i)) - kTrailer;
+            st = CheckTrailer(trailers[i], {outs[i], vsize}, keys[i], c->options_.verify_checksums);
+          }
+          (*status)[i] = st.ok() ? st : Annotate(st, absl::StrCat("reading ", keys[i]));
+          if (st.ok() || !Retryable(st)) pending[i] = false;
+        }
       }
     }
   }

@@ -13,7 +13,9 @@ const FlagTable<BenchConfig>& BenchFlags() {
           DoubleFlag<C>("min-time", &C::min_time, "1", 0.01, 600, "seconds per measured case"),
           IntFlag<C>("objects", &C::objects, "1000000", 1000, 100'000'000,
                      "master: objects for the memory-per-object figure"),
-          IntFlag<C>("batch", &C::batch, "256", 1, 65536, "keys per batched call / requests per batch"),
+          IntFlag<C>("batch", &C::batch, "0", 0, 65536,
+                     "keys per batched call / requests per batch (0: 256 for master, 32 for "
+                     "transfer, 16 for store)"),
           IntFlag<C>("threads", &C::threads, "2", 1, 256, "client threads"),
           SizeFlag<C>("block", &C::block, "1mib", 1, 1u << 30, "transfer: bytes per request"),
           SizeFlag<C>("value", &C::value, "1mib", 1, 1u << 30, "store: bytes per value"),

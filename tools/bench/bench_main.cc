@@ -14,7 +14,9 @@ int main(int argc, char** argv) {
   }
   tierkv::SetLogLevel(tierkv::LogLevel::kWarning);
   const std::string& cmd = positional[0];
+  if (config.batch == 0) config.batch = cmd == "master" ? 256 : cmd == "transfer" ? 32 : 16;
   if (cmd == "master") return tierkv::bench::RunMaster(config);
   if (cmd == "transfer") return tierkv::bench::RunTransfer(config);
+  if (cmd == "store") return tierkv::bench::RunStore(config);
   tierkv::ExitWithUsageError("tierkv-bench", "unknown subcommand '" + cmd + "'");
 }

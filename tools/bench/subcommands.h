@@ -7,5 +7,6 @@ namespace tierkv::bench {
 
 int RunMaster(const BenchConfig& config);
 int RunTransfer(const BenchConfig& config);
+int RunStore(const BenchConfig& config);
 
 }  // namespace tierkv::bench

@@ -1,0 +1,205 @@
+// tierkv-bench store: the client library's put and get throughput against
+// an embedded cluster (a master and one store daemon in this process, the
+// data over --transport), and in the same run the raw transfer engine
+// moving the same bytes to the same segment.
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "config/master_config.h"
+#include "config/store_config.h"
+#include "master/server.h"
+#include "nlohmann/json.hpp"
+#include "store/daemon.h"
+#include "tools/bench/harness.h"
+#include "tools/bench/subcommands.h"
+
+namespace tierkv::bench {
+namespace {
+
+const char* kNoEnv(const char*) { return nullptr; }
+
+}  // namespace
+
+int RunStore(const BenchConfig& config) {
+  const uint64_t value = config.value;
+  const int batch = static_cast<int>(config.batch);
+  const int threads = static_cast<int>(config.threads);
+  const char* margv[] = {"tierkv-master", "--rpc-port=0", "--http-port=0"};
+  auto mcfg = MasterFlags().Parse(3, margv, nullptr, kNoEnv);
+  auto master = master::MasterServer::Start(*mcfg);
+  if (!master.ok()) {
+    std::fprintf(stderr, "tierkv-bench: %s\n", std::string(master.status().message()).c_str());
+    return 1;
+  }
+  std::string rpc = absl::StrCat("127.0.0.1:", (*master)->rpc_port());
+  std::string meta = absl::StrCat("http://127.0.0.1:", (*master)->http_port());
+  // Room for every thread's working set several times over; puts beyond
+  // that recycle memory through eviction, as in steady state.
+  uint64_t segment = std::max<uint64_t>(1ull << 30, 16 * value * batch * threads);
+  std::string sargs[] = {"tierkv-store", "--master=" + rpc, "--metadata=" + meta, "--port=0",
+                         "--http-port=0", absl::StrCat("--segment-size=", segment), "--name=bench-store",
+                         "--heartbeat-interval=1s"};
+  const char* sargv[8];
+  for (int i = 0; i < 8; ++i) sargv[i] = sargs[i].c_str();
+  auto scfg = StoreFlags().Parse(8, sargv, nullptr, kNoEnv);
+  auto daemon = store::StoreDaemon::Start(*scfg);
+  if (!scfg.ok() || !daemon.ok()) {
+    std::fprintf(stderr, "tierkv-bench: cannot start the store daemon\n");
+    return 1;
+  }
+  for (int i = 0; i < 200 && !(*daemon)->ready(); ++i) absl::SleepFor(absl::Milliseconds(10));
+
+  client::ClientOptions co;
+  co.master = rpc;
+  co.metadata = meta;
+  co.transports = {config.transport};
+  co.connections = static_cast<int>(config.connections);
+  co.workers = std::max<int>(static_cast<int>(config.connections), threads);
+  auto created = client::Client::Create(co);
+  if (!created.ok()) {
+    std::fprintf(stderr, "tierkv-bench: %s\n", std::string(created.status().message()).c_str());
+    return 1;
+  }
+  std::shared_ptr<client::Client> cli = std::move(*created);
+  // Steady state: every page of the segment has been touched once, in the
+  // daemon and in this process's mapping, before anything is measured.
+  {
+    std::vector<char> chunk(64 << 20, 'w');
+    std::vector<transport::Request> warm;
+    for (uint64_t off = 0; off < segment; off += chunk.size()) {
+      warm.push_back({transport::Op::kWrite, chunk.data(), "bench-store", off,
+                      std::min<uint64_t>(chunk.size(), segment - off)});
+    }
+    for (const absl::Status& s : cli->engine().Transfer(warm, absl::Minutes(2))) {
+      if (!s.ok()) {
+        std::fprintf(stderr, "tierkv-bench: warm-up: %s\n", std::string(s.message()).c_str());
+        return 1;
+      }
+    }
+  }
+  auto counter = std::make_shared<std::atomic<uint64_t>>(0);
+  // Keys for the gets: one batch per thread, put once.
+  std::string payload(value, 'x');
+  for (int t = 0; t < threads; ++t) {
+    std::vector<client::PutItem> items;
+    for (int i = 0; i < batch; ++i) items.push_back({absl::StrCat("get-", t, "-", i), payload});
+    client::PutOptions pinned;
+    pinned.soft_pin = true;  // the put case recycles memory through eviction
+    for (const absl::Status& s : cli->BatchPut(items, pinned)) {
+      if (!s.ok()) {
+        std::fprintf(stderr, "tierkv-bench: preload: %s\n", std::string(s.message()).c_str());
+        return 1;
+      }
+    }
+  }
+
+  benchmark::RegisterBenchmark("store/put", [cli, counter, value, batch](benchmark::State& state) {
+    std::string data(value, 'p');
+    LatencyRecorder lat;
+    for (auto _ : state) {
+      std::vector<client::PutItem> items;
+      for (int i = 0; i < batch; ++i) items.push_back({absl::StrCat("put-", counter->fetch_add(1)), data});
+      absl::Time t0 = absl::Now();
+      auto st = cli->BatchPut(items);
+      lat.Add(absl::Now() - t0);
+      for (const absl::Status& s : st) {
+        if (!s.ok()) {
+          state.SkipWithError(std::string(s.message()).c_str());
+          return;
+        }
+      }
+    }
+    state.SetBytesProcessed(state.iterations() * batch * value);
+    state.SetItemsProcessed(state.iterations() * batch);
+    lat.Publish(state);
+  })->UseRealTime()->Threads(threads);
+
+  benchmark::RegisterBenchmark("store/get", [cli, value, batch](benchmark::State& state) {
+    std::vector<std::string> keys;
+    std::vector<std::vector<char>> bufs(batch, std::vector<char>(value));
+    std::vector<absl::Span<char>> outs;
+    for (int i = 0; i < batch; ++i) {
+      keys.push_back(absl::StrCat("get-", state.thread_index(), "-", i));
+      outs.emplace_back(bufs[i].data(), bufs[i].size());
+    }
+    LatencyRecorder lat;
+    for (auto _ : state) {
+      absl::Time t0 = absl::Now();
+      auto got = cli->BatchGet(keys, outs);
+      lat.Add(absl::Now() - t0);
+      for (const auto& g : got) {
+        if (!g.ok()) {
+          state.SkipWithError(std::string(g.status().message()).c_str());
+          return;
+        }
+      }
+    }
+    state.SetBytesProcessed(state.iterations() * batch * value);
+    state.SetItemsProcessed(state.iterations() * batch);
+    lat.Publish(state);
+  })->UseRealTime()->Threads(threads);
+
+  // The same bytes straight through the engine (no master, no checksum).
+  for (transport::Op op : {transport::Op::kWrite, transport::Op::kRead}) {
+    std::string name = op == transport::Op::kWrite ? "raw/write" : "raw/read";
+    benchmark::RegisterBenchmark(name.c_str(), [cli, op, value, batch, segment](benchmark::State& state) {
+      std::vector<char> local(value * batch, 'r');
+      uint64_t base = segment / 2 + state.thread_index() * value * batch;
+      std::vector<transport::Request> reqs;
+      for (int i = 0; i < batch; ++i) {
+        reqs.push_back({op, local.data() + i * value, "bench-store", base + i * value, value});
+      }
+      for (auto _ : state) {
+        for (const absl::Status& s : cli->engine().Transfer(reqs)) {
+          if (!s.ok()) {
+            state.SkipWithError(std::string(s.message()).c_str());
+            return;
+          }
+        }
+      }
+      state.SetBytesProcessed(state.iterations() * batch * value);
+    })->UseRealTime()->Threads(threads);
+  }
+
+  Figures f = RunRegistered(config.min_time, config.json, static_cast<int>(config.repetitions));
+  auto fig = [&](const std::string& prefix, const char* counter_name) {
+    for (const auto& [name, c] : f) {
+      if (name.rfind(prefix, 0) == 0 && c.contains(counter_name)) return c.at(counter_name);
+    }
+    return 0.0;
+  };
+  double put = fig("store/put", "bytes_per_second") / 1e9, get = fig("store/get", "bytes_per_second") / 1e9;
+  double raw_w = fig("raw/write", "bytes_per_second") / 1e9, raw_r = fig("raw/read", "bytes_per_second") / 1e9;
+  double put_ratio = raw_w > 0 ? put / raw_w : 0, get_ratio = raw_r > 0 ? get / raw_r : 0;
+  nlohmann::json out{{"transport", config.transport},
+                     {"value_bytes", value},
+                     {"batch", batch},
+                     {"threads", threads},
+                     {"put_GBps", put},
+                     {"get_GBps", get},
+                     {"put_ops_per_s", fig("store/put", "items_per_second")},
+                     {"get_ops_per_s", fig("store/get", "items_per_second")},
+                     {"put_batch_p50_us", fig("store/put", "p50_us")},
+                     {"put_batch_p99_us", fig("store/put", "p99_us")},
+                     {"get_batch_p50_us", fig("store/get", "p50_us")},
+                     {"get_batch_p99_us", fig("store/get", "p99_us")},
+                     {"raw_write_GBps", raw_w},
+                     {"raw_read_GBps", raw_r},
+                     {"put_ratio", put_ratio},
+                     {"get_ratio", get_ratio},
+                     {"target_ratio", 0.85},
+                     {"target_met", std::min(put_ratio, get_ratio) >= 0.85}};
+  cli.reset();
+  (*daemon)->Stop();
+  (*master)->Shutdown();
+  if (config.json) {
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf("\nput %.2f GB/s (%.2fx raw %.2f), get %.2f GB/s (%.2fx raw %.2f); target >= 0.85: %s\n", put,
+                put_ratio, raw_w, get, get_ratio, raw_r, std::min(put_ratio, get_ratio) >= 0.85 ? "met" : "MISSED");
+  }
+  return 0;
+}
+
+}  // namespace tierkv::bench
