@@ -217,7 +217,10 @@ struct Client::Impl {
   // Reads the values GetReplicas described into `outs` (each already
   // checked to be large enough), trying replicas in turn.
   static void Read(Client* c, const std::vector<std::string>& keys, const v1::GetReplicasResponse& resp,
-                   const std::vector<char*>& outs, std::vector<absl::Status>* status) {
+                   const std::vector<char*>& outs, std::vector<absl::Status>* status,
+                   absl::Duration timeout) {
+    if (timeout <= absl::ZeroDuration()) timeout = c->options_.transfer_timeout;
+    const absl::Time deadline = absl::Now() + timeout;
     const size_t n = keys.size();
     std::vector<size_t> first(n);  // index of each key's first replica
     for (size_t i = 0, at = 0; i < n; ++i) {
@@ -256,13 +259,14 @@ struct Client::Impl {
       for (size_t at = 0; at < requests.size();) {
         size_t end = std::min(requests.size(), at + per);
         while (end < requests.size() && owner[end] == owner[end - 1]) ++end;  // keep a key's requests together
-        chunks.emplace_back(at, c->engine_->Submit({requests.begin() + at, requests.begin() + end},
-                                                   c->options_.transfer_timeout));
+        absl::Duration left = deadline - absl::Now();
+        if (left <= absl::ZeroDuration()) left = absl::Milliseconds(1);
+        chunks.emplace_back(at, c->engine_->Submit({requests.begin() + at, requests.begin() + end}, left));
         at = end;
       }
       std::vector<absl::Status> round(n);
       for (auto& [at, batch] : chunks) {
-        batch->Wait(absl::Now() + c->options_.transfer_timeout + absl::Seconds(5));
+        batch->Wait(deadline + absl::Seconds(5));
         const std::vector<absl::Status>& got = batch->statuses();
         for (size_t k = 0; k < got.size(); ++k) {
           if (!got[k].ok() && round[owner[at + k]].ok()) round[owner[at + k]] = got[k];
@@ -302,7 +306,8 @@ struct Client::Impl {
 };
 
 std::vector<absl::StatusOr<size_t>> Client::BatchGet(const std::vector<std::string>& keys,
-                                                     const std::vector<absl::Span<char>>& outs) {
+                                                     const std::vector<absl::Span<char>>& outs,
+                                                     absl::Duration timeout) {
   std::vector<absl::StatusOr<size_t>> result(keys.size());
   if (outs.size() != keys.size()) {
     for (auto& r : result) r = absl::InvalidArgumentError("one output buffer per key is needed");
@@ -324,7 +329,7 @@ std::vector<absl::StatusOr<size_t>> Client::BatchGet(const std::vector<std::stri
                                                       resp->sizes(static_cast<int>(i)) - kTrailer));
     }
   }
-  Impl::Read(this, keys, *resp, ptrs, &st);
+  Impl::Read(this, keys, *resp, ptrs, &st, timeout);
   for (size_t i = 0; i < keys.size(); ++i) {
     if (st[i].ok()) {
       result[i] = resp->sizes(static_cast<int>(i)) - kTrailer;
@@ -350,7 +355,7 @@ std::vector<absl::StatusOr<std::string>> Client::BatchGet(const std::vector<std:
     if (st[i].ok()) values[i].resize(resp->sizes(static_cast<int>(i)) - kTrailer);
     ptrs[i] = values[i].data();
   }
-  Impl::Read(this, keys, *resp, ptrs, &st);
+  Impl::Read(this, keys, *resp, ptrs, &st, absl::ZeroDuration());
   for (size_t i = 0; i < keys.size(); ++i) {
     if (st[i].ok()) {
       result[i] = std::move(values[i]);

@@ -88,8 +88,11 @@ class Client {
   absl::StatusOr<std::string> Get(const std::string& key);
   // Into `out`; the value's size. INVALID_ARGUMENT if `out` is too small.
   absl::StatusOr<size_t> Get(const std::string& key, absl::Span<char> out);
+  // `timeout` bounds the data transfer (zero: the client's default); a
+  // prefetch that must not stall a request passes a short one.
   std::vector<absl::StatusOr<size_t>> BatchGet(const std::vector<std::string>& keys,
-                                               const std::vector<absl::Span<char>>& outs);
+                                               const std::vector<absl::Span<char>>& outs,
+                                               absl::Duration timeout = absl::ZeroDuration());
   std::vector<absl::StatusOr<std::string>> BatchGet(const std::vector<std::string>& keys);
 
   absl::StatusOr<bool> Exists(const std::string& key);

@@ -1,0 +1,135 @@
+// PrefixCache: HiCache-style tiered KV cache. L1 (device pool) and L2 (host
+// pool) hold pages indexed by a radix tree; L3 is tierkv.
+//
+//   Lookup l = cache.Acquire(tokens);     // longest cached prefix, now in L1
+//   ... compute the rest into cache.AllocateL1() slots ...
+//   cache.Commit(tokens, &l, new_slots); // cache new pages, apply write policy
+//
+// Acquire matches the longest prefix in L1/L2, asks L3 with one PrefixMatch
+// how many following pages it holds, fetches those with one batched read
+// straight into L2 slots (bounded by the prefetch policy: a miss never
+// blocks), and copies L2 pages up to L1. L2 is inclusive of L1, so
+// dropping a page from L1 never loses it. Eviction is leaf-first LRU in
+// each tier: a page goes only after every cached page extending it. Pages
+// evicted from L2 stay findable in L3.
+//
+// Write policies (L2 -> L3): write_through puts every new page;
+// write_through_selective puts a page once it has been hit N times;
+// write_back puts a page when it is evicted from L2.
+//
+// With tp > 1 each page is `tp` keys, one per rank's slice, put as one
+// group, so L3 holds a page wholly or not at all.
+//
+// Not thread-safe: one engine thread drives it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "engine/kv_pool.h"
+#include "engine/l3.h"
+#include "engine/page_key.h"
+#include "engine/radix_tree.h"
+
+namespace tierkv::engine {
+
+enum class PrefetchPolicy { kBestEffort, kWaitComplete, kTimeout };
+enum class WritePolicy { kWriteThrough, kWriteThroughSelective, kWriteBack };
+
+absl::StatusOr<PrefetchPolicy> ParsePrefetchPolicy(const std::string& s);
+absl::StatusOr<WritePolicy> ParseWritePolicy(const std::string& s);
+
+struct CacheConfig {
+  int page_tokens = 64;
+  size_t page_bytes = 0;  // a whole page, all ranks
+  int tp = 1;
+  size_t l1_pages = 256;
+  size_t l2_pages = 1024;
+  KeySpace space;
+  PrefetchPolicy prefetch = PrefetchPolicy::kWaitComplete;
+  // kTimeout: the fetch deadline. kBestEffort: the deadline is what
+  // recomputing the pages would cost at recompute_tokens_per_s.
+  absl::Duration prefetch_timeout = absl::Milliseconds(200);
+  double recompute_tokens_per_s = 50000;
+  absl::Duration wait_complete_timeout = absl::Seconds(10);
+  WritePolicy write = WritePolicy::kWriteThrough;
+  int selective_hits = 2;
+  // Checks a page fetched from L3 (synthetic mode compares it with the
+  // content its key determines); null accepts every page.
+  std::function<bool(const PageKey&, const char* page)> verify;
+};
+
+struct Lookup {
+  std::vector<PageKey> keys;     // every whole page of the request
+  std::vector<TreePage*> pages;  // the cached prefix, in L1, pinned
+  size_t l1_pages = 0, l2_pages = 0, l3_pages = 0;
+  absl::Duration fetch_time;
+  uint64_t fetch_bytes = 0;
+  bool l3_error = false;         // the store failed (the request recomputes)
+};
+
+struct CacheStats {
+  uint64_t lookups = 0;
+  uint64_t l1_hit_pages = 0, l2_hit_pages = 0, l3_hit_pages = 0, miss_pages = 0;
+  uint64_t l3_fetch_bytes = 0, l3_put_pages = 0, l3_put_bytes = 0, l3_put_failures = 0;
+  uint64_t l3_errors = 0;
+  uint64_t l1_evictions = 0, l2_evictions = 0;
+  double l3_fetch_seconds = 0;
+};
+
+class PrefixCache {
+ public:
+  // `l3` may be null (no offload tier); it must outlive the cache.
+  PrefixCache(CacheConfig config, L3Store* l3);
+  ~PrefixCache();
+
+  // At most `max_pages` prefix pages are matched (a caller that must
+  // compute the last token passes (tokens - 1) / page_tokens).
+  Lookup Acquire(absl::Span<const int32_t> tokens, size_t max_pages = SIZE_MAX);
+  // An L1 slot for a page being computed, evicting if needed; -1 when every
+  // L1 page is pinned.
+  int AllocateL1();
+  void FreeL1(int slot);
+  char* L1Page(int slot) const { return l1_.Page(slot); }
+  char* L2Page(int slot) const { return l2_.Page(slot); }
+  // `new_slots[i]` holds page lookup.pages.size() + i of `tokens`; whole
+  // pages are cached, any trailing partial page's slot is freed. Unpins the
+  // prefix. The lookup must not be used afterwards.
+  void Commit(absl::Span<const int32_t> tokens, Lookup* lookup, const std::vector<int>& new_slots);
+  // Unpins without caching anything new.
+  void Release(Lookup* lookup);
+
+  const CacheStats& stats() const { return stats_; }
+  const CacheConfig& config() const { return config_; }
+  size_t tree_pages() const { return tree_.size(); }
+  size_t l1_used() const { return l1_.used(); }
+  size_t l2_used() const { return l2_.used(); }
+  KvPool& l2_pool() { return l2_; }
+
+ private:
+  void Touch(TreePage* p);
+  void Reindex(TreePage* p);
+  void Unindex(TreePage* p);
+  bool EvictL1();
+  bool EvictL2();
+  int AllocateL2();
+  void SetL1(TreePage* p, int slot);
+  void PutToL3(const std::vector<TreePage*>& pages);
+  std::vector<std::string> RankKeys(const PageKey& key) const;
+  size_t FetchFromL3(absl::Span<const int32_t> tokens, Lookup* lookup, size_t max_pages);
+
+  CacheConfig config_;
+  L3Store* l3_;
+  KvPool l1_, l2_;
+  RadixTree tree_;
+  uint64_t clock_ = 0;
+  std::set<std::pair<uint64_t, TreePage*>> l1_candidates_, l2_candidates_;
+  CacheStats stats_;
+};
+
+}  // namespace tierkv::engine

@@ -1,0 +1,258 @@
+#include <numeric>
+
+#include "engine/engine.h"
+#include "engine/radix_tree.h"
+#include "engine/trace.h"
+#include "tests/support/status_matchers.h"
+
+namespace tierkv::engine {
+namespace {
+
+std::vector<int32_t> Tokens(size_t n, int seed, int vocab = 512) {
+  std::vector<int32_t> t(n);
+  uint64_t x = seed;
+  for (auto& v : t) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    v = static_cast<int32_t>((x >> 33) % vocab);
+  }
+  return t;
+}
+
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(RadixTreeTest, InsertMatchSplitRemove) {
+  constexpr int P = 4;
+  RadixTree tree(P);
+  KeySpace space{"m", "bf16", "p4"};
+  std::vector<int32_t> a = Tokens(4 * P, 1);
+  auto keys_a = PageKeys(a, P, space);
+  EXPECT_TRUE(tree.Match(a).empty());
+  auto added = tree.Insert(a, keys_a, 0);
+  ASSERT_EQ(added.size(), 4u);
+  EXPECT_EQ(tree.nodes(), 1u);  // one run of four pages
+  EXPECT_EQ(tree.Match(a).size(), 4u);
+  // A prompt sharing two pages then diverging splits the run.
+  std::vector<int32_t> b(a.begin(), a.begin() + 2 * P);
+  b = Concat(b, Tokens(2 * P, 2));
+  auto hit = tree.Match(b);
+  ASSERT_EQ(hit.size(), 2u);
+  EXPECT_EQ(hit[1], added[1]);
+  auto keys_b = PageKeys(b, P, space);
+  auto added_b = tree.Insert(b, keys_b, 2);
+  ASSERT_EQ(added_b.size(), 2u);
+  EXPECT_EQ(tree.nodes(), 3u);  // [p0 p1] -> {[a2 a3], [b2 b3]}
+  EXPECT_EQ(tree.Match(a).size(), 4u);
+  EXPECT_EQ(tree.Match(b).size(), 4u);
+  EXPECT_EQ(added_b[0]->parent, added[1]);
+  EXPECT_EQ(added[1]->tree_children, 2);
+  // Shared pages have equal keys; diverged ones do not.
+  EXPECT_EQ(keys_a[1], keys_b[1]);
+  EXPECT_FALSE(keys_a[2] == keys_b[2]);
+  // A partial page never matches.
+  std::vector<int32_t> partial(a.begin(), a.begin() + 3 * P + 2);
+  EXPECT_EQ(tree.Match(partial).size(), 3u);
+  // Removal goes leaf first; a page with children stays.
+  tree.Remove(added[1]);
+  EXPECT_EQ(tree.size(), 6u);
+  tree.Remove(added_b[1]);
+  tree.Remove(added_b[0]);
+  EXPECT_EQ(tree.Match(b).size(), 2u);
+  EXPECT_EQ(tree.size(), 4u);
+}
+
+TEST(PageKeyTest, ChainedAndNamespaced) {
+  auto t = Tokens(64, 3);
+  KeySpace a{"model-a", "bf16", "p16-tp1"}, b{"model-b", "bf16", "p16-tp1"}, c{"model-a", "fp16", "p16-tp1"};
+  auto ka = PageKeys(t, 16, a);
+  EXPECT_EQ(ka.size(), 4u);
+  EXPECT_EQ(ka, PageKeys(t, 16, a));  // deterministic
+  EXPECT_FALSE(ka[0] == PageKeys(t, 16, b)[0]);
+  EXPECT_FALSE(ka[0] == PageKeys(t, 16, c)[0]);
+  auto t2 = t;
+  t2[5] ^= 1;  // a change in page 0 changes every later key
+  auto k2 = PageKeys(t2, 16, a);
+  for (size_t i = 0; i < 4; ++i) EXPECT_FALSE(ka[i] == k2[i]);
+  EXPECT_EQ(ka[0].Hex().size(), 32u);
+  EXPECT_EQ(RankKey(ka[0], 1, 2), ka[0].Hex() + "-r1");
+}
+
+EngineConfig SmallModel(int page = 16) {
+  EngineConfig c;
+  c.page_tokens = page;
+  c.l1_pages = 64;
+  c.l2_pages = 256;
+  return c;
+}
+
+TEST(EngineTest, RestoredPrefixGivesBitIdenticalLogits) {
+  for (size_t len : {150u, 201u, 333u}) {
+    std::vector<int32_t> prompt = Tokens(len, static_cast<int>(len));
+    // Reference: nothing cached.
+    InferenceEngine fresh(SmallModel(), nullptr);
+    RequestResult ref = fresh.Serve(prompt);
+    ASSERT_EQ(ref.cached_tokens, 0u);
+
+    // From L3: a second engine (empty L1/L2) sharing the store.
+    InMemoryL3 store;
+    InferenceEngine writer(SmallModel(), &store);
+    writer.Serve(prompt);
+    InferenceEngine reader(SmallModel(), &store);
+    RequestResult from_l3 = reader.Serve(prompt);
+    EXPECT_GT(from_l3.l3_tokens, 0u) << len;
+    EXPECT_EQ(from_l3.cached_tokens, (len - 1) / 16 * 16);
+    EXPECT_EQ(from_l3.logits, ref.logits) << "L3 restore, length " << len;
+
+    // From L2: push the prompt's pages out of a small L1 with another prompt.
+    EngineConfig small = SmallModel();
+    small.l1_pages = 24;
+    InferenceEngine l2eng(small, nullptr);
+    l2eng.Serve(prompt);
+    l2eng.Serve(Tokens(300, 99));
+    RequestResult from_l2 = l2eng.Serve(prompt);
+    EXPECT_GT(from_l2.l2_tokens, 0u) << len;
+    EXPECT_EQ(from_l2.logits, ref.logits) << "L2 restore, length " << len;
+
+    // And the logits are not trivially equal: another prompt differs.
+    EXPECT_NE(fresh.Serve(Tokens(len, 12345)).logits, ref.logits);
+  }
+}
+
+TEST(EngineTest, LeafFirstEvictionKeepsThePrefixInL1) {
+  EngineConfig c;
+  c.synthetic = true;
+  c.page_tokens = 16;
+  c.l1_pages = 12;
+  c.l2_pages = 64;
+  c.tokens_per_s = 1e6;
+  InferenceEngine e(c, nullptr);
+  auto a = Tokens(10 * 16 + 1, 1);
+  e.Serve(a);
+  e.Serve(Tokens(6 * 16 + 1, 2));  // needs 7 L1 pages: evicts a's deepest pages
+  RequestResult again = e.Serve(a);
+  EXPECT_EQ(again.cached_tokens, 10u * 16);
+  // The front of a stayed in L1; only its tail came back from L2.
+  EXPECT_GE(again.l1_tokens, 4u * 16);
+  EXPECT_GT(again.l2_tokens, 0u);
+  EXPECT_EQ(again.l1_tokens + again.l2_tokens, 10u * 16);
+}
+
+TEST(EngineTest, L2EvictionLeavesPagesFindableInL3) {
+  InMemoryL3 store;
+  EngineConfig c;
+  c.synthetic = true;
+  c.page_tokens = 16;
+  c.l1_pages = 8;
+  c.l2_pages = 8;
+  c.tokens_per_s = 1e6;
+  InferenceEngine e(c, &store);
+  auto a = Tokens(6 * 16 + 1, 1);
+  e.Serve(a);
+  for (int i = 0; i < 4; ++i) e.Serve(Tokens(6 * 16 + 1, 10 + i));  // churn both tiers
+  RequestResult again = e.Serve(a);
+  EXPECT_EQ(again.cached_tokens, 6u * 16);
+  EXPECT_GT(again.l3_tokens, 0u);
+  EXPECT_GT(e.cache_stats().l2_evictions, 0u);
+}
+
+TEST(EngineTest, WritePolicies) {
+  auto a = Tokens(4 * 16 + 1, 5);
+  EngineConfig c;
+  c.synthetic = true;
+  c.page_tokens = 16;
+  c.tokens_per_s = 1e6;
+  {
+    InMemoryL3 store;
+    c.write = WritePolicy::kWriteThrough;
+    InferenceEngine e(c, &store);
+    e.Serve(a);
+    EXPECT_EQ(store.size(), 4u);
+  }
+  {
+    InMemoryL3 store;
+    c.write = WritePolicy::kWriteThroughSelective;
+    c.selective_hits = 2;
+    InferenceEngine e(c, &store);
+    e.Serve(a);
+    EXPECT_EQ(store.size(), 0u);
+    e.Serve(a);
+    EXPECT_EQ(store.size(), 0u);  // one hit so far
+    e.Serve(a);
+    EXPECT_EQ(store.size(), 4u);  // second hit: offloaded
+  }
+  {
+    InMemoryL3 store;
+    c.write = WritePolicy::kWriteBack;
+    c.l1_pages = 6;
+    c.l2_pages = 6;
+    InferenceEngine e(c, &store);
+    e.Serve(a);
+    EXPECT_EQ(store.size(), 0u);
+    e.Serve(Tokens(4 * 16 + 1, 6));  // pushes a's pages out of L2
+    EXPECT_GT(store.size(), 0u);
+  }
+}
+
+TEST(EngineTest, PrefetchPoliciesAreBoundedAndAnUnavailableStoreMeansRecompute) {
+  auto a = Tokens(8 * 16 + 1, 7);
+  for (PrefetchPolicy p : {PrefetchPolicy::kBestEffort, PrefetchPolicy::kWaitComplete, PrefetchPolicy::kTimeout}) {
+    InMemoryL3 store;
+    EngineConfig c;
+    c.synthetic = true;
+    c.page_tokens = 16;
+    c.tokens_per_s = 1e6;
+    c.prefetch = p;
+    InferenceEngine writer(c, &store);
+    writer.Serve(a);
+    InferenceEngine reader(c, &store);
+    RequestResult r = reader.Serve(a);
+    EXPECT_EQ(r.l3_tokens, 8u * 16);
+    store.SetUnavailable(true);
+    InferenceEngine cold(c, &store);
+    RequestResult miss = cold.Serve(a);
+    EXPECT_EQ(miss.cached_tokens, 0u);  // recomputed, not failed
+    EXPECT_TRUE(miss.store_error);
+  }
+}
+
+TEST(EngineTest, TensorParallelPagesAreOneKeyPerRank) {
+  InMemoryL3 store;
+  EngineConfig c = SmallModel();
+  c.tp = 2;
+  InferenceEngine e(c, &store);
+  auto a = Tokens(3 * 16 + 1, 8);
+  RequestResult first = e.Serve(a);
+  EXPECT_EQ(store.size(), 6u);  // 3 pages x 2 ranks
+  InferenceEngine other(c, &store);
+  RequestResult second = other.Serve(a);
+  EXPECT_EQ(second.l3_tokens, 3u * 16);
+  EXPECT_EQ(second.logits, first.logits);
+  // A page missing one rank is not a hit.
+  auto keys = PageKeys(a, 16, other.key_space());
+  store.Drop(RankKey(keys[1], 1, 2));
+  InferenceEngine third(c, &store);
+  EXPECT_EQ(third.Serve(a).l3_tokens, 1u * 16);
+}
+
+TEST(TraceTest, ParsesLinesAndMapsBlocksToTokens) {
+  auto r = ParseTraceLine(R"({"timestamp": 5, "input_length": 1000, "output_length": 3, "hash_ids": [1, 2]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->hash_ids.size(), 2u);
+  auto t = PromptTokens(*r, 512);
+  EXPECT_EQ(t.size(), 1000u);
+  TraceRequest other = *r;
+  other.hash_ids = {1, 3};
+  auto t2 = PromptTokens(other, 512);
+  EXPECT_TRUE(std::equal(t.begin(), t.begin() + 512, t2.begin()));
+  EXPECT_FALSE(std::equal(t.begin() + 512, t.end(), t2.begin() + 512));
+  for (const char* bad : {"", "[]", "{\"input_length\": -1, \"hash_ids\": []}",
+                          "{\"input_length\": 2000, \"hash_ids\": [1]}", "{\"input_length\": 5}",
+                          "{\"input_length\": 5, \"hash_ids\": [\"x\"]}"}) {
+    EXPECT_FALSE(ParseTraceLine(bad).ok()) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace tierkv::engine
