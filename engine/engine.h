@@ -60,6 +60,7 @@ class InferenceEngine {
   RequestResult Serve(absl::Span<const int32_t> prompt);
 
   double tokens_per_s() const { return tokens_per_s_; }
+  bool synthetic() const { return config_.synthetic; }
   double window_hit_rate() const;
   const CacheStats& cache_stats() const { return cache_->stats(); }
   PrefixCache& cache() { return *cache_; }

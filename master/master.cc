@@ -66,12 +66,17 @@ absl::Status Master::Recover() {
   return absl::OkStatus();
 }
 
-void Master::DropSegmentIds(const std::vector<uint32_t>& ids, absl::string_view why) {
+void Master::DropSegmentIds(const std::vector<uint32_t>& ids, absl::string_view why, bool expected) {
   if (ids.empty()) return;
   uint64_t dropped = index_->DropSegments(ids);
   segments_dropped_->Increment(static_cast<double>(ids.size()));
-  TKV_LOG(WARNING) << ids.size() << " segment(s) left (" << why << "); " << dropped
-                   << " objects dropped with them";
+  // An unmount is an operator's (or a daemon's) choice; a lost segment is news.
+  if (expected) {
+    TKV_LOG(INFO) << ids.size() << " segment(s) left (" << why << "); " << dropped << " objects dropped with them";
+  } else {
+    TKV_LOG(WARNING) << ids.size() << " segment(s) left (" << why << "); " << dropped
+                     << " objects dropped with them";
+  }
 }
 
 std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments) {
@@ -84,7 +89,9 @@ std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments
       out.push_back(id.status());
       continue;
     }
-    if (replaced) DropSegmentIds({*replaced}, absl::StrCat(spec.name, " re-mounted as a new incarnation"));
+    if (replaced) {
+      DropSegmentIds({*replaced}, absl::StrCat(spec.name, " re-mounted as a new incarnation"), false);
+    }
     absl::Status st = store_->Write({{absl::StrCat(kSegmentPrefix, spec.name), EncodeSegment(spec), false}});
     if (!st.ok()) TKV_LOG(ERROR) << "persisting segment " << spec.name << ": " << st;
     TKV_LOG(INFO) << (restored ? "re-mounted " : "mounted ") << spec.name << " ("
@@ -103,7 +110,7 @@ std::vector<absl::Status> Master::Unmount(const std::vector<std::string>& names)
       continue;
     }
     (void)store_->Write({{absl::StrCat(kSegmentPrefix, name), "", true}});
-    DropSegmentIds({*id}, absl::StrCat(name, " unmounted"));
+    DropSegmentIds({*id}, absl::StrCat(name, " unmounted"), /*expected=*/true);
     out.push_back(absl::OkStatus());
   }
   return out;
@@ -138,7 +145,7 @@ void Master::Tick() {
       return true;
     });
     (void)store_->Write(removals);
-    DropSegmentIds(gone, "heartbeats stopped");
+    DropSegmentIds(gone, "heartbeats stopped", false);
   }
   index_->Tick();
   MutexLock lock(&clients_mu_);

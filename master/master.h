@@ -73,7 +73,7 @@ class Master {
  private:
   Master(MasterOptions options, std::unique_ptr<IndexStore> store, Clock* clock);
   absl::Status Recover();
-  void DropSegmentIds(const std::vector<uint32_t>& ids, absl::string_view why);
+  void DropSegmentIds(const std::vector<uint32_t>& ids, absl::string_view why, bool expected);
   void RegisterMetrics();
 
   const MasterOptions options_;

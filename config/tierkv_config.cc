@@ -1,0 +1,51 @@
+#include "config/tierkv_config.h"
+
+namespace tierkv {
+
+const FlagTable<TierkvConfig>& TierkvFlags() {
+  using C = TierkvConfig;
+  static const FlagTable<C>* table = new FlagTable<C>(
+      "tierkv",
+      "The embedded inference engine with tierkv as its offload tier.\n\n"
+      "  tierkv demo                 an embedded cluster serving a trace slice: the small model\n"
+      "                              first, then synthetic mode; prints hit rates, serves /metrics\n"
+      "  tierkv replay --trace FILE  replay a JSONL trace (against --master, or an embedded cluster)",
+      {
+          StringFlag<C>("master", &C::master, "", "cluster master host:port; empty starts an embedded cluster"),
+          StringFlag<C>("metadata", &C::metadata, "", "metadata URL http://host:port (default: master host, port 8080)"),
+          StringFlag<C>("trace", &C::trace, "../shared/data/synthetic_trace.jsonl", "JSONL request trace"),
+          IntFlag<C>("offset", &C::offset, "0", 0, 1e9, "skip this many trace requests"),
+          IntFlag<C>("requests", &C::requests, "0", 0, 1e9, "replay at most this many (0: all)"),
+          StringFlag<C>("mode", &C::mode, "synthetic", "replay: model (the small transformer) or synthetic"),
+          IntFlag<C>("model-requests", &C::model_requests, "24", 0, 1e6, "demo: requests served by the small model first"),
+          IntFlag<C>("max-prompt-tokens", &C::max_prompt_tokens, "0", 0, 1e9,
+                     "cut prompts to this many tokens (0: whole; model mode defaults to 1536)"),
+          IntFlag<C>("page-tokens", &C::page_tokens, "64", 1, 65536, "tokens per KV page"),
+          IntFlag<C>("l1-pages", &C::l1_pages, "4096", 1, 1e8, "L1 (device pool) pages"),
+          IntFlag<C>("l2-pages", &C::l2_pages, "16384", 1, 1e8, "L2 (host pool) pages"),
+          SizeFlag<C>("kv-bytes-per-token", &C::kv_bytes_per_token, "64", 8, 1 << 24,
+                      "synthetic mode: KV bytes per token"),
+          DoubleFlag<C>("tokens-per-s", &C::tokens_per_s, "0", 0, 1e12,
+                        "compute cost model; 0 uses what the small model measured"),
+          StringFlag<C>("prefetch", &C::prefetch, "wait_complete", "best_effort, wait_complete or timeout"),
+          DurationFlag<C>("prefetch-timeout", &C::prefetch_timeout, "200ms", 0.0001, 60, "the timeout policy's bound"),
+          StringFlag<C>("write-policy", &C::write_policy, "write_through",
+                        "write_through, write_through_selective or write_back"),
+          IntFlag<C>("selective-hits", &C::selective_hits, "2", 1, 1000, "write_through_selective: hits before offload"),
+          IntFlag<C>("tp", &C::tp, "1", 1, 64, "tensor-parallel ranks (keys per page)"),
+          IntFlag<C>("window", &C::window, "50", 1, 1e6, "requests in the sliding-window hit rate"),
+          BoolFlag<C>("parent-keys", &C::parent_keys, "true",
+                      "pass parent keys with puts (prefix-aware eviction); off gives plain LRU"),
+          IntFlag<C>("daemons", &C::daemons, "2", 1, 64, "embedded cluster: store daemons"),
+          SizeFlag<C>("store-size", &C::store_size, "1gib", 1 << 20, 1e13, "embedded cluster: DRAM per daemon"),
+          StringFlag<C>("transport", &C::transport, "", "transport preference (tcp,shm); empty = auto"),
+          BoolFlag<C>("json", &C::json, "false", "print one JSON object with the results"),
+          BoolFlag<C>("progress", &C::progress, "true", "draw a progress bar on stderr"),
+          StringFlag<C>("csv", &C::csv, "", "write the windowed hit rate as CSV here"),
+          StringFlag<C>("svg", &C::svg, "", "write an SVG plot of the windowed hit rate here"),
+          IntFlag<C>("metrics-port", &C::metrics_port, "0", 0, 65535, "serve /metrics here while running (0: a free port)"),
+      });
+  return *table;
+}
+
+}  // namespace tierkv

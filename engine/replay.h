@@ -1,0 +1,67 @@
+// Trace replay: serves a trace's prompts through an InferenceEngine and
+// reports what an operator looks at: hit rate per tier, the infinite-cache
+// bound for the same requests, TTFT with and without the cache, store
+// traffic, and the windowed hit rate over time (CSV and SVG).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "engine/engine.h"
+#include "engine/trace.h"
+#include "nlohmann/json.hpp"
+
+namespace tierkv::engine {
+
+// The pages an unlimited cache would hold; shared between replays that
+// feed the same store (worker A's pages are hits for worker B).
+struct PageKeyHash {
+  size_t operator()(const PageKey& k) const { return k.hi ^ (k.lo * 31); }
+};
+using SeenPages = absl::flat_hash_set<PageKey, PageKeyHash>;
+
+struct ReplayOptions {
+  size_t max_prompt_tokens = 0;  // cut prompts (model mode); 0 = whole
+  bool progress = false;         // a progress bar on stderr
+  // Called before request i is served (tests use it to kill a daemon).
+  std::function<void(size_t i)> before_request;
+  // Called after request i with its result (the demo compares logits).
+  std::function<void(size_t i, const RequestResult& r)> after_request;
+  // The infinite cache to measure the bound against (null: a fresh one).
+  SeenPages* seen = nullptr;
+};
+
+struct WindowPoint {
+  size_t request;
+  int64_t timestamp_ms;
+  double hit_rate;
+};
+
+struct ReplayReport {
+  std::string mode;
+  size_t requests = 0;
+  uint64_t tokens = 0, cached_tokens = 0, l1_tokens = 0, l2_tokens = 0, l3_tokens = 0;
+  uint64_t bound_tokens = 0;  // hits an unlimited cache would have had
+  uint64_t store_errors = 0;
+  std::vector<double> ttft, ttft_nocache;
+  uint64_t fetched_bytes = 0, put_bytes = 0, put_failures = 0;
+  double wall_s = 0;
+  double tokens_per_s = 0;  // the cost model in effect
+  std::vector<WindowPoint> window;
+
+  double hit_rate() const { return tokens ? static_cast<double>(cached_tokens) / tokens : 0; }
+  double bound_rate() const { return tokens ? static_cast<double>(bound_tokens) / tokens : 0; }
+  nlohmann::json ToJson() const;
+  std::string Table() const;
+};
+
+ReplayReport Replay(const std::vector<TraceRequest>& trace, InferenceEngine& engine, const ReplayOptions& options);
+
+// Writes the windowed hit rate as CSV (request, timestamp_ms, hit_rate)
+// and as a small SVG line plot.
+absl::Status WriteWindowCsv(const ReplayReport& report, const std::string& path);
+absl::Status WriteWindowSvg(const ReplayReport& report, const std::string& path);
+
+}  // namespace tierkv::engine

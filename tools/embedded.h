@@ -1,0 +1,32 @@
+// EmbeddedCluster: a master and store daemons in this process on free
+// loopback ports, for the demo, trace replay and benchmarks.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "master/server.h"
+#include "store/daemon.h"
+
+namespace tierkv::tools {
+
+class EmbeddedCluster {
+ public:
+  // Waits until every daemon is mounted.
+  static absl::StatusOr<std::unique_ptr<EmbeddedCluster>> Start(int daemons, uint64_t segment_size,
+                                                                const std::string& transport = "");
+  ~EmbeddedCluster();
+  std::string master_address() const;
+  std::string metadata_url() const;
+  master::MasterServer& master() { return *master_; }
+  store::StoreDaemon& daemon(size_t i) { return *daemons_[i]; }
+  size_t daemons() const { return daemons_.size(); }
+
+ private:
+  std::unique_ptr<master::MasterServer> master_;
+  std::vector<std::unique_ptr<store::StoreDaemon>> daemons_;
+};
+
+}  // namespace tierkv::tools

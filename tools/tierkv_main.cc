@@ -1,0 +1,245 @@
+// tierkv: the demo and trace replay (engine/replay.h) against a cluster
+// given by --master, or an embedded one.
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include <csignal>
+
+#include "config/base/log.h"
+#include "config/units.h"
+#include "config/tierkv_config.h"
+#include "engine/replay.h"
+#include "httplib.h"
+#include "tools/embedded.h"
+
+namespace tierkv {
+namespace {
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "tierkv: %s\n", what.c_str());
+  return 1;
+}
+
+struct Session {
+  std::unique_ptr<tools::EmbeddedCluster> cluster;
+  std::unique_ptr<client::Client> client;
+  std::unique_ptr<engine::TierkvL3> l3;
+};
+
+absl::StatusOr<Session> Connect(const TierkvConfig& c) {
+  Session s;
+  client::ClientOptions o;
+  if (c.master.empty()) {
+    auto cluster = tools::EmbeddedCluster::Start(static_cast<int>(c.daemons), c.store_size, c.transport);
+    if (!cluster.ok()) return cluster.status();
+    s.cluster = std::move(*cluster);
+    o.master = s.cluster->master_address();
+    o.metadata = s.cluster->metadata_url();
+  } else {
+    o.master = c.master;
+    o.metadata = c.metadata.empty() ? absl::StrCat("http://", c.master.substr(0, c.master.rfind(':')), ":8080")
+                                    : c.metadata;
+  }
+  for (absl::string_view t : absl::StrSplit(c.transport, ',', absl::SkipWhitespace())) o.transports.emplace_back(t);
+  o.transfer_timeout = absl::Seconds(5);
+  o.rpc_timeout = absl::Seconds(2);
+  auto cli = client::Client::Create(o);
+  if (!cli.ok()) return cli.status();
+  s.client = std::move(*cli);
+  s.l3 = std::make_unique<engine::TierkvL3>(s.client.get(), c.parent_keys);
+  return s;
+}
+
+absl::StatusOr<engine::EngineConfig> EngineConfigFor(const TierkvConfig& c, bool synthetic) {
+  engine::EngineConfig e;
+  e.synthetic = synthetic;
+  e.page_tokens = static_cast<int>(c.page_tokens);
+  e.tp = static_cast<int>(c.tp);
+  e.l1_pages = c.l1_pages;
+  e.l2_pages = c.l2_pages;
+  e.synthetic_bytes_per_token = c.kv_bytes_per_token;
+  e.tokens_per_s = c.tokens_per_s;
+  auto prefetch = engine::ParsePrefetchPolicy(c.prefetch);
+  if (!prefetch.ok()) return prefetch.status();
+  e.prefetch = *prefetch;
+  e.prefetch_timeout = c.prefetch_timeout;
+  auto write = engine::ParseWritePolicy(c.write_policy);
+  if (!write.ok()) return write.status();
+  e.write = *write;
+  e.selective_hits = static_cast<int>(c.selective_hits);
+  e.window = c.window;
+  if (!synthetic && e.model.kv_heads % e.tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--tp must divide the model's ", e.model.kv_heads, " KV heads"));
+  }
+  return e;
+}
+
+// Serves the engines' (and an embedded master's) metrics while running.
+class MetricsServer {
+ public:
+  MetricsServer(int port, std::vector<metrics::Registry*> registries) : registries_(std::move(registries)) {
+    server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      std::string body;
+      for (metrics::Registry* r : registries_) body += r->Serialize();
+      res.set_content(body, "text/plain; version=0.0.4; charset=utf-8");
+    });
+    port_ = port == 0 ? server_.bind_to_any_port("127.0.0.1") : (server_.bind_to_port("127.0.0.1", port) ? port : -1);
+    if (port_ > 0) thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+  ~MetricsServer() {
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  int port() const { return port_; }
+  void Add(metrics::Registry* r) { registries_.push_back(r); }
+
+ private:
+  httplib::Server server_;
+  std::vector<metrics::Registry*> registries_;
+  std::thread thread_;
+  int port_ = -1;
+};
+
+void WriteOutputs(const TierkvConfig& c, const engine::ReplayReport& r) {
+  if (!c.csv.empty()) {
+    if (absl::Status s = engine::WriteWindowCsv(r, c.csv); !s.ok()) Fail(s.ToString());
+  }
+  if (!c.svg.empty()) {
+    if (absl::Status s = engine::WriteWindowSvg(r, c.svg); !s.ok()) Fail(s.ToString());
+  }
+}
+
+int Replay(const TierkvConfig& c) {
+  bool synthetic = c.mode == "synthetic";
+  if (!synthetic && c.mode != "model") ExitWithUsageError("tierkv", "--mode must be model or synthetic");
+  auto ecfg = EngineConfigFor(c, synthetic);
+  if (!ecfg.ok()) ExitWithUsageError("tierkv", ecfg.status().message());
+  auto trace = engine::ReadTrace(c.trace, c.offset, c.requests);
+  if (!trace.ok()) return Fail(std::string(trace.status().message()));
+  auto session = Connect(c);
+  if (!session.ok()) return Fail(session.status().ToString());
+  engine::InferenceEngine eng(*ecfg, session->l3.get());
+  MetricsServer metrics(static_cast<int>(c.metrics_port), {&eng.metrics()});
+  if (session->cluster) metrics.Add(&session->cluster->master().master().metrics());
+  if (!c.json) {
+    std::printf("replaying %zu requests from %s (%s mode); metrics at http://127.0.0.1:%d/metrics\n",
+                trace->size(), c.trace.c_str(), c.mode.c_str(), metrics.port());
+  }
+  engine::ReplayOptions opts;
+  opts.progress = c.progress && !c.json;
+  opts.max_prompt_tokens = c.max_prompt_tokens > 0 ? c.max_prompt_tokens : (synthetic ? 0 : 1536);
+  engine::ReplayReport r = engine::Replay(*trace, eng, opts);
+  WriteOutputs(c, r);
+  if (c.json) {
+    std::printf("%s\n", r.ToJson().dump().c_str());
+  } else {
+    std::printf("%s", r.Table().c_str());
+  }
+  return 0;
+}
+
+// The demo: worker A (the small model) serves a first batch cold and
+// offloads its KV to tierkv; worker B, a fresh engine as on another GPU,
+// serves the same batch from tierkv and must produce bit-identical logits;
+// then the rest of the trace replays in synthetic mode at full length.
+int Demo(TierkvConfig c) {
+  size_t total = c.requests > 0 ? c.requests : 0;
+  auto trace = engine::ReadTrace(c.trace, c.offset, total);
+  if (!trace.ok()) return Fail(std::string(trace.status().message()));
+  size_t model_n = std::min<size_t>(c.model_requests, trace->size());
+  auto session = Connect(c);
+  if (!session.ok()) return Fail(session.status().ToString());
+  auto mcfg = EngineConfigFor(c, false);
+  auto scfg = EngineConfigFor(c, true);
+  if (!mcfg.ok()) ExitWithUsageError("tierkv", mcfg.status().message());
+  if (!scfg.ok()) ExitWithUsageError("tierkv", scfg.status().message());
+  engine::InferenceEngine worker_a(*mcfg, session->l3.get());
+  engine::InferenceEngine worker_b(*mcfg, session->l3.get());
+  MetricsServer metrics(static_cast<int>(c.metrics_port), {&worker_a.metrics()});
+  if (session->cluster) metrics.Add(&session->cluster->master().master().metrics());
+  const long long cut = c.max_prompt_tokens > 0 ? c.max_prompt_tokens : 1536;
+  if (!c.json) {
+    std::printf("tierkv demo: embedded cluster (master %s, %zu store daemons of %s); metrics at "
+                "http://127.0.0.1:%d/metrics\n",
+                session->cluster ? session->cluster->master_address().c_str() : c.master.c_str(),
+                session->cluster ? session->cluster->daemons() : 0, FormatSize(c.store_size).c_str(), metrics.port());
+    std::printf("\n[1/3] worker A, small transformer (%d layers, hidden %d): first %zu requests cold, prompts cut "
+                "to %lld tokens\n",
+                mcfg->model.layers, mcfg->model.hidden, model_n, cut);
+  }
+  engine::ReplayOptions opts;
+  opts.progress = c.progress && !c.json;
+  opts.max_prompt_tokens = cut;
+  std::vector<std::vector<float>> logits(model_n);
+  engine::SeenPages seen;  // A's pages count toward B's bound
+  opts.seen = &seen;
+  opts.after_request = [&](size_t i, const engine::RequestResult& r) { logits[i] = r.logits; };
+  std::vector<engine::TraceRequest> first(trace->begin(), trace->begin() + model_n);
+  engine::ReplayReport ra = engine::Replay(first, worker_a, opts);
+  if (!c.json) {
+    std::printf("%s", ra.Table().c_str());
+    std::printf("\n[2/3] worker B, a fresh engine (empty L1/L2): the same %zu requests, prefixes from tierkv\n",
+                model_n);
+  }
+  metrics.Add(&worker_b.metrics());
+  size_t identical = 0;
+  opts.after_request = [&](size_t i, const engine::RequestResult& r) { identical += r.logits == logits[i]; };
+  engine::ReplayReport rb = engine::Replay(first, worker_b, opts);
+  if (!c.json) {
+    std::printf("%s", rb.Table().c_str());
+    std::printf("  %-30s %zu of %zu requests\n", "logits bit-identical to A", identical, model_n);
+    double cold = 0, warm = 0;
+    for (double t : ra.ttft) cold += t;
+    for (double t : rb.ttft) warm += t;
+    std::printf("  %-30s %.1f ms cold (A) -> %.1f ms warm (B): %.1fx faster\n", "measured mean TTFT",
+                1e3 * cold / std::max<size_t>(1, ra.ttft.size()), 1e3 * warm / std::max<size_t>(1, rb.ttft.size()),
+                warm > 0 ? cold / warm : 0.0);
+  }
+
+  // The synthetic phase computes at the rate the model measured.
+  if (scfg->tokens_per_s == 0) scfg->tokens_per_s = worker_a.tokens_per_s();
+  engine::InferenceEngine synth(*scfg, session->l3.get());
+  metrics.Add(&synth.metrics());
+  std::vector<engine::TraceRequest> rest(trace->begin() + model_n, trace->end());
+  if (!c.json) {
+    std::printf("\n[3/3] synthetic mode: requests %zu..%zu at full length, %s of KV per token, compute at %.0f "
+                "tokens/s\n",
+                model_n, trace->size(), FormatSize(c.kv_bytes_per_token).c_str(), scfg->tokens_per_s);
+  }
+  opts.after_request = nullptr;
+  opts.seen = nullptr;
+  opts.max_prompt_tokens = c.max_prompt_tokens;
+  engine::ReplayReport rs = engine::Replay(rest, synth, opts);
+  WriteOutputs(c, rs);
+  if (c.json) {
+    std::printf("%s\n", nlohmann::json{{"worker_a", ra.ToJson()},
+                                       {"worker_b", rb.ToJson()},
+                                       {"logits_identical", identical},
+                                       {"model_requests", model_n},
+                                       {"synthetic", rs.ToJson()}}
+                            .dump()
+                            .c_str());
+  } else {
+    std::printf("%s", rs.Table().c_str());
+    if (!c.csv.empty() || !c.svg.empty()) {
+      std::printf("\nwindowed hit rate written to %s %s\n", c.csv.c_str(), c.svg.c_str());
+    }
+  }
+  return identical == model_n ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace tierkv
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args;
+  tierkv::TierkvConfig config = tierkv::TierkvFlags().ParseOrExit(argc, argv, &args);
+  if (args.size() != 1) tierkv::ExitWithUsageError("tierkv", "expected one subcommand: demo or replay (see --help)");
+  tierkv::SetLogLevel(tierkv::LogLevel::kWarning);
+  signal(SIGPIPE, SIG_IGN);
+  if (args[0] == "replay") return tierkv::Replay(config);
+  if (args[0] == "demo") return tierkv::Demo(config);
+  tierkv::ExitWithUsageError("tierkv", "unknown subcommand '" + args[0] + "'");
+}
