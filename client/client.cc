@@ -305,14 +305,9 @@ struct Client::Impl {
   }
 };
 
-std::vector<absl::StatusOr<size_t>> Client::BatchGet(const std::vector<std::string>& keys,
-                                                     const std::vector<absl::Span<char>>& outs,
-                                                     absl::Duration timeout) {
+std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>& keys, absl::Duration timeout,
+                                                  const std::function<char*(size_t, uint64_t)>& place) {
   std::vector<absl::StatusOr<size_t>> result(keys.size());
-  if (outs.size() != keys.size()) {
-    for (auto& r : result) r = absl::InvalidArgumentError("one output buffer per key is needed");
-    return result;
-  }
   if (keys.empty()) return result;
   absl::StatusOr<v1::GetReplicasResponse> resp = master_->GetReplicas(keys);
   if (!resp.ok()) {
@@ -322,11 +317,11 @@ std::vector<absl::StatusOr<size_t>> Client::BatchGet(const std::vector<std::stri
   std::vector<absl::Status> st = Impl::Found(keys, *resp);
   std::vector<char*> ptrs(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    ptrs[i] = outs[i].data();
-    if (st[i].ok() && resp->sizes(static_cast<int>(i)) - kTrailer > outs[i].size()) {
-      st[i] = absl::InvalidArgumentError(absl::StrCat(keys[i], ": buffer of ", outs[i].size(),
-                                                      " bytes cannot hold ",
-                                                      resp->sizes(static_cast<int>(i)) - kTrailer));
+    if (!st[i].ok()) continue;
+    uint64_t vsize = resp->sizes(static_cast<int>(i)) - kTrailer;
+    ptrs[i] = place(i, vsize);
+    if (ptrs[i] == nullptr && vsize > 0) {
+      st[i] = absl::InvalidArgumentError(absl::StrCat(keys[i], ": the buffer cannot hold ", vsize, " bytes"));
     }
   }
   Impl::Read(this, keys, *resp, ptrs, &st, timeout);
@@ -340,27 +335,30 @@ std::vector<absl::StatusOr<size_t>> Client::BatchGet(const std::vector<std::stri
   return result;
 }
 
+std::vector<absl::StatusOr<size_t>> Client::BatchGet(const std::vector<std::string>& keys,
+                                                     const std::vector<absl::Span<char>>& outs,
+                                                     absl::Duration timeout) {
+  if (outs.size() != keys.size()) {
+    return std::vector<absl::StatusOr<size_t>>(
+        keys.size(), absl::InvalidArgumentError("one output buffer per key is needed"));
+  }
+  return Fetch(keys, timeout, [&](size_t i, uint64_t size) -> char* {
+    return size <= outs[i].size() ? outs[i].data() : nullptr;
+  });
+}
+
 std::vector<absl::StatusOr<std::string>> Client::BatchGet(const std::vector<std::string>& keys) {
-  std::vector<absl::StatusOr<std::string>> result(keys.size());
-  if (keys.empty()) return result;
-  absl::StatusOr<v1::GetReplicasResponse> resp = master_->GetReplicas(keys);
-  if (!resp.ok()) {
-    for (auto& r : result) r = resp.status();
-    return result;
-  }
-  std::vector<absl::Status> st = Impl::Found(keys, *resp);
   std::vector<std::string> values(keys.size());
-  std::vector<char*> ptrs(keys.size());
+  std::vector<absl::StatusOr<size_t>> got = Fetch(keys, absl::ZeroDuration(), [&](size_t i, uint64_t size) {
+    values[i].resize(size);
+    return values[i].data();
+  });
+  std::vector<absl::StatusOr<std::string>> result(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (st[i].ok()) values[i].resize(resp->sizes(static_cast<int>(i)) - kTrailer);
-    ptrs[i] = values[i].data();
-  }
-  Impl::Read(this, keys, *resp, ptrs, &st, absl::ZeroDuration());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (st[i].ok()) {
+    if (got[i].ok()) {
       result[i] = std::move(values[i]);
     } else {
-      result[i] = st[i];
+      result[i] = got[i].status();
     }
   }
   return result;

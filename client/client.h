@@ -24,6 +24,7 @@
 // Thread-safe; a Client is meant to be shared by a worker's threads.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -116,6 +117,10 @@ class Client {
  private:
   Client() = default;
   struct Impl;
+  // GetReplicas, then reads each present key into place(i, value_size)
+  // (null: the caller has no room, INVALID_ARGUMENT).
+  std::vector<absl::StatusOr<size_t>> Fetch(const std::vector<std::string>& keys, absl::Duration timeout,
+                                            const std::function<char*(size_t, uint64_t)>& place);
   ClientOptions options_;
   std::unique_ptr<MasterClient> master_;
   std::unique_ptr<transport::TransferEngine> engine_;

@@ -24,7 +24,10 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
       // the order across shards is LRU to within one clock tick.
       size_t best = shards_.size();
       uint32_t best_access = UINT32_MAX, runner_up = UINT32_MAX;
-      for (size_t i = 0; i < shards_.size(); ++i) {
+      // Ties (the same tick) go round-robin, starting at a moving shard.
+      const size_t start = evict_cursor_++;
+      for (size_t k = 0; k < shards_.size(); ++k) {
+        size_t i = (start + k) % shards_.size();
         Shard& s = *shards_[i];
         MutexLock lock(&s.mu);
         uint32_t tail = s.lists[static_cast<int>(list)].tail;
@@ -69,6 +72,7 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
             s.objects[slot].access = AccessTick();
             continue;
           }
+          const bool tie = o.access == runner_up;
           uint64_t bytes = registry_->Rounded(o.size) * o.replicas.size();
           freed += bytes;
           used = used > bytes ? used - bytes : 0;
@@ -76,6 +80,7 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
           evictions_.fetch_add(1);
           Erase(s, slot, &mutations, &follow);
           progressed = true;
+          if (tie) break;  // as old as another shard's tail: take turns
         }
         Persist(&mutations);
       }

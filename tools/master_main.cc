@@ -1,22 +1,15 @@
 // tierkv-master: parses flags and runs a MasterServer until SIGTERM/SIGINT.
-#include <signal.h>
-
 #include <cstdio>
 
 #include "config/base/log.h"
+#include "config/base/signals.h"
 #include "config/master_config.h"
 #include "master/server.h"
 
 int main(int argc, char** argv) {
   tierkv::MasterConfig config = tierkv::MasterFlags().ParseOrExit(argc, argv);
 
-  // Block the stop signals before any thread starts, so only sigwait sees them.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  tierkv::BlockStopSignals();  // before any thread starts
 
   auto server = tierkv::master::MasterServer::Start(config);
   if (!server.ok()) {
@@ -28,8 +21,7 @@ int main(int argc, char** argv) {
   TKV_LOG(INFO) << "serving gRPC on " << config.listen << ":" << (*server)->rpc_port()
                 << ", HTTP on " << config.listen << ":" << (*server)->http_port();
 
-  int sig = 0;
-  sigwait(&stop, &sig);
+  int sig = tierkv::WaitForStopSignal();
   TKV_LOG(INFO) << "signal " << sig << ": shutting down";
   (*server)->Shutdown();
   return 0;

@@ -1,20 +1,14 @@
 // tierkv-store: parses flags and runs a StoreDaemon until SIGTERM/SIGINT.
-#include <signal.h>
-
 #include <cstdio>
 
 #include "config/base/log.h"
+#include "config/base/signals.h"
 #include "config/store_config.h"
 #include "store/daemon.h"
 
 int main(int argc, char** argv) {
   tierkv::StoreConfig config = tierkv::StoreFlags().ParseOrExit(argc, argv);
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  tierkv::BlockStopSignals();  // before any thread starts
 
   auto daemon = tierkv::store::StoreDaemon::Start(config);
   if (!daemon.ok()) {
@@ -24,8 +18,7 @@ int main(int argc, char** argv) {
   std::printf("listening port=%d http=%d\n", (*daemon)->port(), (*daemon)->http_port());
   std::fflush(stdout);
   TKV_LOG(INFO) << "lending " << config.segment_size << " bytes as segment " << (*daemon)->segment();
-  int sig = 0;
-  sigwait(&stop, &sig);
+  int sig = tierkv::WaitForStopSignal();
   TKV_LOG(INFO) << "signal " << sig << ": unmounting and exiting";
   (*daemon)->Stop();
   return 0;

@@ -185,6 +185,7 @@ class ObjectIndex::Impl {
   std::vector<Group*> dead_groups_ ABSL_GUARDED_BY(groups_mu_);
 
   Mutex evict_mu_;  // one evictor at a time
+  size_t evict_cursor_ ABSL_GUARDED_BY(evict_mu_) = 0;
   std::atomic<uint64_t> objects_{0}, pending_{0}, evictions_{0}, evicted_bytes_{0};
   std::atomic<uint64_t> pinned_{0}, key_bytes_{0};
 

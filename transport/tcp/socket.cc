@@ -35,6 +35,19 @@ int Fd::release() {
 
 namespace {
 
+// Moves past `sent` bytes of an iovec array after a partial sendmsg.
+void Advance(iovec** iov, int* count, size_t sent) {
+  while (*count > 0 && sent >= (*iov)->iov_len) {
+    sent -= (*iov)->iov_len;
+    ++*iov;
+    --*count;
+  }
+  if (*count > 0) {
+    (*iov)->iov_base = static_cast<char*>((*iov)->iov_base) + sent;
+    (*iov)->iov_len -= sent;
+  }
+}
+
 int PollMs(absl::Time deadline) {
   int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
   if (ms < 0) return 0;
@@ -173,16 +186,7 @@ absl::Status SendVecAll(int fd, iovec* iov, int count) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return absl::DeadlineExceededError("send timed out");
       return ErrnoToStatus(errno, "write");
     }
-    size_t sent = static_cast<size_t>(n);
-    while (count > 0 && sent >= iov->iov_len) {
-      sent -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + sent;
-      iov->iov_len -= sent;
-    }
+    Advance(&iov, &count, static_cast<size_t>(n));
   }
   return absl::OkStatus();
 }
@@ -212,16 +216,7 @@ absl::Status WriteVecFull(int fd, iovec* iov, int count, absl::Time deadline) {
       if (errno == EINTR) continue;
       return ErrnoToStatus(errno, "write");
     }
-    size_t sent = static_cast<size_t>(n);
-    while (count > 0 && sent >= iov->iov_len) {
-      sent -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + sent;
-      iov->iov_len -= sent;
-    }
+    Advance(&iov, &count, static_cast<size_t>(n));
   }
   return absl::OkStatus();
 }
