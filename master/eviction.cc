@@ -81,6 +81,9 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
           Erase(s, slot, &mutations, &follow);
           progressed = true;
           if (tie) break;  // as old as another shard's tail: take turns
+          // A parent that just lost its last child competes from the next
+          // round on; it may be older than this shard's next tail.
+          if (!follow.parents.empty()) break;
         }
         Persist(&mutations);
       }

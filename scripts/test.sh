@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test (unit and
-# integration). Usage: scripts/test.sh [ctest args...]
+# integration). Extra arguments go to ctest (e.g. -R Index).
+#   SANITIZE=address,undefined | thread   build with that sanitizer
+#   BUILD_DIR=dir                          where to build (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 BUILD_DIR=${BUILD_DIR:-build}
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=ON >/dev/null
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=ON \
+  -DTIERKV_SANITIZE="${SANITIZE:-}" >/dev/null
 cmake --build "$BUILD_DIR" -j2
 cd "$BUILD_DIR"
-ctest --output-on-failure --timeout 300 -j2 "$@"
+ctest --output-on-failure --timeout 600 -j2 "$@"
