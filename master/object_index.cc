@@ -33,8 +33,8 @@ ObjectIndex::Impl::~Impl() {
   // Groups are owned by the table or by their members; free every one once.
   absl::flat_hash_set<Group*> all;
   for (auto& s : shards_) {
-    for (Object& o : s->objects) {
-      if (o.group != nullptr) all.insert(o.group);
+    for (size_t i = 0; i < s->objects.size(); ++i) {
+      if (s->objects[i].group != nullptr) all.insert(s->objects[i].group);
     }
   }
   for (auto& [id, g] : groups_) all.insert(g);
@@ -628,8 +628,8 @@ IndexStats ObjectIndex::Impl::Stats() const {
     MutexLock lock(&s.mu);
     slots += s.objects.size();
     index_bytes += s.index.capacity() * (sizeof(uint32_t) + 1);
-    for (const Object& o : s.objects) {
-      if (Leased(o, now)) ++st.leased;
+    for (size_t i = 0; i < s.objects.size(); ++i) {
+      if (Leased(s.objects[i], now)) ++st.leased;
     }
   }
   {

@@ -48,11 +48,32 @@ struct Object {
   uint8_t parent_shard = 0;
   ObjState state = ObjState::kFree;
   ListId list = ListId::kNone;
-  bool soft_pin = false;
+  bool soft_pin : 1 = false;
   // Set by an access, cleared when the evictor gives the object a second
-  // chance: touching writes one byte of the object instead of relinking
-  // the list (CLOCK-style approximate LRU).
-  bool referenced = false;
+  // chance: touching writes one bit of the object instead of relinking
+  // the list (CLOCK-style approximate LRU). Bit fields keep the slot at
+  // 112 bytes.
+  bool referenced : 1 = false;
+};
+static_assert(sizeof(Object) <= 112, "an index slot grew: check tierkv-bench master's bytes per object");
+
+// Object slots in fixed chunks: references stay valid as it grows (the
+// LRU links and the set point at slots), and unlike std::deque it costs no
+// allocation per handful of objects.
+class SlotArray {
+ public:
+  static constexpr size_t kChunk = 256;
+  Object& operator[](size_t i) { return chunks_[i / kChunk][i % kChunk]; }
+  const Object& operator[](size_t i) const { return chunks_[i / kChunk][i % kChunk]; }
+  size_t size() const { return size_; }
+  Object& emplace_back() {
+    if (size_ == chunks_.size() * kChunk) chunks_.push_back(std::make_unique<Object[]>(kChunk));
+    return (*this)[size_++];
+  }
+
+ private:
+  std::vector<std::unique_ptr<Object[]>> chunks_;
+  size_t size_ = 0;
 };
 
 struct Shard;
@@ -61,13 +82,13 @@ struct Shard;
 // the set stores 4 bytes per object and looks up by string_view.
 struct SlotHash {
   using is_transparent = void;
-  const std::deque<Object>* objects;
+  const SlotArray* objects;
   size_t operator()(uint32_t slot) const { return absl::HashOf(absl::string_view((*objects)[slot].key)); }
   size_t operator()(absl::string_view key) const { return absl::HashOf(key); }
 };
 struct SlotEq {
   using is_transparent = void;
-  const std::deque<Object>* objects;
+  const SlotArray* objects;
   bool operator()(uint32_t a, uint32_t b) const { return a == b; }
   bool operator()(uint32_t a, absl::string_view b) const { return (*objects)[a].key == b; }
   bool operator()(absl::string_view a, uint32_t b) const { return a == (*objects)[b].key; }
@@ -86,7 +107,7 @@ struct PendingInfo {
 struct Shard {
   Shard() : index(0, SlotHash{&objects}, SlotEq{&objects}) {}
   Mutex mu;
-  std::deque<Object> objects ABSL_GUARDED_BY(mu);
+  SlotArray objects ABSL_GUARDED_BY(mu);
   std::vector<uint32_t> free_slots ABSL_GUARDED_BY(mu);
   absl::flat_hash_set<uint32_t, SlotHash, SlotEq> index ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<uint32_t, PendingInfo> pending ABSL_GUARDED_BY(mu);
