@@ -104,7 +104,7 @@ nlohmann::json ReplayReport::ToJson() const {
 
 std::string ReplayReport::Table() const {
   std::string out;
-  auto row = [&](const std::string& k, const std::string& v) { absl::StrAppendFormat(&out, "  %-30s %s\n", k, v); };
+  auto row = [&](const std::string& k, const std::string& v) { absl::StrAppendFormat(&out, "  %-32s %s\n", k, v); };
   auto pct = [](double x) { return absl::StrFormat("%.1f%%", 100 * x); };
   row("mode", mode);
   row("requests", absl::StrCat(requests));

@@ -189,11 +189,11 @@ int Demo(TierkvConfig c) {
   engine::ReplayReport rb = engine::Replay(first, worker_b, opts);
   if (!c.json) {
     std::printf("%s", rb.Table().c_str());
-    std::printf("  %-30s %zu of %zu requests\n", "logits bit-identical to A", identical, model_n);
+    std::printf("  %-32s %zu of %zu requests\n", "logits bit-identical to A", identical, model_n);
     double cold = 0, warm = 0;
     for (double t : ra.ttft) cold += t;
     for (double t : rb.ttft) warm += t;
-    std::printf("  %-30s %.1f ms cold (A) -> %.1f ms warm (B): %.1fx faster\n", "measured mean TTFT",
+    std::printf("  %-32s %.1f ms cold (A) -> %.1f ms warm (B): %.1fx faster\n", "measured mean TTFT",
                 1e3 * cold / std::max<size_t>(1, ra.ttft.size()), 1e3 * warm / std::max<size_t>(1, rb.ttft.size()),
                 warm > 0 ? cold / warm : 0.0);
   }
