@@ -131,6 +131,8 @@ RequestResult InferenceEngine::Serve(absl::Span<const int32_t> prompt) {
   if (!new_slots.empty()) cache_->Commit(prompt, &lookup, new_slots);
   r.ttft_s = r.fetch_s + r.compute_s;
   r.ttft_nocache_s = prompt.size() / (tokens_per_s_ > 0 ? tokens_per_s_ : 5000);
+  // A model-mode request that hit nothing measured its no-cache TTFT.
+  if (!config_.synthetic && r.cached_tokens == 0) r.ttft_nocache_s = r.ttft_s;
 
   requests_->Increment();
   prompt_tokens_->Increment(static_cast<double>(r.tokens));

@@ -46,7 +46,9 @@ struct RequestResult {
   double fetch_s = 0;
   double compute_s = 0;
   double ttft_s = 0;          // fetch + compute
-  double ttft_nocache_s = 0;  // computing every token
+  // Computing every token: measured when nothing was cached in model mode,
+  // else from the cost model (tokens / tokens_per_s).
+  double ttft_nocache_s = 0;
   uint64_t fetch_bytes = 0;
   bool store_error = false;
   std::vector<float> logits;  // model mode

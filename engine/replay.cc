@@ -117,7 +117,7 @@ std::string ReplayReport::Table() const {
   row("ratio to the bound", absl::StrFormat("%.3f", bound_tokens ? double(cached_tokens) / bound_tokens : 1.0));
   row("TTFT mean / p50 / p99", absl::StrFormat("%.1f / %.1f / %.1f ms", 1e3 * Mean(ttft), 1e3 * Percentile(ttft, 0.5),
                                                1e3 * Percentile(ttft, 0.99)));
-  row("TTFT without cache (cost model)", absl::StrFormat("%.1f / %.1f / %.1f ms", 1e3 * Mean(ttft_nocache),
+  row("TTFT without cache (estimated)", absl::StrFormat("%.1f / %.1f / %.1f ms", 1e3 * Mean(ttft_nocache),
                                             1e3 * Percentile(ttft_nocache, 0.5), 1e3 * Percentile(ttft_nocache, 0.99)));
   row("store traffic (fetched / put)", absl::StrCat(FormatSize(fetched_bytes), " / ", FormatSize(put_bytes)));
   row("store errors (recomputed)", absl::StrCat(store_errors));
