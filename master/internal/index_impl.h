@@ -3,7 +3,7 @@
 // recovery). See object_index.h for the contract.
 #pragma once
 
-#include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
