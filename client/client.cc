@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.client_id.empty()) options.client_id = RandomId().substr(0, 12);
   if (options.host.empty()) options.host = LocalHostName();
   c->options_ = options;
-  ASSIGN_OR_RETURN(c->master_, MasterClient::Create(options.master, {options.rpc_timeout}));
+  ASSIGN_OR_RETURN(c->master_, MasterClient::Create(options.master, {options.rpc_timeout, 64 << 20, options.client_id}));
   transport::EngineOptions eo;
   if (options.metadata_client) {
     eo.metadata = options.metadata_client;
@@ -131,6 +131,9 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
     for (auto& s : out) s = started.status();
     return out;
   }
+
+  // A writer dying here holds extents that nothing will ever commit.
+  (void)TIERKV_FAILPOINT("client.put.after_start");
 
   // Values go out first; their checksums are computed while they travel,
   // and the trailers follow in a second batch.

@@ -3,6 +3,7 @@
 #include <random>
 
 #include "absl/strings/str_format.h"
+#include "config/base/failpoint.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
 
@@ -71,7 +72,10 @@ void SegmentLender::Loop() {
         TKV_LOG(WARNING) << "mounting " << options_.name << ": " << s;
       }
     } else {
-      absl::StatusOr<std::vector<std::string>> remount = master_->Heartbeat({Spec()}, options_.name);
+      absl::StatusOr<std::vector<std::string>> remount =
+          TIERKV_FAILPOINT("store.heartbeat")
+              ? absl::StatusOr<std::vector<std::string>>(absl::UnavailableError("failpoint store.heartbeat"))
+              : master_->Heartbeat({Spec()}, options_.name);
       if (!remount.ok()) {
         failures_.fetch_add(1);
         if (mounted_.exchange(false)) {

@@ -88,16 +88,24 @@ absl::StatusOr<std::vector<std::string>> MasterClient::Heartbeat(
 
 absl::StatusOr<v1::PutStartResponse> MasterClient::PutStart(const v1::PutStartRequest& request) {
   v1::PutStartResponse resp;
-  absl::Status s = Invoke("PutStart", request, &resp, false, TIERKV_CALL(PutStart));
+  absl::Status s;
+  if (request.client_id().empty() && !options_.client_id.empty()) {
+    v1::PutStartRequest named = request;
+    named.set_client_id(options_.client_id);
+    s = Invoke("PutStart", named, &resp, false, TIERKV_CALL(PutStart));
+  } else {
+    s = Invoke("PutStart", request, &resp, false, TIERKV_CALL(PutStart));
+  }
   if (!s.ok()) return s;
   if (resp.results_size() != request.items_size()) return absl::InternalError("malformed PutStart reply");
   return resp;
 }
 
 namespace {
-v1::KeysRequest KeysOf(const std::vector<std::string>& keys) {
+v1::KeysRequest KeysOf(const std::vector<std::string>& keys, const std::string& client_id = "") {
   v1::KeysRequest req;
   for (const auto& k : keys) req.add_keys(k);
+  req.set_client_id(client_id);
   return req;
 }
 }  // namespace
@@ -105,7 +113,7 @@ v1::KeysRequest KeysOf(const std::vector<std::string>& keys) {
 absl::StatusOr<v1::KeysResponse> MasterClient::PutEnd(const std::vector<std::string>& keys) {
   v1::KeysResponse resp;
   // A retried PutEnd is harmless: the master answers OK for a committed key.
-  absl::Status s = Invoke("PutEnd", KeysOf(keys), &resp, true, TIERKV_CALL(PutEnd));
+  absl::Status s = Invoke("PutEnd", KeysOf(keys, options_.client_id), &resp, true, TIERKV_CALL(PutEnd));
   if (!s.ok()) return s;
   if (resp.status_size() != static_cast<int>(keys.size())) return absl::InternalError("malformed PutEnd reply");
   return resp;
@@ -113,7 +121,7 @@ absl::StatusOr<v1::KeysResponse> MasterClient::PutEnd(const std::vector<std::str
 
 absl::StatusOr<v1::KeysResponse> MasterClient::PutRevoke(const std::vector<std::string>& keys) {
   v1::KeysResponse resp;
-  absl::Status s = Invoke("PutRevoke", KeysOf(keys), &resp, true, TIERKV_CALL(PutRevoke));
+  absl::Status s = Invoke("PutRevoke", KeysOf(keys, options_.client_id), &resp, true, TIERKV_CALL(PutRevoke));
   if (!s.ok()) return s;
   return resp;
 }

@@ -22,6 +22,8 @@ namespace tierkv::client {
 struct MasterClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(5);
   int max_message_size = 64 << 20;
+  // Sent with puts so the master can cap this client's puts in flight.
+  std::string client_id;
 };
 
 class MasterClient {

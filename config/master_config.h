@@ -23,9 +23,12 @@ struct MasterConfig {
   int64_t shards = 0;
   int64_t max_key_bytes = 0;
   int64_t max_batch = 0;
+  int64_t max_pending_per_client = 0;
   uint64_t max_message_size = 0;
   uint64_t max_http_body = 0;
   int64_t http_threads = 0;
+  int64_t http_max_connections = 0;
+  absl::Duration http_idle_timeout;
 };
 
 const FlagTable<MasterConfig>& MasterFlags();

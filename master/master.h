@@ -29,6 +29,9 @@ namespace tierkv::master {
 struct MasterOptions {
   IndexOptions index;
   absl::Duration segment_ttl = absl::Seconds(10);
+  // Most puts one client may hold between PutStart and PutEnd/PutRevoke
+  // (0: no cap), so one runaway writer cannot pin the cluster's memory.
+  uint64_t max_pending_per_client = 65536;
 };
 
 struct HeartbeatResult {
@@ -50,6 +53,15 @@ class Master {
   // Per name: OK or NOT_FOUND. The segment's objects leave the index.
   std::vector<absl::Status> Unmount(const std::vector<std::string>& names);
   HeartbeatResult Heartbeat(const std::vector<SegmentSpec>& segments, const std::string& client_id);
+
+  // The index's PutStart/PutEnd/PutRevoke, with the per-client cap on puts
+  // in flight: a PutStart that would take `client` past
+  // max_pending_per_client is refused whole, RESOURCE_EXHAUSTED per item.
+  // A put counts until its PutEnd or PutRevoke, or until the put timeout.
+  std::vector<PutStartOut> PutStart(const std::vector<PutItem>& items, const std::string& client);
+  std::vector<absl::Status> PutEnd(const std::vector<std::string>& keys, const std::string& client);
+  std::vector<absl::Status> PutRevoke(const std::vector<std::string>& keys, const std::string& client);
+  uint64_t pending_puts(const std::string& client) const;
 
   // Liveness and housekeeping; called periodically.
   void Tick();
@@ -85,6 +97,13 @@ class Master {
   metrics::Counter* segments_dropped_ = nullptr;
   mutable Mutex clients_mu_;
   absl::flat_hash_map<std::string, absl::Time> clients_ ABSL_GUARDED_BY(clients_mu_);
+  void ReleasePending(const std::vector<std::string>& keys, const std::string& client);
+  void ExpirePending(absl::Time now);
+  mutable Mutex pending_mu_;
+  // client -> its uncommitted keys and when each started.
+  absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, absl::Time>> pending_
+      ABSL_GUARDED_BY(pending_mu_);
+  metrics::Counter* pending_refused_ = nullptr;
 };
 
 }  // namespace tierkv::master

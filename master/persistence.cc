@@ -3,6 +3,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "config/base/failpoint.h"
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
@@ -26,6 +27,7 @@ class RocksDbStore final : public IndexStore {
 
   absl::Status Write(const std::vector<Mutation>& batch) override {
     if (batch.empty()) return absl::OkStatus();
+    if (TIERKV_FAILPOINT("master.persist.write")) return absl::UnavailableError("failpoint master.persist.write");
     rocksdb::WriteBatch wb;
     for (const Mutation& m : batch) {
       if (m.remove) {

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "config/base/http_server.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
 #include "httplib.h"
@@ -22,6 +23,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   }
   MasterOptions options;
   options.segment_ttl = config.segment_ttl;
+  options.max_pending_per_client = static_cast<uint64_t>(config.max_pending_per_client);
   options.index.shards = static_cast<int>(config.shards);
   options.index.lease_ttl = config.lease_ttl;
   options.index.put_timeout = config.put_timeout;
@@ -43,11 +45,11 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
         absl::StrCat("cannot serve gRPC on ", config.listen, ":", config.rpc_port));
   }
 
-  s->http_ = std::make_unique<httplib::Server>();
-  int threads = static_cast<int>(config.http_threads);
-  s->http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  s->http_->set_read_timeout(std::chrono::seconds(10));
-  s->http_->set_keep_alive_timeout(5);
+  HttpServer::Options http;
+  http.threads = static_cast<int>(config.http_threads);
+  http.max_connections = static_cast<size_t>(config.http_max_connections);
+  http.idle_timeout = config.http_idle_timeout;
+  s->http_ = std::make_unique<HttpServer>(http);
   InstallHttpRoutes(s->http_.get(), s->master_.get(),
                     {static_cast<size_t>(config.max_http_body), static_cast<size_t>(config.max_key_bytes)});
   if (config.http_port == 0) {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "config/base/http_server.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
 #include "httplib.h"
@@ -42,8 +43,7 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   ASSIGN_OR_RETURN(d->lender_, client::SegmentLender::Start(lo, d->engine_.get(), d->master_.get()));
 
   d->RegisterMetrics();
-  d->http_ = std::make_unique<httplib::Server>();
-  d->http_->new_task_queue = [] { return new httplib::ThreadPool(2); };
+  d->http_ = std::make_unique<HttpServer>(HttpServer::Options{.threads = 2, .max_connections = 1024});
   StoreDaemon* raw = d.get();
   d->http_->Get("/ready", [raw](const httplib::Request&, httplib::Response& res) {
     bool ready = raw->ready();

@@ -7,6 +7,7 @@
 #include "absl/strings/str_split.h"
 #include <csignal>
 
+#include "config/base/http_server.h"
 #include "config/base/log.h"
 #include "config/units.h"
 #include "config/tierkv_config.h"
@@ -96,7 +97,7 @@ class MetricsServer {
   void Add(metrics::Registry* r) { registries_.push_back(r); }
 
  private:
-  httplib::Server server_;
+  HttpServer server_{HttpServer::Options{.threads = 2}};
   std::vector<metrics::Registry*> registries_;
   std::thread thread_;
   int port_ = -1;

@@ -1,5 +1,7 @@
 #include "transport/tcp/server.h"
 
+#include "config/base/failpoint.h"
+
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -8,6 +10,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "config/base/failpoint.h"
 #include "config/base/log.h"
 #include "transport/tcp/wire.h"
 
@@ -152,6 +155,19 @@ bool Server::ServeOne(int fd, uint8_t* scratch) {
     return false;
   }
   const RequestHeader& h = *req;
+  // A fault inside a transfer: `error` fails this request (its payload
+  // still drained), `sleep` stalls it, `abort` kills the server mid-stream.
+  if ((h.op == WireOp::kRead || h.op == WireOp::kWrite) && TIERKV_FAILPOINT("transport.tcp.serve")) {
+    if (h.op == WireOp::kWrite) {
+      for (uint64_t left = std::min<uint64_t>(h.length, options_.max_frame); left > 0;) {
+        size_t n = static_cast<size_t>(std::min<uint64_t>(left, kScratch));
+        if (!RecvAll(fd, scratch, n).ok()) return false;
+        left -= n;
+      }
+      if (h.length > options_.max_frame) return false;
+    }
+    return SendReply(fd, h.id, absl::InternalError("failpoint transport.tcp.serve"), nullptr, 0).ok();
+  }
   switch (h.op) {
     case WireOp::kPing:
       return SendReply(fd, h.id, absl::OkStatus(), nullptr, 0).ok();

@@ -1,0 +1,303 @@
+#include "config/base/http_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/time/clock.h"
+#include "config/base/log.h"
+
+namespace tierkv {
+
+// One client connection. `buf[pos..]` holds bytes read past the end of the
+// last request (a pipelining client), so none is lost between requests.
+struct HttpServer::Conn {
+  int fd = -1;
+  std::string buf;
+  size_t pos = 0;
+  absl::Time last_active;
+  bool parked = false;
+};
+
+namespace {
+
+void PeerOf(int fd, bool local, std::string& ip, int& port) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  int rc = local ? ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len)
+                 : ::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ip.clear();
+  port = -1;
+  if (rc != 0) return;
+  char text[INET6_ADDRSTRLEN] = {};
+  if (addr.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<sockaddr_in*>(&addr);
+    ::inet_ntop(AF_INET, &a->sin_addr, text, sizeof(text));
+    port = ntohs(a->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof(text));
+    port = ntohs(a->sin6_port);
+  }
+  ip = text;
+}
+
+int PollMs(absl::Duration d) {
+  return static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));
+}
+
+}  // namespace
+
+// A connection's socket, with every wait bounded by the request deadline.
+class HttpServer::SocketStream final : public httplib::Stream {
+ public:
+  SocketStream(Conn* conn, absl::Time deadline) : conn_(conn), deadline_(deadline) {}
+
+  bool is_readable() const override { return Wait(POLLIN); }
+  bool is_writable() const override { return Wait(POLLOUT); }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (conn_->pos == conn_->buf.size()) {
+      conn_->buf.resize(4096);
+      conn_->pos = 0;
+      ssize_t n;
+      do {
+        if (!Wait(POLLIN)) {
+          conn_->buf.clear();
+          return -1;
+        }
+        n = ::recv(conn_->fd, conn_->buf.data(), conn_->buf.size(), MSG_DONTWAIT);
+      } while (n < 0 && (errno == EAGAIN || errno == EINTR));
+      conn_->buf.resize(n > 0 ? static_cast<size_t>(n) : 0);
+      if (n <= 0) return n;
+    }
+    size_t take = std::min(size, conn_->buf.size() - conn_->pos);
+    std::memcpy(ptr, conn_->buf.data() + conn_->pos, take);
+    conn_->pos += take;
+    return static_cast<ssize_t>(take);
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    size_t done = 0;
+    while (done < size) {
+      ssize_t n = ::send(conn_->fd, ptr + done, size - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+      } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        if (!Wait(POLLOUT)) return -1;
+      } else {
+        return -1;
+      }
+    }
+    return static_cast<ssize_t>(size);
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { PeerOf(conn_->fd, false, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { PeerOf(conn_->fd, true, ip, port); }
+  socket_t socket() const override { return conn_->fd; }
+
+ private:
+  bool Wait(short events) const {
+    pollfd p{conn_->fd, events, 0};
+    for (;;) {
+      int rc = ::poll(&p, 1, PollMs(deadline_ - absl::Now()));
+      if (rc > 0) return true;
+      if (rc == 0 || errno != EINTR) return false;
+    }
+  }
+
+  Conn* conn_;
+  absl::Time deadline_;
+};
+
+// Bytes in, bytes out: the same request handling with no socket.
+class HttpServer::MemoryStream final : public httplib::Stream {
+ public:
+  explicit MemoryStream(std::string_view in) : in_(in) {}
+  bool is_readable() const override { return true; }
+  bool is_writable() const override { return true; }
+  ssize_t read(char* ptr, size_t size) override {
+    size_t take = std::min(size, in_.size() - pos_);
+    std::memcpy(ptr, in_.data() + pos_, take);
+    pos_ += take;
+    return static_cast<ssize_t>(take);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    out_.append(ptr, size);
+    return static_cast<ssize_t>(size);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = "127.0.0.1";
+    port = 1;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip = "127.0.0.1";
+    port = 2;
+  }
+  socket_t socket() const override { return -1; }
+  bool drained() const { return pos_ == in_.size(); }
+  std::string& out() { return out_; }
+
+ private:
+  std::string_view in_;
+  size_t pos_ = 0;
+  std::string out_;
+};
+
+HttpServer::HttpServer(Options options) : options_(options) {
+  // httplib's own pool only hands accepted sockets over; that never blocks.
+  new_task_queue = [] { return new httplib::ThreadPool(1); };
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  poller_ = std::thread([this] { PollLoop(); });
+  for (int i = 0; i < std::max(1, options_.threads); ++i) workers_.emplace_back([this] { WorkLoop(); });
+}
+
+HttpServer::~HttpServer() {
+  stop();
+  stopping_.store(true);
+  uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof(one));
+  {
+    MutexLock lock(&mu_);
+    cv_.SignalAll();
+  }
+  poller_.join();
+  for (auto& t : workers_) t.join();
+  MutexLock lock(&mu_);
+  for (auto& [fd, conn] : conns_) ::close(fd);
+  conns_.clear();
+  ::close(wake_fd_);
+  ::close(epoll_fd_);
+}
+
+bool HttpServer::process_and_close_socket(socket_t sock) {
+  if (stopping_.load() || open_.load() >= options_.max_connections) {
+    static constexpr char kBusy[] =
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        "Content-Length: 36\r\n\r\n{\"error\": \"too many open connections\"}";
+    (void)::send(sock, kBusy, sizeof(kBusy) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ::close(sock);
+    return true;
+  }
+  auto conn = std::make_unique<Conn>();
+  conn->fd = sock;
+  Conn* raw = conn.get();
+  {
+    MutexLock lock(&mu_);
+    conns_[sock] = std::move(conn);
+  }
+  open_.fetch_add(1);
+  Park(raw);
+  return true;
+}
+
+void HttpServer::Park(Conn* conn) {
+  conn->last_active = absl::Now();
+  MutexLock lock(&mu_);
+  conn->parked = true;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+  ev.data.ptr = conn;
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, conn->fd, &ev) != 0 &&
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, conn->fd, &ev) != 0) {
+    conn->parked = false;
+    ready_.push_back(conn);  // a worker will find it unreadable and close it
+    cv_.Signal();
+  }
+}
+
+void HttpServer::Close(Conn* conn) {
+  // Under the lock: once the fd is closed its number may be reused by the
+  // next accepted connection, which must not find this entry.
+  MutexLock lock(&mu_);
+  int fd = conn->fd;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  ::close(fd);
+  conns_.erase(fd);
+  open_.fetch_sub(1);
+}
+
+void HttpServer::PollLoop() {
+  std::vector<epoll_event> events(256);
+  absl::Time last_sweep = absl::Now();
+  while (!stopping_.load()) {
+    int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), 250);
+    MutexLock lock(&mu_);
+    for (int i = 0; i < n; ++i) {
+      auto* conn = static_cast<Conn*>(events[i].data.ptr);
+      if (conn == nullptr || !conn->parked) continue;
+      conn->parked = false;
+      ready_.push_back(conn);
+      cv_.Signal();
+    }
+    // Idle connections past their timeout go; a sweep a second is plenty.
+    absl::Time now = absl::Now();
+    if (now - last_sweep < absl::Seconds(1)) continue;
+    last_sweep = now;
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      Conn* c = it->second.get();
+      if (c->parked && now - c->last_active > options_.idle_timeout) {
+        ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
+        ::close(c->fd);
+        it = conns_.erase(it);
+        open_.fetch_sub(1);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+void HttpServer::WorkLoop() {
+  for (;;) {
+    Conn* conn = nullptr;
+    {
+      MutexLock lock(&mu_);
+      while (ready_.empty() && !stopping_.load()) cv_.WaitFor(&mu_, std::chrono::milliseconds(250));
+      if (stopping_.load()) return;
+      conn = ready_.front();
+      ready_.pop_front();
+    }
+    ServeConn(conn);
+  }
+}
+
+void HttpServer::ServeConn(Conn* conn) {
+  // Requests already buffered (pipelined) are served without waiting.
+  do {
+    SocketStream strm(conn, absl::Now() + options_.request_timeout);
+    bool closed = false;
+    bool ok = process_request(strm, /*close_connection=*/stopping_.load(), closed, nullptr);
+    if (!ok || closed || stopping_.load()) {
+      Close(conn);
+      return;
+    }
+  } while (conn->pos < conn->buf.size());
+  // Nothing buffered: a peer that hung up is found by the next recv.
+  Park(conn);
+}
+
+std::string HttpServer::ServeBytes(std::string_view request) {
+  MemoryStream strm(request);
+  // Like a keep-alive connection: serve requests until the bytes run out
+  // or the handler closes it; a bounded count keeps a fuzzer's run short.
+  for (int i = 0; i < 64 && !strm.drained(); ++i) {
+    bool closed = false;
+    if (!process_request(strm, false, closed, nullptr) || closed) break;
+  }
+  return std::move(strm.out());
+}
+
+}  // namespace tierkv

@@ -1,0 +1,86 @@
+// HttpServer: cpp-httplib's server, with connections that hold no thread
+// while they are idle. Every tierkv HTTP endpoint (master, store daemon,
+// metrics) runs on it.
+//
+// Plain httplib gives a connection a pool thread for as long as it stays
+// open, so a few dozen idle keep-alive connections starve every other
+// request. Here a connection holds a worker only while a request is in it;
+// between requests it waits in an epoll set, and the first byte of its next
+// request hands it back to a worker.
+//
+// Caps, each from Options:
+//   - at most `max_connections` open; one more is answered 503 and closed;
+//   - a connection idle for `idle_timeout` is closed;
+//   - a request must arrive whole within `request_timeout` (a trickling
+//     sender cannot hold a worker);
+//   - bodies over set_payload_max_length get 413 (httplib's own check).
+//
+// Usage is httplib's: install routes, bind, listen_after_bind() on a thread,
+// then stop(); the destructor closes whatever is still parked.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "config/base/mutex.h"
+#include "httplib.h"
+
+namespace tierkv {
+
+class HttpServer : public httplib::Server {
+ public:
+  struct Options {
+    int threads = 4;
+    size_t max_connections = 8192;
+    absl::Duration idle_timeout = absl::Seconds(60);
+    absl::Duration request_timeout = absl::Seconds(10);
+  };
+
+  explicit HttpServer(Options options);
+  HttpServer() : HttpServer(Options{}) {}
+  ~HttpServer() override;
+
+  // Serves the request held in `request` (bytes as a client would send
+  // them, possibly several pipelined requests) and returns everything the
+  // server wrote back. No socket is involved: for fuzzing and tests.
+  std::string ServeBytes(std::string_view request);
+
+  size_t open_connections() const { return open_.load(); }
+
+ private:
+  struct Conn;
+  class SocketStream;
+  class MemoryStream;
+
+  bool process_and_close_socket(socket_t sock) override;
+  void PollLoop();
+  void WorkLoop();
+  // Serves the requests that have arrived on `conn`, then parks or closes it.
+  void ServeConn(Conn* conn);
+  void Park(Conn* conn);
+  void Close(Conn* conn);
+
+  const Options options_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  std::atomic<size_t> open_{0};
+  std::atomic<bool> stopping_{false};
+
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Conn*> ready_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<int, std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
+  std::thread poller_;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace tierkv

@@ -1,0 +1,36 @@
+// The master's RPC semantics on wire messages, without gRPC: the gRPC
+// service (grpc_service.cc) is a shell that checks limits, records metrics
+// and calls these; the fuzz targets call them directly with parsed bytes.
+//
+// Each handler fills `resp` from `req` and never fails whole: per-item
+// problems come back as that item's status. `client` names the caller for
+// per-client caps: the request's client_id, else the connection's peer.
+#pragma once
+
+#include <string>
+
+#include "master/master.h"
+#include "proto/master.pb.h"
+
+namespace tierkv::master::rpc {
+
+void MountSegment(Master* m, const v1::MountSegmentRequest& req, v1::MountSegmentResponse* resp);
+void UnmountSegment(Master* m, const v1::UnmountSegmentRequest& req, v1::UnmountSegmentResponse* resp);
+void Heartbeat(Master* m, const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
+void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& client,
+              v1::PutStartResponse* resp);
+void PutEnd(Master* m, const v1::KeysRequest& req, const std::string& client, v1::KeysResponse* resp);
+void PutRevoke(Master* m, const v1::KeysRequest& req, const std::string& client, v1::KeysResponse* resp);
+void GetReplicas(Master* m, const v1::KeysRequest& req, v1::GetReplicasResponse* resp);
+void Exists(Master* m, const v1::KeysRequest& req, v1::ExistsResponse* resp);
+void PrefixMatch(Master* m, const v1::KeysRequest& req, v1::PrefixMatchResponse* resp);
+void Remove(Master* m, const v1::RemoveRequest& req, v1::KeysResponse* resp);
+void RemoveAll(Master* m, const v1::RemoveAllRequest& req, v1::RemoveAllResponse* resp);
+void Stats(Master* m, const v1::StatsRequest& req, v1::StatsResponse* resp);
+
+// The caller's identity for caps: `client_id` when set, else `peer`.
+inline const std::string& ClientOf(const std::string& client_id, const std::string& peer) {
+  return client_id.empty() ? peer : client_id;
+}
+
+}  // namespace tierkv::master::rpc
