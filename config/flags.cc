@@ -1,6 +1,8 @@
 #include "config/flags.h"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <limits>
 
@@ -9,15 +11,17 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "config/units.h"
 
 namespace tierkv {
 namespace {
 
-absl::Status CheckBounds(const FlagSpec& spec, double v, absl::string_view text) {
+absl::Status CheckBounds(const FlagSpec& spec, double v, absl::string_view text, absl::string_view source) {
   if (v < spec.min || v > spec.max) {
-    return absl::InvalidArgumentError(absl::StrFormat("--%s: value '%s' is out of range [%g, %g]",
-                                                      spec.name, text, spec.min, spec.max));
+    return absl::InvalidArgumentError(absl::StrFormat("--%s%s: value '%s' is out of range [%g, %g]",
+                                                      spec.name, source, text, spec.min, spec.max));
   }
   return absl::OkStatus();
 }
@@ -47,28 +51,28 @@ absl::Status ApplyValue(const FlagSpec& spec, void* cfg, absl::string_view text,
     case FlagType::kInt: {
       int64_t v;
       if (!absl::SimpleAtoi(text, &v)) return bad("expected an integer");
-      if (absl::Status s = CheckBounds(spec, static_cast<double>(v), text); !s.ok()) return s;
+      if (absl::Status s = CheckBounds(spec, static_cast<double>(v), text, source); !s.ok()) return s;
       spec.store(cfg, &v);
       return absl::OkStatus();
     }
     case FlagType::kSize: {
       absl::StatusOr<uint64_t> v = ParseSize(text);
       if (!v.ok()) return bad(v.status().message());
-      if (absl::Status s = CheckBounds(spec, static_cast<double>(*v), text); !s.ok()) return s;
+      if (absl::Status s = CheckBounds(spec, static_cast<double>(*v), text, source); !s.ok()) return s;
       spec.store(cfg, &*v);
       return absl::OkStatus();
     }
     case FlagType::kDuration: {
       absl::StatusOr<absl::Duration> v = ParseDuration(text);
       if (!v.ok()) return bad(v.status().message());
-      if (absl::Status s = CheckBounds(spec, absl::ToDoubleSeconds(*v), text); !s.ok()) return s;
+      if (absl::Status s = CheckBounds(spec, absl::ToDoubleSeconds(*v), text, source); !s.ok()) return s;
       spec.store(cfg, &*v);
       return absl::OkStatus();
     }
     case FlagType::kDouble: {
       double v;
       if (!absl::SimpleAtod(text, &v) || std::isnan(v)) return bad("expected a number");
-      if (absl::Status s = CheckBounds(spec, v, text); !s.ok()) return s;
+      if (absl::Status s = CheckBounds(spec, v, text, source); !s.ok()) return s;
       spec.store(cfg, &v);
       return absl::OkStatus();
     }
@@ -81,7 +85,60 @@ absl::Status ApplyValue(const FlagSpec& spec, void* cfg, absl::string_view text,
   return absl::InternalError("unknown flag type");
 }
 
+absl::StatusOr<std::string> ReadConfigFile(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("--config: cannot read ", path, ": ", std::strerror(errno)));
+  }
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), f)) > 0;) {
+    text.append(buf, n);
+    if (text.size() > (1 << 20)) {
+      std::fclose(f);
+      return absl::InvalidArgumentError(absl::StrCat("--config: ", path, " is larger than 1 MiB"));
+    }
+  }
+  std::fclose(f);
+  return text;
+}
+
+// The value of --config on the command line, or TIERKV_CONFIG; "" if none.
+std::string ConfigPath(int argc, const char* const* argv,
+                       const std::function<const char*(const char*)>& getenv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (absl::ConsumePrefix(&arg, "--config=")) return std::string(arg);
+    if (arg == "--config" && i + 1 < argc) return argv[i + 1];
+  }
+  const char* env = getenv("TIERKV_CONFIG");
+  return env != nullptr ? env : "";
+}
+
 }  // namespace
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseConfigText(absl::string_view text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    if (size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    size_t eq = line.find('=');
+    if (eq == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": expected 'name = value'"));
+    }
+    absl::string_view name = absl::StripAsciiWhitespace(line.substr(0, eq));
+    absl::string_view value = absl::StripAsciiWhitespace(line.substr(eq + 1));
+    if (name.empty() || name.find_first_of(" \t\0") != absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": bad flag name '", name, "'"));
+    }
+    out.emplace_back(std::string(name), std::string(value));
+  }
+  return out;
+}
 
 std::string FlagEnvName(absl::string_view flag) {
   std::string out = "TIERKV_";
@@ -99,9 +156,24 @@ absl::StatusOr<ParsedArgs> ParseFlags(const std::vector<FlagSpec>& specs, void* 
   absl::flat_hash_map<std::string, const FlagSpec*> by_name;
   for (const FlagSpec& s : specs) by_name[s.name] = &s;
 
-  // Defaults first, then the environment, then the command line.
+  // Defaults first, then the config file, the environment, the command line.
   for (const FlagSpec& s : specs) {
     if (absl::Status st = ApplyValue(s, cfg, s.default_value, " (default)"); !st.ok()) return st;
+  }
+  if (std::string path = ConfigPath(argc, argv, getenv); !path.empty()) {
+    absl::StatusOr<std::string> text = ReadConfigFile(path);
+    if (!text.ok()) return text.status();
+    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> entries = ParseConfigText(*text);
+    if (!entries.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", entries.status().message()));
+    for (const auto& [name, value] : *entries) {
+      auto it = by_name.find(name);
+      if (it == by_name.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": unknown flag '", name, "' (see --help)"));
+      }
+      if (absl::Status st = ApplyValue(*it->second, cfg, value, absl::StrCat(" (from ", path, ")")); !st.ok()) {
+        return st;
+      }
+    }
   }
   for (const FlagSpec& s : specs) {
     std::string env = FlagEnvName(s.name);
@@ -138,6 +210,10 @@ absl::StatusOr<ParsedArgs> ParseFlags(const std::vector<FlagSpec>& specs, void* 
     }
     if (name == "print-config") {
       out.print_config = true;
+      continue;
+    }
+    if (name == "config") {  // read above, before the environment
+      if (!has_value) ++i;
       continue;
     }
     auto it = by_name.find(std::string(name));
@@ -177,6 +253,8 @@ std::string FlagsHelp(const std::vector<FlagSpec>& specs, absl::string_view bina
     absl::StrAppendFormat(&out, "  %-33s default '%s', env %s\n", "", s.default_value,
                           FlagEnvName(s.name));
   }
+  out += "  --config                  file of 'name = value' lines (as --print-config prints);\n";
+  out += "                            below the environment and the command line; env TIERKV_CONFIG\n";
   out += "  --print-config            print the resolved configuration and exit\n";
   out += "  --help                    print this text and exit\n";
   return out;

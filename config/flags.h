@@ -57,8 +57,15 @@ struct ParsedArgs {
   bool print_config = false;
 };
 
+// A config file's entries: one `name = value` per line (the format
+// --print-config prints), `#` starts a comment, blank lines are skipped,
+// values are trimmed. INVALID_ARGUMENT naming the line for anything else.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseConfigText(absl::string_view text);
+
 // Parses argv (and the environment through `getenv`) into `cfg` using
-// `specs`. Non-template core of FlagTable.
+// `specs`. Precedence, lowest first: defaults, the file named by --config
+// (or TIERKV_CONFIG), the environment, the command line. Non-template core
+// of FlagTable.
 absl::StatusOr<ParsedArgs> ParseFlags(const std::vector<FlagSpec>& specs, void* cfg, int argc,
                                       const char* const* argv,
                                       const std::function<const char*(const char*)>& getenv);

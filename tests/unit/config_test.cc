@@ -1,3 +1,4 @@
+#include <fstream>
 #include <map>
 
 #include "config/flags.h"
@@ -123,6 +124,45 @@ TEST(FlagsTest, BadValuesNameTheFlag) {
   EXPECT_THAT(Parse({"--name=forbidden"}), StatusIs(absl::StatusCode::kInvalidArgument));
   // Every error is one line.
   EXPECT_EQ(out_of_range.status().message().find('\n'), absl::string_view::npos);
+}
+
+TEST(FlagsTest, ConfigFileSitsBelowEnvAndCommandLine) {
+  std::string path = ::testing::TempDir() + "/flags-test.conf";
+  {
+    std::ofstream f(path);
+    f << "# as --print-config writes it\nport = 7\nname = from-file  # trailing comment\n\n"
+         "segment-size = 2gb\nttl = 3s\n";
+  }
+  std::string arg = "--config=" + path;
+  auto c = Parse({arg.c_str(), "--ttl=1s"}, {{"TIERKV_NAME", "from-env"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->port, 7);
+  EXPECT_EQ(c->size, 2'000'000'000u);
+  EXPECT_EQ(c->name, "from-env");
+  EXPECT_EQ(c->ttl, absl::Seconds(1));
+  auto via_env = Parse({}, {{"TIERKV_CONFIG", path}});
+  ASSERT_TRUE(via_env.ok()) << via_env.status();
+  EXPECT_EQ(via_env->port, 7);
+
+  EXPECT_THAT(Parse({"--config=/nonexistent/x.conf"}), StatusIs(absl::StatusCode::kInvalidArgument));
+  {
+    std::ofstream f(path);
+    f << "port = 7\nno equals sign here\n";
+  }
+  auto bad = Parse({arg.c_str()});
+  EXPECT_THAT(bad, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(bad.status().message().find("line 2"), absl::string_view::npos) << bad.status();
+  {
+    std::ofstream f(path);
+    f << "colour = blue\n";
+  }
+  EXPECT_THAT(Parse({arg.c_str()}), StatusIs(absl::StatusCode::kInvalidArgument));
+  {
+    std::ofstream f(path);
+    f << "port = 99999\n";
+  }
+  auto range = Parse({arg.c_str()});
+  EXPECT_NE(range.status().message().find(path), absl::string_view::npos) << range.status();
 }
 
 TEST(FlagsTest, PositionalArgs) {
