@@ -1,6 +1,8 @@
 // The object index's background work: eviction in prefix-aware LRU order,
 // reclaiming timed-out puts, finishing dead groups, dropping the objects of
 // departed segments, rebuilding from the store, and invariant checks.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
@@ -150,7 +152,22 @@ void ObjectIndex::Impl::Tick() {
     dead.swap(dead_groups_);
   }
   for (Group* g : dead) KillGroup(g);
+  FreeDeferred(now);
   MaybeEvict();
+}
+
+void ObjectIndex::Impl::FreeDeferred(int64_t now_ms) {
+  std::vector<DeferredFree> due;
+  {
+    MutexLock lock(&deferred_mu_);
+    auto split = std::partition(deferred_.begin(), deferred_.end(),
+                                [&](const DeferredFree& d) { return d.until_ms > now_ms; });
+    due.assign(std::make_move_iterator(split), std::make_move_iterator(deferred_.end()));
+    deferred_.erase(split, deferred_.end());
+  }
+  for (const DeferredFree& d : due) {
+    for (const Replica& r : d.replicas) registry_->Free(r, d.size);
+  }
 }
 
 uint64_t ObjectIndex::Impl::DropSegments(const std::vector<uint32_t>& ids) {
@@ -337,6 +354,12 @@ absl::Status ObjectIndex::Impl::CheckInvariants() {
         return absl::InternalError(
             absl::StrCat(o.key, ": child count ", o.children, " but ", want, " children point at it"));
       }
+    }
+  }
+  {
+    MutexLock lock(&deferred_mu_);
+    for (const DeferredFree& d : deferred_) {
+      for (const Replica& r : d.replicas) used_by_objects[r.segment_id] += registry_->Rounded(d.size);
     }
   }
   if (complete != objects_.load() || pending != pending_.load()) {

@@ -173,7 +173,13 @@ void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mu
                               FollowUp* follow) {
   Object& o = s.objects[slot];
   Unlist(s, slot);
-  for (const Replica& r : o.replicas) registry_->Free(r, o.size);
+  if (o.state == ObjState::kComplete && Leased(o, NowMs())) {
+    // A reader may be copying these bytes right now: keep them until its lease ends.
+    MutexLock lock(&deferred_mu_);
+    deferred_.push_back({o.replicas, o.size, o.deadline_ms});
+  } else {
+    for (const Replica& r : o.replicas) registry_->Free(r, o.size);
+  }
   if (o.state == ObjState::kComplete) {
     mutations->push_back({absl::StrCat("o/", o.key), "", true});
     objects_.fetch_sub(1);

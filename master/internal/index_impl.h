@@ -195,6 +195,17 @@ class ObjectIndex::Impl {
   const absl::Time start_;
   std::vector<std::unique_ptr<Shard>> shards_;
 
+  // Extents of objects removed while a reader held a lease: invisible at
+  // once, but not handed out again until the lease ends (Tick frees them).
+  struct DeferredFree {
+    absl::InlinedVector<Replica, 1> replicas;
+    uint64_t size = 0;
+    int64_t until_ms = 0;
+  };
+  void FreeDeferred(int64_t now_ms);
+  Mutex deferred_mu_;  // a leaf: taken under shard locks
+  std::vector<DeferredFree> deferred_ ABSL_GUARDED_BY(deferred_mu_);
+
   Mutex groups_mu_;
   // Groups by id, plus pins: a group is deleted when it has neither members
   // nor pins (a pin is held across a follow-up that touches it).

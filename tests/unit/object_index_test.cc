@@ -209,6 +209,26 @@ TEST_F(IndexTest, LeasedAndPinnedObjectsGoLast) {
   EXPECT_OK(index_->CheckInvariants());
 }
 
+TEST_F(IndexTest, ForcedRemoveOfALeasedObjectKeepsItsBytesUntilTheLeaseEnds) {
+  Mount("seg-a", 4096);
+  ASSERT_OK(Put("k1", 4096));
+  auto leased = index_->GetReplicas({"k1"});
+  ASSERT_OK(leased[0].status);
+  const uint64_t offset = leased[0].replicas[0].offset;
+  ASSERT_OK(index_->Remove({"k1"}, /*force=*/true)[0]);
+  EXPECT_FALSE(Present("k1"));
+  // The reader's extent is not handed out while the lease lasts...
+  EXPECT_THAT(index_->PutStart({{"k2", 4096}})[0].status, StatusIs(absl::StatusCode::kResourceExhausted));
+  ASSERT_OK(index_->CheckInvariants());
+  // ...and is after it.
+  clock_.Advance(options_.lease_ttl + absl::Milliseconds(1));
+  index_->Tick();
+  auto again = index_->PutStart({{"k2", 4096}});
+  ASSERT_OK(again[0].status);
+  EXPECT_EQ(again[0].replicas[0].offset, offset);
+  ASSERT_OK(index_->CheckInvariants());
+}
+
 TEST_F(IndexTest, PrefixAwareEvictionTakesLeavesBeforeAncestors) {
   Mount("seg-a", 64 * 1024);
   // Chain c0 <- c1 <- c2 <- c3, written oldest first, so plain LRU would
