@@ -134,6 +134,46 @@ TEST_F(TcpFramesTest, RefusedWritesTouchNothing) {
   ExpectAlive();  // and it keeps serving new connections
 }
 
+TEST_F(TcpFramesTest, WritesPastTheirDeadlineAreRefusedUntouched) {
+  // A write delayed past its sender's deadline (its put may be revoked and
+  // the extent reused) must not land.
+  RequestHeader h;
+  h.op = WireOp::kWrite;
+  h.flags = kHasDeadline;
+  h.deadline_ms32 = DeadlineMs32(absl::Now() - absl::Milliseconds(5));
+  h.id = ++id_;
+  h.offset = 0;
+  h.length = 8;
+  uint8_t buf[kRequestSize];
+  EncodeRequest(h, buf);
+  ASSERT_OK(WriteFull(fd_.get(), buf, sizeof buf, Deadline()));
+  ASSERT_OK(WriteFull(fd_.get(), "late!!!!", 8, Deadline()));
+  auto r = Receive();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->first.status, WireStatus::kExpired);
+  EXPECT_TRUE(Untouched());
+  ExpectAlive();
+  // The same write within its deadline lands.
+  h.deadline_ms32 = DeadlineMs32(absl::Now() + absl::Seconds(5));
+  h.id = ++id_;
+  EncodeRequest(h, buf);
+  ASSERT_OK(WriteFull(fd_.get(), buf, sizeof buf, Deadline()));
+  ASSERT_OK(WriteFull(fd_.get(), "on time!", 8, Deadline()));
+  r = Receive();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->first.status, WireStatus::kOk);
+  EXPECT_EQ(std::string(static_cast<char*>(region_->data()), 8), "on time!");
+}
+
+TEST(TcpWireTest, DeadlinesCompareAcrossTheWrap) {
+  EXPECT_FALSE(DeadlinePassed(DeadlineMs32(absl::Now() + absl::Seconds(1)), absl::Now()));
+  EXPECT_TRUE(DeadlinePassed(DeadlineMs32(absl::Now() - absl::Seconds(1)), absl::Now()));
+  // 2^32 ms after the epoch the low bits wrap; the comparison does not care.
+  absl::Time near_wrap = absl::FromUnixMillis((int64_t{1} << 32) * 400 - 10);
+  EXPECT_FALSE(DeadlinePassed(DeadlineMs32(near_wrap + absl::Milliseconds(20)), near_wrap));
+  EXPECT_TRUE(DeadlinePassed(DeadlineMs32(near_wrap), near_wrap + absl::Milliseconds(20)));
+}
+
 TEST_F(TcpFramesTest, GarbageClosesOnlyThatConnection) {
   std::string junk(kRequestSize, '\x7f');
   ASSERT_OK(WriteFull(fd_.get(), junk.data(), junk.size(), Deadline()));

@@ -25,6 +25,10 @@ void Connection::RunBatch(uint32_t segment, absl::Span<Slice* const> slices, abs
     h.id = first_id + i;
     h.offset = slices[i]->remote_offset;
     h.length = slices[i]->length;
+    if (h.op == WireOp::kWrite) {
+      h.flags |= kHasDeadline;
+      h.deadline_ms32 = DeadlineMs32(deadline);
+    }
     EncodeRequest(h, &heads[i * kRequestSize]);
   }
 

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "config/base/failpoint.h"
 #include "config/base/log.h"
 #include "transport/tcp/wire.h"
@@ -29,6 +30,8 @@ WireStatus ToWire(const absl::Status& s) {
       return WireStatus::kTooLarge;
     case absl::StatusCode::kInvalidArgument:
       return WireStatus::kBadRequest;
+    case absl::StatusCode::kDeadlineExceeded:
+      return WireStatus::kExpired;
     default:
       return WireStatus::kInternal;
   }
@@ -195,6 +198,10 @@ bool Server::ServeOne(int fd, uint8_t* scratch) {
         return false;
       }
       absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.offset, h.length);
+      if (pin.ok() && (h.flags & kHasDeadline) && DeadlinePassed(h.deadline_ms32, absl::Now())) {
+        // The writer gave up (and its put may be revoked, the extent reused).
+        pin = absl::DeadlineExceededError(absl::StrCat("write of ", h.length, " bytes arrived after its deadline"));
+      }
       if (!pin.ok()) {
         for (uint64_t left = h.length; left > 0;) {
           size_t n = static_cast<size_t>(std::min<uint64_t>(left, kScratch));

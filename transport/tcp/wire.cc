@@ -32,6 +32,7 @@ void EncodeRequest(const RequestHeader& h, uint8_t out[kRequestSize]) {
   out[4] = static_cast<uint8_t>(h.op);
   out[5] = h.flags;
   Put32(out + 8, h.segment);
+  Put32(out + 12, h.deadline_ms32);
   Put64(out + 16, h.id);
   Put64(out + 24, h.offset);
   Put64(out + 32, h.length);
@@ -54,6 +55,7 @@ absl::StatusOr<RequestHeader> DecodeRequest(const uint8_t* data, size_t size) {
   h.op = static_cast<WireOp>(op);
   h.flags = data[5];
   h.segment = Get32(data + 8);
+  h.deadline_ms32 = Get32(data + 12);
   h.id = Get64(data + 16);
   h.offset = Get64(data + 24);
   h.length = Get64(data + 32);
@@ -65,11 +67,17 @@ absl::StatusOr<ReplyHeader> DecodeReply(const uint8_t* data, size_t size) {
   if (Get32(data) != kReplyMagic) return absl::InvalidArgumentError("bad reply magic");
   ReplyHeader h;
   uint8_t st = data[4];
-  if (st > 5) return absl::InvalidArgumentError(absl::StrCat("unknown reply status ", st));
+  if (st > 6) return absl::InvalidArgumentError(absl::StrCat("unknown reply status ", st));
   h.status = static_cast<WireStatus>(st);
   h.id = Get64(data + 8);
   h.length = Get64(data + 16);
   return h;
+}
+
+uint32_t DeadlineMs32(absl::Time t) { return static_cast<uint32_t>(absl::ToUnixMillis(t)); }
+
+bool DeadlinePassed(uint32_t deadline_ms32, absl::Time now) {
+  return static_cast<int32_t>(deadline_ms32 - DeadlineMs32(now)) < 0;
 }
 
 absl::Status ReplyToStatus(WireStatus status, const std::string& message) {
@@ -86,6 +94,8 @@ absl::Status ReplyToStatus(WireStatus status, const std::string& message) {
       return absl::InvalidArgumentError(message);
     case WireStatus::kInternal:
       return absl::InternalError(message);
+    case WireStatus::kExpired:
+      return absl::DeadlineExceededError(message);
   }
   return absl::InternalError(message);
 }

@@ -3,7 +3,11 @@
 // Request (40 bytes, little-endian), then `length` payload bytes for WRITE
 // and HANDSHAKE:
 //   u32 magic 'TKVQ' | u8 op | u8 flags | u16 reserved | u32 segment |
-//   u32 reserved | u64 id | u64 offset | u64 length
+//   u32 deadline | u64 id | u64 offset | u64 length
+// With flag kHasDeadline, `deadline` is the low 32 bits of the Unix time in
+// milliseconds after which the sender has given the request up: a server
+// refuses a WRITE that arrives later (its payload drained, nothing
+// written), so bytes delayed past a revoked put never land on the extent.
 // Reply (24 bytes), then `length` payload bytes (READ data, HANDSHAKE
 // answer, or an error message):
 //   u32 magic 'TKVA' | u8 status | u8[3] reserved | u64 id | u64 length
@@ -18,6 +22,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace tierkv::transport::tcp {
 
@@ -37,7 +42,15 @@ enum class WireStatus : uint8_t {
   kTooLarge = 3,      // length above the server's frame cap
   kBadRequest = 4,    // malformed frame
   kInternal = 5,      // handshake refused, or a server-side failure
+  kExpired = 6,       // a WRITE that arrived after its deadline
 };
+
+inline constexpr uint8_t kHasDeadline = 1;  // request flag
+
+// The low 32 bits of a Unix time in milliseconds, and whether such a
+// deadline has passed at `now` (wrap-safe for deadlines within ~24 days).
+uint32_t DeadlineMs32(absl::Time t);
+bool DeadlinePassed(uint32_t deadline_ms32, absl::Time now);
 
 struct RequestHeader {
   WireOp op = WireOp::kRead;
@@ -46,6 +59,7 @@ struct RequestHeader {
   uint64_t id = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
+  uint32_t deadline_ms32 = 0;  // meaningful with kHasDeadline
 };
 
 struct ReplyHeader {
