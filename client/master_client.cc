@@ -39,6 +39,9 @@ absl::Status MasterClient::Invoke(const char* method, const Req& req, Resp* resp
   for (;;) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
+    // Queue the call while the channel (re)connects rather than failing at
+    // once: a call that never left is safe to send even when not idempotent.
+    ctx.set_wait_for_ready(true);
     grpc::Status s = call(&ctx, req, resp);
     if (s.ok()) return absl::OkStatus();
     absl::Status st(static_cast<absl::StatusCode>(s.error_code()),

@@ -18,6 +18,9 @@ const FlagTable<MasterConfig>& MasterFlags() {
                           "a segment whose heartbeats stop this long is unmounted"),
           DurationFlag<C>("put-timeout", &C::put_timeout, "30s", 0.01, 86400,
                           "a put not committed this long after PutStart is reclaimed"),
+          DurationFlag<C>("revoke-grace", &C::revoke_grace, "5s", 0, 3600,
+                          "space of a revoked or timed-out put is reused only this long after "
+                          "(bytes still in flight from its writer must not land on a new object)"),
           DurationFlag<C>("lease-ttl", &C::lease_ttl, "5s", 0.001, 3600,
                           "how long a read lease keeps an object from eviction"),
           DurationFlag<C>("check-interval", &C::check_interval, "500ms", 0.001, 60,
@@ -31,7 +34,7 @@ const FlagTable<MasterConfig>& MasterFlags() {
           IntFlag<C>("max-batch", &C::max_batch, "65536", 1, 1 << 24, "most keys in one RPC"),
           IntFlag<C>("max-pending-per-client", &C::max_pending_per_client, "65536", 0, 1ll << 32,
                      "most puts one client may have between PutStart and PutEnd; 0: no cap"),
-          SizeFlag<C>("max-message-size", &C::max_message_size, "64mib", 1024, 1u << 31,
+          SizeFlag<C>("max-message-size", &C::max_message_size, "16mib", 1024, 1u << 31,
                       "largest gRPC message received or sent"),
           SizeFlag<C>("max-http-body", &C::max_http_body, "16mib", 1024, 1u << 31,
                       "largest HTTP request body (413 beyond)"),

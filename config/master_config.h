@@ -16,6 +16,7 @@ struct MasterConfig {
   std::string data_dir;
   absl::Duration segment_ttl;
   absl::Duration put_timeout;
+  absl::Duration revoke_grace;
   absl::Duration lease_ttl;
   absl::Duration check_interval;
   double high_watermark = 0;

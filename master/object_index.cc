@@ -170,13 +170,18 @@ void ObjectIndex::Impl::Persist(std::vector<Mutation>* mutations) {
 }
 
 void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mutations,
-                              FollowUp* follow) {
+                              FollowUp* follow, bool never_written) {
   Object& o = s.objects[slot];
   Unlist(s, slot);
-  if (o.state == ObjState::kComplete && Leased(o, NowMs())) {
+  const int64_t now = NowMs();
+  if (o.state == ObjState::kComplete && Leased(o, now)) {
     // A reader may be copying these bytes right now: keep them until its lease ends.
     MutexLock lock(&deferred_mu_);
     deferred_.push_back({o.replicas, o.size, o.deadline_ms});
+  } else if (o.state == ObjState::kPending && !never_written && options_.revoke_grace > absl::ZeroDuration()) {
+    // A given-up writer may still have bytes on the way to these extents.
+    MutexLock lock(&deferred_mu_);
+    deferred_.push_back({o.replicas, o.size, now + absl::ToInt64Milliseconds(options_.revoke_grace)});
   } else {
     for (const Replica& r : o.replicas) registry_->Free(r, o.size);
   }
@@ -253,7 +258,7 @@ void ObjectIndex::Impl::RunFollowUps(FollowUp follow) {
 }
 
 void ObjectIndex::Impl::EraseByKey(const std::string& key, Group* only_group, bool force,
-                                   FollowUp* follow) {
+                                   FollowUp* follow, bool never_written) {
   Shard& s = *shards_[ShardOf(key)];
   std::vector<Mutation> mutations;
   {
@@ -263,7 +268,7 @@ void ObjectIndex::Impl::EraseByKey(const std::string& key, Group* only_group, bo
     Object& o = s.objects[slot];
     if (only_group != nullptr && o.group != only_group) return;
     if (!force && Leased(o, NowMs())) return;
-    Erase(s, slot, &mutations, follow);
+    Erase(s, slot, &mutations, follow, never_written);
     Persist(&mutations);
   }
 }
@@ -388,7 +393,7 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
     if (failed) {
       for (size_t i = 0; i < items.size(); ++i) {
         if (items[i].group != id || !out[i].status.ok()) continue;
-        EraseByKey(items[i].key, g, /*force=*/true, &follow);
+        EraseByKey(items[i].key, g, /*force=*/true, &follow, /*never_written=*/true);
         out[i].status = absl::AbortedError(
             absl::StrCat(items[i].key, ": another member of group ", id, " failed"));
         out[i].replicas.clear();

@@ -35,6 +35,11 @@ struct IndexOptions {
   int shards = 16;
   absl::Duration lease_ttl = absl::Seconds(5);
   absl::Duration put_timeout = absl::Seconds(30);
+  // Space of a put that was revoked or timed out is reused only this long
+  // after: a writer's bytes still in flight (a stalled peer, a slow copy)
+  // must not land on the next object's extent. Transports also refuse
+  // writes past their deadline; this covers clock skew and stragglers.
+  absl::Duration revoke_grace = absl::Seconds(5);
   double high_watermark = 0.95;
   double low_watermark = 0.90;
   int max_replicas = 8;

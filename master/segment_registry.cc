@@ -90,9 +90,17 @@ absl::StatusOr<std::vector<Replica>> SegmentRegistry::Allocate(uint64_t size, in
   };
   std::vector<Candidate> candidates;
   candidates.reserve(by_id_.size());
+  size_t live = 0, recovering = 0;
   for (auto& [id, seg] : by_id_) {
+    (seg.recovering ? recovering : live)++;
     if (seg.recovering || seg.allocator->largest_free() < seg.allocator->Rounded(size)) continue;
     candidates.push_back({&seg, seg.allocator->capacity() - seg.allocator->used()});
+  }
+  if (live == 0) {
+    // Not a matter of space: evicting would only throw cached data away.
+    return absl::UnavailableError(
+        recovering > 0 ? absl::StrCat("no live segment: ", recovering, " awaiting re-mount after a master restart")
+                       : std::string("no segment is mounted"));
   }
   if (candidates.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat("no segment has room for ", size, " bytes"));

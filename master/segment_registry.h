@@ -77,7 +77,8 @@ class SegmentRegistry {
   // extent in each: the preferred segment first when named and able, then
   // segments on hosts not yet used, most free space first, then any other
   // segment. Fewer than `count` replicas are placed only when the cluster
-  // has fewer segments with room; RESOURCE_EXHAUSTED if none has room.
+  // has fewer segments with room; RESOURCE_EXHAUSTED if none has room,
+  // UNAVAILABLE if no segment is live at all (eviction would not help).
   absl::StatusOr<std::vector<Replica>> Allocate(uint64_t size, int count,
                                                 const std::string& preferred);
   // Returns an extent; a no-op for a segment that has left.

@@ -27,6 +27,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   options.index.shards = static_cast<int>(config.shards);
   options.index.lease_ttl = config.lease_ttl;
   options.index.put_timeout = config.put_timeout;
+  options.index.revoke_grace = config.revoke_grace;
   options.index.high_watermark = config.high_watermark;
   options.index.low_watermark = config.low_watermark;
   options.index.max_key_bytes = static_cast<size_t>(config.max_key_bytes);
@@ -52,11 +53,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   s->http_ = std::make_unique<HttpServer>(http);
   InstallHttpRoutes(s->http_.get(), s->master_.get(),
                     {static_cast<size_t>(config.max_http_body), static_cast<size_t>(config.max_key_bytes)});
-  if (config.http_port == 0) {
-    s->http_port_ = s->http_->bind_to_any_port(config.listen);
-  } else if (s->http_->bind_to_port(config.listen, static_cast<int>(config.http_port))) {
-    s->http_port_ = static_cast<int>(config.http_port);
-  }
+  s->http_port_ = s->http_->Bind(config.listen, static_cast<int>(config.http_port));
   if (s->http_port_ <= 0) {
     s->grpc_->Shutdown();
     return absl::UnavailableError(

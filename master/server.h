@@ -3,7 +3,7 @@
 //
 // Threads:
 //   - gRPC's synchronous server pool runs the RPC handlers;
-//   - cpp-httplib's pool (--http-threads) runs the HTTP handlers;
+//   - HttpServer's workers (--http-threads) run the HTTP handlers;
 //   - one ticker thread calls Master::Tick every --check-interval.
 // All of them call into Master, which is thread-safe; the server itself
 // holds no locks while they run. Shutdown stops the listeners first, then
@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "config/base/http_server.h"
 #include "config/base/mutex.h"
 #include "config/master_config.h"
 #include "master/master.h"
@@ -21,9 +22,6 @@
 namespace grpc {
 class Server;
 class Service;
-}
-namespace httplib {
-class Server;
 }
 
 namespace tierkv::master {
@@ -51,7 +49,7 @@ class MasterServer {
   std::unique_ptr<Master> master_;
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> grpc_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpServer> http_;
   std::thread http_thread_;
   std::thread ticker_;
   Mutex mu_;

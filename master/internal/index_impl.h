@@ -167,9 +167,11 @@ class ObjectIndex::Impl {
   bool Visible(const Object& o) const;
   bool Leased(const Object& o, int64_t now_ms) const;
   // Removes the object in `slot`: frees its live extents, deletes its
-  // record (into *mutations), and records parent/group follow-ups.
-  void Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mutations, FollowUp* follow)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // record (into *mutations), and records parent/group follow-ups. Extents
+  // of a leased object wait for the lease; those of a pending one wait
+  // revoke_grace, unless `never_written` (no writer was ever given them).
+  void Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mutations, FollowUp* follow,
+             bool never_written = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void Persist(std::vector<Mutation>* mutations);
   // Runs follow-ups with no shard lock held.
   void RunFollowUps(FollowUp follow);
@@ -186,7 +188,8 @@ class ObjectIndex::Impl {
   absl::flat_hash_map<uint32_t, std::string> LiveNames() const;
   // Links a freshly completed child to its complete parent (if any).
   void LinkParent(size_t child_shard, absl::string_view child_key, const std::string& parent_key);
-  void EraseByKey(const std::string& key, Group* only_group, bool force, FollowUp* follow);
+  void EraseByKey(const std::string& key, Group* only_group, bool force, FollowUp* follow,
+                  bool never_written = false);
 
   const IndexOptions options_;
   SegmentRegistry* const registry_;

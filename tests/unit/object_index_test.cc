@@ -139,9 +139,14 @@ TEST_F(IndexTest, TimedOutPutsAreReclaimed) {
   EXPECT_GT(registry_->used(), 0u);
   clock_.Advance(absl::Seconds(2));
   index_->Tick();
-  EXPECT_EQ(registry_->used(), 0u);
   EXPECT_THAT(index_->PutEnd({"k"})[0], StatusIs(absl::StatusCode::kNotFound));
   EXPECT_FALSE(Present("k"));
+  ASSERT_OK(index_->CheckInvariants());
+  // The space waits out the revoke grace: the writer may still be sending.
+  EXPECT_GT(registry_->used(), 0u);
+  clock_.Advance(options_.revoke_grace);
+  index_->Tick();
+  EXPECT_EQ(registry_->used(), 0u);
   ASSERT_OK(Put("k", 4096));  // the key is free again
   EXPECT_OK(index_->CheckInvariants());
 }
@@ -150,8 +155,13 @@ TEST_F(IndexTest, RevokeFreesSpace) {
   Mount("seg-a", 1 << 20);
   ASSERT_OK(index_->PutStart({{"k", 4096}})[0].status);
   ASSERT_OK(index_->PutRevoke({"k"})[0]);
-  EXPECT_EQ(registry_->used(), 0u);
   EXPECT_FALSE(Present("k"));
+  ASSERT_OK(Put("k", 4096));  // the key is free at once...
+  ASSERT_OK(index_->Remove({"k"}, false)[0]);
+  EXPECT_GT(registry_->used(), 0u);  // ...its old extent after the grace
+  clock_.Advance(options_.revoke_grace);
+  index_->Tick();
+  EXPECT_EQ(registry_->used(), 0u);
 }
 
 TEST_F(IndexTest, PrefixMatchStopsAtFirstMiss) {
@@ -227,6 +237,13 @@ TEST_F(IndexTest, ForcedRemoveOfALeasedObjectKeepsItsBytesUntilTheLeaseEnds) {
   ASSERT_OK(again[0].status);
   EXPECT_EQ(again[0].replicas[0].offset, offset);
   ASSERT_OK(index_->CheckInvariants());
+}
+
+TEST_F(IndexTest, NoLiveSegmentIsUnavailableAndEvictsNothing) {
+  // A restarted master: the segment is known but awaits its daemon's re-mount.
+  registry_->Recover({"seg-a", "seg-a", 1 << 20, "inc", ""}, clock_.Now());
+  EXPECT_THAT(index_->PutStart({{"k", 4096}})[0].status, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(index_->Stats().evictions, 0u);
 }
 
 TEST_F(IndexTest, PrefixAwareEvictionTakesLeavesBeforeAncestors) {
