@@ -57,11 +57,7 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
     res.set_content(raw->metrics_.Serialize(), "text/plain; version=0.0.4; charset=utf-8");
   });
   d->http_->set_payload_max_length(1 << 16);
-  if (config.http_port == 0) {
-    d->http_port_ = d->http_->bind_to_any_port(config.listen);
-  } else if (d->http_->bind_to_port(config.listen, static_cast<int>(config.http_port))) {
-    d->http_port_ = static_cast<int>(config.http_port);
-  }
+  d->http_port_ = d->http_->Bind(config.listen, static_cast<int>(config.http_port));
   if (d->http_port_ <= 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", config.listen, ":", config.http_port));
   }

@@ -16,13 +16,11 @@
 #include "absl/status/statusor.h"
 #include "client/lender.h"
 #include "client/master_client.h"
+#include "config/base/http_server.h"
 #include "config/base/metrics.h"
 #include "config/store_config.h"
 #include "transport/engine.h"
 
-namespace httplib {
-class Server;
-}
 
 namespace tierkv::store {
 
@@ -49,7 +47,7 @@ class StoreDaemon {
   std::unique_ptr<transport::TransferEngine> engine_;
   std::unique_ptr<client::SegmentLender> lender_;
   metrics::Registry metrics_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpServer> http_;
   std::thread http_thread_;
   int http_port_ = 0;
   bool stopped_ = false;

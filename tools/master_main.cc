@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   tierkv::MasterConfig config = tierkv::MasterFlags().ParseOrExit(argc, argv);
 
   tierkv::BlockStopSignals();  // before any thread starts
+  tierkv::RaiseFileLimit();
 
   auto server = tierkv::master::MasterServer::Start(config);
   if (!server.ok()) {

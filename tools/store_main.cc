@@ -9,6 +9,7 @@
 int main(int argc, char** argv) {
   tierkv::StoreConfig config = tierkv::StoreFlags().ParseOrExit(argc, argv);
   tierkv::BlockStopSignals();  // before any thread starts
+  tierkv::RaiseFileLimit();
 
   auto daemon = tierkv::store::StoreDaemon::Start(config);
   if (!daemon.ok()) {

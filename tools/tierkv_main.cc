@@ -86,7 +86,7 @@ class MetricsServer {
       for (metrics::Registry* r : registries_) body += r->Serialize();
       res.set_content(body, "text/plain; version=0.0.4; charset=utf-8");
     });
-    port_ = port == 0 ? server_.bind_to_any_port("127.0.0.1") : (server_.bind_to_port("127.0.0.1", port) ? port : -1);
+    port_ = server_.Bind("127.0.0.1", port);
     if (port_ > 0) thread_ = std::thread([this] { server_.listen_after_bind(); });
   }
   ~MetricsServer() {

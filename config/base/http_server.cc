@@ -182,6 +182,12 @@ HttpServer::~HttpServer() {
   ::close(epoll_fd_);
 }
 
+int HttpServer::Bind(const std::string& host, int port) {
+  int bound = port == 0 ? bind_to_any_port(host) : (bind_to_port(host, port) ? port : -1);
+  if (bound > 0) ::listen(svr_sock_, SOMAXCONN);
+  return bound;
+}
+
 bool HttpServer::process_and_close_socket(socket_t sock) {
   if (stopping_.load() || open_.load() >= options_.max_connections) {
     static constexpr char kBusy[] =

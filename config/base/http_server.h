@@ -15,7 +15,7 @@
 //     sender cannot hold a worker);
 //   - bodies over set_payload_max_length get 413 (httplib's own check).
 //
-// Usage is httplib's: install routes, bind, listen_after_bind() on a thread,
+// Usage is httplib's: install routes, Bind, listen_after_bind() on a thread,
 // then stop(); the destructor closes whatever is still parked.
 #pragma once
 
@@ -48,6 +48,11 @@ class HttpServer : public httplib::Server {
   explicit HttpServer(Options options);
   HttpServer() : HttpServer(Options{}) {}
   ~HttpServer() override;
+
+  // Binds host:port (0 picks a free port) with a deep accept backlog
+  // (httplib's own is 5, which drops connections arriving in a burst).
+  // The bound port, or -1.
+  int Bind(const std::string& host, int port);
 
   // Serves the request held in `request` (bytes as a client would send
   // them, possibly several pipelined requests) and returns everything the

@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 namespace tierkv {
 namespace {
@@ -25,6 +26,17 @@ int WaitForStopSignal() {
   int sig = 0;
   sigwait(&s, &sig);
   return sig;
+}
+
+long RaiseFileLimit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return -1;
+  if (lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &lim);
+    (void)::getrlimit(RLIMIT_NOFILE, &lim);
+  }
+  return static_cast<long>(lim.rlim_cur);
 }
 
 }  // namespace tierkv

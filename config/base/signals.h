@@ -1,6 +1,7 @@
 // Stop signals for daemons: block SIGTERM/SIGINT in every thread (call
 // before starting any), then wait for one in main. SIGPIPE is ignored, so
-// a peer that vanishes mid-write is an error return, not a death.
+// a peer that vanishes mid-write is an error return, not a death. Also
+// the process-wide limits a daemon needs.
 #pragma once
 
 namespace tierkv {
@@ -8,5 +9,9 @@ namespace tierkv {
 void BlockStopSignals();
 // Blocks until SIGTERM or SIGINT arrives; returns its number.
 int WaitForStopSignal();
+// Raises the open-file limit to its hard maximum: a server holds a socket
+// per client connection, and the common soft limit of 1024 is too few.
+// Returns the new soft limit.
+long RaiseFileLimit();
 
 }  // namespace tierkv
