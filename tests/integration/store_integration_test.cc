@@ -201,36 +201,6 @@ TEST_F(StoreClusterTest, PrefixMatchAndGroups) {
   EXPECT_THAT(client->Get("tp-0"), StatusIs(absl::StatusCode::kNotFound));
 }
 
-TEST_F(StoreClusterTest, WriterKilledBeforeCommitLeavesNothing) {
-  ASSERT_OK(cluster_.Start({.daemons = 1, .segment_size = "64mib", .put_timeout = "1s"}));
-  std::string file = testing::MakeTempDir("tierkv-put") + "/value";
-  std::string value = ValueFor("victim", 3 << 20);
-  {
-    std::ofstream(file, std::ios::binary) << value;
-  }
-  uint64_t used_before = Stats()["used_bytes"];
-  auto writer = ChildProcess::Start(
-      testing::BinaryPath("tierkvctl"),
-      {"--master=" + cluster_.master_address(), absl::StrCat("--http=127.0.0.1:", cluster_.http_port()), "put",
-       "victim", file},
-      {{"TIERKV_FAILPOINTS", "client.put.before_end=abort"}}, absl::Seconds(20));
-  // tierkvctl prints nothing before dying, so Start reports its exit.
-  ASSERT_FALSE(writer.ok());
-  EXPECT_NE(writer.status().message().find("code 134"), std::string::npos) << writer.status();
-  auto client = Client();
-  EXPECT_THAT(client->Get("victim"), StatusIs(absl::StatusCode::kNotFound));
-  EXPECT_GT(Stats()["used_bytes"].get<uint64_t>(), used_before);  // its space is still held
-  // After the put timeout the space comes back and the key can be put.
-  absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (Stats()["pending"].get<int>() > 0 && absl::Now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_EQ(Stats()["pending"], 0);
-  EXPECT_EQ(Stats()["used_bytes"].get<uint64_t>(), used_before);
-  ASSERT_OK(client->Put("victim", value));
-  EXPECT_EQ(*client->Get("victim"), value);
-}
-
 TEST_F(StoreClusterTest, ReadinessFollowsTheMountAndSigtermUnmounts) {
   // The daemon starts first, against a master that is not up yet.
   int bound = 0;

@@ -67,11 +67,9 @@ std::vector<std::string> TestHost::Exec(const std::string& binary, const std::ve
 absl::Status TestHost::Cut() {
   return RunCommand(absl::StrCat(
       "ip netns exec ", name_,
-      " nft -f - <<'EOF'\n"
-      "table inet tierkv_cut {\n"
-      "  chain in { type filter hook input priority 0; policy drop; }\n"
-      "  chain out { type filter hook output priority 0; policy drop; }\n"
-      "}\nEOF"));
+      " nft 'add table inet tierkv_cut; "
+      "add chain inet tierkv_cut cut_input { type filter hook input priority 0; policy drop; }; "
+      "add chain inet tierkv_cut cut_output { type filter hook output priority 0; policy drop; }'"));
 }
 
 absl::Status TestHost::Heal() {
