@@ -8,7 +8,7 @@ pkgs=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev libcpp-httplib-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libibverbs-dev libopenblas-dev
-  prometheus curl procps iproute2
+  prometheus curl procps iproute2 nftables
 )
 if [ "${TIERKV_WITH_SANITIZERS:-0}" = 1 ]; then
   pkgs+=(clang-14 libclang-rt-14-dev)

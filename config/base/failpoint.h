@@ -6,8 +6,12 @@
 // Actions: `abort` kills the process on the spot (as a crash would),
 // `error` makes TIERKV_FAILPOINT return true so the caller fails the
 // operation, `sleep:<ms>` stalls there. With the variable unset a
-// failpoint costs one load of a static flag. Builds configured with
-// -DTIERKV_FAILPOINTS=OFF compile every failpoint out.
+// failpoint costs one load of a static flag. Builds without tests (and any
+// configured with -DTIERKV_FAILPOINTS=OFF) compile every failpoint out.
+//
+// The failpoints: client.put.after_start, client.put.before_end,
+// transport.tcp.serve, master.persist.write, store.heartbeat
+// (docs/faults.md says where each sits).
 //
 //   if (TIERKV_FAILPOINT("master.persist")) return absl::InternalError("failpoint");
 #pragma once
