@@ -54,15 +54,29 @@ class Engine final : public TransferEngine, public ServedMemory {
     if (options_.host_id.empty()) options_.host_id = LocalHostId();
     if (options_.host.empty()) options_.host = options_.backend.advertise.empty() ? options_.backend.listen : options_.backend.advertise;
     std::vector<std::string> names = options_.transports;
-    if (names.empty()) names = {"shm", "tcp"};
+    bool automatic = names.empty();
+    if (automatic) names = {"shm", "rdma", "tcp"};
     // tcp is always present: it is the control channel for every handshake.
     std::vector<std::string> create = names;
     if (std::find(create.begin(), create.end(), "tcp") == create.end()) create.push_back("tcp");
+    std::vector<std::string> started;
     for (const std::string& n : create) {
-      ASSIGN_OR_RETURN(std::unique_ptr<Backend> b, CreateBackend(n, options_.backend));
-      RETURN_IF_ERROR(b->Start(this));
-      backends_.push_back(std::move(b));
+      absl::StatusOr<std::unique_ptr<Backend>> b = CreateBackend(n, options_.backend);
+      if (!b.ok() && automatic && n == "rdma") {
+        // Chosen automatically, rdma simply sits out on hosts without a NIC.
+        TKV_LOG(INFO) << "transport rdma not used: " << b.status().message();
+        continue;
+      }
+      if (!b.ok()) return b.status();
+      RETURN_IF_ERROR((*b)->Start(this));
+      backends_.push_back(std::move(*b));
+      started.push_back(n);
     }
+    names.erase(std::remove_if(names.begin(), names.end(),
+                               [&](const std::string& n) {
+                                 return std::find(started.begin(), started.end(), n) == started.end();
+                               }),
+                names.end());
     // Candidate order: as configured, else by rank.
     for (const std::string& n : names) order_.push_back(FindBackend(n));
     if (options_.transports.empty()) {
@@ -94,6 +108,13 @@ class Engine final : public TransferEngine, public ServedMemory {
     b->length = length;
     b->location = loc;
     b->memfd = memfd;
+    // Backends that move data from registered memory only (rdma) register
+    // it now, so it can be a transfer's local side.
+    for (auto& be : backends_) {
+      if (!be->capabilities().needs_registered_local) continue;
+      absl::StatusOr<std::string> key = be->RegisterBuffer(*b);
+      if (!key.ok()) TKV_LOG(WARNING) << be->name() << " cannot use memory at " << location << ": " << key.status().message();
+    }
     buffers_[a] = std::move(b);
     return absl::OkStatus();
   }

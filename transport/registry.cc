@@ -5,6 +5,7 @@
 #include "absl/strings/str_join.h"
 #include "config/base/mutex.h"
 #include "transport/internal/builtin.h"
+#include "transport/rdma/rdma_backend.h"
 
 namespace tierkv::transport {
 namespace {
@@ -21,6 +22,7 @@ Registry& Get() {
     reg->factories["tcp"] = internal::NewTcpBackend;
     reg->factories["shm"] = internal::NewShmBackend;
     reg->factories["loopback"] = internal::NewLoopbackBackend;
+    reg->factories["rdma"] = [](const BackendOptions& o) { return rdma::NewRdmaBackend(o, rdma::RealVerbs()); };
     return reg;
   }();
   return *r;

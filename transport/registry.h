@@ -1,5 +1,6 @@
-// Backends are created by name ("tcp", "shm", "loopback"; "rdma" and
-// "cuda" when their optional targets are linked in).
+// Backends are created by name: "tcp", "shm", "loopback", "rdma" (fails
+// UNAVAILABLE on hosts without an RDMA NIC), and "cuda" when the optional
+// CUDA target is built. Tests may register others (a fake-fabric rdma).
 #pragma once
 
 #include <functional>

@@ -1,6 +1,8 @@
 // One suite that every transport backend must pass: the in-process fake
-// (loopback), tcp and shm. Two engines in this process: one serves a
-// segment, the other is the client restricted to the transport under test.
+// (loopback), tcp, shm, and rdma over the fake fabric (two NICs). Two
+// engines in this process: one serves a segment, the other is the client
+// restricted to the transport under test. Local buffers come from memory
+// registered with the client engine, as rdma requires.
 #include <atomic>
 #include <cstring>
 #include <random>
@@ -48,6 +50,22 @@ class TransportConformance : public ::testing::TestWithParam<std::string> {
     auto client = TransferEngine::Create(c);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = std::move(*client);
+    arena_.reset(new char[kArena]);
+    ASSERT_OK(client_->RegisterMemory(arena_.get(), kArena, "cpu:0"));
+  }
+
+  // `n` bytes of registered local memory (a bump allocator over the arena).
+  char* Local(size_t n) {
+    char* p = arena_.get() + used_;
+    used_ += (n + 63) & ~size_t{63};
+    EXPECT_LE(used_, kArena);
+    return p;
+  }
+  char* LocalPattern(size_t n, uint64_t seed) {
+    char* p = Local(n);
+    std::vector<char> v = Pattern(n, seed);
+    std::memcpy(p, v.data(), n);
+    return p;
   }
 
   void StartServer() {
@@ -69,19 +87,22 @@ class TransportConformance : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<SharedRegion> region_;
   std::unique_ptr<TransferEngine> server_;
   std::unique_ptr<TransferEngine> client_;
+  static constexpr size_t kArena = 200ull << 20;
+  std::unique_ptr<char[]> arena_;
+  size_t used_ = 0;
 };
 
 TEST_P(TransportConformance, RoundTripsFromOneByteTo64MiB) {
   uint64_t offset = 12345;
   for (uint64_t size : {1ull, 7ull, 4096ull, 65537ull, 1ull << 20, (4ull << 20) + 3, 64ull << 20}) {
-    std::vector<char> out = Pattern(size, size);
-    std::vector<char> in(size, 0);
-    ASSERT_OK(Do(Op::kWrite, out.data(), offset, size)[0]) << size;
+    char* out = LocalPattern(size, size);
+    char* in = Local(size);
+    ASSERT_OK(Do(Op::kWrite, out, offset, size)[0]) << size;
     // The bytes really are in the served memory...
-    EXPECT_EQ(Checksum(region_->data() + offset, size), Checksum(out.data(), size)) << size;
+    EXPECT_EQ(Checksum(region_->data() + offset, size), Checksum(out, size)) << size;
     // ... and come back.
-    ASSERT_OK(Do(Op::kRead, in.data(), offset, size)[0]) << size;
-    EXPECT_EQ(Checksum(in.data(), size), Checksum(out.data(), size)) << size;
+    ASSERT_OK(Do(Op::kRead, in, offset, size)[0]) << size;
+    EXPECT_EQ(Checksum(in, size), Checksum(out, size)) << size;
     offset += size + 1;
   }
   EngineStats st = client_->Stats();
@@ -92,40 +113,42 @@ TEST_P(TransportConformance, RoundTripsFromOneByteTo64MiB) {
 TEST_P(TransportConformance, BatchesOfOneTo1024Requests) {
   for (size_t n : {1u, 16u, 1024u}) {
     constexpr uint64_t kBlock = 4096 + 64;
-    std::vector<char> out = Pattern(n * kBlock, n);
-    std::vector<char> in(n * kBlock, 0);
+    char* out = LocalPattern(n * kBlock, n);
+    char* in = Local(n * kBlock);
     std::vector<Request> writes, reads;
     for (size_t i = 0; i < n; ++i) {
       // Scatter: request i goes to a distinct, non-adjacent remote place.
       uint64_t remote = (n - 1 - i) * 2 * kBlock;
-      writes.push_back({Op::kWrite, out.data() + i * kBlock, "seg", remote, kBlock});
-      reads.push_back({Op::kRead, in.data() + i * kBlock, "seg", remote, kBlock});
+      writes.push_back({Op::kWrite, out + i * kBlock, "seg", remote, kBlock});
+      reads.push_back({Op::kRead, in + i * kBlock, "seg", remote, kBlock});
     }
     for (const absl::Status& s : client_->Transfer(writes)) ASSERT_OK(s);
     std::vector<absl::Status> got = client_->Transfer(reads);
     ASSERT_EQ(got.size(), n);
     for (const absl::Status& s : got) ASSERT_OK(s);
-    EXPECT_EQ(in, out) << n;
+    EXPECT_EQ(std::memcmp(in, out, n * kBlock), 0) << n;
   }
 }
 
 TEST_P(TransportConformance, OutOfRangeAndOverflowingOffsetsAreRefused) {
-  std::vector<char> buf(64, 'x');
+  char* buf = Local(64);
+  std::memset(buf, 'x', 64);
   std::vector<char> tail_before(region_->data() + kSegmentSize - 4096, region_->data() + kSegmentSize);
-  EXPECT_THAT(Do(Op::kWrite, buf.data(), kSegmentSize, 1)[0], StatusIs(absl::StatusCode::kOutOfRange));
-  EXPECT_THAT(Do(Op::kWrite, buf.data(), kSegmentSize - 10, 20)[0], StatusIs(absl::StatusCode::kOutOfRange));
-  EXPECT_THAT(Do(Op::kWrite, buf.data(), UINT64_MAX - 5, 10)[0], StatusIs(absl::StatusCode::kOutOfRange));
-  EXPECT_THAT(Do(Op::kRead, buf.data(), 10, UINT64_MAX - 5)[0], StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(Do(Op::kWrite, buf, kSegmentSize, 1)[0], StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(Do(Op::kWrite, buf, kSegmentSize - 10, 20)[0], StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(Do(Op::kWrite, buf, UINT64_MAX - 5, 10)[0], StatusIs(absl::StatusCode::kOutOfRange));
+  EXPECT_THAT(Do(Op::kRead, buf, 10, UINT64_MAX - 5)[0], StatusIs(absl::StatusCode::kOutOfRange));
   std::vector<char> tail_after(region_->data() + kSegmentSize - 4096, region_->data() + kSegmentSize);
   EXPECT_EQ(tail_before, tail_after);  // no byte touched
   // Good requests in the same batch as bad ones still work.
-  std::vector<char> a(100, 'a');
-  auto st = client_->Transfer({{Op::kWrite, a.data(), "seg", kSegmentSize + 1, 100},
-                               {Op::kWrite, a.data(), "seg", 0, 100}});
+  char* a = Local(100);
+  std::memset(a, 'a', 100);
+  auto st = client_->Transfer({{Op::kWrite, a, "seg", kSegmentSize + 1, 100},
+                               {Op::kWrite, a, "seg", 0, 100}});
   EXPECT_THAT(st[0], StatusIs(absl::StatusCode::kOutOfRange));
   EXPECT_OK(st[1]);
   // Unknown segment and a null buffer are per-request errors too.
-  EXPECT_THAT(client_->Transfer({{Op::kRead, a.data(), "nope", 0, 1}})[0],
+  EXPECT_THAT(client_->Transfer({{Op::kRead, a, "nope", 0, 1}})[0],
               StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(client_->Transfer({{Op::kRead, nullptr, "seg", 0, 1}})[0],
               StatusIs(absl::StatusCode::kInvalidArgument));
@@ -143,21 +166,25 @@ TEST_P(TransportConformance, ConcurrentSubmitters) {
   constexpr int kThreads = 4;
   constexpr uint64_t kBlock = 256 << 10;
   std::atomic<int> bad{0};
+  std::vector<char*> bufs;
+  for (int t = 0; t < kThreads; ++t) bufs.push_back(Local(8 * kBlock));
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
+      char* out = bufs[t];
+      char* in = bufs[t] + 4 * kBlock;
       for (int iter = 0; iter < 20; ++iter) {
-        std::vector<char> out = Pattern(4 * kBlock, t * 1000 + iter);
-        std::vector<char> in(4 * kBlock);
+        std::vector<char> pattern = Pattern(4 * kBlock, t * 1000 + iter);
+        std::memcpy(out, pattern.data(), pattern.size());
         std::vector<Request> w, r;
         for (int k = 0; k < 4; ++k) {
           uint64_t remote = (t * 4 + k) * kBlock;
-          w.push_back({Op::kWrite, out.data() + k * kBlock, "seg", remote, kBlock});
-          r.push_back({Op::kRead, in.data() + k * kBlock, "seg", remote, kBlock});
+          w.push_back({Op::kWrite, out + k * kBlock, "seg", remote, kBlock});
+          r.push_back({Op::kRead, in + k * kBlock, "seg", remote, kBlock});
         }
         for (auto& s : client_->Transfer(w)) bad += !s.ok();
         for (auto& s : client_->Transfer(r)) bad += !s.ok();
-        bad += in != out;
+        bad += std::memcmp(in, out, 4 * kBlock) != 0;
       }
     });
   }
@@ -168,9 +195,9 @@ TEST_P(TransportConformance, ConcurrentSubmitters) {
 TEST_P(TransportConformance, PeerKilledMidBatchFailsWithinDeadline) {
   constexpr int kRequests = 256;
   constexpr uint64_t kBlock = 512 << 10;
-  std::vector<char> local(kRequests * kBlock);
+  char* local = Local(kRequests * kBlock);
   std::vector<Request> reqs;
-  for (int i = 0; i < kRequests; ++i) reqs.push_back({Op::kRead, local.data() + i * kBlock, "seg", i * kBlock, kBlock});
+  for (int i = 0; i < kRequests; ++i) reqs.push_back({Op::kRead, local + i * kBlock, "seg", i * kBlock, kBlock});
   absl::Time start = absl::Now();
   std::shared_ptr<Batch> batch = client_->Submit(reqs, absl::Seconds(5));
   server_.reset();  // the peer goes away while the batch is in flight
@@ -188,18 +215,18 @@ TEST_P(TransportConformance, PeerKilledMidBatchFailsWithinDeadline) {
   EXPECT_EQ(ok + failed, kRequests);
   // A later transfer to the departed segment fails fast and cleanly.
   absl::Time again = absl::Now();
-  auto st = client_->Transfer({{Op::kRead, local.data(), "seg", 0, 4096}}, absl::Seconds(5));
+  auto st = client_->Transfer({{Op::kRead, local, "seg", 0, 4096}}, absl::Seconds(5));
   EXPECT_FALSE(st[0].ok() && GetParam() != "shm") << "served by a stopped peer";
   EXPECT_LT(absl::Now() - again, absl::Seconds(6));
   // And the segment can come back.
   StartServer();
   client_->ForgetPeers();
-  std::vector<char> out = Pattern(4096, 9);
-  EXPECT_OK(Do(Op::kWrite, out.data(), 0, 4096)[0]);
+  char* out = LocalPattern(4096, 9);
+  EXPECT_OK(Do(Op::kWrite, out, 0, 4096)[0]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TransportConformance,
-                         ::testing::Values("loopback", "tcp", "shm"),
+                         ::testing::Values("loopback", "tcp", "shm", "rdma"),
                          [](const auto& info) { return info.param; });
 
 TEST(TransportSelection, FallsBackWhenThePreferredTransportCannotReach) {
