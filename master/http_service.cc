@@ -10,7 +10,7 @@ using json = nlohmann::json;
 
 void SendJson(httplib::Response& res, int status, const json& body) {
   res.status = status;
-  res.set_content(body.dump(), "application/json");
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
 void SendError(httplib::Response& res, int status, absl::string_view message) {

@@ -80,7 +80,7 @@ int Stats(const CtlConfig& c) {
     std::printf("%s\n", st->dump().c_str());
     return 0;
   }
-  for (auto& [k, v] : st->items()) std::printf("%-22s %s\n", k.c_str(), v.dump().c_str());
+  for (auto& [k, v] : st->items()) std::printf("%-22s %s\n", k.c_str(), v.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
   return 0;
 }
 
@@ -93,7 +93,7 @@ int Key(const CtlConfig& c, const std::string& key) {
   }
   for (auto& [k, v] : obj->items()) {
     if (k == "replicas") continue;
-    std::printf("%-16s %s\n", k.c_str(), v.dump().c_str());
+    std::printf("%-16s %s\n", k.c_str(), v.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
   }
   for (const json& r : (*obj)["replicas"]) {
     std::printf("replica          %s @ %llu (+%llu)\n", r["segment"].get<std::string>().c_str(),
@@ -120,7 +120,7 @@ int Put(const CtlConfig& c, const std::string& key, const std::string& file) {
   absl::Status s = (*cli)->Put(key, data, o);
   if (!s.ok()) return Fail(s.ToString());
   if (c.json) {
-    std::printf("%s\n", json{{"key", key}, {"bytes", data.size()}}.dump().c_str());
+    std::printf("%s\n", json{{"key", key}, {"bytes", data.size()}}.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
   } else {
     std::printf("put %s (%zu bytes)\n", key.c_str(), data.size());
   }
@@ -192,7 +192,7 @@ int Doctor(const CtlConfig& c) {
     report.push_back(row);
   }
   if (c.json) {
-    std::printf("%s\n", report.dump().c_str());
+    std::printf("%s\n", report.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
     return 0;
   }
   std::printf("%-28s %-10s %-10s %12s %12s  %s\n", "SEGMENT", "STATE", "TRANSPORT", "LATENCY(us)", "GB/s",

@@ -134,7 +134,7 @@ int Replay(const TierkvConfig& c) {
   engine::ReplayReport r = engine::Replay(*trace, eng, opts);
   WriteOutputs(c, r);
   if (c.json) {
-    std::printf("%s\n", r.ToJson().dump().c_str());
+    std::printf("%s\n", r.ToJson().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("%s", r.Table().c_str());
   }

@@ -36,7 +36,7 @@ std::string SegmentDescriptor::ToJson() const {
     j["buffers"].push_back(
         {{"offset", b.offset}, {"length", b.length}, {"location", b.location}, {"keys", b.keys}});
   }
-  return j.dump();
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 absl::StatusOr<SegmentDescriptor> SegmentDescriptor::FromJson(const std::string& text) {

@@ -12,7 +12,14 @@
 #include "config/base/clock.h"
 #include "master/master.h"
 #include "master/persistence.h"
+#include "google/protobuf/stubs/logging.h"
 #include "tests/fuzz/fuzz.h"
+
+// Protobuf logs every string field that is not UTF-8; that is expected here.
+const bool kQuietProtobuf = [] {
+  google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int, const std::string&) {});
+  return true;
+}();
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<tierkv::master::Mutation> records;

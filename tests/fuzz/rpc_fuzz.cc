@@ -7,6 +7,7 @@
 #include <string>
 
 #include "master/rpc_handlers.h"
+#include "google/protobuf/stubs/logging.h"
 #include "tests/fuzz/fuzz.h"
 #include "tests/fuzz/master_fixture.h"
 
@@ -25,6 +26,12 @@ void Call(const uint8_t* data, size_t size, Fn fn) {
 }
 
 }  // namespace
+
+// Protobuf logs every string field that is not UTF-8; that is expected here.
+const bool kQuietProtobuf = [] {
+  google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int, const std::string&) {});
+  return true;
+}();
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static ManualClock clock;
