@@ -19,7 +19,7 @@ const FlagTable<BenchConfig>& BenchFlags() {
           IntFlag<C>("threads", &C::threads, "2", 1, 256, "client threads"),
           SizeFlag<C>("block", &C::block, "1mib", 1, 1u << 30, "transfer: bytes per request"),
           SizeFlag<C>("value", &C::value, "1mib", 1, 1u << 30, "store: bytes per value"),
-          StringFlag<C>("transport", &C::transport, "tcp", "transfer/store: tcp or shm"),
+          StringFlag<C>("transport", &C::transport, "tcp", "transfer: tcp, shm or cuda (GPU memory); store: tcp or shm"),
           IntFlag<C>("connections", &C::connections, "4", 1, 64, "transfer/store: tcp connections per peer"),
           IntFlag<C>("repetitions", &C::repetitions, "3", 1, 100,
                      "interleaved repetitions of each case; medians are reported"),

@@ -35,6 +35,7 @@ struct PeerEntry {
   std::string transport ABSL_GUARDED_BY(mu);
   std::vector<std::string> fallbacks ABSL_GUARDED_BY(mu);
   bool needs_registered_local ABSL_GUARDED_BY(mu) = false;
+  bool cuda_memory ABSL_GUARDED_BY(mu) = false;
 };
 
 class Engine final : public TransferEngine, public ServedMemory {
@@ -55,16 +56,17 @@ class Engine final : public TransferEngine, public ServedMemory {
     if (options_.host.empty()) options_.host = options_.backend.advertise.empty() ? options_.backend.listen : options_.backend.advertise;
     std::vector<std::string> names = options_.transports;
     bool automatic = names.empty();
-    if (automatic) names = {"shm", "rdma", "tcp"};
+    if (automatic) names = {"cuda", "shm", "rdma", "tcp"};
     // tcp is always present: it is the control channel for every handshake.
     std::vector<std::string> create = names;
     if (std::find(create.begin(), create.end(), "tcp") == create.end()) create.push_back("tcp");
     std::vector<std::string> started;
     for (const std::string& n : create) {
       absl::StatusOr<std::unique_ptr<Backend>> b = CreateBackend(n, options_.backend);
-      if (!b.ok() && automatic && n == "rdma") {
-        // Chosen automatically, rdma simply sits out on hosts without a NIC.
-        TKV_LOG(INFO) << "transport rdma not used: " << b.status().message();
+      if (!b.ok() && automatic && (n == "rdma" || n == "cuda")) {
+        // Chosen automatically, rdma and cuda sit out on hosts without a NIC
+        // or a GPU (or builds without the cuda target).
+        TKV_LOG(INFO) << "transport " << n << " not used: " << b.status().message();
         continue;
       }
       if (!b.ok()) return b.status();
@@ -163,9 +165,11 @@ class Engine final : public TransferEngine, public ServedMemory {
         offset += b->length;
       }
       for (auto& be : backends_) {
-        // shm only helps when some buffer can be shared.
-        if (be->name() == "shm" && std::none_of(d.buffers.begin(), d.buffers.end(),
-                                                [](const BufferDescriptor& b) { return b.keys.contains("shm"); })) {
+        // shm, cuda and rdma only help when some buffer carries their key.
+        const std::string n = be->name();
+        if ((n == "shm" || n == "cuda" || n == "rdma") &&
+            std::none_of(d.buffers.begin(), d.buffers.end(),
+                         [&](const BufferDescriptor& b) { return b.keys.contains(n); })) {
           continue;
         }
         d.transports[be->name()] = be->endpoint();
@@ -274,6 +278,12 @@ class Engine final : public TransferEngine, public ServedMemory {
           batch->SetStatus(i, where.status());
           continue;
         }
+        if (!peer->cuda_memory && (LocalIsGpu(r.local, r.length) || (*where)->location.rfind("cuda:", 0) == 0)) {
+          // Only a GPU-capable transport may dereference device pointers.
+          batch->SetStatus(i, absl::FailedPreconditionError(
+                                  absl::StrCat("transport ", peer->transport, " cannot move GPU memory")));
+          continue;
+        }
         if (peer->needs_registered_local && !LocalRegistered(r.local, r.length)) {
           batch->SetStatus(i, absl::FailedPreconditionError(
                                   absl::StrCat("transport ", peer->transport,
@@ -348,6 +358,7 @@ class Engine final : public TransferEngine, public ServedMemory {
     std::shared_ptr<PeerChannel> channel;
     std::string transport;
     bool needs_registered_local;
+    bool cuda_memory;
   };
 
   int tcp_port() const {
@@ -377,6 +388,17 @@ class Engine final : public TransferEngine, public ServedMemory {
     return a >= b->addr && RangeWithin(a - b->addr, length, b->length);
   }
 
+  // True when [addr, addr+length) lies in registered cuda:<n> memory.
+  bool LocalIsGpu(void* addr, uint64_t length) {
+    std::shared_lock lock(served_mu_);
+    char* a = static_cast<char*>(addr);
+    auto it = buffers_.upper_bound(a);
+    if (it == buffers_.begin()) return false;
+    --it;
+    const LocalBuffer* b = it->second.get();
+    return a >= b->addr && RangeWithin(a - b->addr, length, b->length) && b->location.kind == Location::kCuda;
+  }
+
   std::shared_ptr<PeerEntry> Entry(const std::string& segment) {
     MutexLock lock(&peers_mu_);
     auto& e = peers_[segment];
@@ -388,7 +410,7 @@ class Engine final : public TransferEngine, public ServedMemory {
     std::shared_ptr<PeerEntry> e = Entry(segment);
     MutexLock lock(&e->mu);
     if (e->channel && e->channel->healthy() && e->desc) {
-      return Prepared{*e->desc, e->channel, e->transport, e->needs_registered_local};
+      return Prepared{*e->desc, e->channel, e->transport, e->needs_registered_local, e->cuda_memory};
     }
     // (Re)read the descriptor: the peer may have restarted or moved.
     absl::StatusOr<std::string> json = options_.metadata->Get(DescriptorKey(segment));
@@ -414,8 +436,9 @@ class Engine final : public TransferEngine, public ServedMemory {
         e->channel = std::move(*ch);
         e->transport = b->name();
         e->needs_registered_local = b->capabilities().needs_registered_local;
+        e->cuda_memory = b->capabilities().cuda_memory;
         e->fallbacks = reasons;
-        return Prepared{desc, e->channel, e->transport, e->needs_registered_local};
+        return Prepared{desc, e->channel, e->transport, e->needs_registered_local, e->cuda_memory};
       }
       std::string why = absl::StrCat(b->name(), ": ", ch.status().message());
       TKV_LOG(WARNING) << "transport " << b->name() << " cannot reach segment " << segment

@@ -6,6 +6,9 @@
 #include "config/base/mutex.h"
 #include "transport/internal/builtin.h"
 #include "transport/rdma/rdma_backend.h"
+#ifdef TIERKV_HAVE_CUDA
+#include "transport/cuda/cuda_backend.h"
+#endif
 
 namespace tierkv::transport {
 namespace {
@@ -23,6 +26,9 @@ Registry& Get() {
     reg->factories["shm"] = internal::NewShmBackend;
     reg->factories["loopback"] = internal::NewLoopbackBackend;
     reg->factories["rdma"] = [](const BackendOptions& o) { return rdma::NewRdmaBackend(o, rdma::RealVerbs()); };
+#ifdef TIERKV_HAVE_CUDA
+    reg->factories["cuda"] = cuda::NewCudaBackend;
+#endif
     return reg;
   }();
   return *r;

@@ -571,7 +571,9 @@ TEST_F(FaultScenarioTest, Scenario10_HttpAbuseIsRefusedAndTheServerStaysResponsi
   for (int attempt = 0; attempt < 20 && !served; ++attempt) {
     auto h = fresh.Get("/v1/stats");
     if (h && h->status == 200) served = true;
-    if (h && h->status != 200) EXPECT_EQ(h->status, 503);
+    if (h && h->status != 200) {
+      EXPECT_EQ(h->status, 503);
+    }
     if (!served) {  // make room: close some idle ones, as clients do
       for (int k = 0; k < 200 && !idle.empty(); ++k) {
         ::close(idle.back());

@@ -47,7 +47,9 @@ class TcpFramesTest : public ::testing::Test {
     uint8_t buf[kRequestSize];
     EncodeRequest(h, buf);
     ASSERT_OK(WriteFull(fd_.get(), buf, sizeof buf, Deadline()));
-    if (!payload.empty()) ASSERT_OK(WriteFull(fd_.get(), payload.data(), payload.size(), Deadline()));
+    if (!payload.empty()) {
+      ASSERT_OK(WriteFull(fd_.get(), payload.data(), payload.size(), Deadline()));
+    }
   }
   // Reads one reply and its payload.
   absl::StatusOr<std::pair<ReplyHeader, std::string>> Receive() {

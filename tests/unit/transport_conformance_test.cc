@@ -269,6 +269,26 @@ TEST(TransportSelection, AutoPicksShmOnTheSameHost) {
   EXPECT_EQ((*client)->Describe("local").transport, "shm");
 }
 
+TEST(TransportSelection, OnlyAGpuTransportTouchesGpuMemory) {
+  // tcp and shm would dereference a device pointer; the engine refuses
+  // before any backend sees it (the memory here is host memory labelled
+  // cuda:0, so nothing faults if the check were missing).
+  auto metadata = NewInMemoryMetadata();
+  auto region = SharedRegion::Create(1 << 20, {});
+  ASSERT_TRUE(region.ok());
+  auto server = TransferEngine::Create({.metadata = metadata, .transports = {"tcp"}});
+  ASSERT_TRUE(server.ok());
+  ASSERT_OK((*server)->RegisterMemory((*region)->data(), (*region)->size(), "cpu:0"));
+  ASSERT_OK((*server)->ServeSegment("host", {(*region)->data()}));
+  auto client = TransferEngine::Create({.metadata = metadata, .transports = {"tcp"}});
+  ASSERT_TRUE(client.ok());
+  std::vector<char> gpu_labelled(4096);
+  ASSERT_OK((*client)->RegisterMemory(gpu_labelled.data(), gpu_labelled.size(), "cuda:0"));
+  auto st = (*client)->Transfer({{Op::kRead, gpu_labelled.data(), "host", 0, 4096}});
+  EXPECT_THAT(st[0], StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_NE(st[0].message().find("GPU"), std::string::npos) << st[0];
+}
+
 TEST(TransportSelection, NothingReachesAnUnreachablePeer) {
   auto metadata = NewInMemoryMetadata();
   SegmentDescriptor d;

@@ -18,6 +18,9 @@
 #include "transport/engine.h"
 #include "transport/memory.h"
 #include "transport/tcp/socket.h"
+#ifdef TIERKV_HAVE_CUDA
+#include "transport/cuda/cuda_backend.h"
+#endif
 
 namespace tierkv::bench {
 namespace {
@@ -96,14 +99,123 @@ void RegisterMemcpy(uint64_t block, int threads) {
   }
 }
 
+#ifdef TIERKV_HAVE_CUDA
+// GPU memory served by one engine, read and written by another through the
+// cuda backend, against cudaMemcpy of the same blocks in the same run:
+// device-to-device, and device-to-host into pinned memory.
+int RunCudaTransfer(const BenchConfig& config) {
+  absl::StatusOr<int> gpus = transport::cuda::DeviceCount();
+  if (!gpus.ok()) {
+    std::fprintf(stderr, "tierkv-bench: --transport cuda: %s\n", std::string(gpus.status().message()).c_str());
+    return 1;
+  }
+  const uint64_t block = config.block;
+  const int batch = static_cast<int>(config.batch);
+  const uint64_t span = block * batch;
+  auto remote = transport::cuda::DeviceAlloc(span, 0);
+  auto local_dev = transport::cuda::DeviceAlloc(span, 0);
+  auto local_host = transport::cuda::PinnedAlloc(span);
+  if (!remote.ok() || !local_dev.ok() || !local_host.ok()) {
+    std::fprintf(stderr, "tierkv-bench: cannot allocate %llu bytes of GPU and pinned memory\n",
+                 static_cast<unsigned long long>(span));
+    return 1;
+  }
+  auto metadata = transport::NewInMemoryMetadata();
+  auto server = transport::TransferEngine::Create({.metadata = metadata, .transports = {"cuda"}});
+  auto client = transport::TransferEngine::Create({.metadata = metadata, .transports = {"cuda"}});
+  if (!server.ok() || !client.ok()) {
+    std::fprintf(stderr, "tierkv-bench: cannot start the engines: %s\n",
+                 std::string((server.ok() ? client.status() : server.status()).message()).c_str());
+    return 1;
+  }
+  (void)(*server)->RegisterMemory(*remote, span, "cuda:0");
+  (void)(*server)->ServeSegment("bench", {*remote});
+  (void)(*client)->RegisterMemory(*local_dev, span, "cuda:0");
+  (void)(*client)->RegisterMemory(*local_host, span, "cpu:0");
+  transport::TransferEngine* engine = client->get();
+  struct Case {
+    const char* name;
+    char* local;
+    Op op;
+  };
+  for (const Case& c : {Case{"engine/d2d_read", static_cast<char*>(*local_dev), Op::kRead},
+                        Case{"engine/d2d_write", static_cast<char*>(*local_dev), Op::kWrite},
+                        Case{"engine/d2h_read", static_cast<char*>(*local_host), Op::kRead}}) {
+    benchmark::RegisterBenchmark(c.name, [engine, c, block, batch](benchmark::State& state) {
+      std::vector<Request> reqs;
+      for (int i = 0; i < batch; ++i) reqs.push_back({c.op, c.local + i * block, "bench", i * block, block});
+      for (auto _ : state) {
+        for (const absl::Status& s : engine->Transfer(reqs)) {
+          if (!s.ok()) {
+            state.SkipWithError(std::string(s.message()).c_str());
+            return;
+          }
+        }
+      }
+      state.SetBytesProcessed(state.iterations() * batch * block);
+    })->UseRealTime();
+  }
+  for (const Case& c : {Case{"reference/cudaMemcpy_d2d", static_cast<char*>(*local_dev), Op::kRead},
+                        Case{"reference/cudaMemcpy_d2h", static_cast<char*>(*local_host), Op::kRead}}) {
+    char* src = static_cast<char*>(*remote);
+    benchmark::RegisterBenchmark(c.name, [c, src, block, batch](benchmark::State& state) {
+      for (auto _ : state) {
+        for (int i = 0; i < batch; ++i) {
+          if (!transport::cuda::Copy(c.local + i * block, src + i * block, block).ok()) {
+            state.SkipWithError("cudaMemcpy failed");
+            return;
+          }
+        }
+      }
+      state.SetBytesProcessed(state.iterations() * batch * block);
+    })->UseRealTime();
+  }
+  Figures f = RunRegistered(config.min_time, config.json, static_cast<int>(config.repetitions));
+  auto gbps = [&](const std::string& name) {
+    for (const auto& [n, c] : f) {
+      if (n.rfind(name, 0) == 0 && c.contains("bytes_per_second")) return c.at("bytes_per_second") / 1e9;
+    }
+    return 0.0;
+  };
+  double d2d = gbps("engine/d2d_read"), d2d_w = gbps("engine/d2d_write"), d2h = gbps("engine/d2h_read");
+  double ref_d2d = gbps("reference/cudaMemcpy_d2d"), ref_d2h = gbps("reference/cudaMemcpy_d2h");
+  nlohmann::json out{{"transport", "cuda"},
+                     {"block_bytes", block},
+                     {"batch", batch},
+                     {"d2d_read_GBps", d2d},
+                     {"d2d_write_GBps", d2d_w},
+                     {"d2h_read_GBps", d2h},
+                     {"reference", {{"cudaMemcpy_d2d_GBps", ref_d2d}, {"cudaMemcpy_d2h_GBps", ref_d2h}}},
+                     {"d2d_ratio", ref_d2d > 0 ? d2d / ref_d2d : 0},
+                     {"d2h_ratio", ref_d2h > 0 ? d2h / ref_d2h : 0}};
+  if (config.json) {
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf("\ncuda: d2d read %.1f GB/s (cudaMemcpy %.1f, ratio %.2f), d2h read %.1f GB/s (cudaMemcpy %.1f, ratio %.2f)\n",
+                d2d, ref_d2d, ref_d2d > 0 ? d2d / ref_d2d : 0, d2h, ref_d2h, ref_d2h > 0 ? d2h / ref_d2h : 0);
+  }
+  transport::cuda::DeviceFree(*remote);
+  transport::cuda::DeviceFree(*local_dev);
+  transport::cuda::PinnedFree(*local_host);
+  return 0;
+}
+#endif
+
 }  // namespace
 
 int RunTransfer(const BenchConfig& config) {
+  if (config.transport == "cuda") {
+#ifdef TIERKV_HAVE_CUDA
+    return RunCudaTransfer(config);
+#else
+    ExitWithUsageError("tierkv-bench", "--transport cuda: this build has no CUDA (nvcc was not found at configure time)");
+#endif
+  }
   const uint64_t block = config.block;
   const int batch = static_cast<int>(config.batch);
   const int threads = static_cast<int>(config.threads);
   if (config.transport != "tcp" && config.transport != "shm") {
-    ExitWithUsageError("tierkv-bench", "--transport must be tcp or shm for transfer");
+    ExitWithUsageError("tierkv-bench", "--transport must be tcp, shm or cuda for transfer");
   }
   // Each thread works on its own area of the segment.
   uint64_t per_thread = block * batch;
