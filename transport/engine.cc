@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <shared_mutex>
 
 #include "absl/container/flat_hash_map.h"
@@ -378,25 +379,23 @@ class Engine final : public TransferEngine, public ServedMemory {
     return nullptr;
   }
 
-  bool LocalRegistered(void* addr, uint64_t length) {
+  // The location of the registered buffer holding [addr, addr+length), if any.
+  std::optional<Location> LocalLocation(void* addr, uint64_t length) {
     std::shared_lock lock(served_mu_);
     char* a = static_cast<char*>(addr);
     auto it = buffers_.upper_bound(a);
-    if (it == buffers_.begin()) return false;
+    if (it == buffers_.begin()) return std::nullopt;
     --it;
     const LocalBuffer* b = it->second.get();
-    return a >= b->addr && RangeWithin(a - b->addr, length, b->length);
+    if (a < b->addr || !RangeWithin(a - b->addr, length, b->length)) return std::nullopt;
+    return b->location;
   }
+  bool LocalRegistered(void* addr, uint64_t length) { return LocalLocation(addr, length).has_value(); }
 
   // True when [addr, addr+length) lies in registered cuda:<n> memory.
   bool LocalIsGpu(void* addr, uint64_t length) {
-    std::shared_lock lock(served_mu_);
-    char* a = static_cast<char*>(addr);
-    auto it = buffers_.upper_bound(a);
-    if (it == buffers_.begin()) return false;
-    --it;
-    const LocalBuffer* b = it->second.get();
-    return a >= b->addr && RangeWithin(a - b->addr, length, b->length) && b->location.kind == Location::kCuda;
+    std::optional<Location> loc = LocalLocation(addr, length);
+    return loc && loc->kind == Location::kCuda;
   }
 
   std::shared_ptr<PeerEntry> Entry(const std::string& segment) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -36,6 +37,16 @@ absl::StatusOr<Location> ParseLocation(absl::string_view text);
 // overflow for any inputs.
 inline bool RangeWithin(uint64_t offset, uint64_t length, uint64_t size) {
   return offset <= size && length <= size - offset;
+}
+
+// The element of `ranges` (each with .offset and .length within a segment)
+// that holds [offset, offset + length) whole, or null.
+template <class R>
+const R* FindRange(const std::vector<R>& ranges, uint64_t offset, uint64_t length) {
+  for (const R& r : ranges) {
+    if (offset >= r.offset && RangeWithin(offset - r.offset, length, r.length)) return &r;
+  }
+  return nullptr;
 }
 
 }  // namespace tierkv::transport

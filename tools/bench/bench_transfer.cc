@@ -99,6 +99,23 @@ void RegisterMemcpy(uint64_t block, int threads) {
   }
 }
 
+// Times engine->Transfer(reqs) per iteration; the first failure ends the
+// benchmark with its message.
+void TimeTransfers(benchmark::State& state, transport::TransferEngine* engine, const std::vector<Request>& reqs) {
+  uint64_t bytes = 0;
+  for (const Request& r : reqs) bytes += r.length;
+  for (auto _ : state) {
+    for (const absl::Status& s : engine->Transfer(reqs)) {
+      if (!s.ok()) {
+        state.SkipWithError(std::string(s.message()).c_str());
+        return;
+      }
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.SetItemsProcessed(state.iterations() * reqs.size());
+}
+
 #ifdef TIERKV_HAVE_CUDA
 // GPU memory served by one engine, read and written by another through the
 // cuda backend, against cudaMemcpy of the same blocks in the same run:
@@ -144,15 +161,7 @@ int RunCudaTransfer(const BenchConfig& config) {
     benchmark::RegisterBenchmark(c.name, [engine, c, block, batch](benchmark::State& state) {
       std::vector<Request> reqs;
       for (int i = 0; i < batch; ++i) reqs.push_back({c.op, c.local + i * block, "bench", i * block, block});
-      for (auto _ : state) {
-        for (const absl::Status& s : engine->Transfer(reqs)) {
-          if (!s.ok()) {
-            state.SkipWithError(std::string(s.message()).c_str());
-            return;
-          }
-        }
-      }
-      state.SetBytesProcessed(state.iterations() * batch * block);
+      TimeTransfers(state, engine, reqs);
     })->UseRealTime();
   }
   for (const Case& c : {Case{"reference/cudaMemcpy_d2d", static_cast<char*>(*local_dev), Op::kRead},
@@ -249,16 +258,7 @@ int RunTransfer(const BenchConfig& config) {
       uint64_t base = state.thread_index() * per_thread;
       std::vector<Request> reqs;
       for (int i = 0; i < batch; ++i) reqs.push_back({op, local.data() + i * block, "bench", base + i * block, block});
-      for (auto _ : state) {
-        for (const absl::Status& s : engine->Transfer(reqs)) {
-          if (!s.ok()) {
-            state.SkipWithError(std::string(s.message()).c_str());
-            return;
-          }
-        }
-      }
-      state.SetBytesProcessed(state.iterations() * batch * block);
-      state.SetItemsProcessed(state.iterations() * batch);
+      TimeTransfers(state, engine, reqs);
     })->UseRealTime()->Threads(threads);
   }
   if (config.transport == "tcp") {

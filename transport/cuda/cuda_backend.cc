@@ -77,7 +77,7 @@ class CudaChannel final : public PeerChannel {
         s->status = absl::OkStatus();
         continue;
       }
-      const Mapping* m = Find(s->remote_offset, s->length);
+      const Mapping* m = FindRange(maps_, s->remote_offset, s->length);
       if (m == nullptr) {
         s->status = absl::OutOfRangeError(absl::StrCat("range [", s->remote_offset, ", +", s->length,
                                                        ") is not inside a GPU buffer"));
@@ -111,12 +111,6 @@ class CudaChannel final : public PeerChannel {
   bool healthy() const override { return healthy_.load(); }
 
  private:
-  const Mapping* Find(uint64_t offset, uint64_t length) const {
-    for (const Mapping& m : maps_) {
-      if (offset >= m.offset && RangeWithin(offset - m.offset, length, m.length)) return &m;
-    }
-    return nullptr;
-  }
   std::vector<Mapping> maps_;
   std::atomic<bool> healthy_{true};
 };

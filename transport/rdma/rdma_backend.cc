@@ -393,13 +393,6 @@ class RdmaChannel final : public PeerChannel {
     return absl::OkStatus();
   }
 
-  const RemoteBuffer* FindRemote(uint64_t offset, uint64_t length) const {
-    for (const RemoteBuffer& b : buffers_) {
-      if (offset >= b.offset && RangeWithin(offset - b.offset, length, b.length)) return &b;
-    }
-    return nullptr;
-  }
-
   // Lanes in the order a chunk of local NUMA node `numa` should try them:
   // healthy before paused, same node first, then round-robin.
   std::vector<size_t> Order(int numa, size_t rotate) {
@@ -443,7 +436,7 @@ void RdmaChannel::Post(absl::Span<Slice* const> slices, absl::Time deadline) {
       continue;
     }
     local[i] = *l;
-    remote[i] = FindRemote(s->remote_offset, s->length);
+    remote[i] = FindRange(buffers_, s->remote_offset, s->length);
     if (remote[i] == nullptr) {
       s->status = absl::OutOfRangeError(absl::StrCat("range [", s->remote_offset, ", +", s->length,
                                                      ") is outside every rdma buffer of ", remote_.name));

@@ -42,7 +42,7 @@ class ShmChannel final : public PeerChannel {
         s->status = absl::DeadlineExceededError("shm transfer passed its deadline");
         continue;
       }
-      const Mapping* m = Find(s->remote_offset, s->length);
+      const Mapping* m = FindRange(maps_, s->remote_offset, s->length);
       if (m == nullptr) {
         s->status = absl::OutOfRangeError(absl::StrCat("range [", s->remote_offset, ", +", s->length,
                                                        ") is not inside a shared buffer"));
@@ -60,12 +60,6 @@ class ShmChannel final : public PeerChannel {
   bool healthy() const override { return true; }
 
  private:
-  const Mapping* Find(uint64_t offset, uint64_t length) const {
-    for (const Mapping& m : maps_) {
-      if (offset >= m.offset && RangeWithin(offset - m.offset, length, m.length)) return &m;
-    }
-    return nullptr;
-  }
   std::vector<Mapping> maps_;
 };
 
