@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   eo.transports = options.transports;
   eo.backend.listen = options.listen;
   eo.backend.connections = options.connections;
+  eo.backend.rdma_devices = options.rdma_devices;
   eo.workers = options.workers;
   eo.host = options.host;
   eo.default_timeout = options.transfer_timeout;

@@ -43,6 +43,7 @@ struct ClientOptions {
   // Overrides `metadata` (tests, embedded clusters).
   std::shared_ptr<transport::MetadataClient> metadata_client;
   std::vector<std::string> transports;  // preference; empty = auto
+  std::vector<std::string> rdma_devices;  // NICs for rdma ("mlx5_0"); empty = every active port
   int connections = 4;
   int workers = 4;
   std::string listen = "127.0.0.1";
