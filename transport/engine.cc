@@ -67,7 +67,7 @@ class Engine final : public TransferEngine, public ServedMemory {
       if (!b.ok() && automatic && (n == "rdma" || n == "cuda")) {
         // Chosen automatically, rdma and cuda sit out on hosts without a NIC
         // or a GPU (or builds without the cuda target).
-        TKV_LOG(INFO) << "transport " << n << " not used: " << b.status().message();
+        TKV_LOG(DEBUG) << "transport " << n << " not used: " << b.status().message();
         continue;
       }
       if (!b.ok()) return b.status();
