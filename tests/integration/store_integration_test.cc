@@ -201,6 +201,25 @@ TEST_F(StoreClusterTest, PrefixMatchAndGroups) {
   EXPECT_THAT(client->Get("tp-0"), StatusIs(absl::StatusCode::kNotFound));
 }
 
+TEST_F(StoreClusterTest, BinaryKeysAreKeysLikeAnyOther) {
+  // Page hashes as raw bytes, not UTF-8: one of them must not fail a batch.
+  ASSERT_OK(cluster_.Start({.daemons = 1, .segment_size = "64mib"}));
+  auto client = Client();
+  const std::string binary("\xff\xfe\x80page\x01", 8);
+  std::vector<client::PutItem> items{{binary, "bin", "", ""}, {"plain", "txt", "", binary}};
+  for (const absl::Status& s : client->BatchPut(items)) ASSERT_OK(s);
+  auto got = client->BatchGet(std::vector<std::string>{"plain", binary, "absent"});
+  ASSERT_TRUE(got[0].ok() && got[1].ok()) << got[0].status() << " " << got[1].status();
+  EXPECT_EQ(*got[0], "txt");
+  EXPECT_EQ(*got[1], "bin");
+  EXPECT_THAT(got[2], StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(*client->PrefixMatch({binary, "plain", "absent"}), 2u);
+  // A NUL byte is the one thing a key may not hold: refused alone.
+  auto with_nul = client->BatchPut({{std::string("a\0b", 3), "x", "", ""}, {"fine", "y", "", ""}});
+  EXPECT_THAT(with_nul[0], StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_OK(with_nul[1]);
+}
+
 TEST_F(StoreClusterTest, ReadinessFollowsTheMountAndSigtermUnmounts) {
   // The daemon starts first, against a master that is not up yet.
   int bound = 0;
