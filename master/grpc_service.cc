@@ -40,17 +40,19 @@ class Service final : public v1::Master::CallbackService {
 
   grpc::ServerUnaryReactor* PutStart(grpc::CallbackServerContext* ctx, const v1::PutStartRequest* req,
                                   v1::PutStartResponse* resp) override {
-    return Handle(ctx, "PutStart", req->items_size(), [&] { rpc::PutStart(master_, *req, rpc::ClientOf(req->client_id(), ctx->peer()), resp); });
+    return Handle(ctx, "PutStart", req->items_size(), [&] {
+      rpc::PutStart(master_, *req, req->client_id().empty() ? ctx->peer() : req->client_id(), resp);
+    });
   }
 
   grpc::ServerUnaryReactor* PutEnd(grpc::CallbackServerContext* ctx, const v1::KeysRequest* req,
                                   v1::KeysResponse* resp) override {
-    return Handle(ctx, "PutEnd", req->keys_size(), [&] { rpc::PutEnd(master_, *req, rpc::ClientOf(req->client_id(), ctx->peer()), resp); });
+    return Handle(ctx, "PutEnd", req->keys_size(), [&] { rpc::PutEnd(master_, *req, resp); });
   }
 
   grpc::ServerUnaryReactor* PutRevoke(grpc::CallbackServerContext* ctx, const v1::KeysRequest* req,
                                   v1::KeysResponse* resp) override {
-    return Handle(ctx, "PutRevoke", req->keys_size(), [&] { rpc::PutRevoke(master_, *req, rpc::ClientOf(req->client_id(), ctx->peer()), resp); });
+    return Handle(ctx, "PutRevoke", req->keys_size(), [&] { rpc::PutRevoke(master_, *req, resp); });
   }
 
   grpc::ServerUnaryReactor* GetReplicas(grpc::CallbackServerContext* ctx, const v1::KeysRequest* req,

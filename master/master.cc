@@ -148,7 +148,6 @@ void Master::Tick() {
     DropSegmentIds(gone, "heartbeats stopped", false);
   }
   index_->Tick();
-  ExpirePending(now);
   MutexLock lock(&clients_mu_);
   for (auto it = clients_.begin(); it != clients_.end();) {
     if (now - it->second > options_.segment_ttl) {
@@ -159,12 +158,12 @@ void Master::Tick() {
   }
 }
 
-std::vector<PutStartOut> Master::PutStart(const std::vector<PutItem>& items, const std::string& client) {
+std::vector<PutStartOut> Master::PutStart(std::vector<PutItem> items, const std::string& client) {
   const uint64_t cap = options_.max_pending_per_client;
   if (cap > 0) {
-    MutexLock lock(&pending_mu_);
-    auto it = pending_.find(client);
-    uint64_t held = it == pending_.end() ? 0 : it->second.size();
+    // Concurrent PutStarts of one client may overshoot by a batch: a cap on
+    // a runaway writer, not an exact quota.
+    uint64_t held = index_->PendingOf(client);
     if (held + items.size() > cap) {
       pending_refused_->Increment(static_cast<double>(items.size()));
       absl::Status refused = absl::ResourceExhaustedError(
@@ -173,57 +172,8 @@ std::vector<PutStartOut> Master::PutStart(const std::vector<PutItem>& items, con
       return std::vector<PutStartOut>(items.size(), PutStartOut{refused, {}});
     }
   }
-  std::vector<PutStartOut> out = index_->PutStart(items);
-  if (cap > 0) {
-    absl::Time now = clock_->Now();
-    MutexLock lock(&pending_mu_);
-    auto& mine = pending_[client];
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (out[i].status.ok()) mine[items[i].key] = now;
-    }
-    if (mine.empty()) pending_.erase(client);
-  }
-  return out;
-}
-
-std::vector<absl::Status> Master::PutEnd(const std::vector<std::string>& keys, const std::string& client) {
-  std::vector<absl::Status> out = index_->PutEnd(keys);
-  ReleasePending(keys, client);
-  return out;
-}
-
-std::vector<absl::Status> Master::PutRevoke(const std::vector<std::string>& keys, const std::string& client) {
-  std::vector<absl::Status> out = index_->PutRevoke(keys);
-  ReleasePending(keys, client);
-  return out;
-}
-
-void Master::ReleasePending(const std::vector<std::string>& keys, const std::string& client) {
-  MutexLock lock(&pending_mu_);
-  auto it = pending_.find(client);
-  if (it == pending_.end()) return;
-  for (const std::string& k : keys) it->second.erase(k);
-  if (it->second.empty()) pending_.erase(it);
-}
-
-void Master::ExpirePending(absl::Time now) {
-  // The index reclaims a put after put_timeout; its count goes with it.
-  const absl::Time cutoff = now - options_.index.put_timeout;
-  MutexLock lock(&pending_mu_);
-  for (auto c = pending_.begin(); c != pending_.end();) {
-    absl::erase_if(c->second, [&](const auto& kv) { return kv.second <= cutoff; });
-    if (c->second.empty()) {
-      pending_.erase(c++);
-    } else {
-      ++c;
-    }
-  }
-}
-
-uint64_t Master::pending_puts(const std::string& client) const {
-  MutexLock lock(&pending_mu_);
-  auto it = pending_.find(client);
-  return it == pending_.end() ? 0 : it->second.size();
+  for (PutItem& it : items) it.client = client;
+  return index_->PutStart(items);
 }
 
 uint64_t Master::clients_seen() const {

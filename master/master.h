@@ -54,14 +54,11 @@ class Master {
   std::vector<absl::Status> Unmount(const std::vector<std::string>& names);
   HeartbeatResult Heartbeat(const std::vector<SegmentSpec>& segments, const std::string& client_id);
 
-  // The index's PutStart/PutEnd/PutRevoke, with the per-client cap on puts
-  // in flight: a PutStart that would take `client` past
-  // max_pending_per_client is refused whole, RESOURCE_EXHAUSTED per item.
-  // A put counts until its PutEnd or PutRevoke, or until the put timeout.
-  std::vector<PutStartOut> PutStart(const std::vector<PutItem>& items, const std::string& client);
-  std::vector<absl::Status> PutEnd(const std::vector<std::string>& keys, const std::string& client);
-  std::vector<absl::Status> PutRevoke(const std::vector<std::string>& keys, const std::string& client);
-  uint64_t pending_puts(const std::string& client) const;
+  // The index's PutStart, with the per-client cap on puts in flight: a
+  // PutStart that would take `client` past max_pending_per_client is
+  // refused whole, RESOURCE_EXHAUSTED per item. A put counts until its
+  // PutEnd or PutRevoke, or until the put timeout reclaims it.
+  std::vector<PutStartOut> PutStart(std::vector<PutItem> items, const std::string& client);
 
   // Liveness and housekeeping; called periodically.
   void Tick();
@@ -97,12 +94,6 @@ class Master {
   metrics::Counter* segments_dropped_ = nullptr;
   mutable Mutex clients_mu_;
   absl::flat_hash_map<std::string, absl::Time> clients_ ABSL_GUARDED_BY(clients_mu_);
-  void ReleasePending(const std::vector<std::string>& keys, const std::string& client);
-  void ExpirePending(absl::Time now);
-  mutable Mutex pending_mu_;
-  // client -> its uncommitted keys and when each started.
-  absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, absl::Time>> pending_
-      ABSL_GUARDED_BY(pending_mu_);
   metrics::Counter* pending_refused_ = nullptr;
 };
 

@@ -190,6 +190,7 @@ void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mu
     objects_.fetch_sub(1);
     if (o.soft_pin) pinned_.fetch_sub(1);
   } else if (o.state == ObjState::kPending) {
+    CountPending(s.pending[slot].client, -1);
     s.pending.erase(slot);
     pending_.fetch_sub(1);
   }
@@ -375,7 +376,8 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
         ++group->alive;
       }
       s.index.insert(slot);
-      s.pending[slot] = PendingInfo{item.parent_key};
+      s.pending[slot] = PendingInfo{item.parent_key, item.client};
+      CountPending(item.client, +1);
       pending_.fetch_add(1);
       key_bytes_.fetch_add(item.key.size());
       auto names = LiveNames();
@@ -457,6 +459,7 @@ std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::strin
         out[i] = Annotate(st, absl::StrCat(key, ": persisting the object"));
         continue;
       }
+      CountPending(s.pending[slot].client, -1);
       s.pending.erase(slot);
       pending_.fetch_sub(1);
       objects_.fetch_add(1);
@@ -691,6 +694,20 @@ absl::StatusOr<ObjectInfo> ObjectIndex::Describe(const std::string& key) {
   return impl_->Describe(key);
 }
 IndexStats ObjectIndex::Stats() const { return impl_->Stats(); }
+uint64_t ObjectIndex::PendingOf(const std::string& client) { return impl_->PendingOf(client); }
+
+void ObjectIndex::Impl::CountPending(const std::string& client, int delta) {
+  MutexLock lock(&clients_mu_);
+  uint64_t& n = pending_by_client_[client];
+  n += delta;
+  if (n == 0) pending_by_client_.erase(client);
+}
+
+uint64_t ObjectIndex::Impl::PendingOf(const std::string& client) {
+  MutexLock lock(&clients_mu_);
+  auto it = pending_by_client_.find(client);
+  return it == pending_by_client_.end() ? 0 : it->second;
+}
 absl::Status ObjectIndex::CheckInvariants() { return impl_->CheckInvariants(); }
 
 }  // namespace tierkv::master

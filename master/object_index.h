@@ -54,6 +54,7 @@ struct PutItem {
   std::string group;
   bool soft_pin = false;
   std::string parent_key;
+  std::string client;  // the writer, for the per-client count of puts in flight
 };
 
 struct ExtentOut {
@@ -161,6 +162,8 @@ class ObjectIndex {
   absl::StatusOr<ObjectInfo> Describe(const std::string& key);
 
   IndexStats Stats() const;
+  // PENDING objects put by `client` (PutStart without PutEnd, revoke or timeout).
+  uint64_t PendingOf(const std::string& client);
 
   // Checks internal invariants (slot/set agreement, list membership, child
   // counts); INTERNAL naming the first violation. For tests and start-up.

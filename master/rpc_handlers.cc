@@ -60,19 +60,19 @@ void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& clie
     items.push_back({it.key(), it.size(), static_cast<int>(std::min<uint32_t>(it.replicas(), 1u << 16)),
                      it.preferred_segment(), it.group(), it.soft_pin(), it.parent_key()});
   }
-  for (const PutStartOut& r : m->PutStart(items, client)) {
+  for (const PutStartOut& r : m->PutStart(std::move(items), client)) {
     v1::PutStartResult* out = resp->add_results();
     SetResultStatus(out, r.status);
     for (const ExtentOut& e : r.replicas) SetExtent(out->add_replicas(), e);
   }
 }
 
-void PutEnd(Master* m, const v1::KeysRequest& req, const std::string& client, v1::KeysResponse* resp) {
-  for (const absl::Status& s : m->PutEnd(Keys(req.keys()), client)) SetStatus(resp->add_status(), s);
+void PutEnd(Master* m, const v1::KeysRequest& req, v1::KeysResponse* resp) {
+  for (const absl::Status& s : m->index().PutEnd(Keys(req.keys()))) SetStatus(resp->add_status(), s);
 }
 
-void PutRevoke(Master* m, const v1::KeysRequest& req, const std::string& client, v1::KeysResponse* resp) {
-  for (const absl::Status& s : m->PutRevoke(Keys(req.keys()), client)) SetStatus(resp->add_status(), s);
+void PutRevoke(Master* m, const v1::KeysRequest& req, v1::KeysResponse* resp) {
+  for (const absl::Status& s : m->index().PutRevoke(Keys(req.keys()))) SetStatus(resp->add_status(), s);
 }
 
 void GetReplicas(Master* m, const v1::KeysRequest& req, v1::GetReplicasResponse* resp) {

@@ -3,8 +3,9 @@
 // and calls these; the fuzz targets call them directly with parsed bytes.
 //
 // Each handler fills `resp` from `req` and never fails whole: per-item
-// problems come back as that item's status. `client` names the caller for
-// per-client caps: the request's client_id, else the connection's peer.
+// problems come back as that item's status. PutStart's `client` names the
+// caller for the per-client cap: the request's client_id, else the
+// connection's peer.
 #pragma once
 
 #include <string>
@@ -19,8 +20,8 @@ void UnmountSegment(Master* m, const v1::UnmountSegmentRequest& req, v1::Unmount
 void Heartbeat(Master* m, const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
 void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& client,
               v1::PutStartResponse* resp);
-void PutEnd(Master* m, const v1::KeysRequest& req, const std::string& client, v1::KeysResponse* resp);
-void PutRevoke(Master* m, const v1::KeysRequest& req, const std::string& client, v1::KeysResponse* resp);
+void PutEnd(Master* m, const v1::KeysRequest& req, v1::KeysResponse* resp);
+void PutRevoke(Master* m, const v1::KeysRequest& req, v1::KeysResponse* resp);
 void GetReplicas(Master* m, const v1::KeysRequest& req, v1::GetReplicasResponse* resp);
 void Exists(Master* m, const v1::KeysRequest& req, v1::ExistsResponse* resp);
 void PrefixMatch(Master* m, const v1::KeysRequest& req, v1::PrefixMatchResponse* resp);
@@ -28,9 +29,5 @@ void Remove(Master* m, const v1::RemoveRequest& req, v1::KeysResponse* resp);
 void RemoveAll(Master* m, const v1::RemoveAllRequest& req, v1::RemoveAllResponse* resp);
 void Stats(Master* m, const v1::StatsRequest& req, v1::StatsResponse* resp);
 
-// The caller's identity for caps: `client_id` when set, else `peer`.
-inline const std::string& ClientOf(const std::string& client_id, const std::string& peer) {
-  return client_id.empty() ? peer : client_id;
-}
 
 }  // namespace tierkv::master::rpc

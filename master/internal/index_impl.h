@@ -102,6 +102,7 @@ struct LruList {
 
 struct PendingInfo {
   std::string parent_key;
+  std::string client;  // who is writing it (the per-client cap counts it)
 };
 
 struct Shard {
@@ -143,6 +144,7 @@ class ObjectIndex::Impl {
   uint64_t RemoveAll(bool force);
   absl::StatusOr<ObjectInfo> Describe(const std::string& key);
   IndexStats Stats() const;
+  uint64_t PendingOf(const std::string& client);
 
   // --- eviction.cc
   uint64_t EvictTo(uint64_t target_used);
@@ -206,6 +208,10 @@ class ObjectIndex::Impl {
     int64_t until_ms = 0;
   };
   void FreeDeferred(int64_t now_ms);
+  // Puts in flight per client, kept with the pending objects themselves.
+  void CountPending(const std::string& client, int delta);
+  Mutex clients_mu_;  // a leaf: taken under shard locks
+  absl::flat_hash_map<std::string, uint64_t> pending_by_client_ ABSL_GUARDED_BY(clients_mu_);
   Mutex deferred_mu_;  // a leaf: taken under shard locks
   std::vector<DeferredFree> deferred_ ABSL_GUARDED_BY(deferred_mu_);
 

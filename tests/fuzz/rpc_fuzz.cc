@@ -47,9 +47,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 0: Call<v1::MountSegmentRequest, v1::MountSegmentResponse>(data, size, [&](auto& q, auto* r) { rpc::MountSegment(m, q, r); }); break;
     case 1: Call<v1::UnmountSegmentRequest, v1::UnmountSegmentResponse>(data, size, [&](auto& q, auto* r) { rpc::UnmountSegment(m, q, r); }); break;
     case 2: Call<v1::HeartbeatRequest, v1::HeartbeatResponse>(data, size, [&](auto& q, auto* r) { rpc::Heartbeat(m, q, r); }); break;
-    case 3: Call<v1::PutStartRequest, v1::PutStartResponse>(data, size, [&](auto& q, auto* r) { rpc::PutStart(m, q, rpc::ClientOf(q.client_id(), client), r); }); break;
-    case 4: Call<v1::KeysRequest, v1::KeysResponse>(data, size, [&](auto& q, auto* r) { rpc::PutEnd(m, q, rpc::ClientOf(q.client_id(), client), r); }); break;
-    case 5: Call<v1::KeysRequest, v1::KeysResponse>(data, size, [&](auto& q, auto* r) { rpc::PutRevoke(m, q, rpc::ClientOf(q.client_id(), client), r); }); break;
+    case 3: Call<v1::PutStartRequest, v1::PutStartResponse>(data, size, [&](auto& q, auto* r) { rpc::PutStart(m, q, q.client_id().empty() ? client : q.client_id(), r); }); break;
+    case 4: Call<v1::KeysRequest, v1::KeysResponse>(data, size, [&](auto& q, auto* r) { rpc::PutEnd(m, q, r); }); break;
+    case 5: Call<v1::KeysRequest, v1::KeysResponse>(data, size, [&](auto& q, auto* r) { rpc::PutRevoke(m, q, r); }); break;
     case 6: Call<v1::KeysRequest, v1::GetReplicasResponse>(data, size, [&](auto& q, auto* r) { rpc::GetReplicas(m, q, r); }); break;
     case 7: Call<v1::KeysRequest, v1::ExistsResponse>(data, size, [&](auto& q, auto* r) { rpc::Exists(m, q, r); }); break;
     case 8: Call<v1::KeysRequest, v1::PrefixMatchResponse>(data, size, [&](auto& q, auto* r) { rpc::PrefixMatch(m, q, r); }); break;

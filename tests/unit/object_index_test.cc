@@ -151,6 +151,21 @@ TEST_F(IndexTest, TimedOutPutsAreReclaimed) {
   EXPECT_OK(index_->CheckInvariants());
 }
 
+TEST_F(IndexTest, PutsInFlightAreCountedPerClient) {
+  Mount("seg-a", 1 << 20);
+  for (const char* k : {"a", "b", "c"}) ASSERT_OK(index_->PutStart({{k, 100, 1, "", "", false, "", "w1"}})[0].status);
+  ASSERT_OK(index_->PutStart({{"d", 100, 1, "", "", false, "", "w2"}})[0].status);
+  EXPECT_EQ(index_->PendingOf("w1"), 3u);
+  EXPECT_EQ(index_->PendingOf("w2"), 1u);
+  ASSERT_OK(index_->PutEnd({"a"})[0]);     // committed
+  ASSERT_OK(index_->PutRevoke({"b"})[0]);  // given up
+  EXPECT_EQ(index_->PendingOf("w1"), 1u);
+  clock_.Advance(options_.put_timeout + absl::Seconds(1));
+  index_->Tick();  // "c" and "d" time out
+  EXPECT_EQ(index_->PendingOf("w1"), 0u);
+  EXPECT_EQ(index_->PendingOf("w2"), 0u);
+}
+
 TEST_F(IndexTest, RevokeFreesSpace) {
   Mount("seg-a", 1 << 20);
   ASSERT_OK(index_->PutStart({{"k", 4096}})[0].status);
