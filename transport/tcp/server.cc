@@ -129,6 +129,7 @@ void Server::AcceptLoop() {
     }
     auto conn = std::make_unique<Conn>();
     conn->fd = std::move(conn_fd);
+    conn->scratch.reset(new uint8_t[kScratch]);
     Conn* raw = conn.get();
     conn->thread = std::thread([this, raw] { Serve(raw); });
     conns_.push_back(std::move(conn));
@@ -136,8 +137,7 @@ void Server::AcceptLoop() {
 }
 
 void Server::Serve(Conn* conn) {
-  std::unique_ptr<uint8_t[]> scratch(new uint8_t[kScratch]);
-  while (!stopping_.load() && ServeOne(conn->fd.get(), scratch.get())) {
+  while (!stopping_.load() && ServeOne(conn->fd.get(), conn->scratch.get())) {
   }
   ::shutdown(conn->fd.get(), SHUT_RDWR);
   conn->done.store(true);

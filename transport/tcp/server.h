@@ -53,6 +53,10 @@ class Server {
     Fd fd;
     std::thread thread;
     std::atomic<bool> done{false};
+    // Drain buffer for refused writes. Owned here rather than on the
+    // thread's stack so that it stays reachable from the server while
+    // the thread runs (leak checkers scan heap chains reliably).
+    std::unique_ptr<uint8_t[]> scratch;
   };
   void AcceptLoop();
   void Serve(Conn* conn);
