@@ -23,6 +23,8 @@ const FlagTable<TierkvConfig>& TierkvFlags() {
           IntFlag<C>("page-tokens", &C::page_tokens, "64", 1, 65536, "tokens per KV page"),
           IntFlag<C>("l1-pages", &C::l1_pages, "4096", 1, 1e8, "L1 (device pool) pages"),
           IntFlag<C>("l2-pages", &C::l2_pages, "16384", 1, 1e8, "L2 (host pool) pages"),
+          StringFlag<C>("l1-device", &C::l1_device, "auto",
+                        "where L1 lives and attention runs: auto (the first GPU if usable, else cpu), cpu, cuda:<n>"),
           SizeFlag<C>("kv-bytes-per-token", &C::kv_bytes_per_token, "64", 8, 1 << 24,
                       "synthetic mode: KV bytes per token"),
           DoubleFlag<C>("tokens-per-s", &C::tokens_per_s, "0", 0, 1e12,

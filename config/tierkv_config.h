@@ -21,6 +21,7 @@ struct TierkvConfig {
   int64_t page_tokens = 0;
   int64_t l1_pages = 0;
   int64_t l2_pages = 0;
+  std::string l1_device;     // auto | cpu | cuda:<n>
   uint64_t kv_bytes_per_token = 0;
   double tokens_per_s = 0;
   std::string prefetch;

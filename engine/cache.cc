@@ -25,8 +25,10 @@ absl::StatusOr<WritePolicy> ParseWritePolicy(const std::string& s) {
 PrefixCache::PrefixCache(CacheConfig config, L3Store* l3)
     : config_(std::move(config)),
       l3_(l3),
-      l1_(config_.l1_pages, config_.page_bytes),
-      l2_(std::max(config_.l2_pages, config_.l1_pages), config_.page_bytes),
+      own_device_(config_.device == nullptr ? NewCpuDevice() : nullptr),
+      device_(config_.device != nullptr ? config_.device : own_device_.get()),
+      l1_(config_.l1_pages, config_.page_bytes, device_, KvPool::Tier::kDevice),
+      l2_(std::max(config_.l2_pages, config_.l1_pages), config_.page_bytes, device_, KvPool::Tier::kHost),
       tree_(config_.page_tokens) {}
 
 PrefixCache::~PrefixCache() = default;
@@ -269,6 +271,13 @@ Lookup PrefixCache::Acquire(absl::Span<const int32_t> tokens, size_t max_pages) 
       continue;
     }
     int s = AllocateL1();
+    if (s >= 0) {
+      l.device_status = device_->CopyIn(l1_.Page(s), l2_.Page(p->l2_slot), config_.page_bytes);
+      if (!l.device_status.ok()) {
+        l1_.Free(s);
+        s = -1;
+      }
+    }
     if (s < 0) {
       for (size_t j = i; j < l.pages.size(); ++j) {
         --l.pages[j]->pins;
@@ -277,7 +286,7 @@ Lookup PrefixCache::Acquire(absl::Span<const int32_t> tokens, size_t max_pages) 
       l.pages.resize(i);
       break;
     }
-    std::memcpy(l1_.Page(s), l2_.Page(p->l2_slot), config_.page_bytes);
+    ++stats_.l1_loads;
     SetL1(p, s);
     if (!from_l3) ++l.l2_pages;
   }
@@ -308,15 +317,22 @@ void PrefixCache::Commit(absl::Span<const int32_t> tokens, Lookup* lookup, const
     }
     int s = AllocateL2();
     if (s >= 0) {
-      std::memcpy(l2_.Page(s), l1_.Page(p->l1_slot), config_.page_bytes);
       p->l2_slot = s;
+      if (!device_->CopyOut(l2_.Page(s), l1_.Page(p->l1_slot), config_.page_bytes).ok()) {
+        l2_.Free(s);
+        p->l2_slot = -1;
+      }
     }
     kept.push_back(p);
   }
+  // The L2 copies, issued as one batch, land before anything reads L2.
+  absl::Status synced = device_->Sync();
+  if (!synced.ok()) TKV_LOG(ERROR) << "caching " << kept.size() << " new pages: " << synced.message();
   // A page that found no L2 room cannot stay (L2 is inclusive): drop it and
   // everything after it, deepest first.
   size_t ok = 0;
-  while (ok < kept.size() && kept[ok]->l2_slot >= 0) ++ok;
+  while (synced.ok() && ok < kept.size() && kept[ok]->l2_slot >= 0) ++ok;
+  stats_.l1_stores += ok;
   for (size_t j = kept.size(); j-- > ok;) {
     TreePage* p = kept[j];
     --p->pins;

@@ -5,10 +5,14 @@
 //   ... compute the rest into cache.AllocateL1() slots ...
 //   cache.Commit(tokens, &l, new_slots); // cache new pages, apply write policy
 //
+// L1 lives on the cache's Device (GPU memory with cuda): pages move between
+// L1 and L2 only through the device's batched copies, never by the CPU.
+//
 // Acquire matches the longest prefix in L1/L2, asks L3 with one PrefixMatch
 // how many following pages it holds, fetches those with one batched read
 // straight into L2 slots (bounded by the prefetch policy: a miss never
-// blocks), and copies L2 pages up to L1. L2 is inclusive of L1, so
+// blocks), and issues the copies of L2 pages up to L1 (they land before
+// the device's next attention reads them). L2 is inclusive of L1, so
 // dropping a page from L1 never loses it. Eviction is leaf-first LRU in
 // each tier: a page goes only after every cached page extending it. Pages
 // evicted from L2 stay findable in L3.
@@ -62,6 +66,8 @@ struct CacheConfig {
   // Checks a page fetched from L3 (synthetic mode compares it with the
   // content its key determines); null accepts every page.
   std::function<bool(const PageKey&, const char* page)> verify;
+  // Where L1 lives; null: host memory. Must outlive the cache.
+  Device* device = nullptr;
 };
 
 struct Lookup {
@@ -71,6 +77,7 @@ struct Lookup {
   absl::Duration fetch_time;
   uint64_t fetch_bytes = 0;
   bool l3_error = false;         // the store failed (the request recomputes)
+  absl::Status device_status;    // a failed copy into L1 (the prefix stops there)
 };
 
 struct CacheStats {
@@ -79,6 +86,7 @@ struct CacheStats {
   uint64_t l3_fetch_bytes = 0, l3_put_pages = 0, l3_put_bytes = 0, l3_put_failures = 0;
   uint64_t l3_errors = 0;
   uint64_t l1_evictions = 0, l2_evictions = 0;
+  uint64_t l1_loads = 0, l1_stores = 0;  // pages copied L2 -> L1, L1 -> L2
   double l3_fetch_seconds = 0;
 };
 
@@ -95,11 +103,13 @@ class PrefixCache {
   // L1 page is pinned.
   int AllocateL1();
   void FreeL1(int slot);
+  // An L1 page's device address (not host-addressable on a GPU device).
   char* L1Page(int slot) const { return l1_.Page(slot); }
   char* L2Page(int slot) const { return l2_.Page(slot); }
   // `new_slots[i]` holds page lookup.pages.size() + i of `tokens`; whole
   // pages are cached, any trailing partial page's slot is freed. Unpins the
-  // prefix. The lookup must not be used afterwards.
+  // prefix. The lookup must not be used afterwards. The pages' L1 contents
+  // must be complete on the device (they are copied to L2 from there).
   void Commit(absl::Span<const int32_t> tokens, Lookup* lookup, const std::vector<int>& new_slots);
   // Unpins without caching anything new.
   void Release(Lookup* lookup);
@@ -110,6 +120,7 @@ class PrefixCache {
   size_t l1_used() const { return l1_.used(); }
   size_t l2_used() const { return l2_.used(); }
   KvPool& l2_pool() { return l2_; }
+  Device& device() { return *device_; }
 
  private:
   void Touch(TreePage* p);
@@ -125,6 +136,8 @@ class PrefixCache {
 
   CacheConfig config_;
   L3Store* l3_;
+  std::unique_ptr<Device> own_device_;  // when config.device is null
+  Device* device_;
   KvPool l1_, l2_;
   RadixTree tree_;
   uint64_t clock_ = 0;

@@ -18,8 +18,10 @@ void InferenceEngine::FillSynthetic(const PageKey& key, char* page, size_t bytes
   }
 }
 
-InferenceEngine::InferenceEngine(EngineConfig config, L3Store* l3) : config_(std::move(config)) {
+InferenceEngine::InferenceEngine(EngineConfig config, L3Store* l3)
+    : config_(std::move(config)), device_(config_.device ? config_.device : NewCpuDevice()) {
   CacheConfig cc;
+  cc.device = device_.get();
   cc.page_tokens = config_.page_tokens;
   cc.tp = config_.tp;
   if (config_.synthetic) {
@@ -116,19 +118,45 @@ RequestResult InferenceEngine::Serve(absl::Span<const int32_t> prompt) {
     cache_->Release(&lookup);
     r.compute_s = computed / (tokens_per_s_ > 0 ? tokens_per_s_ : 5000);
   } else if (config_.synthetic) {
-    for (size_t i = have; i < prompt.size() / P; ++i) {
-      FillSynthetic(lookup.keys[i], page_of(i), cache_->config().page_bytes);
+    const size_t bytes = cache_->config().page_bytes;
+    // Pages are made on the host; on a GPU they are staged and copied in
+    // (and the staging lives until Commit's sync).
+    std::vector<char> staging(device_->host_addressable() ? 0 : (prompt.size() / P - have) * bytes);
+    for (size_t i = have; i < prompt.size() / P && r.status.ok(); ++i) {
+      if (device_->host_addressable()) {
+        FillSynthetic(lookup.keys[i], page_of(i), bytes);
+      } else {
+        char* host = staging.data() + (i - have) * bytes;
+        FillSynthetic(lookup.keys[i], host, bytes);
+        r.status = device_->CopyIn(page_of(i), host, bytes);
+      }
     }
+    if (r.status.ok()) r.status = device_->Sync();
     r.compute_s = computed / tokens_per_s_;
   } else {
     absl::Time t0 = absl::Now();
-    r.logits = model_->Prefill(prompt, r.cached_tokens, layout_, page_of);
+    absl::StatusOr<std::vector<float>> logits = model_->Prefill(prompt, r.cached_tokens, layout_, page_of, *device_);
     r.compute_s = absl::ToDoubleSeconds(absl::Now() - t0);
+    if (logits.ok()) {
+      r.logits = std::move(*logits);
+    } else {
+      r.status = logits.status();
+    }
     // The cost model follows what the model measures.
     double rate = computed / std::max(r.compute_s, 1e-9);
     tokens_per_s_ = tokens_per_s_ > 0 ? 0.8 * tokens_per_s_ + 0.2 * rate : rate;
   }
+  if (r.status.ok() && !lookup.device_status.ok()) r.status = lookup.device_status;
+  if (!r.status.ok()) {
+    // Pages the device may not have written are not cached.
+    for (int s : new_slots) cache_->FreeL1(s);
+    new_slots.clear();
+    cache_->Release(&lookup);
+  }
   if (!new_slots.empty()) cache_->Commit(prompt, &lookup, new_slots);
+  // Nothing of this request stays in flight: the next one may reuse the
+  // L2 slots its copies read.
+  if (absl::Status s = device_->Sync(); !s.ok() && r.status.ok()) r.status = s;
   r.ttft_s = r.fetch_s + r.compute_s;
   r.ttft_nocache_s = prompt.size() / (tokens_per_s_ > 0 ? tokens_per_s_ : 5000);
   // A model-mode request that hit nothing measured its no-cache TTFT.

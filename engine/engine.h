@@ -37,6 +37,8 @@ struct EngineConfig {
   WritePolicy write = WritePolicy::kWriteThrough;
   int selective_hits = 2;
   size_t window = 100;  // requests in the sliding-window hit rate
+  // Where L1 lives and attention runs (NewDevice); null: the CPU.
+  std::shared_ptr<Device> device;
 };
 
 struct RequestResult {
@@ -51,6 +53,8 @@ struct RequestResult {
   double ttft_nocache_s = 0;
   uint64_t fetch_bytes = 0;
   bool store_error = false;
+  // A device failure: the request was not served (nothing new is cached).
+  absl::Status status;
   std::vector<float> logits;  // model mode
 };
 
@@ -68,6 +72,7 @@ class InferenceEngine {
   PrefixCache& cache() { return *cache_; }
   metrics::Registry& metrics() { return metrics_; }
   const KvLayout& layout() const { return layout_; }
+  Device& device() { return *device_; }
   KeySpace key_space() const { return space_; }
 
   // The deterministic content of a synthetic page.
@@ -77,6 +82,7 @@ class InferenceEngine {
   void RegisterMetrics();
 
   EngineConfig config_;
+  std::shared_ptr<Device> device_;
   std::optional<Model> model_;
   KvLayout layout_;
   KeySpace space_;

@@ -1,6 +1,7 @@
-// KvPool: a fixed number of page-sized slots in one allocation (L1: the
-// device pool, host memory standing in when there is no GPU; L2: the host
-// pool, whose memory the transfer engine reads into directly).
+// KvPool: a fixed number of page-sized slots in one allocation. L1 is
+// allocated by the engine's device (GPU memory, or host memory on cpu);
+// L2 is host memory the transfer engine reads into directly, registered
+// with the device so that copies between the tiers can use DMA.
 //
 // Not thread-safe: the cache serialises access.
 #pragma once
@@ -9,14 +10,22 @@
 #include <memory>
 #include <vector>
 
+#include "engine/device.h"
 #include "transport/memory.h"
 
 namespace tierkv::engine {
 
 class KvPool {
  public:
-  // Memory is reserved, not touched, until pages are used.
-  KvPool(size_t slots, size_t page_bytes);
+  enum class Tier { kDevice, kHost };
+  // Memory is reserved, not touched, until pages are used. `device` must
+  // outlive the pool. Throws std::bad_alloc when the memory cannot be had:
+  // a pool is sized once, at start-up.
+  KvPool(size_t slots, size_t page_bytes, Device* device, Tier tier);
+  ~KvPool();
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
+
   // A free slot, or -1 when full.
   int Allocate();
   void Free(int slot);
@@ -30,8 +39,11 @@ class KvPool {
  private:
   size_t slots_;
   size_t page_bytes_;
-  std::unique_ptr<transport::SharedRegion> region_;
-  char* base_;
+  Device* device_;
+  Tier tier_;
+  bool registered_ = false;
+  std::unique_ptr<transport::SharedRegion> region_;  // kHost
+  char* base_ = nullptr;
   std::vector<int> free_;
 };
 

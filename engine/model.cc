@@ -6,6 +6,8 @@
 #include <cstring>
 #include <random>
 
+#include "engine/device.h"
+
 namespace tierkv::engine {
 
 size_t KvLayout::PageBytes() const {
@@ -90,13 +92,14 @@ KvLayout Model::Layout(int page_tokens, int tp) const {
   return {config_.layers, config_.kv_heads, config_.head_dim, page_tokens, tp};
 }
 
-std::vector<float> Model::Prefill(absl::Span<const int32_t> tokens, size_t start, const KvLayout& layout,
-                                  const std::function<char*(size_t)>& page) const {
+absl::StatusOr<std::vector<float>> Model::Prefill(absl::Span<const int32_t> tokens, size_t start,
+                                                  const KvLayout& layout, const std::function<char*(size_t)>& page,
+                                                  Device& device) const {
   std::vector<float> last(config_.hidden, 0.f);
   const size_t p = layout.page_tokens;
   for (size_t begin = start; begin < tokens.size(); begin += p - begin % p) {
     size_t end = std::min(tokens.size(), begin - begin % p + p);
-    Chunk(tokens, begin, end, layout, page, &last);
+    if (absl::Status s = Chunk(tokens, begin, end, layout, page, device, &last); !s.ok()) return s;
   }
   std::vector<float> normed(config_.hidden);
   RmsNorm(last.data(), final_norm_.data(), normed.data(), config_.hidden);
@@ -107,8 +110,9 @@ std::vector<float> Model::Prefill(absl::Span<const int32_t> tokens, size_t start
   return logits;
 }
 
-void Model::Chunk(absl::Span<const int32_t> tokens, size_t begin, size_t end, const KvLayout& layout,
-                  const std::function<char*(size_t)>& page, std::vector<float>* last_hidden) const {
+absl::Status Model::Chunk(absl::Span<const int32_t> tokens, size_t begin, size_t end, const KvLayout& layout,
+                          const std::function<char*(size_t)>& page, Device& device,
+                          std::vector<float>* last_hidden) const {
   const ModelConfig& c = config_;
   const int n = static_cast<int>(end - begin);
   const int hd = c.head_dim, H = c.heads, KH = c.kv_heads, D = c.hidden;
@@ -120,17 +124,15 @@ void Model::Chunk(absl::Span<const int32_t> tokens, size_t begin, size_t end, co
   }
   std::vector<float> q(static_cast<size_t>(n) * H * hd), k(static_cast<size_t>(n) * KH * hd),
       v(k.size()), attn(q.size()), o(x.size()), gate(static_cast<size_t>(n) * c.ffn), up(gate.size());
-  auto kv_at = [&](int layer, int which, int head, size_t pos) {
-    char* base = page(pos / P);
-    return reinterpret_cast<uint16_t*>(base) + layout.Offset(layer, which, head, static_cast<int>(pos % P));
-  };
+  std::vector<char*> pages;
+  for (size_t i = 0; i <= (end - 1) / P; ++i) pages.push_back(page(i));
   for (int l = 0; l < c.layers; ++l) {
     const Layer& L = layers_[l];
     for (int t = 0; t < n; ++t) RmsNorm(&x[t * D], L.attn_norm.data(), &h[t * D], D);
     MatMul(h.data(), L.wq.data(), q.data(), n, D, H * hd);
     MatMul(h.data(), L.wk.data(), k.data(), n, D, KH * hd);
     MatMul(h.data(), L.wv.data(), v.data(), n, D, KH * hd);
-    // RoPE at absolute positions, then K and V go to the pool as bf16.
+    // RoPE at absolute positions; the device stores K and V as bf16.
     for (int t = 0; t < n; ++t) {
       size_t pos = begin + t;
       auto rope = [&](float* vec) {
@@ -143,44 +145,19 @@ void Model::Chunk(absl::Span<const int32_t> tokens, size_t begin, size_t end, co
         }
       };
       for (int hh = 0; hh < H; ++hh) rope(&q[(static_cast<size_t>(t) * H + hh) * hd]);
-      for (int hh = 0; hh < KH; ++hh) {
-        rope(&k[(static_cast<size_t>(t) * KH + hh) * hd]);
-        uint16_t* kd = kv_at(l, 0, hh, pos);
-        uint16_t* vd = kv_at(l, 1, hh, pos);
-        for (int d = 0; d < hd; ++d) {
-          kd[d] = ToBf16(k[(static_cast<size_t>(t) * KH + hh) * hd + d]);
-          vd[d] = ToBf16(v[(static_cast<size_t>(t) * KH + hh) * hd + d]);
-        }
-      }
+      for (int hh = 0; hh < KH; ++hh) rope(&k[(static_cast<size_t>(t) * KH + hh) * hd]);
     }
-    // Causal attention over the pool, in a fixed order.
-    const float scale = 1.f / std::sqrt(static_cast<float>(hd));
-    std::vector<float> scores;
-    for (int t = 0; t < n; ++t) {
-      size_t pos = begin + t;
-      scores.resize(pos + 1);
-      for (int hh = 0; hh < H; ++hh) {
-        int kh = hh / (H / KH);
-        const float* qv = &q[(static_cast<size_t>(t) * H + hh) * hd];
-        float mx = -INFINITY;
-        for (size_t j = 0; j <= pos; ++j) {
-          const uint16_t* kk = kv_at(l, 0, kh, j);
-          float dot = 0;
-          for (int d = 0; d < hd; ++d) dot += qv[d] * FromBf16(kk[d]);
-          scores[j] = dot * scale;
-          mx = std::max(mx, scores[j]);
-        }
-        float sum = 0;
-        for (size_t j = 0; j <= pos; ++j) sum += scores[j] = std::exp(scores[j] - mx);
-        float* out = &attn[(static_cast<size_t>(t) * H + hh) * hd];
-        std::fill(out, out + hd, 0.f);
-        for (size_t j = 0; j <= pos; ++j) {
-          const uint16_t* vv = kv_at(l, 1, kh, j);
-          float w = scores[j] / sum;
-          for (int d = 0; d < hd; ++d) out[d] += w * FromBf16(vv[d]);
-        }
-      }
-    }
+    AttentionChunk chunk{.layout = &layout,
+                         .layer = l,
+                         .begin = begin,
+                         .tokens = n,
+                         .heads = H,
+                         .q = q.data(),
+                         .k = k.data(),
+                         .v = v.data(),
+                         .pages = &pages,
+                         .out = attn.data()};
+    if (absl::Status s = device.Attention(chunk); !s.ok()) return s;
     MatMul(attn.data(), L.wo.data(), o.data(), n, H * hd, D);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
     // SwiGLU feed-forward.
@@ -192,6 +169,7 @@ void Model::Chunk(absl::Span<const int32_t> tokens, size_t begin, size_t end, co
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   }
   std::memcpy(last_hidden->data(), &x[static_cast<size_t>(n - 1) * D], D * sizeof(float));
+  return absl::OkStatus();
 }
 
 }  // namespace tierkv::engine

@@ -3,6 +3,8 @@
 // OpenBLAS. It exists to make real KV tensors and to prove that a prefix
 // restored from the cache gives the same logits as recomputing it.
 //
+// Attention runs on a Device (engine/device.h: the CPU reference, or a CUDA
+// kernel over a GPU pool); the projections and the feed-forward run here.
 // Attention always reads K and V from the paged KV pool in bf16, including
 // the tokens of the current chunk, and prefill runs in page-aligned chunks:
 // so a page computed now and a page restored from any tier are the same
@@ -12,16 +14,20 @@
 // in bf16, so each tensor-parallel rank's slice is contiguous and can be
 // stored as its own key.
 //
-// Thread-compatible: const methods may run concurrently.
+// Thread-compatible: const methods may run concurrently, each with its own
+// device.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
 namespace tierkv::engine {
+
+class Device;
 
 struct ModelConfig {
   int layers = 2;
@@ -64,17 +70,17 @@ class Model {
   // Runs tokens [start, tokens.size()) of a sequence. KV of positions below
   // `start` must already be in the pages; KV of the new positions is
   // written into them. `page(i)` returns page i's memory (layout above).
-  // `start` must be a multiple of the page size. Returns the last token's
-  // logits.
-  std::vector<float> Prefill(absl::Span<const int32_t> tokens, size_t start, const KvLayout& layout,
-                             const std::function<char*(size_t page)>& page) const;
+  // Page addresses are the device's (L1). `start` must be a multiple of the
+  // page size. Returns the last token's logits, or the device's error.
+  absl::StatusOr<std::vector<float>> Prefill(absl::Span<const int32_t> tokens, size_t start, const KvLayout& layout,
+                                             const std::function<char*(size_t page)>& page, Device& device) const;
 
  private:
   struct Layer {
     std::vector<float> attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
   };
-  void Chunk(absl::Span<const int32_t> tokens, size_t begin, size_t end, const KvLayout& layout,
-             const std::function<char*(size_t)>& page, std::vector<float>* last_hidden) const;
+  absl::Status Chunk(absl::Span<const int32_t> tokens, size_t begin, size_t end, const KvLayout& layout,
+                     const std::function<char*(size_t)>& page, Device& device, std::vector<float>* last_hidden) const;
 
   ModelConfig config_;
   std::vector<float> embed_;  // [vocab, hidden]; also the output projection

@@ -58,6 +58,9 @@ ReplayReport Replay(const std::vector<TraceRequest>& trace, InferenceEngine& eng
     rep.l3_tokens += r.l3_tokens;
     rep.bound_tokens += bound * P;
     rep.store_errors += r.store_error;
+    if (!r.status.ok()) {
+      if (rep.failed++ == 0) rep.first_failure = std::string(r.status.message());
+    }
     rep.ttft.push_back(r.ttft_s);
     rep.ttft_nocache.push_back(r.ttft_nocache_s);
     rep.window.push_back({i, trace[i].timestamp_ms, engine.window_hit_rate()});
@@ -98,6 +101,7 @@ nlohmann::json ReplayReport::ToJson() const {
           {"store_put_bytes", put_bytes},
           {"store_put_failures", put_failures},
           {"store_errors", store_errors},
+          {"failed_requests", failed},
           {"tokens_per_s_cost_model", tokens_per_s},
           {"wall_s", wall_s}};
 }
@@ -121,6 +125,7 @@ std::string ReplayReport::Table() const {
                                             1e3 * Percentile(ttft_nocache, 0.5), 1e3 * Percentile(ttft_nocache, 0.99)));
   row("store traffic (fetched / put)", absl::StrCat(FormatSize(fetched_bytes), " / ", FormatSize(put_bytes)));
   row("store errors (recomputed)", absl::StrCat(store_errors));
+  if (failed > 0) row("failed requests (device)", absl::StrCat(failed, ", first: ", first_failure));
   row("compute model", absl::StrFormat("%.0f tokens/s", tokens_per_s));
   row("wall time", absl::StrFormat("%.1f s", wall_s));
   return out;

@@ -74,6 +74,9 @@ absl::StatusOr<engine::EngineConfig> EngineConfigFor(const TierkvConfig& c, bool
   if (!synthetic && e.model.kv_heads % e.tp != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--tp must divide the model's ", e.model.kv_heads, " KV heads"));
   }
+  auto device = engine::NewDevice(c.l1_device);
+  if (!device.ok()) return absl::InvalidArgumentError(absl::StrCat("--l1-device: ", device.status().message()));
+  e.device = std::move(*device);
   return e;
 }
 
@@ -125,8 +128,8 @@ int Replay(const TierkvConfig& c) {
   MetricsServer metrics(static_cast<int>(c.metrics_port), {&eng.metrics()});
   if (session->cluster) metrics.Add(&session->cluster->master().master().metrics());
   if (!c.json) {
-    std::printf("replaying %zu requests from %s (%s mode); metrics at http://127.0.0.1:%d/metrics\n",
-                trace->size(), c.trace.c_str(), c.mode.c_str(), metrics.port());
+    std::printf("replaying %zu requests from %s (%s mode, L1 on %s); metrics at http://127.0.0.1:%d/metrics\n",
+                trace->size(), c.trace.c_str(), c.mode.c_str(), eng.device().name().c_str(), metrics.port());
   }
   engine::ReplayOptions opts;
   opts.progress = c.progress && !c.json;
@@ -156,6 +159,7 @@ int Demo(TierkvConfig c) {
   auto scfg = EngineConfigFor(c, true);
   if (!mcfg.ok()) ExitWithUsageError("tierkv", mcfg.status().message());
   if (!scfg.ok()) ExitWithUsageError("tierkv", scfg.status().message());
+  scfg->device = mcfg->device;  // one device (one set of streams) for all
   engine::InferenceEngine worker_a(*mcfg, session->l3.get());
   engine::InferenceEngine worker_b(*mcfg, session->l3.get());
   MetricsServer metrics(static_cast<int>(c.metrics_port), {&worker_a.metrics()});
@@ -166,9 +170,9 @@ int Demo(TierkvConfig c) {
                 "http://127.0.0.1:%d/metrics\n",
                 session->cluster ? session->cluster->master_address().c_str() : c.master.c_str(),
                 session->cluster ? session->cluster->daemons() : 0, FormatSize(c.store_size).c_str(), metrics.port());
-    std::printf("\n[1/3] worker A, small transformer (%d layers, hidden %d): first %zu requests cold, prompts cut "
-                "to %lld tokens\n",
-                mcfg->model.layers, mcfg->model.hidden, model_n, cut);
+    std::printf("\n[1/3] worker A, small transformer (%d layers, hidden %d, L1 and attention on %s): first %zu "
+                "requests cold, prompts cut to %lld tokens\n",
+                mcfg->model.layers, mcfg->model.hidden, mcfg->device->name().c_str(), model_n, cut);
   }
   engine::ReplayOptions opts;
   opts.progress = c.progress && !c.json;

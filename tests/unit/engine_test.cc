@@ -1,5 +1,9 @@
+#include <sys/mman.h>
+
+#include <map>
 #include <numeric>
 
+#include "engine/device.h"
 #include "engine/engine.h"
 #include "engine/radix_tree.h"
 #include "engine/trace.h"
@@ -234,6 +238,216 @@ TEST(EngineTest, TensorParallelPagesAreOneKeyPerRank) {
   store.Drop(RankKey(keys[1], 1, 2));
   InferenceEngine third(c, &store);
   EXPECT_EQ(third.Serve(a).l3_tokens, 1u * 16);
+}
+
+// A device whose L1 the host cannot touch, like a GPU's: L1 addresses
+// point into PROT_NONE reservations, and the device works on a shadow copy
+// behind them. Any direct host access to an L1 page faults the test. It
+// logs the order of operations, and can be told to fail.
+class ShadowDevice final : public Device {
+ public:
+  ~ShadowDevice() override {
+    for (auto& [base, a] : allocs_) {
+      munmap(base, a.bytes);
+      munmap(a.shadow, a.bytes);
+    }
+  }
+  std::string name() const override { return "shadow"; }
+  bool host_addressable() const override { return false; }
+  absl::StatusOr<char*> Allocate(size_t bytes) override {
+    void* r = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* s = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED || s == MAP_FAILED) return absl::ResourceExhaustedError("mmap");
+    allocs_[static_cast<char*>(r)] = {static_cast<char*>(s), bytes};
+    return static_cast<char*>(r);
+  }
+  void Free(char* p, size_t) override {
+    auto it = allocs_.find(p);
+    ASSERT_NE(it, allocs_.end());
+    munmap(p, it->second.bytes);
+    munmap(it->second.shadow, it->second.bytes);
+    allocs_.erase(it);
+  }
+  absl::Status RegisterHost(char* p, size_t bytes) override {
+    registered_.emplace_back(p, bytes);
+    return absl::OkStatus();
+  }
+  void UnregisterHost(char*) override {}
+  absl::Status CopyIn(char* l1, const char* host, size_t bytes) override {
+    log_ += 'I';
+    EXPECT_EQ(Translate(host), nullptr) << "a copy in from L1";
+    std::memcpy(Need(l1), host, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyOut(char* host, const char* l1, size_t bytes) override {
+    log_ += 'O';
+    EXPECT_EQ(Translate(host), nullptr) << "a copy out to L1";
+    EXPECT_TRUE(Registered(host)) << "L1 -> L2 copies land in the registered L2 pool";
+    std::memcpy(host, Need(l1), bytes);
+    return absl::OkStatus();
+  }
+  absl::Status Attention(const AttentionChunk& c) override {
+    log_ += 'A';
+    if (fail_attention_ > 0 && --fail_attention_ == 0) return absl::UnavailableError("shadow: injected failure");
+    std::vector<char*> pages;
+    for (char* p : *c.pages) pages.push_back(Need(p));
+    AttentionChunk shadow = c;
+    shadow.pages = &pages;
+    HostAttention(shadow);
+    return absl::OkStatus();
+  }
+  absl::Status Sync() override {
+    log_ += 'S';
+    return absl::OkStatus();
+  }
+
+  std::string TakeLog() { return std::exchange(log_, ""); }
+  void FailAttention(int nth) { fail_attention_ = nth; }
+
+ private:
+  struct Alloc {
+    char* shadow;
+    size_t bytes;
+  };
+  char* Translate(const char* p) {
+    auto it = allocs_.upper_bound(const_cast<char*>(p));
+    if (it == allocs_.begin()) return nullptr;
+    --it;
+    if (p >= it->first + it->second.bytes) return nullptr;
+    return it->second.shadow + (p - it->first);
+  }
+  char* Need(const char* l1) {
+    char* t = Translate(l1);
+    EXPECT_NE(t, nullptr) << "not an L1 address";
+    return t;
+  }
+  bool Registered(const char* p) const {
+    for (auto [base, bytes] : registered_) {
+      if (p >= base && p < base + bytes) return true;
+    }
+    return false;
+  }
+  std::map<char*, Alloc> allocs_;
+  std::vector<std::pair<char*, size_t>> registered_;
+  std::string log_;
+  int fail_attention_ = 0;
+};
+
+EngineConfig OnDevice(EngineConfig c, std::shared_ptr<Device> d) {
+  c.device = std::move(d);
+  return c;
+}
+
+TEST(EngineDeviceTest, L1OnADeviceTheHostCannotReadGivesTheSameLogits) {
+  auto shadow = std::make_shared<ShadowDevice>();
+  for (size_t len : {150u, 333u}) {
+    std::vector<int32_t> prompt = Tokens(len, static_cast<int>(len));
+    InferenceEngine host(SmallModel(), nullptr);
+    RequestResult ref = host.Serve(prompt);
+    // Computed on the device, restored from L3 into it, and from L2.
+    InMemoryL3 store;
+    InferenceEngine writer(OnDevice(SmallModel(), shadow), &store);
+    RequestResult computed = writer.Serve(prompt);
+    ASSERT_TRUE(computed.status.ok()) << computed.status;
+    EXPECT_EQ(computed.logits, ref.logits);
+    InferenceEngine reader(OnDevice(SmallModel(), shadow), &store);
+    RequestResult from_l3 = reader.Serve(prompt);
+    EXPECT_EQ(from_l3.cached_tokens, (len - 1) / 16 * 16);
+    EXPECT_EQ(from_l3.logits, ref.logits) << "L3 restore, length " << len;
+    EngineConfig small = OnDevice(SmallModel(), shadow);
+    small.l1_pages = 24;
+    InferenceEngine l2eng(small, nullptr);
+    l2eng.Serve(prompt);
+    l2eng.Serve(Tokens(300, 99));
+    RequestResult from_l2 = l2eng.Serve(prompt);
+    EXPECT_GT(from_l2.l2_tokens, 0u);
+    EXPECT_EQ(from_l2.logits, ref.logits) << "L2 restore, length " << len;
+  }
+}
+
+TEST(EngineDeviceTest, RestoresAreOneBatchIssuedBeforeComputeAndStoresOneSync) {
+  auto shadow = std::make_shared<ShadowDevice>();
+  InMemoryL3 store;
+  EngineConfig c = OnDevice(SmallModel(), shadow);
+  InferenceEngine writer(OnDevice(SmallModel(), std::make_shared<ShadowDevice>()), &store);
+  auto prompt = Tokens(8 * 16 + 1, 3);  // 8 whole pages, the last token's page computed
+  writer.Serve(prompt);
+  InferenceEngine reader(c, &store);
+  shadow->TakeLog();
+  RequestResult r = reader.Serve(prompt);
+  ASSERT_EQ(r.l3_tokens, 8u * 16);
+  // 8 pages copied up with no wait between them or before the first
+  // attention (the host computes layer 0's projections meanwhile); one
+  // chunk of 2 layers; Commit's sync (the partial last page is not
+  // cached, so nothing is copied out); the end-of-request sync.
+  EXPECT_EQ(shadow->TakeLog(), "IIIIIIII" "AA" "S" "S");
+  EXPECT_EQ(reader.cache_stats().l1_loads, 8u);
+  EXPECT_EQ(reader.cache_stats().l1_stores, 0u);
+  // A fresh prompt of 3 whole pages: 3 chunks x 2 layers, 3 pages stored
+  // to L2 as one batch and one sync.
+  r = reader.Serve(Tokens(3 * 16, 4));
+  EXPECT_EQ(shadow->TakeLog(), "AAAAAA" "OOO" "S" "S");
+  EXPECT_EQ(reader.cache_stats().l1_stores, 3u);
+}
+
+TEST(EngineDeviceTest, SyntheticPagesAreStagedIntoTheDevice) {
+  auto shadow = std::make_shared<ShadowDevice>();
+  InMemoryL3 store;
+  EngineConfig c;
+  c.synthetic = true;
+  c.page_tokens = 16;
+  c.l1_pages = 8;
+  c.l2_pages = 16;
+  c.tokens_per_s = 1e6;
+  c.device = shadow;
+  InferenceEngine e(c, &store);
+  auto a = Tokens(6 * 16 + 1, 1);
+  ASSERT_TRUE(e.Serve(a).status.ok());
+  // Every page went through the device and back to L2, and the store
+  // verifies them on the way back in (the synthetic content check).
+  InferenceEngine other(c, &store);
+  RequestResult r = other.Serve(a);
+  EXPECT_EQ(r.l3_tokens, 6u * 16);
+  EXPECT_EQ(other.cache_stats().l3_errors, 0u);
+}
+
+TEST(EngineDeviceTest, ADeviceFailureFailsTheRequestAndCachesNothing) {
+  auto shadow = std::make_shared<ShadowDevice>();
+  InMemoryL3 store;
+  InferenceEngine e(OnDevice(SmallModel(), shadow), &store);
+  auto a = Tokens(5 * 16 + 1, 21);
+  shadow->FailAttention(3);  // the second chunk's first layer
+  RequestResult failed = e.Serve(a);
+  EXPECT_EQ(failed.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(failed.status.message().find("injected"), std::string::npos) << failed.status;
+  EXPECT_TRUE(failed.logits.empty());
+  EXPECT_EQ(store.size(), 0u);
+  EXPECT_EQ(e.cache().tree_pages(), 0u);
+  EXPECT_EQ(e.cache().l1_used(), 0u);
+  // The engine goes on serving, and computes the prompt from scratch.
+  RequestResult again = e.Serve(a);
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_EQ(again.cached_tokens, 0u);
+  InferenceEngine host(SmallModel(), nullptr);
+  EXPECT_EQ(again.logits, host.Serve(a).logits);
+}
+
+TEST(EngineDeviceTest, DeviceNames) {
+  EXPECT_EQ(NewDevice("cpu").value()->name(), "cpu");
+  EXPECT_EQ(NewDevice("gpu0").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(NewDevice("cuda:x").status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::unique_ptr<Device>> gpu = NewDevice("cuda:0");
+  absl::StatusOr<std::unique_ptr<Device>> any = NewDevice("auto");
+  ASSERT_TRUE(any.ok()) << any.status();
+  if (gpu.ok()) {
+    EXPECT_EQ((*any)->name(), "cuda:0");
+  } else {
+    // No GPU here: the reason is given, and auto keeps L1 in host memory.
+    EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_FALSE(gpu.status().message().empty());
+    EXPECT_EQ((*any)->name(), "cpu");
+    std::cout << "no GPU L1 here: " << gpu.status().message() << "\n";
+  }
 }
 
 TEST(TraceTest, ParsesLinesAndMapsBlocksToTokens) {

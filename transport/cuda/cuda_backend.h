@@ -10,8 +10,8 @@
 // alike) on a stream of its own and waits for it; a copy is never
 // abandoned while the GPU may still write into the caller's memory.
 //
-// The helpers below keep every CUDA runtime call in this directory (tests
-// and tierkv-bench use them). On a machine with the toolkit but no GPU,
+// The helpers below serve tests and tierkv-bench, which then need no CUDA
+// headers (the engine's GPU pool, engine/cuda/, makes its own calls). On a machine with the toolkit but no GPU,
 // DeviceCount() fails with the runtime's reason and the backend is
 // UNAVAILABLE.
 #pragma once
