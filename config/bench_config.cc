@@ -6,7 +6,7 @@ const FlagTable<BenchConfig>& BenchFlags() {
   using C = BenchConfig;
   static const FlagTable<C>* table = new FlagTable<C>(
       "tierkv-bench",
-      "Benchmarks: tierkv-bench master|transfer|store [flags]. Each prints a table, or one JSON "
+      "Benchmarks: tierkv-bench master|transfer|store|l1 [flags]. Each prints a table, or one JSON "
       "object with --json, with the physical reference measured in the same run.",
       {
           BoolFlag<C>("json", &C::json, "false", "print one JSON object with the figures"),
@@ -15,12 +15,13 @@ const FlagTable<BenchConfig>& BenchFlags() {
                      "master: objects for the memory-per-object figure"),
           IntFlag<C>("batch", &C::batch, "0", 0, 65536,
                      "keys per batched call / requests per batch (0: 256 for master, 32 for "
-                     "transfer, 16 for store)"),
+                     "transfer, 16 for store, 256 pages for l1)"),
           IntFlag<C>("threads", &C::threads, "2", 1, 256, "client threads"),
-          SizeFlag<C>("block", &C::block, "1mib", 1, 1u << 30, "transfer: bytes per request"),
+          SizeFlag<C>("block", &C::block, "1mib", 1, 1u << 30, "transfer: bytes per request; l1: bytes per page"),
           SizeFlag<C>("value", &C::value, "1mib", 1, 1u << 30, "store: bytes per value"),
           StringFlag<C>("transport", &C::transport, "tcp", "transfer: tcp, shm or cuda (GPU memory); store: tcp or shm"),
           IntFlag<C>("connections", &C::connections, "4", 1, 64, "transfer/store: tcp connections per peer"),
+          StringFlag<C>("l1-device", &C::l1_device, "auto", "l1: the engine's L1 device (auto, cpu, cuda:<n>)"),
           IntFlag<C>("repetitions", &C::repetitions, "3", 1, 100,
                      "interleaved repetitions of each case; medians are reported"),
       });

@@ -19,6 +19,7 @@ struct BenchConfig {
   std::string transport;       // transfer/store: tcp, shm, ...
   int64_t connections = 0;     // transfer: tcp connections per peer
   int64_t repetitions = 0;     // interleaved repetitions; medians are reported
+  std::string l1_device;       // l1: auto, cpu, cuda:<n>
 };
 
 const FlagTable<BenchConfig>& BenchFlags();

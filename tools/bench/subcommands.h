@@ -8,5 +8,6 @@ namespace tierkv::bench {
 int RunMaster(const BenchConfig& config);
 int RunTransfer(const BenchConfig& config);
 int RunStore(const BenchConfig& config);
+int RunL1(const BenchConfig& config);
 
 }  // namespace tierkv::bench
