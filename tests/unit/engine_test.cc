@@ -83,6 +83,17 @@ TEST(PageKeyTest, ChainedAndNamespaced) {
   EXPECT_EQ(RankKey(ka[0], 1, 2), ka[0].Hex() + "-r1");
 }
 
+// Synthetic mode (pages from their keys, compute from a cost model).
+EngineConfig Synthetic(size_t l1_pages = 256, size_t l2_pages = 1024) {
+  EngineConfig c;
+  c.synthetic = true;
+  c.page_tokens = 16;
+  c.l1_pages = l1_pages;
+  c.l2_pages = l2_pages;
+  c.tokens_per_s = 1e6;
+  return c;
+}
+
 EngineConfig SmallModel(int page = 16) {
   EngineConfig c;
   c.page_tokens = page;
@@ -125,13 +136,7 @@ TEST(EngineTest, RestoredPrefixGivesBitIdenticalLogits) {
 }
 
 TEST(EngineTest, LeafFirstEvictionKeepsThePrefixInL1) {
-  EngineConfig c;
-  c.synthetic = true;
-  c.page_tokens = 16;
-  c.l1_pages = 12;
-  c.l2_pages = 64;
-  c.tokens_per_s = 1e6;
-  InferenceEngine e(c, nullptr);
+  InferenceEngine e(Synthetic(12, 64), nullptr);
   auto a = Tokens(10 * 16 + 1, 1);
   e.Serve(a);
   e.Serve(Tokens(6 * 16 + 1, 2));  // needs 7 L1 pages: evicts a's deepest pages
@@ -145,13 +150,7 @@ TEST(EngineTest, LeafFirstEvictionKeepsThePrefixInL1) {
 
 TEST(EngineTest, L2EvictionLeavesPagesFindableInL3) {
   InMemoryL3 store;
-  EngineConfig c;
-  c.synthetic = true;
-  c.page_tokens = 16;
-  c.l1_pages = 8;
-  c.l2_pages = 8;
-  c.tokens_per_s = 1e6;
-  InferenceEngine e(c, &store);
+  InferenceEngine e(Synthetic(8, 8), &store);
   auto a = Tokens(6 * 16 + 1, 1);
   e.Serve(a);
   for (int i = 0; i < 4; ++i) e.Serve(Tokens(6 * 16 + 1, 10 + i));  // churn both tiers
@@ -163,10 +162,7 @@ TEST(EngineTest, L2EvictionLeavesPagesFindableInL3) {
 
 TEST(EngineTest, WritePolicies) {
   auto a = Tokens(4 * 16 + 1, 5);
-  EngineConfig c;
-  c.synthetic = true;
-  c.page_tokens = 16;
-  c.tokens_per_s = 1e6;
+  EngineConfig c = Synthetic();
   {
     InMemoryL3 store;
     c.write = WritePolicy::kWriteThrough;
@@ -203,10 +199,7 @@ TEST(EngineTest, PrefetchPoliciesAreBoundedAndAnUnavailableStoreMeansRecompute) 
   auto a = Tokens(8 * 16 + 1, 7);
   for (PrefetchPolicy p : {PrefetchPolicy::kBestEffort, PrefetchPolicy::kWaitComplete, PrefetchPolicy::kTimeout}) {
     InMemoryL3 store;
-    EngineConfig c;
-    c.synthetic = true;
-    c.page_tokens = 16;
-    c.tokens_per_s = 1e6;
+    EngineConfig c = Synthetic();
     c.prefetch = p;
     InferenceEngine writer(c, &store);
     writer.Serve(a);
@@ -393,13 +386,7 @@ TEST(EngineDeviceTest, RestoresAreOneBatchIssuedBeforeComputeAndStoresOneSync) {
 TEST(EngineDeviceTest, SyntheticPagesAreStagedIntoTheDevice) {
   auto shadow = std::make_shared<ShadowDevice>();
   InMemoryL3 store;
-  EngineConfig c;
-  c.synthetic = true;
-  c.page_tokens = 16;
-  c.l1_pages = 8;
-  c.l2_pages = 16;
-  c.tokens_per_s = 1e6;
-  c.device = shadow;
+  EngineConfig c = OnDevice(Synthetic(8, 16), shadow);
   InferenceEngine e(c, &store);
   auto a = Tokens(6 * 16 + 1, 1);
   ASSERT_TRUE(e.Serve(a).status.ok());
