@@ -3,6 +3,7 @@
 #include <map>
 #include <numeric>
 
+#include "engine/cuda/warp_math.h"
 #include "engine/device.h"
 #include "engine/engine.h"
 #include "engine/radix_tree.h"
@@ -434,6 +435,55 @@ TEST(EngineDeviceTest, DeviceNames) {
     EXPECT_FALSE(gpu.status().message().empty());
     EXPECT_EQ((*any)->name(), "cpu");
     std::cout << "no GPU L1 here: " << gpu.status().message() << "\n";
+  }
+}
+
+// The CUDA kernels' arithmetic (engine/cuda/warp_math.h), run lane by lane
+// on the host: the same indexing, strides and butterflies as on a GPU,
+// checked against the reference here, where no GPU exists.
+TEST(GpuKernelLogicTest, WarpEmulationMatchesTheHostReference) {
+  struct Case {
+    int tp, head_dim;
+    size_t begin;
+    int n;
+  };
+  for (Case k : {Case{1, 32, 0, 16}, Case{2, 32, 32, 11}, Case{1, 64, 96, 16}, Case{2, 16, 48, 5}}) {
+    KvLayout layout{2, 2, k.head_dim, 16, k.tp};
+    const size_t pb = layout.PageBytes();
+    const int heads = 4;
+    const size_t npages = (k.begin + k.n - 1) / 16 + 1;
+    uint64_t x = k.begin * 31 + k.head_dim;
+    auto next = [&x] {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      return static_cast<float>(static_cast<int64_t>(x >> 40) - (1 << 23)) / (1 << 23);
+    };
+    std::vector<char> host(npages * pb, 0);
+    for (size_t i = 0; i < k.begin * pb / 16 / 2; ++i) reinterpret_cast<uint16_t*>(host.data())[i] = ToBf16(next());
+    std::vector<char> emulated = host;
+    std::vector<char*> host_pages, emu_pages;
+    for (size_t i = 0; i < npages; ++i) {
+      host_pages.push_back(host.data() + i * pb);
+      emu_pages.push_back(emulated.data() + i * pb);
+    }
+    std::vector<float> q(k.n * heads * k.head_dim), kk(k.n * 2 * k.head_dim), vv(kk.size());
+    for (auto* vec : {&q, &kk, &vv}) {
+      for (float& f : *vec) f = 2 * next();
+    }
+    const cuda::KernelLayout kl{layout.layers, layout.kv_heads, layout.head_dim, layout.page_tokens, layout.tp};
+    const float scale = 1.f / std::sqrt(static_cast<float>(k.head_dim));
+    for (int layer = 0; layer < 2; ++layer) {
+      std::vector<float> want(q.size()), got(q.size(), NAN), scores(k.n * heads * (k.begin + k.n));
+      HostAttention({&layout, layer, k.begin, k.n, heads, q.data(), kk.data(), vv.data(), &host_pages, want.data()});
+      cuda::EmulateWriteKv(kl, layer, k.begin, k.n, kk.data(), vv.data(), emu_pages.data());
+      cuda::EmulateAttention(kl, layer, k.begin, k.n, heads, scale, q.data(), emu_pages.data(), scores.data(),
+                             got.data());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::fabs(want[i])))
+            << "tp " << k.tp << " head_dim " << k.head_dim << " begin " << k.begin << " layer " << layer << " at " << i;
+      }
+    }
+    // The pages hold the same bytes: K/V written where the CPU writes them.
+    EXPECT_EQ(std::memcmp(host.data(), emulated.data(), host.size()), 0) << "tp " << k.tp << " begin " << k.begin;
   }
 }
 
