@@ -65,6 +65,47 @@ void HostAttention(const AttentionChunk& c) {
   }
 }
 
+absl::Status CheckDevice(Device& device) {
+  const KvLayout layout{1, 2, 32, 16, 1};
+  const size_t pb = layout.PageBytes();
+  const int heads = 4, n = 8;
+  const size_t begin = 16;
+  // Deterministic inputs in [-1, 1); the first page already holds K/V.
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  auto next = [&x] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<int64_t>(x >> 40) - (1 << 23)) / (1 << 23);
+  };
+  std::vector<char> host(2 * pb, 0);
+  for (size_t i = 0; i < pb / 2; ++i) reinterpret_cast<uint16_t*>(host.data())[i] = ToBf16(next());
+  std::vector<float> q(n * heads * 32), k(n * 2 * 32), v(k.size());
+  for (auto* vec : {&q, &k, &v}) {
+    for (float& f : *vec) f = next();
+  }
+  absl::StatusOr<char*> l1 = device.Allocate(2 * pb);
+  if (!l1.ok()) return l1.status();
+  std::vector<char*> dev_pages{*l1, *l1 + pb}, host_pages{host.data(), host.data() + pb};
+  std::vector<float> got(q.size()), want(q.size());
+  std::vector<char> back(2 * pb);
+  absl::Status s = device.CopyIn(*l1, host.data(), 2 * pb);
+  if (s.ok()) s = device.Attention({&layout, 0, begin, n, heads, q.data(), k.data(), v.data(), &dev_pages, got.data()});
+  if (s.ok()) s = device.CopyOut(back.data(), *l1, 2 * pb);
+  if (s.ok()) s = device.Sync();
+  device.Free(*l1, 2 * pb);
+  if (!s.ok()) return s;
+  HostAttention({&layout, 0, begin, n, heads, q.data(), k.data(), v.data(), &host_pages, want.data()});
+  if (std::memcmp(back.data(), host.data(), back.size()) != 0) {
+    return absl::InternalError(absl::StrCat(device.name(), ": K/V pages written by the device differ from the reference"));
+  }
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!(std::fabs(got[i] - want[i]) <= 1e-3f)) {
+      return absl::InternalError(absl::StrCat(device.name(), ": attention output ", i, " is ", got[i],
+                                              ", the reference says ", want[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 class CpuDevice final : public Device {
@@ -111,7 +152,7 @@ absl::StatusOr<std::unique_ptr<Device>> NewDevice(const std::string& name) {
   if (name == "auto") {
 #ifdef TIERKV_HAVE_CUDA
     if (absl::StatusOr<int> gpus = transport::cuda::DeviceCount(); gpus.ok() && *gpus > 0) {
-      absl::StatusOr<std::unique_ptr<Device>> d = cuda::NewCudaDevice(0);
+      absl::StatusOr<std::unique_ptr<Device>> d = NewDevice("cuda:0");
       if (d.ok()) return d;
       TKV_LOG(WARNING) << "L1 stays in host memory: " << d.status().message();
     } else {
@@ -125,7 +166,12 @@ absl::StatusOr<std::unique_ptr<Device>> NewDevice(const std::string& name) {
     return absl::InvalidArgumentError(absl::StrCat("device '", name, "' is not cpu, auto or cuda:<n>"));
   }
 #ifdef TIERKV_HAVE_CUDA
-  return cuda::NewCudaDevice(ordinal);
+  absl::StatusOr<std::unique_ptr<Device>> d = cuda::NewCudaDevice(ordinal);
+  if (!d.ok()) return d.status();
+  if (absl::Status s = CheckDevice(**d); !s.ok()) {
+    return absl::UnavailableError(absl::StrCat(name, " failed its self-check: ", s.message()));
+  }
+  return d;
 #else
   return absl::UnavailableError(absl::StrCat("device ", name, ": this build has no CUDA (nvcc was not found at configure time)"));
 #endif

@@ -73,12 +73,20 @@ class Device {
 };
 
 // "cpu", "cuda:<n>", or "auto" (cuda:0 when a GPU is usable, else cpu).
-// An unusable device is an error that says why.
+// A GPU is used only after it passes CheckDevice. An unusable device is an
+// error that says why; with "auto" it is a warning, and L1 stays in host
+// memory.
 absl::StatusOr<std::unique_ptr<Device>> NewDevice(const std::string& name);
 std::unique_ptr<Device> NewCpuDevice();
 
 // The reference: writes K/V and computes attention on host-addressable
 // pages, in a fixed order, so the result depends only on the inputs.
 void HostAttention(const AttentionChunk& chunk);
+
+// Runs a small attention chunk (two pages, positions past one page) on the
+// device and compares it with HostAttention: the K/V bytes must be equal
+// and the outputs within 1e-3. Catches a GPU the kernels were not built
+// for, or one that computes wrong results, before it holds anyone's KV.
+absl::Status CheckDevice(Device& device);
 
 }  // namespace tierkv::engine
