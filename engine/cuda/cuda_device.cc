@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "config/base/log.h"
