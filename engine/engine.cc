@@ -68,6 +68,11 @@ void InferenceEngine::RegisterMetrics() {
   prefetch_bytes_ = &metrics::BuildCounter().Name("tierkv_engine_prefetch_bytes_total").Help("Bytes fetched from the store").Register(metrics_).Add({});
   window_rate_ = &metrics::BuildGauge().Name("tierkv_engine_window_hit_rate").Help("Token hit rate over the last requests (sliding window)").Register(metrics_).Add({});
   ttft_ = &metrics::BuildHistogram().Name("tierkv_engine_ttft_seconds").Help("Time to first token").Register(metrics_).Add({}, metrics::Histogram::ExponentialBuckets(1e-4, 2, 20));
+  auto& copies = metrics::BuildCounter().Name("tierkv_engine_page_copies_total").Help("Pages copied between L2 (host) and L1 (the device pool)").Register(metrics_);
+  copies_in_ = &copies.Add({{"direction", "l2_to_l1"}});
+  copies_out_ = &copies.Add({{"direction", "l1_to_l2"}});
+  failed_ = &metrics::BuildCounter().Name("tierkv_engine_failed_requests_total").Help("Requests the device failed (nothing of them was cached)").Register(metrics_).Add({});
+  metrics::BuildGauge().Name("tierkv_engine_l1_device").Help("Where L1 lives and attention runs (the label; always 1)").Register(metrics_).Add({{"device", device_->name()}}).Set(1);
   auto& lookups = metrics::BuildGauge().Name("tierkv_engine_lookups").Help("Cache lookups since start").Register(metrics_);
   auto& used = metrics::BuildGauge().Name("tierkv_engine_pool_pages").Help("Pages in use per pool").Register(metrics_);
   metrics_.AddCollectHook([this, &lookups, &used] {
@@ -84,6 +89,7 @@ double InferenceEngine::window_hit_rate() const {
 RequestResult InferenceEngine::Serve(absl::Span<const int32_t> prompt) {
   RequestResult r;
   r.tokens = prompt.size();
+  const uint64_t loads = cache_->stats().l1_loads, stores = cache_->stats().l1_stores;
   const size_t P = config_.page_tokens;
   // The last token is always computed (its logits are the point), so the
   // page holding it is never taken from the cache.
@@ -163,6 +169,9 @@ RequestResult InferenceEngine::Serve(absl::Span<const int32_t> prompt) {
   if (!config_.synthetic && r.cached_tokens == 0) r.ttft_nocache_s = r.ttft_s;
 
   requests_->Increment();
+  copies_in_->Increment(static_cast<double>(cache_->stats().l1_loads - loads));
+  copies_out_->Increment(static_cast<double>(cache_->stats().l1_stores - stores));
+  if (!r.status.ok()) failed_->Increment();
   prompt_tokens_->Increment(static_cast<double>(r.tokens));
   hit_tokens_->Add({{"tier", "l1"}}).Increment(static_cast<double>(r.l1_tokens));
   hit_tokens_->Add({{"tier", "l2"}}).Increment(static_cast<double>(r.l2_tokens));

@@ -99,6 +99,9 @@ class InferenceEngine {
   metrics::Counter* prefetch_bytes_ = nullptr;
   metrics::Gauge* window_rate_ = nullptr;
   metrics::Histogram* ttft_ = nullptr;
+  metrics::Counter* copies_in_ = nullptr;   // pages L2 -> L1
+  metrics::Counter* copies_out_ = nullptr;  // pages L1 -> L2
+  metrics::Counter* failed_ = nullptr;
 };
 
 }  // namespace tierkv::engine

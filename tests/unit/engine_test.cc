@@ -391,6 +391,11 @@ TEST(EngineDeviceTest, RestoresAreOneBatchIssuedBeforeComputeAndStoresOneSync) {
   EXPECT_EQ(reader.cache_stats().l1_stores, 3u);
   // They landed in the L2 pool, which the cache registered for DMA.
   EXPECT_EQ(shadow->unregistered_copy_outs(), 0u);
+  // Operators see the same counts, and where L1 lives.
+  std::string m = reader.metrics().Serialize();
+  EXPECT_NE(m.find("tierkv_engine_page_copies_total{direction=\"l2_to_l1\"} 8\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("tierkv_engine_page_copies_total{direction=\"l1_to_l2\"} 3\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("tierkv_engine_l1_device{device=\"shadow\"} 1\n"), std::string::npos) << m;
 }
 
 TEST(EngineDeviceTest, SyntheticPagesAreStagedIntoTheDevice) {
@@ -419,6 +424,7 @@ TEST(EngineDeviceTest, ADeviceFailureFailsTheRequestAndCachesNothing) {
   EXPECT_NE(failed.status.message().find("injected"), std::string::npos) << failed.status;
   EXPECT_TRUE(failed.logits.empty());
   EXPECT_EQ(store.size(), 0u);
+  EXPECT_NE(e.metrics().Serialize().find("tierkv_engine_failed_requests_total 1\n"), std::string::npos);
   EXPECT_EQ(e.cache().tree_pages(), 0u);
   EXPECT_EQ(e.cache().l1_used(), 0u);
   // The engine goes on serving, and computes the prompt from scratch.
