@@ -78,12 +78,7 @@ int RunL1(const BenchConfig& config) {
         ->UseRealTime();
   }
   Figures f = RunRegistered(config.min_time, config.json, static_cast<int>(config.repetitions));
-  auto gbps = [&](const std::string& prefix) {
-    for (const auto& [name, c] : f) {
-      if (name.rfind(prefix, 0) == 0 && c.contains("bytes_per_second")) return c.at("bytes_per_second") / 1e9;
-    }
-    return 0.0;
-  };
+  auto gbps = [&](const std::string& prefix) { return Best(f, prefix, "bytes_per_second") / 1e9; };
   double restore = gbps("engine/restore_L2_to_L1"), store = gbps("engine/store_L1_to_L2");
   double ref_in = gbps("reference/one_copy_in"), ref_out = gbps("reference/one_copy_out");
   nlohmann::json out{{"device", dev->name()},

@@ -163,12 +163,7 @@ int RunStore(const BenchConfig& config) {
   }
 
   Figures f = RunRegistered(config.min_time, config.json, static_cast<int>(config.repetitions));
-  auto fig = [&](const std::string& prefix, const char* counter_name) {
-    for (const auto& [name, c] : f) {
-      if (name.rfind(prefix, 0) == 0 && c.contains(counter_name)) return c.at(counter_name);
-    }
-    return 0.0;
-  };
+  auto fig = [&](const std::string& prefix, const char* counter_name) { return Best(f, prefix, counter_name); };
   double put = fig("store/put", "bytes_per_second") / 1e9, get = fig("store/get", "bytes_per_second") / 1e9;
   double raw_w = fig("raw/write", "bytes_per_second") / 1e9, raw_r = fig("raw/read", "bytes_per_second") / 1e9;
   double put_ratio = raw_w > 0 ? put / raw_w : 0, get_ratio = raw_r > 0 ? get / raw_r : 0;

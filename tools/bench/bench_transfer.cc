@@ -180,12 +180,7 @@ int RunCudaTransfer(const BenchConfig& config) {
     })->UseRealTime();
   }
   Figures f = RunRegistered(config.min_time, config.json, static_cast<int>(config.repetitions));
-  auto gbps = [&](const std::string& name) {
-    for (const auto& [n, c] : f) {
-      if (n.rfind(name, 0) == 0 && c.contains("bytes_per_second")) return c.at("bytes_per_second") / 1e9;
-    }
-    return 0.0;
-  };
+  auto gbps = [&](const std::string& prefix) { return Best(f, prefix, "bytes_per_second") / 1e9; };
   double d2d = gbps("engine/d2d_read"), d2d_w = gbps("engine/d2d_write"), d2h = gbps("engine/d2h_read");
   double ref_d2d = gbps("reference/cudaMemcpy_d2d"), ref_d2h = gbps("reference/cudaMemcpy_d2h");
   nlohmann::json out{{"transport", "cuda"},
@@ -268,21 +263,8 @@ int RunTransfer(const BenchConfig& config) {
   }
   Figures f = RunRegistered(config.min_time, config.json, static_cast<int>(config.repetitions));
 
-  auto gbps = [&](const std::string& prefix) {
-    double best = 0;
-    for (const auto& [name, c] : f) {
-      if (name.rfind(prefix, 0) == 0 && c.contains("bytes_per_second")) {
-        best = std::max(best, c.at("bytes_per_second") / 1e9);
-      }
-    }
-    return best;
-  };
-  auto rps = [&](const std::string& prefix) {
-    for (const auto& [name, c] : f) {
-      if (name.rfind(prefix, 0) == 0 && c.contains("items_per_second")) return c.at("items_per_second");
-    }
-    return 0.0;
-  };
+  auto gbps = [&](const std::string& prefix) { return Best(f, prefix, "bytes_per_second") / 1e9; };
+  auto rps = [&](const std::string& prefix) { return Best(f, prefix, "items_per_second"); };
   double read = gbps("engine/read"), write = gbps("engine/write");
   nlohmann::json out{{"transport", config.transport},
                      {"block_bytes", block},

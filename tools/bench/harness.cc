@@ -59,4 +59,12 @@ void LatencyRecorder::Publish(benchmark::State& state) {
   state.counters["p99_us"] = benchmark::Counter(at(0.99), benchmark::Counter::kAvgThreads);
 }
 
+double Best(const Figures& f, const std::string& prefix, const std::string& counter) {
+  double best = 0;
+  for (const auto& [name, c] : f) {
+    if (name.rfind(prefix, 0) == 0 && c.contains(counter)) best = std::max(best, c.at(counter));
+  }
+  return best;
+}
+
 }  // namespace tierkv::bench

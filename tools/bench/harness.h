@@ -24,6 +24,10 @@ using Figures = std::map<std::string, std::map<std::string, double>>;
 // burst of noise on this shared machine landing on one of them.
 Figures RunRegistered(double min_time, bool quiet, int repetitions = 1);
 
+// The largest `counter` among the cases whose names start with `prefix`
+// (a case's name gains suffixes such as "/real_time"); 0 when none has it.
+double Best(const Figures& f, const std::string& prefix, const std::string& counter);
+
 // Records per-operation latencies on one benchmark thread and publishes
 // p50/p99 (microseconds) as thread-averaged counters.
 class LatencyRecorder {
