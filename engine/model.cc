@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "engine/cuda/warp_math.h"
 #include "engine/device.h"
 
 namespace tierkv::engine {
@@ -14,29 +15,16 @@ size_t KvLayout::PageBytes() const {
   return static_cast<size_t>(layers) * 2 * kv_heads * page_tokens * head_dim * kElem;
 }
 
+// The layout and the rounding have one definition, shared with the CUDA
+// kernels (engine/cuda/warp_math.h), so a page means the same bytes on
+// either side.
 size_t KvLayout::Offset(int layer, int kv, int head, int token) const {
-  int local = kv_heads / tp;
-  int rank = head / local;
-  int h = head % local;
-  size_t rank_elems = RankBytes() / kElem;
-  return rank * rank_elems +
-         ((((static_cast<size_t>(layer) * 2 + kv) * local + h) * page_tokens + token) * head_dim);
+  return cuda::KvOffset(kernel(), layer, kv, head, token);
 }
 
-uint16_t ToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffff) > 0x7f800000) return 0x7fc0;  // NaN
-  u += 0x7fff + ((u >> 16) & 1);                     // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
+uint16_t ToBf16(float f) { return cuda::WarpToBf16(f); }
 
-float FromBf16(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+float FromBf16(uint16_t h) { return cuda::WarpFromBf16(h); }
 
 namespace {
 

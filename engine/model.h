@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/cuda/kernels.h"
 
 namespace tierkv::engine {
 
@@ -55,6 +56,8 @@ struct KvLayout {
   size_t BytesPerToken() const { return PageBytes() / page_tokens; }
   // Element offset of (layer, k_or_v, kv head, token in page, dim 0).
   size_t Offset(int layer, int kv, int head, int token) const;
+  // The same layout in the kernels' plain form (engine/cuda/kernels.h).
+  cuda::KernelLayout kernel() const { return {layers, kv_heads, head_dim, page_tokens, tp}; }
 };
 
 uint16_t ToBf16(float f);

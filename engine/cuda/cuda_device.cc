@@ -153,7 +153,7 @@ class CudaDevice final : public Device {
     const auto* k = q + q_elems;
     const auto* v = k + kv_elems;
     auto* const* pages = reinterpret_cast<char* const*>(dev + (q_elems + 2 * kv_elems) * sizeof(float));
-    const KernelLayout kl{L.layers, L.kv_heads, L.head_dim, L.page_tokens, L.tp};
+    const KernelLayout kl = L.kernel();
     if (absl::Status s = Check(static_cast<cudaError_t>(LaunchWriteKv(kl, c.layer, c.begin, c.tokens, k, v, pages, compute_)),
                                "write K/V kernel");
         !s.ok()) {

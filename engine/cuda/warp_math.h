@@ -27,7 +27,7 @@ namespace tierkv::engine::cuda {
 
 constexpr int kWarp = 32;
 
-// Rounds to bf16 as ToBf16 does (to nearest even; NaN stays NaN).
+// Rounds to bf16, to nearest even; NaN stays NaN (ToBf16 is this).
 TKV_HOST_DEVICE inline uint16_t WarpToBf16(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
@@ -43,7 +43,8 @@ TKV_HOST_DEVICE inline float WarpFromBf16(uint16_t h) {
   return f;
 }
 
-// Element offset of (layer, K or V, kv head, token in page): KvLayout::Offset.
+// Element offset of (layer, K or V, kv head, token in page); KvLayout::Offset
+// is this.
 TKV_HOST_DEVICE inline size_t KvOffset(const KernelLayout& L, int layer, int kv, int head, int token) {
   int local = L.kv_heads / L.tp;
   int rank = head / local;

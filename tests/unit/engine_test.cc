@@ -500,7 +500,7 @@ TEST(GpuKernelLogicTest, WarpEmulationMatchesTheHostReference) {
     for (auto* vec : {&q, &kk, &vv}) {
       for (float& f : *vec) f = 2 * next();
     }
-    const cuda::KernelLayout kl{layout.layers, layout.kv_heads, layout.head_dim, layout.page_tokens, layout.tp};
+    const cuda::KernelLayout kl = layout.kernel();
     const float scale = 1.f / std::sqrt(static_cast<float>(k.head_dim));
     for (int layer = 0; layer < 2; ++layer) {
       std::vector<float> want(q.size()), got(q.size(), NAN), scores(k.n * heads * (k.begin + k.n));
