@@ -13,7 +13,8 @@ const FlagTable<TierkvConfig>& TierkvFlags() {
       {
           StringFlag<C>("master", &C::master, "", "cluster master host:port; empty starts an embedded cluster"),
           StringFlag<C>("metadata", &C::metadata, "", "metadata URL http://host:port (default: master host, port 8080)"),
-          StringFlag<C>("trace", &C::trace, "../shared/data/synthetic_trace.jsonl", "JSONL request trace"),
+          StringFlag<C>("trace", &C::trace, "data/synthetic_trace.jsonl",
+                        "JSONL request trace; a relative path not found here is looked up in the source tree and share/tierkv"),
           IntFlag<C>("offset", &C::offset, "0", 0, 1e9, "skip this many trace requests"),
           IntFlag<C>("requests", &C::requests, "0", 0, 1e9, "replay at most this many (0: all)"),
           StringFlag<C>("mode", &C::mode, "synthetic", "replay: model (the small transformer) or synthetic"),

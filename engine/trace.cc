@@ -1,5 +1,6 @@
 #include "engine/trace.h"
 
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -37,9 +38,29 @@ absl::StatusOr<TraceRequest> ParseTraceLine(const std::string& line) {
   return r;
 }
 
+absl::StatusOr<std::string> ResolveTracePath(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return path;
+  std::vector<fs::path> tried = {fs::absolute(path, ec)};
+  if (fs::path(path).is_relative()) {
+    tried.push_back(fs::path(TIERKV_SOURCE_ROOT) / path);
+    fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) tried.push_back(exe.parent_path().parent_path() / "share" / "tierkv" / path);
+    for (size_t i = 1; i < tried.size(); ++i) {
+      if (fs::is_regular_file(tried[i], ec)) return tried[i].string();
+    }
+  }
+  std::string where;
+  for (const fs::path& t : tried) absl::StrAppend(&where, where.empty() ? "" : ", ", t.string());
+  return absl::NotFoundError(absl::StrCat("cannot open trace ", path, " (looked at ", where, ")"));
+}
+
 absl::StatusOr<std::vector<TraceRequest>> ReadTrace(const std::string& path, size_t offset, size_t limit) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open trace ", path));
+  absl::StatusOr<std::string> found = ResolveTracePath(path);
+  if (!found.ok()) return found.status();
+  std::ifstream in(*found);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open trace ", *found));
   std::vector<TraceRequest> out;
   std::string line;
   size_t n = 0;

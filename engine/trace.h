@@ -1,4 +1,4 @@
-// Request traces (../shared/data): JSONL with timestamp, input_length,
+// Request traces (the repository's data/ folder): JSONL with timestamp, input_length,
 // output_length and hash_ids (one id per 512-token block). Replay maps each
 // hash id to a deterministic block of token ids, so requests that share a
 // hash-id prefix share a token prefix.
@@ -23,7 +23,14 @@ struct TraceRequest {
 
 // One line; INVALID_ARGUMENT naming the problem for a malformed one.
 absl::StatusOr<TraceRequest> ParseTraceLine(const std::string& line);
-// The whole file; `limit` requests at most (0: all). Errors name the line.
+// Where a trace named `path` is: `path` itself when it exists; else, for a
+// relative path, the same path under the source tree this binary was built
+// from and under the install prefix's share/tierkv (so the default
+// "data/synthetic_trace.jsonl" works from any working directory). NOT_FOUND
+// naming every place looked at.
+absl::StatusOr<std::string> ResolveTracePath(const std::string& path);
+// The whole file (found by ResolveTracePath); `limit` requests at most (0:
+// all). Errors name the line.
 absl::StatusOr<std::vector<TraceRequest>> ReadTrace(const std::string& path, size_t offset = 0,
                                                     size_t limit = 0);
 

@@ -14,12 +14,9 @@ namespace {
 
 using testing::TestCluster;
 
-std::string TracePath() {
-  for (const char* p : {"../shared/data/synthetic_trace.jsonl", "../../shared/data/synthetic_trace.jsonl",
-                        "../../../shared/data/synthetic_trace.jsonl", "../../../../shared/data/synthetic_trace.jsonl"}) {
-    if (std::ifstream(p).good()) return p;
-  }
-  return std::string(TIERKV_SOURCE_DIR) + "/../shared/data/synthetic_trace.jsonl";
+// The repository's own copy (data/README.md says where each trace is from).
+std::string TracePath(const std::string& name = "synthetic_trace.jsonl") {
+  return std::string(TIERKV_SOURCE_DIR) + "/data/" + name;
 }
 
 engine::EngineConfig Synthetic() {
