@@ -15,7 +15,7 @@ const FlagTable<StoreConfig>& StoreFlags() {
           SizeFlag<C>("segment-size", &C::segment_size, "1gib", 1 << 20, 1e15,
                       "DRAM to lend (512mb, 180gb, 1.5tb, 4gib)"),
           StringFlag<C>("listen", &C::listen, "127.0.0.1", "address the transfer and HTTP servers bind"),
-          StringFlag<C>("host", &C::host, "", "address peers dial (default: --listen)"),
+          StringFlag<C>("host", &C::host, "", "address peers dial (default: --listen; for 0.0.0.0, the default route's interface address)"),
           IntFlag<C>("port", &C::port, "8800", 0, 65535, "transfer server port; 0 picks a free one"),
           IntFlag<C>("http-port", &C::http_port, "0", 0, 65535,
                      "HTTP port for /ready, /health, /metrics; 0 picks a free one"),

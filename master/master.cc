@@ -84,7 +84,7 @@ std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments
   for (const SegmentSpec& spec : segments) {
     bool restored = false;
     std::optional<uint32_t> replaced;
-    absl::StatusOr<uint32_t> id = registry_.Mount(spec, clock_->Now(), &restored, &replaced);
+    absl::StatusOr<uint32_t> id = registry_.Mount(spec, clock_->Now(), &restored, &replaced, options_.segment_ttl);
     if (!id.ok()) {
       out.push_back(id.status());
       continue;

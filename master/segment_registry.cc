@@ -17,7 +17,8 @@ uint32_t SegmentRegistry::AddLocked(const SegmentSpec& spec, absl::Time now, boo
 
 absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::Time now,
                                                 bool* restored,
-                                                std::optional<uint32_t>* replaced_id) {
+                                                std::optional<uint32_t>* replaced_id,
+                                                absl::Duration live_within) {
   if (spec.name.empty()) return absl::InvalidArgumentError("segment name is empty");
   if (spec.capacity < alignment_) {
     return absl::InvalidArgumentError(
@@ -34,6 +35,11 @@ absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::T
       seg.spec = spec;
       *restored = true;
       return seg.id;
+    }
+    if (!seg.recovering && seg.spec.host != spec.host && now - seg.last_heartbeat < live_within) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "segment ", spec.name, " is held by a live daemon on host ", seg.spec.host,
+          "; each daemon needs its own name (set --host or --name)"));
     }
     *replaced_id = seg.id;
     by_id_.erase(seg.id);

@@ -54,10 +54,14 @@ class SegmentRegistry {
   // Mounts (or re-mounts) a segment. A re-mount of a LIVE or RECOVERING
   // segment with the same incarnation and capacity keeps its id and
   // allocations (*restored = true). A different incarnation replaces it:
-  // the old id is returned in *replaced_id (its objects must be dropped).
+  // the old id is returned in *replaced_id (its objects must be dropped) —
+  // a restarted daemon. ALREADY_EXISTS when the name is held by a LIVE
+  // segment (heard from within `live_within`) of another host: two daemons
+  // that chose one name must not drop each other's objects.
   // INVALID_ARGUMENT for an empty name or zero capacity.
   absl::StatusOr<uint32_t> Mount(const SegmentSpec& spec, absl::Time now, bool* restored,
-                                 std::optional<uint32_t>* replaced_id);
+                                 std::optional<uint32_t>* replaced_id,
+                                 absl::Duration live_within = absl::ZeroDuration());
 
   // Adds a segment read back from persistence in RECOVERING state.
   uint32_t Recover(const SegmentSpec& spec, absl::Time now);

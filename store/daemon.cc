@@ -33,8 +33,9 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   client::LenderOptions lo;
-  std::string advertised = config.host.empty() ? config.listen : config.host;
-  lo.name = config.name.empty() ? absl::StrCat(advertised, ":", d->engine_->port()) : config.name;
+  // Named by the address peers dial, so daemons on different nodes bound
+  // to 0.0.0.0 on the same port never share a name.
+  lo.name = config.name.empty() ? absl::StrCat(d->engine_->advertised_address(), ":", d->engine_->port()) : config.name;
   lo.host = host;
   lo.size = config.segment_size;
   lo.prefault = config.prefault;

@@ -54,7 +54,12 @@ class Engine final : public TransferEngine, public ServedMemory {
   absl::Status Init() {
     if (options_.metadata == nullptr) return absl::InvalidArgumentError("the engine needs a metadata client");
     if (options_.host_id.empty()) options_.host_id = LocalHostId();
-    if (options_.host.empty()) options_.host = options_.backend.advertise.empty() ? options_.backend.listen : options_.backend.advertise;
+    // A wildcard bind advertises a routable address, never 0.0.0.0: peers
+    // on other hosts dial it, and segment names are built from it.
+    if (options_.backend.advertise.empty()) {
+      ASSIGN_OR_RETURN(options_.backend.advertise, ResolveAdvertiseAddress(options_.backend.listen));
+    }
+    if (options_.host.empty()) options_.host = options_.backend.advertise;
     std::vector<std::string> names = options_.transports;
     bool automatic = names.empty();
     if (automatic) names = {"cuda", "shm", "rdma", "tcp"};
@@ -352,6 +357,7 @@ class Engine final : public TransferEngine, public ServedMemory {
   }
   int port() const override { return tcp_port(); }
   const std::string& host_id() const override { return options_.host_id; }
+  const std::string& advertised_address() const override { return options_.backend.advertise; }
 
  private:
   struct Prepared {

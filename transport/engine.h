@@ -80,7 +80,8 @@ struct EngineStats {
 class TransferEngine {
  public:
   // INVALID_ARGUMENT without metadata or with an unknown transport name;
-  // UNAVAILABLE when the tcp server cannot bind.
+  // UNAVAILABLE when the tcp server cannot bind; FAILED_PRECONDITION for a
+  // wildcard listen address with nothing routable to advertise.
   static absl::StatusOr<std::unique_ptr<TransferEngine>> Create(EngineOptions options);
   virtual ~TransferEngine() = default;
 
@@ -123,6 +124,8 @@ class TransferEngine {
   // The tcp server's port (data and control).
   virtual int port() const = 0;
   virtual const std::string& host_id() const = 0;
+  // The address peers dial (--host, or resolved from a wildcard --listen).
+  virtual const std::string& advertised_address() const = 0;
 };
 
 }  // namespace tierkv::transport

@@ -39,6 +39,27 @@ inline bool RangeWithin(uint64_t offset, uint64_t length, uint64_t size) {
   return offset <= size && length <= size - offset;
 }
 
+// An IPv4 address of one of this host's interfaces.
+struct InterfaceAddress {
+  std::string interface;
+  std::string address;  // dotted quad
+  bool loopback = false;
+  bool up = false;
+};
+
+// The address peers should dial for a server bound to `listen`: `listen`
+// itself unless it is the wildcard (0.0.0.0 or empty), else an address of
+// an interface that is up and not loopback, preferring the interface of
+// the default route (`default_route_interface`, may be empty), then the
+// first in `interfaces` order. FAILED_PRECONDITION, saying to set --host,
+// when a wildcard has nothing routable to advertise.
+absl::StatusOr<std::string> ChooseAdvertiseAddress(const std::string& listen,
+                                                   const std::vector<InterfaceAddress>& interfaces,
+                                                   const std::string& default_route_interface);
+// ChooseAdvertiseAddress over this host's interfaces (getifaddrs) and
+// default route (/proc/net/route); logs the choice for a wildcard.
+absl::StatusOr<std::string> ResolveAdvertiseAddress(const std::string& listen);
+
 // The element of `ranges` (each with .offset and .length within a segment)
 // that holds [offset, offset + length) whole, or null.
 template <class R>

@@ -130,5 +130,25 @@ TEST_F(MasterTest, MountValidation) {
   EXPECT_THAT(m->Unmount({"nope"})[0], StatusIs(absl::StatusCode::kNotFound));
 }
 
+// Two daemons on different nodes that picked one name (both advertised
+// 0.0.0.0:8800, say) must not replace each other; a restart on the same
+// host does, and so does another host once the first has gone silent.
+TEST_F(MasterTest, NameHeldByALiveDaemonOfAnotherHostIsRefused) {
+  auto m = NewMaster();
+  ASSERT_OK(m->Mount({{"0.0.0.0:8800", "node1", 1 << 20, "i1", ""}})[0]);
+  ASSERT_OK(Put(*m, "k1"));
+  EXPECT_THAT(m->Mount({{"0.0.0.0:8800", "node2", 1 << 20, "i2", ""}})[0],
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_TRUE(Present(*m, "k1"));  // the first daemon's objects stay
+  // The same host with a new incarnation is a restart: it replaces.
+  ASSERT_OK(m->Mount({{"0.0.0.0:8800", "node1", 1 << 20, "i3", ""}})[0]);
+  EXPECT_FALSE(Present(*m, "k1"));
+  // Silent past the TTL, the name is free for another host.
+  clock_.Advance(absl::Seconds(11));
+  EXPECT_OK(m->Mount({{"0.0.0.0:8800", "node2", 1 << 20, "i4", ""}})[0]);
+  EXPECT_EQ(m->registry().Snapshot().size(), 1u);
+  EXPECT_EQ(m->registry().Snapshot()[0].spec.host, "node2");
+}
+
 }  // namespace
 }  // namespace tierkv::master
