@@ -1,8 +1,8 @@
 // The tcp backend: reaches any peer. Each peer channel keeps a small pool
 // of connections; a worker takes one, runs its group of slices pipelined,
-// and gives it back. A broken connection is dropped and redialled on next
-// use; a channel whose dial fails reports itself unhealthy so the engine
-// re-reads the peer's descriptor.
+// and gives it back. A broken connection is dropped, and the channel then
+// reports itself unhealthy (as it does when a dial fails) so the engine
+// re-reads the peer's descriptor before the next use.
 #include <deque>
 
 #include "absl/strings/str_cat.h"
@@ -65,7 +65,10 @@ class TcpChannel final : public PeerChannel {
   void Release(std::unique_ptr<Connection> c) {
     MutexLock lock(&mu_);
     if (c->broken()) {
+      // The peer may have restarted at another address: have the engine
+      // re-read its descriptor rather than redial this endpoint.
       --open_;
+      healthy_.store(false);
     } else {
       idle_.push_back(std::move(c));
     }
