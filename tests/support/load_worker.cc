@@ -5,28 +5,37 @@
 // counts; exits 1 if any get returned bytes that do not verify.
 //
 //   tierkv-test-worker <master> <metadata-url> <worker-id> <keys> <ops> <seed>
+//
+// Session mode: one long-lived client across a cluster event (a daemon
+// restarted, a node lost) that the test causes between two phases. Phase 1
+// puts and reads back s1-<i>; the worker then writes <dir>/phase1 and waits
+// (up to 120 s) for <dir>/go. Phase 2 puts s2-<i> (a failed put is retried,
+// up to 5 times, as an engine would), reads each back, and reads every s1
+// key again. Values are ValueFor(key) (a reader in the test checks the same
+// bytes). Prints one JSON line; exits 1 if any read returned wrong bytes.
+//
+//   tierkv-test-worker session <master> <metadata-url> <dir> <keys> <replicas> [transports]
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "config/base/crc32c.h"
+#include "tests/support/values.h"
 
 namespace {
 
-std::string Payload(const std::string& header, size_t size) {
-  std::string p(size, '\0');
-  std::mt19937_64 rng(tierkv::Crc32c(header.data(), header.size()));
-  for (size_t i = 0; i < size; i += 8) {
-    uint64_t x = rng();
-    std::memcpy(p.data() + i, &x, std::min<size_t>(8, size - i));
-  }
-  return p;
-}
+using tierkv::testing::Payload;
+using tierkv::testing::SessionValue;
 
 std::string MakeValue(const std::string& key, int worker, int seq, size_t size) {
   std::string header = absl::StrCat(key, "|", worker, "|", seq, "|", size, "\n");
@@ -44,9 +53,96 @@ bool Verifies(const std::string& key, const std::string& v) {
   return v.size() == nl + 1 + size && v.compare(nl + 1, size, Payload(header, size)) == 0;
 }
 
+bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+int Session(int argc, char** argv) {
+  if (argc < 7) {
+    std::fprintf(stderr, "usage: %s session <master> <metadata-url> <dir> <keys> <replicas> [transports]\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[4];
+  int keys = 0, replicas = 0;
+  if (!absl::SimpleAtoi(argv[5], &keys) || !absl::SimpleAtoi(argv[6], &replicas) || keys <= 0) {
+    std::fprintf(stderr, "bad arguments\n");
+    return 2;
+  }
+  tierkv::client::ClientOptions o;
+  o.master = argv[2];
+  o.metadata = argv[3];
+  o.transfer_timeout = absl::Seconds(5);
+  o.rpc_timeout = absl::Seconds(5);
+  if (argc > 7) o.transports = absl::StrSplit(argv[7], ',', absl::SkipEmpty());
+  auto client = tierkv::client::Client::Create(o);
+  if (!client.ok()) {
+    std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
+    return 3;
+  }
+  tierkv::client::PutOptions po;
+  po.replicas = replicas;
+  int wrong = 0;
+  // Reads `key` back: 1 verified, 0 missing (NOT_FOUND), -1 another error.
+  auto check = [&](const std::string& key) {
+    absl::StatusOr<std::string> v = (*client)->Get(key);
+    if (v.ok()) {
+      if (*v == SessionValue(key)) return 1;
+      ++wrong;
+      std::fprintf(stderr, "session: %s returned %zu bytes that are not its value\n", key.c_str(), v->size());
+      return -1;
+    }
+    if (!absl::IsNotFound(v.status())) std::fprintf(stderr, "session: get %s: %s\n", key.c_str(), v.status().ToString().c_str());
+    return absl::IsNotFound(v.status()) ? 0 : -1;
+  };
+  int p1_acked = 0, p1_verified = 0;
+  for (int i = 0; i < keys; ++i) {
+    std::string key = absl::StrCat("s1-", i);
+    absl::Status s = (*client)->Put(key, SessionValue(key), po);
+    if (!s.ok()) std::fprintf(stderr, "session: put %s: %s\n", key.c_str(), s.ToString().c_str());
+    p1_acked += s.ok();
+  }
+  for (int i = 0; i < keys; ++i) p1_verified += check(absl::StrCat("s1-", i)) == 1;
+  {
+    std::ofstream(dir + "/phase1.tmp") << "{\"acked\": " << p1_acked << ", \"verified\": " << p1_verified << "}\n";
+    std::rename((dir + "/phase1.tmp").c_str(), (dir + "/phase1").c_str());
+  }
+  for (int waited = 0; !Exists(dir + "/go"); ++waited) {
+    if (waited > 1200) {
+      std::fprintf(stderr, "session: no go after 120 s\n");
+      return 4;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  int p2_acked = 0, p2_retries = 0, p2_verified = 0;
+  for (int i = 0; i < keys; ++i) {
+    std::string key = absl::StrCat("s2-", i);
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      absl::Status s = (*client)->Put(key, SessionValue(key), po);
+      if (s.ok()) {
+        ++p2_acked;
+        break;
+      }
+      ++p2_retries;
+      std::fprintf(stderr, "session: put %s (attempt %d): %s\n", key.c_str(), attempt, s.ToString().c_str());
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+  for (int i = 0; i < keys; ++i) p2_verified += check(absl::StrCat("s2-", i)) == 1;
+  int s1_verified = 0, s1_missing = 0, s1_errors = 0;
+  for (int i = 0; i < keys; ++i) {
+    int r = check(absl::StrCat("s1-", i));
+    s1_verified += r == 1;
+    s1_missing += r == 0;
+    s1_errors += r == -1;
+  }
+  std::printf("{\"p1_acked\": %d, \"p1_verified\": %d, \"p2_acked\": %d, \"p2_retries\": %d, "
+              "\"p2_verified\": %d, \"s1_verified\": %d, \"s1_missing\": %d, \"s1_errors\": %d, \"wrong\": %d}\n",
+              p1_acked, p1_verified, p2_acked, p2_retries, p2_verified, s1_verified, s1_missing, s1_errors, wrong);
+  return wrong == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "session") == 0) return Session(argc, argv);
   if (argc != 7) {
     std::fprintf(stderr, "usage: %s <master> <metadata-url> <worker-id> <keys> <ops> <seed>\n", argv[0]);
     return 2;

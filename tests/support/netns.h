@@ -9,7 +9,16 @@
 //   ASSERT_OK(host->Heal());
 //
 // Host i gets 10.77.<i>.2; this side of its link is 10.77.<i>.1. The
-// destructor deletes the namespace (and with it the veth pair).
+// destructor deletes the namespace (and with it the veth pair). Each host
+// also has a hostname of its own (name()) for the processes Exec starts,
+// as separate machines do.
+//
+// TestNetwork: several hosts on one bridge, like nodes behind a rack
+// switch: every host reaches every other and the test's own namespace
+// (the bridge's address, gateway()).
+//
+//   ASSERT_OK_AND_ASSIGN(auto net, TestNetwork::Create(3));
+//   net->host(0).address();  // 10.78.<n>.10
 #pragma once
 
 #include <memory>
@@ -38,8 +47,25 @@ class TestHost {
   absl::Status Heal();
 
  private:
+  friend class TestNetwork;
   TestHost() = default;
   std::string name_, veth_, address_, gateway_;
+};
+
+class TestNetwork {
+ public:
+  // FAILED_PRECONDITION with the reason when namespaces cannot be made here.
+  static absl::StatusOr<std::unique_ptr<TestNetwork>> Create(int hosts);
+  ~TestNetwork();
+
+  TestHost& host(int i) { return *hosts_[i]; }
+  int size() const { return static_cast<int>(hosts_.size()); }
+  const std::string& gateway() const { return gateway_; }
+
+ private:
+  TestNetwork() = default;
+  std::string bridge_, gateway_;
+  std::vector<std::unique_ptr<TestHost>> hosts_;
 };
 
 // Runs a shell command; INTERNAL with its output when it fails.
