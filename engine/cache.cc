@@ -200,6 +200,8 @@ size_t PrefixCache::FetchFromL3(absl::Span<const int32_t> tokens, Lookup* lookup
     for (int r = 0; r < config_.tp; ++r) ok = ok && st[got * config_.tp + r].ok();
     if (ok && config_.verify && !config_.verify(lookup->keys[have + got], l2_.Page(slots[got]))) {
       TKV_LOG(ERROR) << "page " << lookup->keys[have + got].Hex() << " from the store failed verification";
+      ++lookup->l3_corrupt;
+      ++stats_.l3_corrupt_pages;
       ok = false;
     }
     if (!ok) break;

@@ -77,6 +77,7 @@ struct Lookup {
   absl::Duration fetch_time;
   uint64_t fetch_bytes = 0;
   bool l3_error = false;         // the store failed (the request recomputes)
+  size_t l3_corrupt = 0;         // pages the store returned with the wrong bytes (never used)
   absl::Status device_status;    // a failed copy into L1 (the prefix stops there)
 };
 
@@ -85,6 +86,7 @@ struct CacheStats {
   uint64_t l1_hit_pages = 0, l2_hit_pages = 0, l3_hit_pages = 0, miss_pages = 0;
   uint64_t l3_fetch_bytes = 0, l3_put_pages = 0, l3_put_bytes = 0, l3_put_failures = 0;
   uint64_t l3_errors = 0;
+  uint64_t l3_corrupt_pages = 0;  // read back, failed verification, not used
   uint64_t l1_evictions = 0, l2_evictions = 0;
   uint64_t l1_loads = 0, l1_stores = 0;  // pages copied L2 -> L1, L1 -> L2
   double l3_fetch_seconds = 0;

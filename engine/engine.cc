@@ -102,6 +102,7 @@ RequestResult InferenceEngine::Serve(absl::Span<const int32_t> prompt) {
   r.fetch_s = absl::ToDoubleSeconds(lookup.fetch_time);
   r.fetch_bytes = lookup.fetch_bytes;
   r.store_error = lookup.l3_error;
+  r.corrupt_pages = lookup.l3_corrupt;
 
   const size_t pages_needed = (prompt.size() + P - 1) / P;
   std::vector<int> new_slots;

@@ -53,6 +53,7 @@ struct RequestResult {
   double ttft_nocache_s = 0;
   uint64_t fetch_bytes = 0;
   bool store_error = false;
+  size_t corrupt_pages = 0;  // from the store with the wrong bytes (recomputed; must stay 0)
   // A device failure: the request was not served (nothing new is cached).
   absl::Status status;
   std::vector<float> logits;  // model mode

@@ -15,13 +15,24 @@ absl::StatusOr<size_t> InMemoryL3::PrefixMatch(const std::vector<std::string>& k
 }
 
 std::vector<absl::Status> InMemoryL3::Get(const std::vector<std::string>& keys,
-                                          const std::vector<absl::Span<char>>& outs, absl::Duration) {
-  MutexLock lock(&mu_);
+                                          const std::vector<absl::Span<char>>& outs, absl::Duration timeout) {
+  const absl::Time start = absl::Now();
+  absl::Duration took = absl::ZeroDuration();
   std::vector<absl::Status> st(keys.size());
+  {
+  MutexLock lock(&mu_);
   for (size_t i = 0; i < keys.size(); ++i) {
     if (down_) {
       st[i] = absl::UnavailableError("store down");
       continue;
+    }
+    if (latency_ > absl::ZeroDuration()) {
+      if (took + latency_ > timeout) {
+        st[i] = absl::DeadlineExceededError(absl::StrCat(keys[i], ": not read within ", absl::FormatDuration(timeout)));
+        took = timeout;
+        continue;
+      }
+      took += latency_;
     }
     auto it = data_.find(keys[i]);
     if (it == data_.end()) {
@@ -32,6 +43,9 @@ std::vector<absl::Status> InMemoryL3::Get(const std::vector<std::string>& keys,
       std::memcpy(outs[i].data(), it->second.data(), it->second.size());
     }
   }
+  }
+  // The modelled transfer time passes outside the lock.
+  absl::SleepFor(took - (absl::Now() - start));
   return st;
 }
 
@@ -55,6 +69,11 @@ std::vector<absl::Status> InMemoryL3::Put(const std::vector<L3Put>& items) {
 void InMemoryL3::Drop(const std::string& key) {
   MutexLock lock(&mu_);
   data_.erase(key);
+}
+
+void InMemoryL3::SetLatency(absl::Duration per_key) {
+  MutexLock lock(&mu_);
+  latency_ = per_key;
 }
 
 void InMemoryL3::SetUnavailable(bool down) {

@@ -40,7 +40,9 @@ class L3Store {
 };
 
 // The in-memory twin: a map, with groups and a capacity in keys (LRU-free:
-// it refuses puts when full).
+// it refuses puts when full). SetLatency models a slow store: a Get takes
+// `per_key` for each key in turn, honours its timeout (keys not reached by
+// then are DEADLINE_EXCEEDED) and returns when it is over.
 class InMemoryL3 final : public L3Store {
  public:
   explicit InMemoryL3(size_t max_keys = SIZE_MAX) : max_keys_(max_keys) {}
@@ -51,6 +53,7 @@ class InMemoryL3 final : public L3Store {
   // Removes a key (a store-side eviction), for tests.
   void Drop(const std::string& key);
   void SetUnavailable(bool down);
+  void SetLatency(absl::Duration per_key);
   size_t size();
 
  private:
@@ -58,6 +61,7 @@ class InMemoryL3 final : public L3Store {
   std::map<std::string, std::string> data_ ABSL_GUARDED_BY(mu_);
   size_t max_keys_;
   bool down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration latency_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
 };
 
 class TierkvL3 final : public L3Store {

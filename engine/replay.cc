@@ -58,6 +58,7 @@ ReplayReport Replay(const std::vector<TraceRequest>& trace, InferenceEngine& eng
     rep.l3_tokens += r.l3_tokens;
     rep.bound_tokens += bound * P;
     rep.store_errors += r.store_error;
+    rep.corrupt_pages += r.corrupt_pages;
     if (!r.status.ok()) {
       if (rep.failed++ == 0) rep.first_failure = std::string(r.status.message());
     }
@@ -101,6 +102,7 @@ nlohmann::json ReplayReport::ToJson() const {
           {"store_put_bytes", put_bytes},
           {"store_put_failures", put_failures},
           {"store_errors", store_errors},
+          {"corrupt_pages", corrupt_pages},
           {"failed_requests", failed},
           {"tokens_per_s_cost_model", tokens_per_s},
           {"wall_s", wall_s}};
@@ -125,6 +127,7 @@ std::string ReplayReport::Table() const {
                                             1e3 * Percentile(ttft_nocache, 0.5), 1e3 * Percentile(ttft_nocache, 0.99)));
   row("store traffic (fetched / put)", absl::StrCat(FormatSize(fetched_bytes), " / ", FormatSize(put_bytes)));
   row("store errors (recomputed)", absl::StrCat(store_errors));
+  if (corrupt_pages > 0) row("corrupt pages (recomputed)", absl::StrCat(corrupt_pages));
   if (failed > 0) row("failed requests (device)", absl::StrCat(failed, ", first: ", first_failure));
   row("compute model", absl::StrFormat("%.0f tokens/s", tokens_per_s));
   row("wall time", absl::StrFormat("%.1f s", wall_s));

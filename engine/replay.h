@@ -45,6 +45,7 @@ struct ReplayReport {
   uint64_t tokens = 0, cached_tokens = 0, l1_tokens = 0, l2_tokens = 0, l3_tokens = 0;
   uint64_t bound_tokens = 0;  // hits an unlimited cache would have had
   uint64_t store_errors = 0;
+  uint64_t corrupt_pages = 0;  // pages the store returned with wrong bytes (never used)
   uint64_t failed = 0;  // requests the device failed (RequestResult::status)
   std::string first_failure;
   std::vector<double> ttft, ttft_nocache;

@@ -30,8 +30,11 @@ engine::EngineConfig Synthetic() {
   return c;
 }
 
-TEST(ReplayTest, LargeStoreReachesTheInfiniteCacheBound) {
-  auto trace = engine::ReadTrace(TracePath(), 0, 1500);
+// Every trace the repository carries, each against its own cluster.
+class ReplayTraceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReplayTraceTest, LargeStoreReachesTheInfiniteCacheBound) {
+  auto trace = engine::ReadTrace(TracePath(GetParam()), 0, 1500);
   ASSERT_TRUE(trace.ok()) << trace.status();
   TestCluster cluster;
   ASSERT_OK(cluster.Start({.daemons = 2, .segment_size = "1gib"}));
@@ -39,21 +42,32 @@ TEST(ReplayTest, LargeStoreReachesTheInfiniteCacheBound) {
   ASSERT_TRUE(client.ok());
   engine::TierkvL3 l3(client->get(), true);
   engine::InferenceEngine eng(Synthetic(), &l3);
-  engine::ReplayReport r = engine::Replay(*trace, eng, {});
+  size_t failed = 0;
+  engine::ReplayOptions opts;
+  opts.after_request = [&](size_t, const engine::RequestResult& r) { failed += !r.status.ok(); };
+  engine::ReplayReport r = engine::Replay(*trace, eng, opts);
   EXPECT_EQ(r.requests, 1500u);
+  EXPECT_EQ(failed, 0u);
   EXPECT_GT(r.bound_rate(), 0.1);
   EXPECT_GE(r.hit_rate(), 0.99 * r.bound_rate()) << r.Table();
   EXPECT_GT(r.l3_tokens, 0u);
   EXPECT_EQ(r.store_errors, 0u);
+  EXPECT_EQ(r.corrupt_pages, 0u);
+  EXPECT_EQ(r.put_failures, 0u);
 }
+
+INSTANTIATE_TEST_SUITE_P(Traces, ReplayTraceTest,
+                         ::testing::Values("synthetic_trace.jsonl", "multiturn_trace.jsonl"),
+                         [](const auto& info) { return info.param.substr(0, info.param.find('_')); });
 
 TEST(ReplayTest, KillingADaemonCostsHitRateNeverARequest) {
   auto trace = engine::ReadTrace(TracePath(), 0, 1500);
   ASSERT_TRUE(trace.ok());
   TestCluster cluster;
   ASSERT_OK(cluster.Start({.daemons = 2, .segment_size = "1gib"}));
-  // tcp: the killed daemon's memory is then really gone for this client.
-  auto client = cluster.NewClient({"tcp"});
+  // Automatic transports (shm here): a killed daemon's memory must be gone
+  // for this client too, though its mapping could outlive the process.
+  auto client = cluster.NewClient();
   ASSERT_TRUE(client.ok());
   engine::TierkvL3 l3(client->get(), true);
   engine::EngineConfig cfg = Synthetic();
@@ -67,11 +81,20 @@ TEST(ReplayTest, KillingADaemonCostsHitRateNeverARequest) {
       cluster.daemon(0).Wait();
     }
   };
-  size_t served = 0;
-  opts.after_request = [&](size_t, const engine::RequestResult& r) { served += r.tokens > 0; };
+  // Served means the engine answered it (status OK) and used only pages
+  // that verified; store errors may only come once the daemon is dead.
+  size_t served = 0, errors_before_kill = 0, errors_after_kill = 0, corrupt = 0;
+  opts.after_request = [&](size_t i, const engine::RequestResult& r) {
+    served += r.status.ok() && r.tokens > 0;
+    (i < 700 ? errors_before_kill : errors_after_kill) += r.store_error;
+    corrupt += r.corrupt_pages;
+  };
   absl::Time start = absl::Now();
   engine::ReplayReport r = engine::Replay(*trace, eng, opts);
   EXPECT_EQ(served, 1500u);  // no request failed
+  EXPECT_EQ(r.failed, 0u);
+  EXPECT_EQ(corrupt, 0u);
+  EXPECT_EQ(errors_before_kill, 0u);
   EXPECT_LT(absl::Now() - start, absl::Seconds(120));
   // Hit rate drops against the bound, but is still positive.
   EXPECT_LT(r.hit_rate(), r.bound_rate());
@@ -81,7 +104,7 @@ TEST(ReplayTest, KillingADaemonCostsHitRateNeverARequest) {
   // above is the kill's doing).
   TestCluster healthy;
   ASSERT_OK(healthy.Start({.daemons = 2, .segment_size = "1gib"}));
-  auto c2 = healthy.NewClient({"tcp"});
+  auto c2 = healthy.NewClient();
   engine::TierkvL3 l3b(c2->get(), true);
   engine::InferenceEngine eng2(cfg, &l3b);
   engine::ReplayReport ok = engine::Replay(*trace, eng2, {});

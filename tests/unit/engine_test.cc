@@ -215,6 +215,36 @@ TEST(EngineTest, PrefetchPoliciesAreBoundedAndAnUnavailableStoreMeansRecompute) 
   }
 }
 
+// Against a slow store (20 ms a page, 8 pages): wait_complete waits for all
+// of it; timeout stops at its bound with the pages that arrived by then;
+// best_effort waits only as long as recomputing would take (8 pages at a
+// million tokens/s: well under a page's time), so it takes none.
+TEST(EngineTest, PrefetchFromASlowStoreStopsAtEachPolicysBound) {
+  auto a = Tokens(8 * 16 + 1, 11);
+  struct Case {
+    PrefetchPolicy policy;
+    size_t pages;         // that arrive in time
+    double max_fetch_s;   // the policy's bound, with room for a loaded machine
+  };
+  for (const Case& k : {Case{PrefetchPolicy::kWaitComplete, 8, 10.0}, Case{PrefetchPolicy::kTimeout, 2, 0.045 + 0.5},
+                        Case{PrefetchPolicy::kBestEffort, 0, 0.001 + 0.5}}) {
+    InMemoryL3 store;
+    EngineConfig c = Synthetic();
+    c.prefetch = k.policy;
+    c.prefetch_timeout = absl::Milliseconds(45);
+    InferenceEngine writer(c, &store);
+    writer.Serve(a);
+    store.SetLatency(absl::Milliseconds(20));
+    InferenceEngine reader(c, &store);
+    RequestResult r = reader.Serve(a);
+    EXPECT_EQ(r.l3_tokens, k.pages * 16) << static_cast<int>(k.policy);
+    EXPECT_LT(r.fetch_s, k.max_fetch_s) << static_cast<int>(k.policy);
+    if (k.policy == PrefetchPolicy::kWaitComplete) EXPECT_GE(r.fetch_s, 0.16);
+    if (k.policy == PrefetchPolicy::kTimeout) EXPECT_GE(r.fetch_s, 0.04);
+    EXPECT_EQ(r.corrupt_pages, 0u);
+  }
+}
+
 TEST(EngineTest, TensorParallelPagesAreOneKeyPerRank) {
   InMemoryL3 store;
   EngineConfig c = SmallModel();
