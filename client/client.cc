@@ -2,12 +2,12 @@
 
 #include <unistd.h>
 
-#include <array>
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "client/internal/trailer_arena.h"
 #include "client/lender.h"
 #include "config/base/crc32c.h"
 #include "config/base/failpoint.h"
@@ -20,23 +20,25 @@ using transport::Op;
 using transport::Request;
 
 // The 8 bytes stored after every value: CRC32C of the value, then a magic.
+// Trailers live in the client's registered TrailerArena, so every transport
+// (rdma included) can move them.
 constexpr uint32_t kTrailerMagic = 0x3156'4b54;  // "TKV1"
-constexpr uint64_t kTrailer = 8;
-using Trailer = std::array<char, kTrailer>;
+constexpr uint64_t kTrailer = internal::kTrailerBytes;
 
-Trailer MakeTrailer(absl::string_view value) {
-  Trailer t;
+// Past a transfer's deadline, how long a Wait allows for its last
+// completions (the engine ends every task by its deadline).
+constexpr absl::Duration kCompletionGrace = absl::Seconds(5);
+
+void MakeTrailer(absl::string_view value, char* t) {
   uint32_t crc = Crc32c(value.data(), value.size());
-  std::memcpy(t.data(), &crc, 4);
-  std::memcpy(t.data() + 4, &kTrailerMagic, 4);
-  return t;
+  std::memcpy(t, &crc, 4);
+  std::memcpy(t + 4, &kTrailerMagic, 4);
 }
 
-absl::Status CheckTrailer(const Trailer& t, absl::Span<const char> value, const std::string& key,
-                          bool verify) {
+absl::Status CheckTrailer(const char* t, absl::Span<const char> value, const std::string& key, bool verify) {
   uint32_t crc, magic;
-  std::memcpy(&crc, t.data(), 4);
-  std::memcpy(&magic, t.data() + 4, 4);
+  std::memcpy(&crc, t, 4);
+  std::memcpy(&magic, t + 4, 4);
   if (magic != kTrailerMagic) return absl::DataLossError(absl::StrCat(key, ": value trailer is corrupt"));
   if (verify && crc != Crc32c(value.data(), value.size())) {
     return absl::DataLossError(absl::StrCat(key, ": checksum mismatch"));
@@ -82,6 +84,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   eo.host = options.host;
   eo.default_timeout = options.transfer_timeout;
   ASSIGN_OR_RETURN(c->engine_, transport::TransferEngine::Create(eo));
+  c->trailers_ = std::make_unique<internal::TrailerArena>(c->engine_.get());
   if (options.lend_size > 0) {
     LenderOptions lo;
     lo.name = options.lend_name.empty() ? absl::StrCat("client-", options.client_id) : options.lend_name;
@@ -96,6 +99,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
 Client::~Client() {
   if (lender_) lender_->Stop();
   lender_.reset();
+  trailers_.reset();
   engine_.reset();
 }
 
@@ -115,6 +119,12 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
   const size_t n = items.size();
   std::vector<absl::Status> out(n);
   if (n == 0) return out;
+  // One registered trailer per item, the same bytes for every replica.
+  absl::StatusOr<internal::TrailerBlock> trailers = trailers_->Acquire(n);
+  if (!trailers.ok()) {
+    for (auto& s : out) s = Annotate(trailers.status(), "registering trailer memory");
+    return out;
+  }
   v1::PutStartRequest req;
   req.set_client_id(options_.client_id);
   for (const PutItem& it : items) {
@@ -138,7 +148,6 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
 
   // Values go out first; their checksums are computed while they travel,
   // and the trailers follow in a second batch.
-  std::vector<Trailer> trailers(n);
   std::vector<Request> values, tails;
   std::vector<size_t> value_owner, tail_owner;
   std::vector<bool> began(n, false);
@@ -153,24 +162,33 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
         values.push_back({Op::kWrite, const_cast<char*>(items[i].value.data()), e.segment(), e.offset(), vsize});
         value_owner.push_back(i);
       }
-      tails.push_back({Op::kWrite, trailers[i].data(), e.segment(), e.offset() + vsize, kTrailer});
+      tails.push_back({Op::kWrite, trailers->slot(i), e.segment(), e.offset() + vsize, kTrailer});
       tail_owner.push_back(i);
     }
   }
+  const absl::Time wait_until = absl::Now() + options_.transfer_timeout + kCompletionGrace;
   std::shared_ptr<transport::Batch> value_batch = engine_->Submit(std::move(values), options_.transfer_timeout);
   for (size_t i = 0; i < n; ++i) {
-    if (began[i]) trailers[i] = MakeTrailer(items[i].value);
+    if (began[i]) MakeTrailer(items[i].value, trailers->slot(i));
   }
-  std::vector<absl::Status> tail_status = engine_->Transfer(std::move(tails), options_.transfer_timeout);
-  value_batch->Wait(absl::Now() + options_.transfer_timeout + absl::Seconds(5));
-  auto record = [&](const std::vector<absl::Status>& statuses, const std::vector<size_t>& owner) {
-    for (size_t k = 0; k < statuses.size(); ++k) {
+  std::shared_ptr<transport::Batch> tail_batch = engine_->Submit(std::move(tails), options_.transfer_timeout);
+  trailers->Hold(tail_batch);
+  // A put commits only when every value and trailer write finished OK. A
+  // Wait that runs out seals its batch, so unfinished writes read
+  // DEADLINE_EXCEEDED below and their keys are revoked.
+  const bool values_done = value_batch->Wait(wait_until);
+  const bool tails_done = tail_batch->Wait(wait_until);
+  auto record = [&](const transport::Batch& batch, bool finished, const std::vector<size_t>& owner) {
+    std::vector<absl::Status> statuses = batch.statuses();
+    for (size_t k = 0; k < owner.size(); ++k) {
       size_t i = owner[k];
-      if (!statuses[k].ok() && out[i].ok()) out[i] = Annotate(statuses[k], absl::StrCat("writing ", items[i].key));
+      absl::Status st = k < statuses.size() ? statuses[k] : absl::InternalError("missing transfer status");
+      if (st.ok() && !finished) st = absl::DeadlineExceededError("the write did not finish in time");
+      if (!st.ok() && out[i].ok()) out[i] = Annotate(st, absl::StrCat("writing ", items[i].key));
     }
   };
-  record(value_batch->statuses(), value_owner);
-  record(tail_status, tail_owner);
+  record(*value_batch, values_done, value_owner);
+  record(*tail_batch, tails_done, tail_owner);
   // A group with a failed member is given up whole.
   absl::flat_hash_set<std::string> failed_groups;
   for (size_t i = 0; i < n; ++i) {
@@ -219,10 +237,11 @@ absl::StatusOr<size_t> Client::Get(const std::string& key, absl::Span<char> out)
 
 struct Client::Impl {
   // Reads the values GetReplicas described into `outs` (each already
-  // checked to be large enough), trying replicas in turn.
+  // checked to be large enough), trying replicas in turn. Key i's read
+  // must finish before lease_end[i]; one that does not is a miss.
   static void Read(Client* c, const std::vector<std::string>& keys, const v1::GetReplicasResponse& resp,
-                   const std::vector<char*>& outs, std::vector<absl::Status>* status,
-                   absl::Duration timeout) {
+                   const std::vector<char*>& outs, const std::vector<absl::Time>& lease_end,
+                   std::vector<absl::Status>* status, absl::Duration timeout) {
     if (timeout <= absl::ZeroDuration()) timeout = c->options_.transfer_timeout;
     const absl::Time deadline = absl::Now() + timeout;
     const size_t n = keys.size();
@@ -231,14 +250,27 @@ struct Client::Impl {
       first[i] = at;
       at += resp.replica_counts(static_cast<int>(i));
     }
-    std::vector<Trailer> trailers(n);
     std::vector<bool> pending(n);
     for (size_t i = 0; i < n; ++i) pending[i] = (*status)[i].ok();
+    absl::StatusOr<internal::TrailerBlock> trailers = c->trailers_->Acquire(n);
+    if (!trailers.ok()) {
+      for (size_t i = 0; i < n; ++i) {
+        if (pending[i]) (*status)[i] = Annotate(trailers.status(), "registering trailer memory");
+      }
+      return;
+    }
+    // Past its lease the extent may hold another put's bytes: a miss.
+    auto lease_over = [&](size_t i) {
+      if (absl::Now() < lease_end[i]) return false;
+      (*status)[i] = absl::NotFoundError(absl::StrCat(keys[i], ": the read did not finish inside its lease"));
+      pending[i] = false;
+      return true;
+    };
     for (uint32_t attempt = 0;; ++attempt) {
       std::vector<Request> requests;
       std::vector<size_t> owner;
       for (size_t i = 0; i < n; ++i) {
-        if (!pending[i]) continue;
+        if (!pending[i] || lease_over(i)) continue;
         if (attempt >= resp.replica_counts(static_cast<int>(i))) {
           pending[i] = false;  // replicas exhausted; status holds the last error
           continue;
@@ -251,7 +283,7 @@ struct Client::Impl {
           requests.push_back({Op::kRead, outs[i], seg, off, vsize});
           owner.push_back(i);
         }
-        requests.push_back({Op::kRead, trailers[i].data(), seg, off + vsize, kTrailer});
+        requests.push_back({Op::kRead, trailers->slot(i), seg, off + vsize, kTrailer});
         owner.push_back(i);
       }
       if (requests.empty()) return;
@@ -259,37 +291,64 @@ struct Client::Impl {
       // later ones are still on the wire.
       constexpr size_t kChunks = 4;
       size_t per = std::max<size_t>(2, (requests.size() / kChunks + 1) & ~size_t{1});
-      std::vector<std::pair<size_t, std::shared_ptr<transport::Batch>>> chunks;
+      struct Chunk {
+        size_t at;
+        absl::Time deadline;  // the caller's, or the earliest lease in it
+        std::shared_ptr<transport::Batch> batch;
+      };
+      std::vector<Chunk> chunks;
       for (size_t at = 0; at < requests.size();) {
         size_t end = std::min(requests.size(), at + per);
         while (end < requests.size() && owner[end] == owner[end - 1]) ++end;  // keep a key's requests together
-        absl::Duration left = deadline - absl::Now();
+        absl::Time until = deadline;
+        for (size_t k = at; k < end; ++k) until = std::min(until, lease_end[owner[k]]);
+        absl::Duration left = until - absl::Now();
         if (left <= absl::ZeroDuration()) left = absl::Milliseconds(1);
-        chunks.emplace_back(at, c->engine_->Submit({requests.begin() + at, requests.begin() + end}, left));
+        chunks.push_back({at, until, c->engine_->Submit({requests.begin() + at, requests.begin() + end}, left)});
+        trailers->Hold(chunks.back().batch);
         at = end;
       }
       std::vector<absl::Status> round(n);
-      for (auto& [at, batch] : chunks) {
-        batch->Wait(deadline + absl::Seconds(5));
-        const std::vector<absl::Status>& got = batch->statuses();
+      for (const Chunk& chunk : chunks) {
+        const bool finished = chunk.batch->Wait(chunk.deadline + kCompletionGrace);
+        const std::vector<absl::Status> got = chunk.batch->statuses();
         for (size_t k = 0; k < got.size(); ++k) {
-          if (!got[k].ok() && round[owner[at + k]].ok()) round[owner[at + k]] = got[k];
+          absl::Status st = got[k];
+          if (st.ok() && !finished) st = absl::DeadlineExceededError("the read did not finish in time");
+          if (!st.ok() && round[owner[chunk.at + k]].ok()) round[owner[chunk.at + k]] = st;
         }
-        size_t end = at + got.size();
-        for (size_t k = at; k < end; ++k) {
+        size_t end = chunk.at + got.size();
+        for (size_t k = chunk.at; k < end; ++k) {
           size_t i = owner[k];
           if (k + 1 < end && owner[k + 1] == i) continue;  // check once, at the key's last request
-          if (!pending[i]) continue;
+          if (!pending[i] || lease_over(i)) continue;
           absl::Status st = round[i];
           if (st.ok()) {
             uint64_t vsize = resp.sizes(static_cast<int>(i)) - kTrailer;
-            st = CheckTrailer(trailers[i], {outs[i], vsize}, keys[i], c->options_.verify_checksums);
+            st = CheckTrailer(trailers->slot(i), {outs[i], vsize}, keys[i], c->options_.verify_checksums);
           }
           (*status)[i] = st.ok() ? st : Annotate(st, absl::StrCat("reading ", keys[i]));
           if (st.ok() || !Retryable(st)) pending[i] = false;
         }
       }
     }
+  }
+
+  // When each key's read lease ends on this process's clock, less a
+  // margin for clock drift and the last bytes' way back. `asked` is when
+  // the GetReplicas call started: the lease began no earlier.
+  static std::vector<absl::Time> LeaseEnds(const v1::GetReplicasResponse& resp, absl::Time asked) {
+    std::vector<absl::Time> end(resp.sizes_size());
+    for (int i = 0; i < resp.sizes_size(); ++i) {
+      const int64_t expiry = resp.lease_expiry_unix_ms(i);
+      // The master's clock beside its lease measures the lease's length;
+      // without it (an older master) the expiry is read on our clock.
+      absl::Time until = resp.now_unix_ms() > 0 ? asked + absl::Milliseconds(expiry - resp.now_unix_ms())
+                                                 : absl::FromUnixMillis(expiry);
+      absl::Duration margin = std::min(absl::Milliseconds(500), std::max(until - asked, absl::ZeroDuration()) / 10);
+      end[i] = until - margin;
+    }
+    return end;
   }
 
   // Per-key status after GetReplicas: NOT_FOUND for misses, DATA_LOSS for
@@ -313,6 +372,7 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
                                                   const std::function<char*(size_t, uint64_t)>& place) {
   std::vector<absl::StatusOr<size_t>> result(keys.size());
   if (keys.empty()) return result;
+  const absl::Time asked = absl::Now();
   absl::StatusOr<v1::GetReplicasResponse> resp = master_->GetReplicas(keys);
   if (!resp.ok()) {
     for (auto& r : result) r = resp.status();
@@ -328,7 +388,7 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
       st[i] = absl::InvalidArgumentError(absl::StrCat(keys[i], ": the buffer cannot hold ", vsize, " bytes"));
     }
   }
-  Impl::Read(this, keys, *resp, ptrs, &st, timeout);
+  Impl::Read(this, keys, *resp, ptrs, Impl::LeaseEnds(*resp, asked), &st, timeout);
   for (size_t i = 0; i < keys.size(); ++i) {
     if (st[i].ok()) {
       result[i] = resp->sizes(static_cast<int>(i)) - kTrailer;

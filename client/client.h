@@ -16,7 +16,16 @@
 //
 // Zero copy: Put reads from the caller's bytes and Get(key, span) writes
 // into it directly; nothing is copied in between. Transports that need
-// registered memory (rdma) require RegisterMemory on those buffers first.
+// registered memory (rdma) move buffers given to RegisterMemory; any other
+// buffer still works, over the next transport that reaches the store (tcp),
+// so register the buffers of the fast path. Trailers always sit in memory
+// the client registered itself.
+//
+// Deadlines: a transfer that did not finish by its deadline fails the put
+// (DEADLINE_EXCEEDED, revoked, never committed). A read must finish inside
+// the read lease GetReplicas granted (less a margin): one that would not is
+// given up as a miss (NOT_FOUND), since after the lease the store may hand
+// the extent to another put.
 //
 // Batch calls are the fast path: one RPC per phase for the whole batch and
 // one transfer batch; they return one status per key.
@@ -35,6 +44,10 @@
 #include "transport/engine.h"
 
 namespace tierkv::client {
+
+namespace internal {
+class TrailerArena;
+}
 
 struct ClientOptions {
   std::string master = "127.0.0.1:50051";
@@ -119,12 +132,13 @@ class Client {
   Client() = default;
   struct Impl;
   // GetReplicas, then reads each present key into place(i, value_size)
-  // (null: the caller has no room, INVALID_ARGUMENT).
+  // (null: the caller has no room, INVALID_ARGUMENT), inside its lease.
   std::vector<absl::StatusOr<size_t>> Fetch(const std::vector<std::string>& keys, absl::Duration timeout,
                                             const std::function<char*(size_t, uint64_t)>& place);
   ClientOptions options_;
   std::unique_ptr<MasterClient> master_;
   std::unique_ptr<transport::TransferEngine> engine_;
+  std::unique_ptr<internal::TrailerArena> trailers_;  // registered with engine_
   std::unique_ptr<class SegmentLender> lender_;
 };
 

@@ -134,7 +134,8 @@ absl::StatusOr<v1::GetReplicasResponse> MasterClient::GetReplicas(const std::vec
   absl::Status s = Invoke("GetReplicas", KeysOf(keys), &resp, true, TIERKV_CALL(GetReplicas));
   if (!s.ok()) return s;
   if (resp.sizes_size() != static_cast<int>(keys.size()) ||
-      resp.replica_counts_size() != static_cast<int>(keys.size())) {
+      resp.replica_counts_size() != static_cast<int>(keys.size()) ||
+      resp.lease_expiry_unix_ms_size() != static_cast<int>(keys.size())) {
     return absl::InternalError("malformed GetReplicas reply");
   }
   return resp;

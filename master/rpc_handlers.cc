@@ -108,6 +108,9 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, v1::GetReplicasResponse*
     resp->add_lease_expiry_unix_ms(count > 0 ? absl::ToUnixMillis(r.lease_expiry) : 0);
     resp->add_replica_counts(count);
   }
+  // Read after the leases were granted, so a client's view of what is left
+  // errs short.
+  resp->set_now_unix_ms(absl::ToUnixMillis(m->clock()->Now()));
 }
 
 void Exists(Master* m, const v1::KeysRequest& req, v1::ExistsResponse* resp) {

@@ -6,29 +6,62 @@ bool BatchImpl::Wait(absl::Time deadline) {
   MutexLock lock(&mu_);
   while (!done_.load(std::memory_order_acquire)) {
     absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) return false;
+    if (left <= absl::ZeroDuration()) {
+      Seal();
+      return false;
+    }
     cv_.WaitFor(&mu_, absl::ToChronoMicroseconds(left) + std::chrono::microseconds(100));
   }
   return true;
 }
 
-void BatchImpl::Start(size_t pending) {
-  if (pending == 0) {
-    Finish();
-    return;
+std::vector<absl::Status> BatchImpl::statuses() const {
+  MutexLock lock(&mu_);
+  std::vector<absl::Status> out = statuses_;
+  if (done_.load(std::memory_order_acquire) || sealed_.load(std::memory_order_acquire)) return out;
+  // Asked before the end: a request still on the wire is not OK.
+  const bool late = absl::Now() >= deadline_;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (pending_[i] == 0 || !out[i].ok()) continue;
+    out[i] = late ? absl::DeadlineExceededError("the request did not finish by its deadline")
+                  : absl::UnavailableError("the request is still in flight");
   }
-  remaining_.store(pending, std::memory_order_release);
+  return out;
+}
+
+void BatchImpl::Seal() {
+  if (sealed_.exchange(true, std::memory_order_acq_rel)) return;
+  for (size_t i = 0; i < statuses_.size(); ++i) {
+    if (pending_[i] > 0 && statuses_[i].ok()) {
+      statuses_[i] = absl::DeadlineExceededError("the request did not finish by its deadline");
+    }
+  }
+}
+
+void BatchImpl::Start() {
+  {
+    MutexLock lock(&mu_);
+    for (size_t req : slice_request) ++pending_[req];
+    remaining_ = slices.size();
+    if (remaining_ > 0) return;
+  }
+  Finish();
 }
 
 void BatchImpl::Complete(absl::Span<Slice* const> done) {
+  bool finished;
   {
     MutexLock lock(&mu_);
+    const bool sealed = sealed_.load(std::memory_order_acquire);
     for (Slice* s : done) {
       size_t req = slice_request[s - slices.data()];
-      if (!s->status.ok() && statuses_[req].ok()) statuses_[req] = s->status;
+      --pending_[req];
+      if (!sealed && !s->status.ok() && statuses_[req].ok()) statuses_[req] = s->status;
     }
+    remaining_ -= done.size();
+    finished = remaining_ == 0;
   }
-  if (remaining_.fetch_sub(done.size(), std::memory_order_acq_rel) == done.size()) Finish();
+  if (finished) Finish();
 }
 
 void BatchImpl::Finish() {

@@ -6,6 +6,7 @@
 #include <shared_mutex>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "config/base/log.h"
@@ -37,6 +38,11 @@ struct PeerEntry {
   std::vector<std::string> fallbacks ABSL_GUARDED_BY(mu);
   bool needs_registered_local ABSL_GUARDED_BY(mu) = false;
   bool cuda_memory ABSL_GUARDED_BY(mu) = false;
+  // Channels of other transports, for requests the chosen one refuses
+  // (by backend name); they share `desc` and are dropped with it.
+  absl::flat_hash_map<std::string, std::shared_ptr<PeerChannel>> alternates ABSL_GUARDED_BY(mu);
+  // "<to>: <refusal>" fallbacks already logged for this peer.
+  absl::flat_hash_set<std::string> logged ABSL_GUARDED_BY(mu);
 };
 
 class Engine final : public TransferEngine, public ServedMemory {
@@ -121,7 +127,10 @@ class Engine final : public TransferEngine, public ServedMemory {
     for (auto& be : backends_) {
       if (!be->capabilities().needs_registered_local) continue;
       absl::StatusOr<std::string> key = be->RegisterBuffer(*b);
-      if (!key.ok()) TKV_LOG(WARNING) << be->name() << " cannot use memory at " << location << ": " << key.status().message();
+      if (!key.ok()) {
+        TKV_LOG(WARNING) << be->name() << " cannot use memory at " << location << ": " << key.status().message();
+        refused_.insert({b->id, be.get()});  // its requests go to another transport
+      }
     }
     buffers_[a] = std::move(b);
     return absl::OkStatus();
@@ -138,7 +147,10 @@ class Engine final : public TransferEngine, public ServedMemory {
         }
       }
     }
-    for (auto& be : backends_) be->UnregisterBuffer(*it->second);
+    for (auto& be : backends_) {
+      be->UnregisterBuffer(*it->second);
+      refused_.erase({it->second->id, be.get()});
+    }
     buffers_.erase(it);
     return absl::OkStatus();
   }
@@ -250,7 +262,7 @@ class Engine final : public TransferEngine, public ServedMemory {
   std::shared_ptr<Batch> Submit(std::vector<Request> requests, absl::Duration timeout) override {
     if (timeout <= absl::ZeroDuration()) timeout = options_.default_timeout;
     absl::Time deadline = absl::Now() + timeout;
-    auto batch = std::make_shared<BatchImpl>(requests.size());
+    auto batch = std::make_shared<BatchImpl>(requests.size(), deadline);
     requests_.fetch_add(requests.size(), std::memory_order_relaxed);
 
     // Group by segment, keeping request order within each.
@@ -276,7 +288,9 @@ class Engine final : public TransferEngine, public ServedMemory {
         for (size_t i : idx) batch->SetStatus(i, peer.status());
         continue;
       }
-      size_t first = batch->slices.size();
+      // Each request goes to the chosen transport unless that one refuses
+      // its memory; then to the next transport that reaches the peer.
+      std::map<Backend*, std::pair<std::shared_ptr<PeerChannel>, std::vector<size_t>>> routes;
       for (size_t i : idx) {
         const Request& r = requests[i];
         absl::StatusOr<const BufferDescriptor*> where = peer->desc.Locate(r.offset, r.length);
@@ -284,32 +298,43 @@ class Engine final : public TransferEngine, public ServedMemory {
           batch->SetStatus(i, where.status());
           continue;
         }
-        if (!peer->cuda_memory && (LocalIsGpu(r.local, r.length) || (*where)->location.rfind("cuda:", 0) == 0)) {
-          // Only a GPU-capable transport may dereference device pointers.
-          batch->SetStatus(i, absl::FailedPreconditionError(
-                                  absl::StrCat("transport ", peer->transport, " cannot move GPU memory")));
+        const bool gpu = LocalIsGpu(r.local, r.length) || (*where)->location.rfind("cuda:", 0) == 0;
+        std::string refusal = Refusal(peer->backend, r, gpu);
+        if (refusal.empty()) {
+          auto& route = routes[peer->backend];
+          route.first = peer->channel;
+          route.second.push_back(i);
           continue;
         }
-        if (peer->needs_registered_local && !LocalRegistered(r.local, r.length)) {
-          batch->SetStatus(i, absl::FailedPreconditionError(
-                                  absl::StrCat("transport ", peer->transport,
-                                               " needs the local buffer registered")));
+        absl::StatusOr<std::pair<Backend*, std::shared_ptr<PeerChannel>>> alt =
+            Fallback(segment, *peer, r, gpu, refusal, deadline);
+        if (!alt.ok()) {
+          batch->SetStatus(i, alt.status());
           continue;
         }
-        for (uint64_t done = 0; done < r.length; done += options_.slice_size) {
-          Slice s;
-          s.op = r.op;
-          s.local = static_cast<char*>(r.local) + done;
-          s.remote_offset = r.offset + done;
-          s.length = std::min(options_.slice_size, r.length - done);
-          batch->slices.push_back(s);
-          batch->slice_request.push_back(i);
-        }
+        auto& route = routes[alt->first];
+        route.first = alt->second;
+        route.second.push_back(i);
       }
-      plans.push_back({peer->channel, segment, first, batch->slices.size()});
+      for (auto& [backend, route] : routes) {
+        size_t first = batch->slices.size();
+        for (size_t i : route.second) {
+          const Request& r = requests[i];
+          for (uint64_t done = 0; done < r.length; done += options_.slice_size) {
+            Slice s;
+            s.op = r.op;
+            s.local = static_cast<char*>(r.local) + done;
+            s.remote_offset = r.offset + done;
+            s.length = std::min(options_.slice_size, r.length - done);
+            batch->slices.push_back(s);
+            batch->slice_request.push_back(i);
+          }
+        }
+        plans.push_back({route.first, segment, first, batch->slices.size()});
+      }
     }
-    batch->Start(batch->slices.size());
-    // Spread each segment's slices over the workers, at most 64 per task.
+    batch->Start();
+    // Spread each channel's slices over the workers, at most 64 per task.
     for (const Plan& p : plans) {
       size_t n = p.end_slice - p.first_slice;
       if (n == 0) continue;
@@ -327,7 +352,9 @@ class Engine final : public TransferEngine, public ServedMemory {
     if (timeout <= absl::ZeroDuration()) timeout = options_.default_timeout;
     std::shared_ptr<Batch> b = Submit(std::move(requests), timeout);
     // Every task ends by the deadline; the margin covers the last wake-up.
-    b->Wait(absl::Now() + timeout + absl::Seconds(5));
+    // A Wait that runs out seals the batch, so what did not finish reads
+    // DEADLINE_EXCEEDED.
+    (void)b->Wait(absl::Now() + timeout + absl::Seconds(5));
     return b->statuses();
   }
 
@@ -363,6 +390,7 @@ class Engine final : public TransferEngine, public ServedMemory {
   struct Prepared {
     SegmentDescriptor desc;
     std::shared_ptr<PeerChannel> channel;
+    Backend* backend;
     std::string transport;
     bool needs_registered_local;
     bool cuda_memory;
@@ -396,7 +424,69 @@ class Engine final : public TransferEngine, public ServedMemory {
     if (a < b->addr || !RangeWithin(a - b->addr, length, b->length)) return std::nullopt;
     return b->location;
   }
-  bool LocalRegistered(void* addr, uint64_t length) { return LocalLocation(addr, length).has_value(); }
+
+  // Why `backend` cannot move request `r` ("" when it can): GPU memory
+  // needs a cuda-capable transport, and a transport that needs registered
+  // local memory needs `r.local` inside a buffer it registered.
+  std::string Refusal(Backend* backend, const Request& r, bool gpu) {
+    const Capabilities caps = backend->capabilities();
+    if (gpu && !caps.cuda_memory) return absl::StrCat("transport ", backend->name(), " cannot move GPU memory");
+    if (!caps.needs_registered_local) return "";
+    std::shared_lock lock(served_mu_);
+    char* a = static_cast<char*>(r.local);
+    auto it = buffers_.upper_bound(a);
+    if (it != buffers_.begin()) {
+      --it;
+      const LocalBuffer* b = it->second.get();
+      if (a >= b->addr && RangeWithin(a - b->addr, r.length, b->length)) {
+        if (!refused_.contains({b->id, backend})) return "";
+        return absl::StrCat("transport ", backend->name(), " could not register the local buffer");
+      }
+    }
+    return absl::StrCat("transport ", backend->name(), " needs the local buffer registered");
+  }
+
+  // The next transport after `peer`'s (in selection order) that the peer
+  // offers, that does not refuse `r`, and that reaches it; its channel is
+  // cached beside the chosen one. FAILED_PRECONDITION naming `refusal` and
+  // each candidate's reason when there is none.
+  absl::StatusOr<std::pair<Backend*, std::shared_ptr<PeerChannel>>> Fallback(
+      const std::string& segment, const Prepared& peer, const Request& r, bool gpu, const std::string& refusal,
+      absl::Time deadline) {
+    std::vector<std::string> reasons{refusal};
+    std::vector<Backend*> candidates;
+    for (Backend* b : order_) {
+      if (b == peer.backend || !peer.desc.transports.contains(b->name())) continue;
+      std::string no = Refusal(b, r, gpu);
+      if (no.empty()) {
+        candidates.push_back(b);
+      } else {
+        reasons.push_back(no);
+      }
+    }
+    std::shared_ptr<PeerEntry> e = Entry(segment);
+    MutexLock lock(&e->mu);
+    PrepareContext ctx{options_.host_id, &internal::TcpHandshake, deadline};
+    for (Backend* b : candidates) {
+      std::shared_ptr<PeerChannel>& ch = e->alternates[b->name()];
+      if (!ch || !ch->healthy()) {
+        ch.reset();
+        absl::StatusOr<std::unique_ptr<PeerChannel>> made = b->Prepare(peer.desc, ctx);
+        if (!made.ok()) {
+          reasons.push_back(absl::StrCat(b->name(), ": ", made.status().message()));
+          continue;
+        }
+        ch = std::move(*made);
+      }
+      // A refusal is normal for unregistered buffers: say so once per peer.
+      if (e->logged.insert(absl::StrCat(b->name(), ": ", refusal)).second) {
+        TKV_LOG(INFO) << refusal << " for segment " << segment << "; such requests go over " << b->name();
+      }
+      return std::make_pair(b, ch);
+    }
+    return absl::FailedPreconditionError(absl::StrCat("no transport to segment ", segment,
+                                                      " can move this request: ", absl::StrJoin(reasons, "; ")));
+  }
 
   // True when [addr, addr+length) lies in registered cuda:<n> memory.
   bool LocalIsGpu(void* addr, uint64_t length) {
@@ -415,7 +505,8 @@ class Engine final : public TransferEngine, public ServedMemory {
     std::shared_ptr<PeerEntry> e = Entry(segment);
     MutexLock lock(&e->mu);
     if (e->channel && e->channel->healthy() && e->desc) {
-      return Prepared{*e->desc, e->channel, e->transport, e->needs_registered_local, e->cuda_memory};
+      return Prepared{*e->desc, e->channel, FindBackend(e->transport), e->transport, e->needs_registered_local,
+                      e->cuda_memory};
     }
     // (Re)read the descriptor: the peer may have restarted or moved.
     absl::StatusOr<std::string> json = options_.metadata->Get(DescriptorKey(segment));
@@ -428,6 +519,7 @@ class Engine final : public TransferEngine, public ServedMemory {
     ASSIGN_OR_RETURN(SegmentDescriptor desc, SegmentDescriptor::FromJson(*json));
     e->desc = desc;
     e->channel.reset();
+    e->alternates.clear();
     e->fallbacks.clear();
     PrepareContext ctx{options_.host_id, &internal::TcpHandshake, deadline};
     std::vector<std::string> reasons;
@@ -443,7 +535,7 @@ class Engine final : public TransferEngine, public ServedMemory {
         e->needs_registered_local = b->capabilities().needs_registered_local;
         e->cuda_memory = b->capabilities().cuda_memory;
         e->fallbacks = reasons;
-        return Prepared{desc, e->channel, e->transport, e->needs_registered_local, e->cuda_memory};
+        return Prepared{desc, e->channel, b, e->transport, e->needs_registered_local, e->cuda_memory};
       }
       std::string why = absl::StrCat(b->name(), ": ", ch.status().message());
       TKV_LOG(WARNING) << "transport " << b->name() << " cannot reach segment " << segment
@@ -458,7 +550,8 @@ class Engine final : public TransferEngine, public ServedMemory {
   }
 
   void Run(Task& t) {
-    if (absl::Now() >= t.deadline) {
+    if (absl::Now() >= t.deadline || t.batch->sealed()) {
+      // The caller stopped waiting: its buffers must not be touched now.
       for (Slice* s : t.slices) s->status = absl::DeadlineExceededError("transfer queued past its deadline");
     } else {
       t.channel->Post(t.slices, t.deadline);
@@ -480,6 +573,9 @@ class Engine final : public TransferEngine, public ServedMemory {
       std::shared_ptr<PeerEntry> e = Entry(t.segment);
       MutexLock lock(&e->mu);
       if (e->channel == t.channel) e->channel.reset();  // re-prepare on next use
+      for (auto& [name, ch] : e->alternates) {
+        if (ch == t.channel) ch.reset();
+      }
     }
     t.batch->Complete(t.slices);
   }
@@ -492,6 +588,9 @@ class Engine final : public TransferEngine, public ServedMemory {
   std::shared_mutex served_mu_;
   std::map<char*, std::unique_ptr<LocalBuffer>> buffers_;  // guarded by served_mu_
   std::map<std::string, ServedSegment> served_;            // guarded by served_mu_
+  // (buffer id, backend) pairs where the backend could not register the
+  // buffer; guarded by served_mu_.
+  absl::flat_hash_set<std::pair<uint64_t, Backend*>> refused_;
   uint64_t next_buffer_id_ = 1;
   uint32_t next_segment_index_ = 0;
 

@@ -18,7 +18,11 @@
 // has, fastest first. The first that proves it can reach the peer (its
 // Prepare handshake) is used; a transport that cannot is skipped with a
 // warning naming both ends and the reason. The process never aborts over
-// an unreachable peer: requests fail with UNAVAILABLE instead.
+// an unreachable peer: requests fail with UNAVAILABLE instead. A request
+// the chosen transport refuses (local memory rdma has not registered, GPU
+// memory on a host-only transport) goes to the next transport that reaches
+// the peer and accepts it, logged once per peer and reason; only when none
+// does it fail FAILED_PRECONDITION.
 //
 // Threads: `workers` threads run transfers; backends add their own (the tcp
 // server's acceptor and connection threads). Submit and everything else
@@ -52,15 +56,20 @@ struct EngineOptions {
   absl::Duration default_timeout = absl::Seconds(30);
 };
 
-// A submitted batch: poll Done() or Wait(); statuses() is valid once done.
+// A submitted batch: poll Done() or Wait(), then read statuses(). Thread-safe.
 class Batch {
  public:
   virtual ~Batch() = default;
   virtual bool Done() const = 0;
-  // True when complete before `deadline`.
+  // True when complete before `deadline`. False seals the batch: every
+  // request that had not finished is DEADLINE_EXCEEDED for good, even if
+  // its bytes land later (poll Done() to wait in steps without sealing).
+  // After a false Wait the local buffers may still be in use until Done().
   virtual bool Wait(absl::Time deadline) = 0;
-  // One status per request, in submission order.
-  virtual const std::vector<absl::Status>& statuses() const = 0;
+  // One status per request, in submission order. Never OK for a request
+  // that has not finished: DEADLINE_EXCEEDED once the batch's deadline
+  // passed or a Wait timed out, UNAVAILABLE while it is still in flight.
+  virtual std::vector<absl::Status> statuses() const = 0;
 };
 
 struct PeerInfo {

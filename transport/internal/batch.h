@@ -14,31 +14,48 @@
 
 namespace tierkv::transport::internal {
 
+// Completion is counted per slice and per request, so statuses() can tell
+// a finished request from one still on the wire. A Wait that times out
+// seals the batch: every unfinished request is DEADLINE_EXCEEDED from then
+// on, and slices that finish later no longer change any status (the caller
+// has already acted on them).
 class BatchImpl final : public Batch {
  public:
-  explicit BatchImpl(size_t requests) : statuses_(requests) {}
+  BatchImpl(size_t requests, absl::Time deadline)
+      : deadline_(deadline), statuses_(requests), pending_(requests, 0) {}
 
   bool Done() const override { return done_.load(std::memory_order_acquire); }
   bool Wait(absl::Time deadline) override;
-  const std::vector<absl::Status>& statuses() const override { return statuses_; }
+  std::vector<absl::Status> statuses() const override;
+  // True once a Wait timed out: workers skip tasks not yet posted.
+  bool sealed() const { return sealed_.load(std::memory_order_acquire); }
 
   // Before Start: record a request's final status without any slice.
-  void SetStatus(size_t request, absl::Status s) { statuses_[request] = std::move(s); }
+  void SetStatus(size_t request, absl::Status s) {
+    MutexLock lock(&mu_);
+    statuses_[request] = std::move(s);
+  }
   // Slices and the request each belongs to; stable once Start is called.
   std::vector<Slice> slices;
   std::vector<size_t> slice_request;
-  // Arms completion: the batch is done when `pending` slices reported.
-  void Start(size_t pending);
+  // Arms completion: the batch is done when every slice reported.
+  void Start();
   // Called by workers for finished slices.
   void Complete(absl::Span<Slice* const> done);
 
  private:
   void Finish();
-  std::vector<absl::Status> statuses_;
-  std::atomic<size_t> remaining_{0};
-  std::atomic<bool> done_{false};
-  Mutex mu_;
+  // Unfinished requests become DEADLINE_EXCEEDED; later completions are ignored.
+  void Seal() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const absl::Time deadline_;
+  mutable Mutex mu_;
   CondVar cv_;
+  std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> pending_ ABSL_GUARDED_BY(mu_);  // unfinished slices per request
+  size_t remaining_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> sealed_{false};
+  std::atomic<bool> done_{false};
 };
 
 struct Task {

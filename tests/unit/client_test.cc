@@ -1,0 +1,369 @@
+// The client and the transfer engine end to end, in one process: a real
+// master (MasterServer), real lenders (Clients that lend memory, the code a
+// store daemon runs) and a client, over
+//
+// - "rdma": the fake verbs fabric (transport/rdma/fake_verbs.h), preferred
+//   over tcp, as auto selection does on a host with an active NIC;
+// - "gated": tcp behind a gate the test closes or slows, standing in for a
+//   stalled transfer (a backend that overstays its deadline, a slow read).
+//
+// What is checked: puts and gets of every shape succeed with rdma
+// preferred, the bytes of registered buffers travel over rdma and those
+// of unregistered ones over tcp; a Wait that runs out leaves its requests
+// DEADLINE_EXCEEDED; a put whose bytes did not arrive in time is never
+// committed; a read that outlives its lease is a miss, not data.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "config/base/status.h"
+#include "config/master_config.h"
+#include "master/server.h"
+#include "tests/support/status_matchers.h"
+#include "transport/engine.h"
+#include "transport/memory.h"
+#include "transport/rdma/fake_verbs.h"
+#include "transport/rdma/rdma_backend.h"
+
+namespace tierkv {
+namespace {
+
+using ::tierkv::testing::StatusIs;
+using transport::Op;
+
+// --- the fake fabric as "rdma"
+
+transport::rdma::PortInfo FakePort(const std::string& name, int numa) {
+  transport::rdma::PortInfo p;
+  p.device = name;
+  p.active = true;
+  p.numa_node = numa;
+  p.lid = 1;
+  return p;
+}
+
+std::shared_ptr<transport::rdma::FakeFabric> Fabric() {
+  static auto* fabric = new std::shared_ptr<transport::rdma::FakeFabric>(
+      transport::rdma::FakeFabric::Create({FakePort("mlx5_0", 0), FakePort("mlx5_1", 1)}));
+  return *fabric;
+}
+
+uint64_t RdmaPosted() { return Fabric()->posted("mlx5_0") + Fabric()->posted("mlx5_1"); }
+
+// --- "gated": tcp that waits at a gate before moving slices
+
+struct Gate {
+  Mutex mu;
+  CondVar cv;
+  bool hold_writes ABSL_GUARDED_BY(mu) = false;
+  absl::Duration read_delay ABSL_GUARDED_BY(mu);
+  int held ABSL_GUARDED_BY(mu) = 0;  // Posts waiting at the gate now
+
+  void HoldWrites(bool hold) {
+    MutexLock lock(&mu);
+    hold_writes = hold;
+    cv.SignalAll();
+  }
+  void DelayReads(absl::Duration d) {
+    MutexLock lock(&mu);
+    read_delay = d;
+    cv.SignalAll();
+  }
+  // Blocks while writes are held (bounded, so a failing test cannot hang),
+  // then for the read delay.
+  void Pass(bool write) {
+    MutexLock lock(&mu);
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    ++held;
+    cv.SignalAll();
+    while (write && hold_writes && absl::Now() < give_up) cv.WaitFor(&mu, std::chrono::milliseconds(20));
+    const absl::Time until = absl::Now() + (write ? absl::ZeroDuration() : read_delay);
+    while (absl::Now() < until) cv.WaitFor(&mu, absl::ToChronoMicroseconds(until - absl::Now()));
+    --held;
+    cv.SignalAll();
+  }
+  // Waits until no Post is at the gate (the stalled transfers finished).
+  bool Drained(absl::Duration timeout) {
+    MutexLock lock(&mu);
+    const absl::Time until = absl::Now() + timeout;
+    while (held > 0 && absl::Now() < until) cv.WaitFor(&mu, std::chrono::milliseconds(20));
+    return held == 0;
+  }
+};
+
+Gate& TheGate() {
+  static auto* gate = new Gate();
+  return *gate;
+}
+
+class GatedChannel final : public transport::PeerChannel {
+ public:
+  explicit GatedChannel(std::unique_ptr<transport::PeerChannel> inner) : inner_(std::move(inner)) {}
+  void Post(absl::Span<transport::Slice* const> slices, absl::Time deadline) override {
+    bool write = std::any_of(slices.begin(), slices.end(), [](auto* s) { return s->op == Op::kWrite; });
+    TheGate().Pass(write);
+    inner_->Post(slices, deadline);
+  }
+  bool healthy() const override { return inner_->healthy(); }
+
+ private:
+  std::unique_ptr<transport::PeerChannel> inner_;
+};
+
+// Offered beside tcp by every engine that lists it; moves bytes through
+// the serving engine's tcp server.
+class GatedBackend final : public transport::Backend {
+ public:
+  explicit GatedBackend(std::unique_ptr<transport::Backend> tcp) : tcp_(std::move(tcp)) {}
+  std::string name() const override { return "gated"; }
+  transport::Capabilities capabilities() const override { return {.rank = 5}; }
+  absl::Status Start(transport::ServedMemory*) override { return absl::OkStatus(); }
+  void Stop() override {}
+  std::string endpoint() const override { return "gated"; }
+  absl::StatusOr<std::string> RegisterBuffer(const transport::LocalBuffer&) override { return std::string(); }
+  void UnregisterBuffer(const transport::LocalBuffer&) override {}
+  absl::StatusOr<std::unique_ptr<transport::PeerChannel>> Prepare(const transport::SegmentDescriptor& remote,
+                                                                  const transport::PrepareContext& ctx) override {
+    ASSIGN_OR_RETURN(std::unique_ptr<transport::PeerChannel> inner, tcp_->Prepare(remote, ctx));
+    return std::unique_ptr<transport::PeerChannel>(new GatedChannel(std::move(inner)));
+  }
+
+ private:
+  std::unique_ptr<transport::Backend> tcp_;  // client side only: never started
+};
+
+const bool kRegistered = [] {
+  transport::RegisterBackend("rdma", [](const transport::BackendOptions& o) {
+    transport::rdma::RdmaOptions r;
+    r.chunk = 256 << 10;
+    return transport::rdma::NewRdmaBackend(o, Fabric(), r);
+  });
+  transport::RegisterBackend("gated", [](const transport::BackendOptions& o)
+                                          -> absl::StatusOr<std::unique_ptr<transport::Backend>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<transport::Backend> tcp, transport::CreateBackend("tcp", o));
+    return std::unique_ptr<transport::Backend>(new GatedBackend(std::move(tcp)));
+  });
+  return true;
+}();
+
+const char* NoEnv(const char*) { return nullptr; }
+
+// A master and two lenders on distinct "hosts" in this process.
+class ClientTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    TheGate().HoldWrites(false);
+    TheGate().DelayReads(absl::ZeroDuration());
+    EXPECT_TRUE(TheGate().Drained(absl::Seconds(30)));
+    client_.reset();
+    stores_.clear();
+    if (master_) master_->Shutdown();
+  }
+
+  void StartCluster(std::vector<std::string> transports, std::vector<std::string> master_flags = {}) {
+    transports_ = std::move(transports);
+    std::vector<std::string> args{"tierkv-master", "--rpc-port=0", "--http-port=0", "--check-interval=50ms"};
+    args.insert(args.end(), master_flags.begin(), master_flags.end());
+    std::vector<const char*> argv;
+    for (auto& a : args) argv.push_back(a.c_str());
+    ASSERT_OK_AND_ASSIGN(MasterConfig config,
+                         MasterFlags().Parse(static_cast<int>(argv.size()), argv.data(), nullptr, NoEnv));
+    ASSERT_OK_AND_ASSIGN(master_, master::MasterServer::Start(config));
+    for (const char* host : {"host-a", "host-b"}) {
+      client::ClientOptions o = Options(host);
+      o.lend_size = 16 << 20;
+      o.lend_name = absl::StrCat("seg-", host);
+      ASSERT_OK_AND_ASSIGN(auto store, client::Client::Create(o));
+      stores_.push_back(std::move(store));
+    }
+    ASSERT_OK_AND_ASSIGN(client_, client::Client::Create(Options("host-c")));
+  }
+
+  client::ClientOptions Options(const std::string& host) {
+    client::ClientOptions o;
+    o.master = absl::StrCat("127.0.0.1:", master_->rpc_port());
+    o.metadata = absl::StrCat("http://127.0.0.1:", master_->http_port());
+    o.transports = transports_;
+    o.host = host;
+    return o;
+  }
+
+  std::vector<std::string> transports_;
+  std::unique_ptr<master::MasterServer> master_;
+  std::vector<std::unique_ptr<client::Client>> stores_;
+  std::unique_ptr<client::Client> client_;
+};
+
+std::string Value(size_t n, char seed) {
+  std::string v(n, '\0');
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>(seed + i * 7);
+  return v;
+}
+
+TEST_F(ClientTest, PutsAndGetsOfEveryShapeWorkWithRdmaPreferred) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"rdma", "tcp"}));
+  // Registered buffers: the fast path, over rdma.
+  constexpr size_t kBuf = 4 << 20;
+  std::unique_ptr<char[]> buf(new char[kBuf]);
+  ASSERT_OK(client_->RegisterMemory(buf.get(), kBuf));
+  const std::string big = Value(1 << 20, 1);
+  std::memcpy(buf.get(), big.data(), big.size());
+
+  uint64_t before = RdmaPosted();
+  ASSERT_OK(client_->Put("big", {buf.get(), big.size()}, {.replicas = 2}));
+  EXPECT_GT(RdmaPosted() - before, 2 * 4u);  // 4 chunks of 256 KiB per replica, and the trailers
+  before = RdmaPosted();
+  ASSERT_OK_AND_ASSIGN(size_t n, client_->Get("big", {buf.get() + (2 << 20), 2 << 20}));
+  EXPECT_EQ(n, big.size());
+  EXPECT_EQ(std::memcmp(buf.get() + (2 << 20), big.data(), n), 0);
+  EXPECT_GE(RdmaPosted() - before, 4u);
+  EXPECT_EQ(client_->engine().Describe("seg-host-a").transport, "rdma");
+
+  // The caller's own unregistered bytes still work (over tcp).
+  const std::string small = Value(5000, 2);
+  ASSERT_OK(client_->Put("small", small, {.replicas = 2}));
+  ASSERT_OK_AND_ASSIGN(std::string got, client_->Get("small"));
+  EXPECT_EQ(got, small);
+  ASSERT_OK(client_->Put("empty", ""));
+  ASSERT_OK_AND_ASSIGN(got, client_->Get("empty"));
+  EXPECT_EQ(got, "");
+
+  // Batches with a group, both kinds of memory mixed, two replicas.
+  const std::string a = Value(300000, 3), b = Value(70000, 4);
+  std::memcpy(buf.get(), a.data(), a.size());
+  std::vector<client::PutItem> items{{"ga", {buf.get(), a.size()}, "g1", ""}, {"gb", b, "g1", "ga"},
+                                     {"solo", b, "", ""}};
+  for (const absl::Status& st : client_->BatchPut(items, {.replicas = 2})) EXPECT_OK(st);
+  std::vector<absl::Span<char>> outs{{buf.get() + (1 << 20), 1 << 20}, {buf.get() + (2 << 20), 1 << 20}};
+  auto spans = client_->BatchGet({"ga", "gb"}, outs);
+  ASSERT_OK(spans[0].status());
+  ASSERT_OK(spans[1].status());
+  EXPECT_EQ(std::string(buf.get() + (1 << 20), *spans[0]), a);
+  EXPECT_EQ(std::string(buf.get() + (2 << 20), *spans[1]), b);
+  auto strings = client_->BatchGet(std::vector<std::string>{"solo", "ga", "missing"});
+  ASSERT_OK(strings[0].status());
+  EXPECT_EQ(*strings[0], b);
+  ASSERT_OK(strings[1].status());
+  EXPECT_EQ(*strings[1], a);
+  EXPECT_THAT(strings[2].status(), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK_AND_ASSIGN(size_t matched, client_->PrefixMatch({"ga", "gb", "missing"}));
+  EXPECT_EQ(matched, 2u);
+  ASSERT_OK(client_->UnregisterMemory(buf.get()));
+}
+
+TEST(EngineFallbackTest, ARequestRdmaRefusesIsServedByTcp) {
+  auto metadata = transport::NewInMemoryMetadata();
+  constexpr uint64_t kSize = 1 << 20;
+  ASSERT_OK_AND_ASSIGN(auto region, transport::SharedRegion::Create(kSize, {}));
+  ASSERT_OK_AND_ASSIGN(auto server, transport::TransferEngine::Create({.metadata = metadata, .transports = {"rdma", "tcp"}}));
+  ASSERT_OK(server->RegisterMemory(region->data(), kSize, "cpu:0"));
+  ASSERT_OK(server->ServeSegment("seg", {region->data()}));
+  ASSERT_OK_AND_ASSIGN(auto client, transport::TransferEngine::Create({.metadata = metadata, .transports = {"rdma", "tcp"}}));
+
+  std::string registered(4096, 'r'), unregistered(4096, 'u');
+  ASSERT_OK(client->RegisterMemory(registered.data(), registered.size(), "cpu:0"));
+  uint64_t before = RdmaPosted();
+  auto st = client->Transfer({{Op::kWrite, registered.data(), "seg", 0, 4096},
+                              {Op::kWrite, unregistered.data(), "seg", 8192, 4096}});
+  ASSERT_OK(st[0]);
+  ASSERT_OK(st[1]);  // refused by rdma (unregistered), moved by tcp
+  EXPECT_EQ(RdmaPosted() - before, 1u);
+  EXPECT_EQ(std::string(region->data(), 4096), registered);
+  EXPECT_EQ(std::string(region->data() + 8192, 4096), unregistered);
+  EXPECT_EQ(client->Describe("seg").transport, "rdma");
+
+  std::string back(4096, '\0');
+  st = client->Transfer({{Op::kRead, back.data(), "seg", 8192, 4096}});
+  ASSERT_OK(st[0]);
+  EXPECT_EQ(back, unregistered);
+  ASSERT_OK(client->UnregisterMemory(registered.data()));
+}
+
+TEST(EngineFallbackTest, ARefusedRequestWithNoOtherTransportFailsCleanly) {
+  auto metadata = transport::NewInMemoryMetadata();
+  ASSERT_OK_AND_ASSIGN(auto region, transport::SharedRegion::Create(1 << 20, {}));
+  ASSERT_OK_AND_ASSIGN(auto server, transport::TransferEngine::Create({.metadata = metadata, .transports = {"rdma"}}));
+  ASSERT_OK(server->RegisterMemory(region->data(), 1 << 20, "cpu:0"));
+  ASSERT_OK(server->ServeSegment("seg", {region->data()}));
+  ASSERT_OK_AND_ASSIGN(auto client, transport::TransferEngine::Create({.metadata = metadata, .transports = {"rdma"}}));
+  std::string unregistered(4096, 'u');
+  auto st = client->Transfer({{Op::kWrite, unregistered.data(), "seg", 0, 4096}});
+  EXPECT_THAT(st[0], StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST(BatchTest, AWaitThatTimesOutLeavesUnfinishedRequestsDeadlineExceeded) {
+  auto metadata = transport::NewInMemoryMetadata();
+  ASSERT_OK_AND_ASSIGN(auto region, transport::SharedRegion::Create(1 << 20, {}));
+  ASSERT_OK_AND_ASSIGN(auto server, transport::TransferEngine::Create({.metadata = metadata, .transports = {"gated"}}));
+  ASSERT_OK(server->RegisterMemory(region->data(), 1 << 20, "cpu:0"));
+  ASSERT_OK(server->ServeSegment("seg", {region->data()}));
+  ASSERT_OK_AND_ASSIGN(auto client, transport::TransferEngine::Create({.metadata = metadata, .transports = {"gated"}}));
+  std::string data(4096, 'x');
+  TheGate().HoldWrites(true);
+  std::shared_ptr<transport::Batch> batch = client->Submit(
+      {{Op::kWrite, data.data(), "seg", 0, 4096}, {Op::kWrite, data.data(), "seg", 65536, 4096}}, absl::Seconds(10));
+  // Still in flight: not OK.
+  for (const absl::Status& st : batch->statuses()) EXPECT_THAT(st, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_FALSE(batch->Wait(absl::Now() + absl::Milliseconds(100)));
+  EXPECT_FALSE(batch->Done());
+  for (const absl::Status& st : batch->statuses()) EXPECT_THAT(st, StatusIs(absl::StatusCode::kDeadlineExceeded));
+  // The bytes landing later do not make them OK.
+  TheGate().HoldWrites(false);
+  EXPECT_TRUE(batch->Wait(absl::Now() + absl::Seconds(10)));
+  for (const absl::Status& st : batch->statuses()) EXPECT_THAT(st, StatusIs(absl::StatusCode::kDeadlineExceeded));
+  // Transfer, which waits inside, reports the same for a stalled request.
+  TheGate().HoldWrites(true);
+  auto st = client->Transfer({{Op::kWrite, data.data(), "seg", 0, 4096}}, absl::Milliseconds(100));
+  EXPECT_THAT(st[0], StatusIs(absl::StatusCode::kDeadlineExceeded));
+  TheGate().HoldWrites(false);
+  EXPECT_TRUE(TheGate().Drained(absl::Seconds(10)));
+}
+
+TEST_F(ClientTest, APutWhoseWritesStallPastTheDeadlineFailsAndCommitsNothing) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"gated"}));
+  client::ClientOptions o = Options("host-d");
+  o.transfer_timeout = absl::Milliseconds(300);
+  ASSERT_OK_AND_ASSIGN(auto writer, client::Client::Create(o));
+  ASSERT_OK(writer->Put("before", "fine"));
+
+  TheGate().HoldWrites(true);
+  EXPECT_THAT(writer->Put("stalled", Value(10000, 5), {.replicas = 2}),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  auto batch = writer->BatchPut({{"s1", "one", "g", ""}, {"s2", "two", "g", "s1"}});
+  EXPECT_THAT(batch[0], ::testing::Not(::tierkv::testing::IsOk()));
+  EXPECT_THAT(batch[1], ::testing::Not(::tierkv::testing::IsOk()));
+  TheGate().HoldWrites(false);
+  ASSERT_TRUE(TheGate().Drained(absl::Seconds(30)));
+
+  // Nothing was committed, although the bytes arrived in the end.
+  for (const char* key : {"stalled", "s1", "s2"}) {
+    ASSERT_OK_AND_ASSIGN(bool present, client_->Exists(key));
+    EXPECT_FALSE(present) << key;
+    EXPECT_THAT(client_->Get(key).status(), StatusIs(absl::StatusCode::kNotFound)) << key;
+  }
+  ASSERT_OK_AND_ASSIGN(std::string v, client_->Get("before"));
+  EXPECT_EQ(v, "fine");
+}
+
+TEST_F(ClientTest, AReadThatOutlivesItsLeaseIsAMiss) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"gated"}, {"--lease-ttl=600ms"}));
+  const std::string value = Value(20000, 6);
+  ASSERT_OK(client_->Put("k", value));
+  ASSERT_OK_AND_ASSIGN(std::string got, client_->Get("k"));  // inside the lease: data
+  EXPECT_EQ(got, value);
+
+  TheGate().DelayReads(absl::Milliseconds(1500));
+  absl::Time start = absl::Now();
+  EXPECT_THAT(client_->Get("k").status(), StatusIs(absl::StatusCode::kNotFound));
+  std::vector<char> out(value.size());
+  EXPECT_THAT(client_->Get("k", absl::MakeSpan(out)).status(), StatusIs(absl::StatusCode::kNotFound));
+  // Given up at the lease, not at the 30 s transfer timeout.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  TheGate().DelayReads(absl::ZeroDuration());
+  ASSERT_TRUE(TheGate().Drained(absl::Seconds(10)));
+  ASSERT_OK_AND_ASSIGN(got, client_->Get("k"));  // the object itself is intact
+  EXPECT_EQ(got, value);
+}
+
+}  // namespace
+}  // namespace tierkv
