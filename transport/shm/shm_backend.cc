@@ -8,13 +8,16 @@
 // and closes. Buffers that are not memfd-backed are not offered.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "config/base/status.h"
 #include "nlohmann/json.hpp"
 #include "transport/internal/builtin.h"
+#include "transport/internal/json_fields.h"
 #include "transport/memory.h"
 
 namespace tierkv::transport {
@@ -63,6 +66,36 @@ class ShmChannel final : public PeerChannel {
   std::vector<Mapping> maps_;
 };
 
+// The serving side's answer: its pid and the memfd of each shared buffer.
+struct ShmAnswer {
+  struct Buffer {
+    uint64_t index;
+    int64_t fd;
+    uint64_t length;
+  };
+  int64_t pid = 0;
+  std::vector<Buffer> buffers;
+};
+
+absl::StatusOr<ShmAnswer> ParseAnswer(const std::string& text) {
+  json a = json::parse(text, nullptr, false);
+  if (a.is_discarded() || !a.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  ShmAnswer out;
+  RETURN_IF_ERROR(IntField(a, "pid", 1, INT32_MAX, &out.pid));
+  auto bufs = a.find("buffers");
+  if (bufs == a.end() || !bufs->is_array() || bufs->size() > 4096) {
+    return absl::InvalidArgumentError("field 'buffers' must be an array of at most 4096");
+  }
+  for (const json& b : *bufs) {
+    ShmAnswer::Buffer buf;
+    RETURN_IF_ERROR(UintField(b, "index", UINT32_MAX, &buf.index));
+    RETURN_IF_ERROR(IntField(b, "fd", 0, INT32_MAX, &buf.fd));
+    RETURN_IF_ERROR(UintField(b, "length", UINT64_MAX, &buf.length));
+    out.buffers.push_back(buf);
+  }
+  return out;
+}
+
 class ShmBackend final : public Backend {
  public:
   std::string name() const override { return "shm"; }
@@ -82,10 +115,10 @@ class ShmBackend final : public Backend {
                                              const LocalBuffer* const* buffers,
                                              size_t count) override {
     json req = json::parse(request, nullptr, false);
-    if (req.is_discarded() || !req.is_object() || !req.contains("host_id") || !req["host_id"].is_string()) {
+    std::string peer;
+    if (req.is_discarded() || !StringField(req, "host_id", &peer).ok()) {
       return absl::InvalidArgumentError("shm handshake needs a host_id");
     }
-    std::string peer = req["host_id"].get<std::string>();
     if (peer != LocalHostId()) {
       return absl::FailedPreconditionError(
           absl::StrCat("shm refused: peer host id ", peer.substr(0, 36), " is not this host's"));
@@ -110,29 +143,35 @@ class ShmBackend final : public Backend {
       return absl::UnavailableError(absl::StrCat("segment ", remote.name, " is on host ", remote.host,
                                                  ", not this one"));
     }
-    json req{{"host_id", ctx.local_host_id}, {"segment_index", remote.segment_index}};
+    json req{{"host_id", ctx.local_host_id},
+             {"segment_index", remote.segment_index},
+             {"segment_id", remote.segment_id}};
     absl::StatusOr<std::string> answer = ctx.handshake(remote.control, "shm", req.dump(), ctx.deadline);
     if (!answer.ok()) return absl::UnavailableError(answer.status().message());
-    json a = json::parse(*answer, nullptr, false);
-    if (a.is_discarded() || !a.contains("pid") || !a.contains("buffers") || !a["buffers"].is_array()) {
-      return absl::UnavailableError("malformed shm handshake answer");
-    }
-    int pid = a["pid"].get<int>();
+    absl::StatusOr<ShmAnswer> a = ParseAnswer(*answer);
+    if (!a.ok()) return absl::UnavailableError(absl::StrCat("malformed shm handshake answer: ", a.status().message()));
     std::vector<Mapping> maps;
     auto undo = [&] {
       for (const Mapping& m : maps) munmap(m.addr, m.length);
     };
-    for (const json& b : a["buffers"]) {
-      size_t index = b.value("index", size_t{0});
-      if (index >= remote.buffers.size()) continue;
-      const BufferDescriptor& bd = remote.buffers[index];
-      uint64_t length = b.value("length", uint64_t{0});
-      if (length != bd.length) continue;
-      std::string path = absl::StrCat("/proc/", pid, "/fd/", b.value("fd", -1));
-      int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    for (const ShmAnswer::Buffer& b : a->buffers) {
+      if (b.index >= remote.buffers.size()) continue;
+      const BufferDescriptor& bd = remote.buffers[b.index];
+      uint64_t length = b.length;
+      if (length != bd.length || length == 0) continue;
+      std::string path = absl::StrCat("/proc/", a->pid, "/fd/", b.fd);
+      // O_NOCTTY and the regular-file check: the answer names the fd, and
+      // only a memfd (a regular shmem file) is ever meant.
+      int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
       if (fd < 0) {
         undo();
         return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+      }
+      struct stat st {};
+      if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < length) {
+        close(fd);
+        undo();
+        return absl::UnavailableError(absl::StrCat(path, " is not a shared buffer of ", length, " bytes"));
       }
       void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
       close(fd);

@@ -183,7 +183,7 @@ bool Server::ServeOne(int fd, uint8_t* scratch) {
                          nullptr, 0)
             .ok();
       }
-      absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.offset, h.length);
+      absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.segment_id, h.offset, h.length);
       if (!pin.ok()) return SendReply(fd, h.id, pin.status(), nullptr, 0).ok();
       return SendReply(fd, h.id, absl::OkStatus(), pin->addr, h.length).ok();
     }
@@ -197,7 +197,7 @@ bool Server::ServeOne(int fd, uint8_t* scratch) {
                         nullptr, 0);
         return false;
       }
-      absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.offset, h.length);
+      absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.segment_id, h.offset, h.length);
       if (pin.ok() && (h.flags & kHasDeadline) && DeadlinePassed(h.deadline_ms32, absl::Now())) {
         // The writer gave up (and its put may be revoked, the extent reused).
         pin = absl::DeadlineExceededError(absl::StrCat("write of ", h.length, " bytes arrived after its deadline"));

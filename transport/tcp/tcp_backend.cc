@@ -19,8 +19,8 @@ using tcp::Connection;
 
 class TcpChannel final : public PeerChannel {
  public:
-  TcpChannel(std::string endpoint, uint32_t segment, int max_connections)
-      : endpoint_(std::move(endpoint)), segment_(segment), max_(max_connections) {}
+  TcpChannel(std::string endpoint, uint32_t segment, uint64_t segment_id, int max_connections)
+      : endpoint_(std::move(endpoint)), segment_(segment), segment_id_(segment_id), max_(max_connections) {}
 
   void Post(absl::Span<Slice* const> slices, absl::Time deadline) override {
     absl::StatusOr<std::unique_ptr<Connection>> conn = Acquire(deadline);
@@ -28,8 +28,13 @@ class TcpChannel final : public PeerChannel {
       for (Slice* s : slices) s->status = conn.status();
       return;
     }
-    (*conn)->RunBatch(segment_, slices, deadline);
+    (*conn)->RunBatch(segment_, segment_id_, slices, deadline);
     Release(std::move(*conn));
+    // The server does not serve this segment (any more): the descriptor is
+    // stale, so the engine re-reads it before the next use.
+    for (Slice* s : slices) {
+      if (absl::IsNotFound(s->status)) healthy_.store(false);
+    }
   }
 
   bool healthy() const override { return healthy_.load(); }
@@ -74,6 +79,7 @@ class TcpChannel final : public PeerChannel {
 
   const std::string endpoint_;
   const uint32_t segment_;
+  const uint64_t segment_id_;
   const int max_;
   std::atomic<bool> healthy_{true};
   Mutex mu_;
@@ -118,7 +124,7 @@ class TcpBackend final : public Backend {
     absl::StatusOr<tcp::Fd> probe = tcp::Dial(it->second, ctx.deadline);
     if (!probe.ok()) return absl::UnavailableError(probe.status().message());
     return std::unique_ptr<PeerChannel>(
-        new TcpChannel(it->second, remote.segment_index, options_.connections));
+        new TcpChannel(it->second, remote.segment_index, remote.segment_id, options_.connections));
   }
 
  private:
