@@ -101,6 +101,9 @@ class TcpBackend final : public Backend {
     so.listen = options_.listen;
     so.port = options_.port;
     so.max_frame = options_.max_frame;
+    so.max_connections = options_.max_connections;
+    so.io_threads = options_.io_threads;
+    so.idle_timeout = options_.idle_timeout;
     server_ = std::make_unique<tcp::Server>(so, served);
     return server_->Start();
   }
