@@ -186,6 +186,11 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
   if (blocking && !broken_) SetBlocking(false);
 }
 
+bool Connection::Stale() const {
+  pollfd p{fd_.get(), POLLIN | POLLRDHUP, 0};
+  return broken_ || ::poll(&p, 1, 0) != 0;
+}
+
 void Connection::SetBlocking(bool on) {
   int flags = fcntl(fd_.get(), F_GETFL);
   fcntl(fd_.get(), F_SETFL, on ? (flags & ~O_NONBLOCK) : (flags | O_NONBLOCK));

@@ -32,6 +32,10 @@ class Connection {
                                         absl::Time deadline);
 
   bool broken() const { return broken_; }
+  // True when the idle connection cannot be used: the server closed it
+  // (its idle timeout, a restart) or sent bytes nobody asked for. Does not
+  // block.
+  bool Stale() const;
 
  private:
   void SetBlocking(bool on);

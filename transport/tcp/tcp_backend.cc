@@ -49,10 +49,13 @@ class TcpChannel final : public PeerChannel {
         }
         cv_.WaitFor(&mu_, absl::ToChronoMilliseconds(deadline - absl::Now()) + std::chrono::milliseconds(1));
       }
-      if (!idle_.empty()) {
+      // A connection the server closed while it sat idle (its idle timeout)
+      // would fail the batch; it is dropped and another taken or dialled.
+      while (!idle_.empty()) {
         auto c = std::move(idle_.front());
         idle_.pop_front();
-        return c;
+        if (!c->Stale()) return c;
+        --open_;
       }
       ++open_;
     }
