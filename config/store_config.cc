@@ -30,6 +30,13 @@ const FlagTable<StoreConfig>& StoreFlags() {
           DurationFlag<C>("heartbeat-interval", &C::heartbeat_interval, "1s", 0.01, 60,
                           "how often the daemon heartbeats the master"),
           IntFlag<C>("connections", &C::connections, "4", 1, 64, "tcp connections per peer"),
+          IntFlag<C>("max-connections", &C::max_connections, "16384", 1, 1 << 20,
+                     "tcp connections the transfer server keeps open; more are refused and closed "
+                     "(also bounded by the open-file limit)"),
+          IntFlag<C>("io-threads", &C::io_threads, "4", 1, 256,
+                     "threads of the transfer server, serving every connection"),
+          DurationFlag<C>("idle-timeout", &C::idle_timeout, "10m", 0.01, 86400 * 7,
+                          "a transfer connection idle this long is closed"),
       });
   return *table;
 }

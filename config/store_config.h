@@ -24,6 +24,9 @@ struct StoreConfig {
   bool prefault = false;
   absl::Duration heartbeat_interval;
   int64_t connections = 0;
+  int64_t max_connections = 0;  // tcp server: open connections it accepts
+  int64_t io_threads = 0;       // tcp server: threads serving every connection
+  absl::Duration idle_timeout;  // tcp server: an idle connection is closed after this
 };
 
 const FlagTable<StoreConfig>& StoreFlags();

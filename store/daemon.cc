@@ -28,6 +28,9 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   eo.backend.advertise = config.host;
   eo.backend.port = static_cast<int>(config.port);
   eo.backend.connections = static_cast<int>(config.connections);
+  eo.backend.max_connections = static_cast<int>(config.max_connections);
+  eo.backend.io_threads = static_cast<int>(config.io_threads);
+  eo.backend.idle_timeout = config.idle_timeout;
   ASSIGN_OR_RETURN(d->engine_, transport::TransferEngine::Create(eo));
 
   char host[256] = {};

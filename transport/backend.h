@@ -88,13 +88,18 @@ class ServedMemory {
   };
   virtual ~ServedMemory() = default;
   // The local address of [offset, offset+length) in served segment
-  // `segment_index`. NOT_FOUND for an unknown (or just unmounted) segment,
-  // OUT_OF_RANGE when the range is not inside one of its buffers; checked
-  // overflow-safe before any byte is touched.
-  virtual absl::StatusOr<Pin> Resolve(uint32_t segment_index, uint64_t offset,
+  // `segment_index`, which must carry `segment_id` (the descriptor's).
+  // NOT_FOUND for an unknown (or just unmounted) segment and for one
+  // whose id differs (the peer's descriptor is stale), OUT_OF_RANGE when
+  // the range is not inside one of its buffers; checked overflow-safe
+  // before any byte is touched.
+  virtual absl::StatusOr<Pin> Resolve(uint32_t segment_index, uint64_t segment_id, uint64_t offset,
                                       uint64_t length) = 0;
   // Answers a backend's handshake (`transport` names it) arriving on the
-  // control channel; the reply goes back to the peer's Prepare.
+  // control channel; the reply goes back to the peer's Prepare. The
+  // request is JSON naming "segment_index" and "segment_id"; anything
+  // malformed is INVALID_ARGUMENT, a segment not served here NOT_FOUND.
+  // Never throws, whatever the bytes.
   virtual absl::StatusOr<std::string> Handshake(const std::string& transport,
                                                 const std::string& request) = 0;
 };
@@ -138,6 +143,9 @@ class Backend {
   virtual absl::StatusOr<std::string> RegisterBuffer(const LocalBuffer& buffer) = 0;
   virtual void UnregisterBuffer(const LocalBuffer& buffer) = 0;
   // The serving side of Prepare's handshake; UNIMPLEMENTED if none.
+  // `request` comes from the network: a malformed one is an error status
+  // (INVALID_ARGUMENT), never an exception. Prepare treats the answer the
+  // same way (UNAVAILABLE when it is malformed).
   virtual absl::StatusOr<std::string> ServeHandshake(const std::string& request,
                                                      const LocalBuffer* const* buffers,
                                                      size_t count) {

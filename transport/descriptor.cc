@@ -29,6 +29,7 @@ std::string SegmentDescriptor::ToJson() const {
   j["host"] = host;
   j["host_id"] = host_id;
   j["segment_index"] = segment_index;
+  j["segment_id"] = segment_id;
   j["control"] = control;
   j["transports"] = transports;
   j["buffers"] = json::array();
@@ -63,6 +64,11 @@ absl::StatusOr<SegmentDescriptor> SegmentDescriptor::FromJson(const std::string&
     return absl::InvalidArgumentError("descriptor field 'segment_index' must be a uint32");
   }
   d.segment_index = idx->get<uint32_t>();
+  auto sid = j.find("segment_id");
+  if (sid == j.end() || !sid->is_number_unsigned() || sid->get<uint64_t>() == 0) {
+    return absl::InvalidArgumentError("descriptor field 'segment_id' must be a non-zero uint64");
+  }
+  d.segment_id = sid->get<uint64_t>();
   auto tr = j.find("transports");
   if (tr == j.end() || !tr->is_object()) {
     return absl::InvalidArgumentError("descriptor field 'transports' must be an object");

@@ -2,7 +2,8 @@
 // under "tierkv/segments/<name>" in the metadata store.
 //
 //   {"name": "node1:8800", "host": "node1", "host_id": "<boot id>",
-//    "segment_index": 0, "control": "10.0.0.1:8800",
+//    "segment_index": 0, "segment_id": 9160473019378290113,
+//    "control": "10.0.0.1:8800",
 //    "transports": {"tcp": "10.0.0.1:8800", "shm": ""},
 //    "buffers": [{"offset": 0, "length": 193273528320, "location": "cpu:0",
 //                 "keys": {"rdma": "..."}}]}
@@ -32,6 +33,11 @@ struct SegmentDescriptor {
   std::string host;
   std::string host_id;
   uint32_t segment_index = 0;  // the serving engine's local id, carried in frames
+  // Random, drawn by the serving engine each time it serves the segment
+  // (never 0). Frames and handshakes carry it beside the index, so a
+  // server refuses a peer whose descriptor names a segment it no longer
+  // serves at that index (it restarted, or another daemon took the port).
+  uint64_t segment_id = 0;
   std::string control;         // tcp endpoint of the serving engine's control channel
   std::map<std::string, std::string> transports;  // name -> endpoint
   std::vector<BufferDescriptor> buffers;

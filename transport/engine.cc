@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <random>
 #include <shared_mutex>
 
 #include "absl/container/flat_hash_map.h"
@@ -14,6 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "transport/internal/batch.h"
 #include "transport/internal/builtin.h"
+#include "transport/internal/json_fields.h"
 #include "transport/memory.h"
 
 namespace tierkv::transport {
@@ -25,6 +27,7 @@ using internal::Task;
 struct ServedSegment {
   std::string name;
   uint32_t index;
+  uint64_t id;  // random per ServeSegment: frames must name it (descriptor.h)
   std::vector<LocalBuffer*> buffers;
   std::vector<uint64_t> offsets;  // segment offset of each buffer
   std::string descriptor;         // JSON, as published
@@ -162,11 +165,12 @@ class Engine final : public TransferEngine, public ServedMemory {
     {
       std::unique_lock lock(served_mu_);
       if (served_.contains(name)) return absl::AlreadyExistsError(absl::StrCat("already serving ", name));
-      ServedSegment seg{name, next_segment_index_++, {}, {}, {}};
+      ServedSegment seg{name, next_segment_index_++, NewSegmentId(), {}, {}, {}};
       d.name = name;
       d.host = options_.host;
       d.host_id = options_.host_id;
       d.segment_index = seg.index;
+      d.segment_id = seg.id;
       uint64_t offset = 0;
       for (void* a : addrs) {
         auto it = buffers_.find(static_cast<char*>(a));
@@ -223,13 +227,17 @@ class Engine final : public TransferEngine, public ServedMemory {
 
   // --- ServedMemory (called by backends' serving threads)
 
-  absl::StatusOr<Pin> Resolve(uint32_t segment_index, uint64_t offset, uint64_t length) override {
+  absl::StatusOr<Pin> Resolve(uint32_t segment_index, uint64_t segment_id, uint64_t offset,
+                              uint64_t length) override {
     std::shared_lock lock(served_mu_);
     const ServedSegment* seg = nullptr;
     for (const auto& [name, s] : served_) {
       if (s.index == segment_index) seg = &s;
     }
-    if (seg == nullptr) return absl::NotFoundError(absl::StrCat("segment #", segment_index, " is not served here"));
+    if (seg == nullptr || seg->id != segment_id) {
+      return absl::NotFoundError(absl::StrCat("segment #", segment_index, " (id ", segment_id,
+                                              ") is not served here; the sender's descriptor is stale"));
+    }
     for (size_t i = 0; i < seg->buffers.size(); ++i) {
       uint64_t start = seg->offsets[i];
       const LocalBuffer* b = seg->buffers[i];
@@ -246,15 +254,19 @@ class Engine final : public TransferEngine, public ServedMemory {
     Backend* b = FindBackend(transport);
     if (b == nullptr) return absl::NotFoundError(absl::StrCat("no transport ", transport, " here"));
     nlohmann::json j = nlohmann::json::parse(request, nullptr, false);
-    if (j.is_discarded() || !j.contains("segment_index") || !j["segment_index"].is_number_unsigned()) {
-      return absl::InvalidArgumentError("handshake without a segment_index");
+    internal::HandshakeTarget target;
+    if (j.is_discarded()) return absl::InvalidArgumentError("handshake is not JSON");
+    if (absl::Status st = internal::ReadHandshakeTarget(j, &target); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("handshake: ", st.message()));
     }
-    uint32_t index = j["segment_index"].get<uint32_t>();
     std::shared_lock lock(served_mu_);
     for (const auto& [name, s] : served_) {
-      if (s.index == index) return b->ServeHandshake(request, s.buffers.data(), s.buffers.size());
+      if (s.index == target.segment_index && s.id == target.segment_id) {
+        return b->ServeHandshake(request, s.buffers.data(), s.buffers.size());
+      }
     }
-    return absl::NotFoundError(absl::StrCat("segment #", index, " is not served here"));
+    return absl::NotFoundError(absl::StrCat("segment #", target.segment_index, " (id ", target.segment_id,
+                                            ") is not served here; the peer's descriptor is stale"));
   }
 
   // --- client side
@@ -404,6 +416,21 @@ class Engine final : public TransferEngine, public ServedMemory {
       }
     }
     return 0;
+  }
+
+  // Non-zero and unlike any segment served here now; random so that a
+  // restarted engine (whose indices start again at 0) never reuses one.
+  uint64_t NewSegmentId() {
+    std::random_device rd;
+    uint64_t id = 1;
+    for (int attempt = 0; attempt < 16; ++attempt) {
+      id = (static_cast<uint64_t>(rd()) << 32) | rd();
+      if (id != 0 && std::none_of(served_.begin(), served_.end(),
+                                  [&](const auto& kv) { return kv.second.id == id; })) {
+        break;
+      }
+    }
+    return id == 0 ? 1 : id;
   }
 
   Backend* FindBackend(const std::string& name) {

@@ -25,7 +25,7 @@
 // does it fail FAILED_PRECONDITION.
 //
 // Threads: `workers` threads run transfers; backends add their own (the tcp
-// server's acceptor and connection threads). Submit and everything else
+// server's fixed pool of I/O threads, tcp/server.h). Submit and everything else
 // may be called from any thread. Lock order: peers_mu_ -> PeerEntry::mu;
 // served_mu_ is independent (held by serving threads while they touch
 // served memory).

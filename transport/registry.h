@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "transport/backend.h"
 
 namespace tierkv::transport {
@@ -20,6 +21,11 @@ struct BackendOptions {
   int port = 0;                      // tcp data/control port; 0 picks one
   int connections = 4;               // tcp connections per peer
   uint64_t max_frame = 64ull << 20;  // largest request a server accepts
+  // The tcp server (tcp/server.h): open connections beyond this are
+  // refused; I/O threads serving them all; an idle connection's lifetime.
+  int max_connections = 16384;
+  int io_threads = 4;
+  absl::Duration idle_timeout = absl::Minutes(10);
   std::vector<std::string> rdma_devices;
 };
 

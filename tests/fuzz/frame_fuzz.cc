@@ -3,15 +3,21 @@
 // The served region sits between two guard regions that must stay intact:
 // whatever the frames say, no byte outside the served range is touched,
 // and the server keeps answering afterwards.
+//
+// The served segment's id is random per run, so the target XORs it into
+// the segment-id field of every frame header it can walk: an input whose
+// field is 0 names the served segment, any other value another one.
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
 
 #include "tests/fuzz/fuzz.h"
+#include "transport/descriptor.h"
 #include "transport/engine.h"
 #include "transport/memory.h"
 #include "transport/metadata.h"
@@ -40,7 +46,11 @@ struct Fixture {
     char* served = memory.get() + kGuard;
     if (!engine->RegisterMemory(served, kServed, "cpu:0").ok()) std::abort();
     if (!engine->ServeSegment("fuzz", {served}).ok()) std::abort();
+    auto d = SegmentDescriptor::FromJson(*o.metadata->Get(DescriptorKey("fuzz")));
+    if (!d.ok()) std::abort();
+    segment_id = d->segment_id;
   }
+  uint64_t segment_id = 0;
   bool GuardsIntact() const {
     for (size_t i = 0; i < kGuard; ++i) {
       if (memory[i] != 0x47 || memory[kGuard + kServed + i] != 0x47) return false;
@@ -70,7 +80,17 @@ void Exchange(int port, const uint8_t* data, size_t size) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Fixture* f = new Fixture();
   if (size > (256 << 10)) return 0;
-  Exchange(f->engine->port(), data, size);
+  std::string stream(reinterpret_cast<const char*>(data), size);
+  namespace tcp = tierkv::transport::tcp;
+  for (size_t pos = 0; pos + tcp::kRequestSize <= stream.size();) {
+    for (int i = 0; i < 8; ++i) stream[pos + 16 + i] ^= static_cast<char>(f->segment_id >> (8 * i));
+    uint8_t op = static_cast<uint8_t>(stream[pos + 4]);
+    uint64_t length = 0;
+    std::memcpy(&length, stream.data() + pos + 40, 8);  // little-endian hosts only, as the fuzzers run
+    pos += tcp::kRequestSize;
+    if (op == 2 || op == 3) pos += static_cast<size_t>(std::min<uint64_t>(length, stream.size() - pos));
+  }
+  Exchange(f->engine->port(), reinterpret_cast<const uint8_t*>(stream.data()), stream.size());
   FUZZ_CHECK(f->GuardsIntact());
   // Still serving: a well-formed ping gets its reply.
   tierkv::transport::tcp::RequestHeader ping;

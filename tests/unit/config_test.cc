@@ -3,6 +3,7 @@
 
 #include "config/flags.h"
 #include "config/master_config.h"
+#include "config/store_config.h"
 #include "config/units.h"
 #include "tests/support/status_matchers.h"
 
@@ -197,6 +198,27 @@ TEST(FlagsTest, MasterTableDefaultsAndRules) {
   const char* bad[] = {"tierkv-master", "--low-watermark=0.99", "--high-watermark=0.9"};
   EXPECT_THAT(MasterFlags().Parse(3, bad, nullptr, [](const char*) -> const char* { return nullptr; }),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(FlagsTest, StoreTransferServerLimits) {
+  const char* argv[] = {"tierkv-store"};
+  auto none = [](const char*) -> const char* { return nullptr; };
+  auto c = StoreFlags().Parse(1, argv, nullptr, none);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_connections, 16384);
+  EXPECT_EQ(c->io_threads, 4);
+  EXPECT_EQ(c->idle_timeout, absl::Minutes(10));
+  const char* set[] = {"tierkv-store", "--max-connections=50000", "--idle-timeout=30s"};
+  auto env = [](const char* name) -> const char* {
+    return std::string(name) == "TIERKV_IO_THREADS" ? "8" : nullptr;
+  };
+  c = StoreFlags().Parse(3, set, nullptr, env);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_connections, 50000);
+  EXPECT_EQ(c->io_threads, 8);
+  EXPECT_EQ(c->idle_timeout, absl::Seconds(30));
+  const char* bad[] = {"tierkv-store", "--io-threads=0"};
+  EXPECT_THAT(StoreFlags().Parse(2, bad, nullptr, none), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "tests/support/status_matchers.h"
 #include "transport/engine.h"
+#include "transport/internal/builtin.h"
 #include "transport/memory.h"
 #include "transport/rdma/fake_verbs.h"
 #include "transport/rdma/rdma_backend.h"
@@ -200,6 +201,61 @@ TEST_F(RdmaTest, MalformedHandshakesAreRefused) {
   ASSERT_TRUE(b.ok());
   for (const char* req : {"", "{}", "{\"qps\": 3}", "{\"qps\": [{\"qpn\": -1}]}", "{\"qps\": [{\"qpn\": 99999, \"psn\": 1}]}"}) {
     EXPECT_FALSE((*b)->ServeHandshake(req, nullptr, 0).ok()) << req;
+  }
+}
+
+// Handshake fields of the wrong JSON type used to throw nlohmann's
+// type_error out of ServeHandshake, through the tcp server, and terminate
+// the serving process. They are refused over the wire now, and the server
+// keeps serving.
+TEST_F(RdmaTest, HandshakeFieldsOfTheWrongTypeAreRefusedOverTheWire) {
+  ASSERT_OK(RoundTrip(0, 1 << 20, 7));
+  auto desc = SegmentDescriptor::FromJson(*metadata_->Get(DescriptorKey("seg")));
+  ASSERT_TRUE(desc.ok()) << desc.status();
+  const std::string target =
+      absl::StrCat(R"("segment_index": )", desc->segment_index, R"(, "segment_id": )", desc->segment_id);
+  for (const std::string& fields : {std::string(R"("first_device": "x", "qps": [{"qpn": 1, "psn": 1}])"),
+                                    std::string(R"("qps": [{"qpn": 1, "psn": 1, "lid": "x"}])"),
+                                    std::string(R"("qps": [{"qpn": 1, "psn": 1, "mtu": [1024]}])"),
+                                    std::string(R"("qps": [{"qpn": 1, "psn": 1, "gid": 5}])"),
+                                    std::string(R"("qps": [{"qpn": "1", "psn": 1}])")}) {
+    std::string req = absl::StrCat("{", target, ", ", fields, "}");
+    auto answer = internal::TcpHandshake(desc->control, "rdma", req, absl::Now() + absl::Seconds(5));
+    EXPECT_THAT(answer, StatusIs(absl::StatusCode::kInvalidArgument)) << req;
+  }
+  for (const char* req : {R"({"segment_index": "0", "qps": []})", R"({"segment_index": 0, "segment_id": -3})",
+                          R"([1, 2])", R"("just a string")", R"({"segment_index": 0, "segment_id": 1.5})"}) {
+    auto answer = internal::TcpHandshake(desc->control, "rdma", req, absl::Now() + absl::Seconds(5));
+    EXPECT_THAT(answer, StatusIs(absl::StatusCode::kInvalidArgument)) << req;
+  }
+  // A handshake naming another incarnation of the segment is not served.
+  std::string stale = absl::StrCat(R"({"segment_index": )", desc->segment_index, R"(, "segment_id": )",
+                                   desc->segment_id ^ 1, R"(, "qps": [{"qpn": 1, "psn": 1}]})");
+  EXPECT_THAT(internal::TcpHandshake(desc->control, "rdma", stale, absl::Now() + absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK(RoundTrip(0, 1 << 20, 8));  // still serving
+}
+
+// The client side: a malformed answer to Prepare's handshake fails Prepare
+// (UNAVAILABLE, so the engine falls back), whatever the types.
+TEST_F(RdmaTest, HandshakeAnswersOfTheWrongTypeFailPrepareCleanly) {
+  BackendOptions o;
+  o.rdma_devices = {"mlx5_0", "mlx5_1"};
+  auto b = NewRdmaBackend(o, Fabric(), TestOptions());
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto desc = SegmentDescriptor::FromJson(*metadata_->Get(DescriptorKey("seg")));
+  ASSERT_TRUE(desc.ok());
+  for (const char* answer :
+       {R"({"qps": [{"qpn": 1, "psn": 1, "device": 5}, {"qpn": 2, "psn": 1, "device": 5}]})",
+        R"({"qps": [{"qpn": 1, "psn": 1, "lid": "x"}, {"qpn": 2, "psn": 1}]})",
+        R"({"qps": [{"qpn": 1, "psn": 1, "device": "mlx5_0"}, 7]})", R"({"qps": {"a": 1}})", R"([])", R"(null)",
+        R"({"qps": [{"qpn": 1, "psn": 1, "mtu": "big", "device": "mlx5_0"}, {"qpn": 2, "psn": 1}]})"}) {
+    PrepareContext ctx;
+    ctx.deadline = absl::Now() + absl::Seconds(5);
+    ctx.handshake = [&](const std::string&, const std::string&, const std::string&,
+                        absl::Time) -> absl::StatusOr<std::string> { return std::string(answer); };
+    auto ch = (*b)->Prepare(*desc, ctx);
+    EXPECT_THAT(ch, StatusIs(absl::StatusCode::kUnavailable)) << answer;
   }
 }
 

@@ -3,6 +3,7 @@
 // keeps serving (on the same connection where the stream stays in sync).
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "tests/support/status_matchers.h"
 #include "transport/engine.h"
@@ -27,6 +28,9 @@ class TcpFramesTest : public ::testing::Test {
     server_ = std::move(*TransferEngine::Create(o));
     ASSERT_OK(server_->RegisterMemory(region_->data(), kSize, "cpu:0"));
     ASSERT_OK(server_->ServeSegment("seg", {region_->data()}));
+    auto desc = SegmentDescriptor::FromJson(*metadata_->Get(DescriptorKey("seg")));
+    ASSERT_TRUE(desc.ok()) << desc.status();
+    segment_id_ = desc->segment_id;
     std::memset(region_->data(), 0x5a, kSize);
     Connect();
   }
@@ -37,10 +41,13 @@ class TcpFramesTest : public ::testing::Test {
   }
   absl::Time Deadline() { return absl::Now() + absl::Seconds(5); }
 
-  void Send(WireOp op, uint32_t segment, uint64_t offset, uint64_t length, const std::string& payload = "") {
+  // Frames name the served segment's id unless told otherwise.
+  void Send(WireOp op, uint32_t segment, uint64_t offset, uint64_t length, const std::string& payload = "",
+            std::optional<uint64_t> segment_id = std::nullopt) {
     RequestHeader h;
     h.op = op;
     h.segment = segment;
+    h.segment_id = segment_id.value_or(segment_id_);
     h.id = ++id_;
     h.offset = offset;
     h.length = length;
@@ -80,6 +87,7 @@ class TcpFramesTest : public ::testing::Test {
   std::unique_ptr<TransferEngine> server_;
   Fd fd_;
   uint64_t id_ = 0;
+  uint64_t segment_id_ = 0;
 };
 
 TEST_F(TcpFramesTest, RefusedReadsKeepTheConnectionUsable) {
@@ -143,6 +151,7 @@ TEST_F(TcpFramesTest, WritesPastTheirDeadlineAreRefusedUntouched) {
   h.op = WireOp::kWrite;
   h.flags = kHasDeadline;
   h.deadline_ms32 = DeadlineMs32(absl::Now() - absl::Milliseconds(5));
+  h.segment_id = segment_id_;
   h.id = ++id_;
   h.offset = 0;
   h.length = 8;
@@ -198,14 +207,37 @@ TEST_F(TcpFramesTest, UnmountedSegmentIsRefused) {
   ExpectAlive();
 }
 
+TEST_F(TcpFramesTest, FramesNamingAnotherSegmentIdAreRefusedUntouched) {
+  // Index 0 is served, but as another segment than the sender believes.
+  Send(WireOp::kWrite, 0, 0, 8, std::string(8, 'w'), segment_id_ ^ 1);
+  auto r = Receive();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->first.status, WireStatus::kNoSegment);
+  EXPECT_THAT(r->second, ::testing::HasSubstr("not served here"));
+  ExpectAlive();  // drained: the stream is in sync
+  Send(WireOp::kRead, 0, 0, 8, "", segment_id_ + 1);
+  r = Receive();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->first.status, WireStatus::kNoSegment);
+  EXPECT_TRUE(r->second.find(std::string(8, '\x5a')) == std::string::npos);  // no data came back
+  EXPECT_TRUE(Untouched());
+  // With the right id the same write lands.
+  Send(WireOp::kWrite, 0, 0, 8, std::string(8, 'w'));
+  r = Receive();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->first.status, WireStatus::kOk);
+  EXPECT_EQ(std::string(static_cast<char*>(region_->data()), 8), std::string(8, 'w'));
+}
+
 TEST(TcpWireTest, HeadersRoundTripAndGarbageIsRejected) {
-  RequestHeader h{WireOp::kWrite, 3, 17, 99, 1ull << 33, 4096};
+  RequestHeader h{WireOp::kWrite, 3, 17, 99, 1ull << 33, 4096, 0, 0xfeedface12345678ull};
   uint8_t buf[kRequestSize];
   EncodeRequest(h, buf);
   auto d = DecodeRequest(buf, sizeof buf);
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->op, WireOp::kWrite);
   EXPECT_EQ(d->segment, 17u);
+  EXPECT_EQ(d->segment_id, 0xfeedface12345678ull);
   EXPECT_EQ(d->id, 99u);
   EXPECT_EQ(d->offset, 1ull << 33);
   EXPECT_EQ(d->length, 4096u);
@@ -230,6 +262,7 @@ TEST(DescriptorTest, JsonRoundTripAndValidation) {
   d.host = "node1";
   d.host_id = "abc";
   d.segment_index = 3;
+  d.segment_id = 0x8000000000000001ull;
   d.control = "10.0.0.1:8800";
   d.transports = {{"tcp", "10.0.0.1:8800"}, {"shm", "abc"}};
   d.buffers = {{0, 1 << 20, "cpu:0", {{"shm", "memfd"}}}, {1 << 20, 4096, "cuda:1", {}}};
@@ -240,11 +273,14 @@ TEST(DescriptorTest, JsonRoundTripAndValidation) {
   EXPECT_TRUE(back->Locate(0, 1 << 20).ok());
   EXPECT_FALSE(back->Locate((1 << 20) - 1, 2).ok());  // straddles two buffers
   EXPECT_FALSE(back->Locate(UINT64_MAX, 2).ok());
+  EXPECT_EQ(back->segment_id, d.segment_id);
   for (const char* bad : {"", "[]", "{}", "{\"name\":1}",
-                          R"({"name":"a","host":"h","host_id":"i","control":"c","segment_index":-1,"transports":{},"buffers":[]})",
-                          R"({"name":"a","host":"h","host_id":"i","control":"c","segment_index":1,"transports":{"tcp":5},"buffers":[]})",
-                          R"({"name":"a","host":"h","host_id":"i","control":"c","segment_index":1,"transports":{},"buffers":[{"offset":18446744073709551615,"length":2}]})",
-                          R"({"name":"a","host":"h","host_id":"i","control":"c","segment_index":1,"transports":{},"buffers":[{"offset":0,"length":2,"location":"gpu:0"}]})"}) {
+                          R"({"name":"a","host":"h","host_id":"i","control":"c","segment_index":1,"transports":{},"buffers":[]})",
+                          R"({"name":"a","host":"h","host_id":"i","control":"c","segment_index":1,"segment_id":"7","transports":{},"buffers":[]})",
+                          R"({"name":"a","host":"h","host_id":"i","control":"c","segment_index":-1,"segment_id":7,"transports":{},"buffers":[]})",
+                          R"({"name":"a","host":"h","host_id":"i","control":"c","segment_index":1,"segment_id":7,"transports":{"tcp":5},"buffers":[]})",
+                          R"({"name":"a","host":"h","host_id":"i","control":"c","segment_index":1,"segment_id":7,"transports":{},"buffers":[{"offset":18446744073709551615,"length":2}]})",
+                          R"({"name":"a","host":"h","host_id":"i","control":"c","segment_index":1,"segment_id":7,"transports":{},"buffers":[{"offset":0,"length":2,"location":"gpu:0"}]})"}) {
     EXPECT_FALSE(SegmentDescriptor::FromJson(bad).ok()) << bad;
   }
 }
@@ -286,6 +322,57 @@ TEST(TcpFailures, DescriptorsStayFlatOverManyDeadPeers) {
     if (round == 9) before = OpenFds();  // after warm-up (worker threads, pools)
   }
   EXPECT_LE(OpenFds(), before + 2);
+}
+
+}  // namespace
+}  // namespace tierkv::transport
+
+namespace tierkv::transport {
+namespace {
+
+using ::tierkv::testing::StatusIs;
+
+// A daemon restarts on the same address and serves another segment at the
+// same index (indices start at 0 in every process). A client still holding
+// the old segment's descriptor must be refused, and the new segment's
+// memory must stay untouched.
+TEST(TcpStaleDescriptor, WritesForARestartedServersOldSegmentAreRefusedUntouched) {
+  constexpr uint64_t kLen = 1 << 20;
+  auto metadata = NewInMemoryMetadata();
+  auto client = std::move(*TransferEngine::Create({.metadata = metadata, .transports = {"tcp"}}));
+  auto old_region = std::move(*SharedRegion::Create(kLen, {}));
+  auto new_region = std::move(*SharedRegion::Create(kLen, {}));
+  std::vector<char> buf(4096, 'x');
+  int port = 0;
+  {
+    auto server = std::move(*TransferEngine::Create({.metadata = metadata, .transports = {"tcp"}}));
+    ASSERT_OK(server->RegisterMemory(old_region->data(), kLen, "cpu:0"));
+    ASSERT_OK(server->ServeSegment("a", {old_region->data()}));
+    ASSERT_OK(client->Transfer({{Op::kWrite, buf.data(), "a", 0, buf.size()}})[0]);
+    port = server->port();
+  }
+  EngineOptions o{.metadata = metadata, .transports = {"tcp"}};
+  o.backend.port = port;
+  auto restarted = TransferEngine::Create(o);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  std::memset(new_region->data(), 0x5a, kLen);
+  ASSERT_OK((*restarted)->RegisterMemory(new_region->data(), kLen, "cpu:0"));
+  ASSERT_OK((*restarted)->ServeSegment("b", {new_region->data()}));
+  // The client's pooled connection to the old server fails first
+  // (UNAVAILABLE); the next one reaches the restarted server.
+  absl::Status st;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    st = client->Transfer({{Op::kWrite, buf.data(), "a", 0, buf.size()}}, absl::Seconds(5))[0];
+    if (!absl::IsUnavailable(st)) break;
+  }
+  EXPECT_THAT(st, StatusIs(absl::StatusCode::kNotFound));
+  for (uint64_t i = 0; i < kLen; ++i) {
+    ASSERT_EQ(static_cast<uint8_t>(new_region->data()[i]), 0x5a) << "byte " << i << " was written";
+  }
+  // The refusal also makes the client drop the stale descriptor: "a" is no
+  // longer published, and it says so.
+  EXPECT_THAT(client->Transfer({{Op::kRead, buf.data(), "a", 0, 16}}, absl::Seconds(5))[0],
+              StatusIs(absl::StatusCode::kNotFound));
 }
 
 }  // namespace

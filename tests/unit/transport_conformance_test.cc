@@ -329,6 +329,7 @@ TEST(TransportSelection, NothingReachesAnUnreachablePeer) {
   d.name = "ghost";
   d.host = "ghost-host";
   d.host_id = "ghost";
+  d.segment_id = 1;
   d.control = "127.0.0.1:1";
   d.transports = {{"tcp", "127.0.0.1:1"}};
   d.buffers = {{0, 4096, "cpu:0", {}}};

@@ -11,6 +11,7 @@
 #include "config/base/mutex.h"
 #include "config/base/status.h"
 #include "nlohmann/json.hpp"
+#include "transport/cuda/cuda_handshake.h"
 #include "transport/memory.h"
 
 namespace tierkv::transport::cuda {
@@ -143,11 +144,8 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<std::string> ServeHandshake(const std::string& request, const LocalBuffer* const* buffers,
                                              size_t count) override {
-    json req = json::parse(request, nullptr, false);
-    if (req.is_discarded() || !req.is_object() || !req.contains("host_id") || !req["host_id"].is_string()) {
-      return absl::InvalidArgumentError("cuda handshake needs a host_id");
-    }
-    if (req["host_id"].get<std::string>() != LocalHostId()) {
+    ASSIGN_OR_RETURN(std::string peer, ParseCudaRequest(request));
+    if (peer != LocalHostId()) {
       return absl::FailedPreconditionError("cuda IPC refused: the peer is not on this host");
     }
     json out{{"pid", getpid()}, {"buffers", json::array()}};
@@ -171,25 +169,30 @@ class CudaBackend final : public Backend {
     if (remote.host_id != ctx.local_host_id) {
       return absl::UnavailableError(absl::StrCat("segment ", remote.name, " is on another host"));
     }
-    json req{{"host_id", ctx.local_host_id}, {"segment_index", remote.segment_index}};
+    json req{{"host_id", ctx.local_host_id},
+             {"segment_index", remote.segment_index},
+             {"segment_id", remote.segment_id}};
     absl::StatusOr<std::string> answer = ctx.handshake(remote.control, "cuda", req.dump(), ctx.deadline);
     if (!answer.ok()) return absl::UnavailableError(answer.status().message());
-    json a = json::parse(*answer, nullptr, false);
-    if (a.is_discarded() || !a.contains("pid") || !a.contains("buffers") || !a["buffers"].is_array()) {
-      return absl::UnavailableError("malformed cuda handshake answer");
-    }
-    const bool same_process = a["pid"].get<int>() == getpid();
+    absl::StatusOr<CudaAnswer> a = ParseCudaAnswer(*answer);
+    if (!a.ok()) return absl::UnavailableError(absl::StrCat("malformed cuda handshake answer: ", a.status().message()));
+    const bool same_process = a->pid == getpid();
     std::vector<Mapping> maps;
-    for (const json& b : a["buffers"]) {
-      size_t index = b.value("index", size_t{0});
-      if (index >= remote.buffers.size() || b.value("length", uint64_t{0}) != remote.buffers[index].length) continue;
-      const BufferDescriptor& bd = remote.buffers[index];
+    for (const CudaAnswer::Buffer& b : a->buffers) {
+      if (b.index >= remote.buffers.size() || b.length != remote.buffers[b.index].length) continue;
+      const BufferDescriptor& bd = remote.buffers[b.index];
       if (same_process) {
-        maps.push_back({bd.offset, bd.length, reinterpret_cast<char*>(b.value("addr", uint64_t{0})), false});
+        if (b.addr == 0) continue;
+        maps.push_back({bd.offset, bd.length, reinterpret_cast<char*>(b.addr), false});
         continue;
       }
       cudaIpcMemHandle_t h;
-      if (!FromHex(b.value("handle", std::string()), &h, sizeof(h))) return absl::UnavailableError("malformed IPC handle");
+      if (!FromHex(b.handle, &h, sizeof(h))) {
+        for (const Mapping& m : maps) {
+          if (m.opened) cudaIpcCloseMemHandle(m.addr);
+        }
+        return absl::UnavailableError("malformed IPC handle");
+      }
       void* p = nullptr;
       if (cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
         for (const Mapping& m : maps) {

@@ -26,7 +26,8 @@ Table& GetTable() {
 
 class LoopbackChannel final : public PeerChannel {
  public:
-  LoopbackChannel(std::string endpoint, uint32_t segment) : endpoint_(std::move(endpoint)), segment_(segment) {}
+  LoopbackChannel(std::string endpoint, uint32_t segment, uint64_t segment_id)
+      : endpoint_(std::move(endpoint)), segment_(segment), segment_id_(segment_id) {}
   void Post(absl::Span<Slice* const> slices, absl::Time deadline) override {
     Table& t = GetTable();
     MutexLock lock(&t.mu);  // keeps the serving engine alive while copying
@@ -41,7 +42,7 @@ class LoopbackChannel final : public PeerChannel {
         s->status = absl::DeadlineExceededError("loopback transfer passed its deadline");
         continue;
       }
-      absl::StatusOr<ServedMemory::Pin> pin = it->second->Resolve(segment_, s->remote_offset, s->length);
+      absl::StatusOr<ServedMemory::Pin> pin = it->second->Resolve(segment_, segment_id_, s->remote_offset, s->length);
       if (!pin.ok()) {
         s->status = pin.status();
         continue;
@@ -59,6 +60,7 @@ class LoopbackChannel final : public PeerChannel {
  private:
   std::string endpoint_;
   uint32_t segment_;
+  uint64_t segment_id_;
   std::atomic<bool> healthy_{true};
 };
 
@@ -94,7 +96,7 @@ class LoopbackBackend final : public Backend {
     if (!t.served.contains(it->second)) {
       return absl::UnavailableError(absl::StrCat("loopback peer ", it->second, " is not in this process"));
     }
-    return std::unique_ptr<PeerChannel>(new LoopbackChannel(it->second, remote.segment_index));
+    return std::unique_ptr<PeerChannel>(new LoopbackChannel(it->second, remote.segment_index, remote.segment_id));
   }
 
  private:

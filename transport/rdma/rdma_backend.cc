@@ -14,11 +14,14 @@
 #include "config/base/mutex.h"
 #include "config/base/status.h"
 #include "nlohmann/json.hpp"
+#include "transport/internal/json_fields.h"
 
 namespace tierkv::transport::rdma {
 namespace {
 
 using json = nlohmann::json;
+using internal::StringField;
+using internal::UintField;
 
 std::string GidHex(const Gid& g) {
   static const char* kHex = "0123456789abcdef";
@@ -43,17 +46,22 @@ json ToJson(const QpAddress& a) {
   return {{"qpn", a.qp_num}, {"lid", a.lid}, {"gid", GidHex(a.gid)}, {"psn", a.psn}, {"mtu", a.mtu}};
 }
 
+// A peer's QP address, from its handshake (so every field is checked for
+// type and range: a wrong type would otherwise throw out of nlohmann).
 absl::StatusOr<QpAddress> QpFromJson(const json& j) {
-  if (!j.is_object() || !j.contains("qpn") || !j["qpn"].is_number_unsigned() || !j.contains("psn") ||
-      !j["psn"].is_number_unsigned()) {
-    return absl::InvalidArgumentError("malformed QP address");
+  uint64_t qpn = 0, psn = 0, lid = 0, mtu = 0;
+  std::string gid;
+  for (absl::Status s : {UintField(j, "qpn", UINT32_MAX, &qpn), UintField(j, "psn", UINT32_MAX, &psn),
+                         UintField(j, "lid", UINT16_MAX, &lid, 0), UintField(j, "mtu", 4096, &mtu, 1024),
+                         StringField(j, "gid", &gid, std::string())}) {
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("malformed QP address: ", s.message()));
   }
   QpAddress a;
-  a.qp_num = j["qpn"].get<uint32_t>();
-  a.psn = j["psn"].get<uint32_t>();
-  a.lid = j.value("lid", uint16_t{0});
-  a.mtu = j.value("mtu", 1024);
-  if (j.contains("gid") && j["gid"].is_string()) a.gid = GidFromHex(j["gid"].get<std::string>());
+  a.qp_num = static_cast<uint32_t>(qpn);
+  a.psn = static_cast<uint32_t>(psn);
+  a.lid = static_cast<uint16_t>(lid);
+  a.mtu = static_cast<int>(mtu);
+  a.gid = GidFromHex(gid);
   return a;
 }
 
@@ -212,10 +220,13 @@ class RdmaBackend final : public Backend {
         req["qps"].size() > 64) {
       return absl::InvalidArgumentError("rdma handshake needs 1-64 QP addresses");
     }
+    uint64_t first = 0;
+    if (absl::Status s = UintField(req, "first_device", UINT32_MAX, &first, 0); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("rdma handshake: ", s.message()));
+    }
     json out;
     out["qps"] = json::array();
     std::vector<std::unique_ptr<QueuePair>> made;
-    size_t first = req.value("first_device", size_t{0});
     for (size_t i = 0; i < req["qps"].size(); ++i) {
       ASSIGN_OR_RETURN(QpAddress peer, QpFromJson(req["qps"][i]));
       DeviceSlot& d = *devices_[(first + i) % devices_.size()];
@@ -360,7 +371,7 @@ class RdmaChannel final : public PeerChannel {
 
   // (Re)connects `lanes` with one handshake; a lane that cannot is broken.
   absl::Status Connect(const std::vector<Lane*>& lanes, absl::Time deadline) {
-    json req{{"segment_index", remote_.segment_index}, {"qps", json::array()}};
+    json req{{"segment_index", remote_.segment_index}, {"segment_id", remote_.segment_id}, {"qps", json::array()}};
     std::vector<std::unique_ptr<QueuePair>> fresh;
     for (Lane* l : lanes) {
       absl::StatusOr<std::unique_ptr<QueuePair>> qp =
@@ -380,8 +391,11 @@ class RdmaChannel final : public PeerChannel {
     for (size_t i = 0; i < lanes.size(); ++i) {
       absl::StatusOr<QpAddress> peer = QpFromJson(a["qps"][i]);
       if (!peer.ok()) return absl::UnavailableError(absl::StrCat("rdma handshake with ", remote_.name, ": ", peer.status().message()));
+      std::string remote_device;
+      if (absl::Status s = StringField(a["qps"][i], "device", &remote_device, std::string()); !s.ok()) {
+        return absl::UnavailableError(absl::StrCat("rdma handshake with ", remote_.name, ": ", s.message()));
+      }
       RETURN_IF_ERROR(fresh[i]->Connect(*peer));
-      std::string remote_device = a["qps"][i].value("device", std::string());
       if (!buffers_.empty() && !buffers_[0].rkeys.contains(remote_device)) {
         return absl::UnavailableError(absl::StrCat("rdma: ", remote_.name, " paired an unknown device ", remote_device));
       }

@@ -21,6 +21,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -30,8 +31,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "config/base/mutex.h"
+#include "config/base/status.h"
 #include "nlohmann/json.hpp"
 #include "transport/internal/builtin.h"
+#include "transport/internal/json_fields.h"
 #include "transport/memory.h"
 
 namespace tierkv::transport {
@@ -128,6 +131,43 @@ class ShmChannel final : public PeerChannel {
   std::unique_ptr<Incarnation> incarnation_;
 };
 
+// The serving side's answer: its pid, its beacon's memfd, and the memfd
+// and beacon slot and token of each shared buffer.
+struct ShmAnswer {
+  struct Buffer {
+    uint64_t index;
+    int64_t fd;
+    uint64_t length;
+    uint64_t slot;
+    uint64_t token;
+  };
+  int64_t pid = 0;
+  int64_t beacon_fd = -1;
+  std::vector<Buffer> buffers;
+};
+
+absl::StatusOr<ShmAnswer> ParseAnswer(const std::string& text) {
+  json a = json::parse(text, nullptr, false);
+  if (a.is_discarded() || !a.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  ShmAnswer out;
+  RETURN_IF_ERROR(IntField(a, "pid", 1, INT32_MAX, &out.pid));
+  RETURN_IF_ERROR(IntField(a, "beacon_fd", 0, INT32_MAX, &out.beacon_fd));
+  auto bufs = a.find("buffers");
+  if (bufs == a.end() || !bufs->is_array() || bufs->size() > 4096) {
+    return absl::InvalidArgumentError("field 'buffers' must be an array of at most 4096");
+  }
+  for (const json& b : *bufs) {
+    ShmAnswer::Buffer buf;
+    RETURN_IF_ERROR(UintField(b, "index", UINT32_MAX, &buf.index));
+    RETURN_IF_ERROR(IntField(b, "fd", 0, INT32_MAX, &buf.fd));
+    RETURN_IF_ERROR(UintField(b, "length", UINT64_MAX, &buf.length));
+    RETURN_IF_ERROR(UintField(b, "slot", kBeaconSlots - 1, &buf.slot));
+    RETURN_IF_ERROR(UintField(b, "token", UINT64_MAX, &buf.token));
+    out.buffers.push_back(buf);
+  }
+  return out;
+}
+
 class ShmBackend final : public Backend {
  public:
   ShmBackend() {
@@ -184,10 +224,10 @@ class ShmBackend final : public Backend {
                                              const LocalBuffer* const* buffers,
                                              size_t count) override {
     json req = json::parse(request, nullptr, false);
-    if (req.is_discarded() || !req.is_object() || !req.contains("host_id") || !req["host_id"].is_string()) {
+    std::string peer;
+    if (req.is_discarded() || !StringField(req, "host_id", &peer).ok()) {
       return absl::InvalidArgumentError("shm handshake needs a host_id");
     }
-    std::string peer = req["host_id"].get<std::string>();
     if (peer != LocalHostId()) {
       return absl::FailedPreconditionError(
           absl::StrCat("shm refused: peer host id ", peer.substr(0, 36), " is not this host's"));
@@ -219,23 +259,25 @@ class ShmBackend final : public Backend {
       return absl::UnavailableError(absl::StrCat("segment ", remote.name, " is on host ", remote.host,
                                                  ", not this one"));
     }
-    json req{{"host_id", ctx.local_host_id}, {"segment_index", remote.segment_index}};
+    json req{{"host_id", ctx.local_host_id},
+             {"segment_index", remote.segment_index},
+             {"segment_id", remote.segment_id}};
     absl::StatusOr<std::string> answer = ctx.handshake(remote.control, "shm", req.dump(), ctx.deadline);
     if (!answer.ok()) return absl::UnavailableError(answer.status().message());
-    json a = json::parse(*answer, nullptr, false);
-    if (a.is_discarded() || !a.contains("pid") || !a.contains("buffers") || !a["buffers"].is_array()) {
-      return absl::UnavailableError("malformed shm handshake answer");
-    }
-    int pid = a["pid"].get<int>();
+    absl::StatusOr<ShmAnswer> a = ParseAnswer(*answer);
+    if (!a.ok()) return absl::UnavailableError(absl::StrCat("malformed shm handshake answer: ", a.status().message()));
+    const int pid = static_cast<int>(a->pid);
     // Tie the channel to this incarnation of the server before mapping
     // anything: a pidfd first (so a pid reused later cannot pass for it),
     // then the beacon page.
     int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
     const uint64_t* beacon = nullptr;
     {
-      std::string path = absl::StrCat("/proc/", pid, "/fd/", a.value("beacon_fd", -1));
-      int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      void* p = fd < 0 ? MAP_FAILED : mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
+      std::string path = absl::StrCat("/proc/", pid, "/fd/", a->beacon_fd);
+      int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+      struct stat st {};
+      const bool page = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= 4096;
+      void* p = page ? mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
       if (fd >= 0) close(fd);
       if (p == MAP_FAILED) {
         if (pidfd >= 0) close(pidfd);
@@ -249,17 +291,24 @@ class ShmBackend final : public Backend {
     auto undo = [&] {
       for (const Mapping& m : maps) munmap(m.addr, m.length);
     };
-    for (const json& b : a["buffers"]) {
-      size_t index = b.value("index", size_t{0});
-      if (index >= remote.buffers.size()) continue;
-      const BufferDescriptor& bd = remote.buffers[index];
-      uint64_t length = b.value("length", uint64_t{0});
-      if (length != bd.length) continue;
-      std::string path = absl::StrCat("/proc/", pid, "/fd/", b.value("fd", -1));
-      int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    for (const ShmAnswer::Buffer& b : a->buffers) {
+      if (b.index >= remote.buffers.size()) continue;
+      const BufferDescriptor& bd = remote.buffers[b.index];
+      uint64_t length = b.length;
+      if (length != bd.length || length == 0) continue;
+      std::string path = absl::StrCat("/proc/", pid, "/fd/", b.fd);
+      // O_NOCTTY and the regular-file check: the answer names the fd, and
+      // only a memfd (a regular shmem file) is ever meant.
+      int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
       if (fd < 0) {
         undo();
         return absl::UnavailableError(absl::StrCat("cannot open ", path, ": ", strerror(errno)));
+      }
+      struct stat st {};
+      if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < length) {
+        close(fd);
+        undo();
+        return absl::UnavailableError(absl::StrCat(path, " is not a shared buffer of ", length, " bytes"));
       }
       void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
       close(fd);
@@ -268,7 +317,7 @@ class ShmBackend final : public Backend {
         return absl::UnavailableError(absl::StrCat("cannot map ", path, ": ", strerror(errno)));
       }
       maps.push_back({bd.offset, length, static_cast<char*>(p)});
-      tokens.emplace_back(b.value("slot", size_t{0}) % kBeaconSlots, b.value("token", uint64_t{0}));
+      tokens.emplace_back(b.slot, b.token);
     }
     if (maps.empty()) return absl::UnavailableError(absl::StrCat("segment ", remote.name, " shares no buffer"));
     incarnation->set_tokens(std::move(tokens));

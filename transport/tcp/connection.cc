@@ -13,7 +13,8 @@
 
 namespace tierkv::transport::tcp {
 
-void Connection::RunBatch(uint32_t segment, absl::Span<Slice* const> slices, absl::Time deadline) {
+void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices,
+                          absl::Time deadline) {
   const size_t n = slices.size();
   std::vector<uint8_t> heads(n * kRequestSize);
   uint64_t first_id = next_id_;
@@ -22,6 +23,7 @@ void Connection::RunBatch(uint32_t segment, absl::Span<Slice* const> slices, abs
     RequestHeader h;
     h.op = slices[i]->op == Op::kRead ? WireOp::kRead : WireOp::kWrite;
     h.segment = segment;
+    h.segment_id = segment_id;
     h.id = first_id + i;
     h.offset = slices[i]->remote_offset;
     h.length = slices[i]->length;
@@ -153,6 +155,10 @@ void Connection::RunBatch(uint32_t segment, absl::Span<Slice* const> slices, abs
           reply_got += got;
           if (reply_got < kReplySize) continue;
           absl::StatusOr<ReplyHeader> h = DecodeReply(reply, kReplySize);
+          if (h.ok() && h->status == WireStatus::kBusy && h->id == 0) {
+            fail_rest(absl::UnavailableError(absl::StrCat(endpoint_, " refused the connection: at its connection cap")));
+            return;
+          }
           uint64_t want = s->op == Op::kRead ? s->length : 0;
           if (!h.ok() || h->id != first_id + recv_i ||
               (h->status == WireStatus::kOk && h->length != want) ||
@@ -178,6 +184,11 @@ void Connection::RunBatch(uint32_t segment, absl::Span<Slice* const> slices, abs
     }
   }
   if (blocking && !broken_) SetBlocking(false);
+}
+
+bool Connection::Stale() const {
+  pollfd p{fd_.get(), POLLIN | POLLRDHUP, 0};
+  return broken_ || ::poll(&p, 1, 0) != 0;
 }
 
 void Connection::SetBlocking(bool on) {

@@ -21,16 +21,21 @@ class Connection {
  public:
   Connection(Fd fd, std::string endpoint) : fd_(std::move(fd)), endpoint_(std::move(endpoint)) {}
 
-  // Moves the slices of one segment. On a socket error or the deadline,
-  // the unfinished slices fail (UNAVAILABLE / DEADLINE_EXCEEDED) and the
-  // connection becomes broken.
-  void RunBatch(uint32_t segment, absl::Span<Slice* const> slices, absl::Time deadline);
+  // Moves the slices of one segment (its index and id, from the
+  // descriptor). On a socket error or the deadline, the unfinished slices
+  // fail (UNAVAILABLE / DEADLINE_EXCEEDED) and the connection becomes
+  // broken; a server at its connection cap fails them UNAVAILABLE too.
+  void RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices, absl::Time deadline);
 
   // One control-channel exchange (blocking until the deadline).
   absl::StatusOr<std::string> Handshake(const std::string& transport, const std::string& request,
                                         absl::Time deadline);
 
   bool broken() const { return broken_; }
+  // True when the idle connection cannot be used: the server closed it
+  // (its idle timeout, a restart) or sent bytes nobody asked for. Does not
+  // block.
+  bool Stale() const;
 
  private:
   void SetBlocking(bool on);

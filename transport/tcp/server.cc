@@ -1,13 +1,16 @@
 #include "transport/tcp/server.h"
 
-#include "config/base/failpoint.h"
-
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -56,6 +59,9 @@ absl::Status SendReply(int fd, uint64_t id, const absl::Status& status, const ch
   return SendVecAll(fd, iov, length > 0 ? 2 : 1);
 }
 
+constexpr uint64_t kWakeId = 0;
+constexpr uint64_t kListenerId = 1;
+
 }  // namespace
 
 Server::Server(ServerOptions options, ServedMemory* served) : options_(std::move(options)), served_(served) {}
@@ -66,90 +72,205 @@ absl::Status Server::Start() {
   absl::StatusOr<Fd> l = Listen(options_.listen, options_.port, &port_);
   if (!l.ok()) return absl::UnavailableError(l.status().message());
   listener_ = std::move(*l);
-  if (pipe2(wake_, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
-  acceptor_ = std::thread([this] { AcceptLoop(); });
+  ::fcntl(listener_.get(), F_SETFL, ::fcntl(listener_.get(), F_GETFL) | O_NONBLOCK);
+  epoll_ = Fd(::epoll_create1(EPOLL_CLOEXEC));
+  wake_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  reserve_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!epoll_.valid() || !wake_.valid()) return absl::InternalError("tcp server: cannot create its epoll set");
+  epoll_event ev{};
+  ev.events = EPOLLIN;  // level-triggered: every thread sees Stop
+  ev.data.u64 = kWakeId;
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev);
+  ev.events = EPOLLIN | EPOLLONESHOT;  // one thread accepts at a time
+  ev.data.u64 = kListenerId;
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listener_.get(), &ev);
+  {
+    MutexLock lock(&mu_);
+    last_sweep_ = absl::Now();
+  }
+  const int n = std::max(1, options_.io_threads);
+  for (int i = 0; i < n; ++i) scratch_.emplace_back(new uint8_t[kScratch]);
+  for (int i = 0; i < n; ++i) threads_.emplace_back([this, i] { IoLoop(i); });
   return absl::OkStatus();
 }
 
 void Server::Stop() {
   if (stopping_.exchange(true)) return;
-  if (wake_[1] >= 0) {
-    char c = 0;
-    (void)!::write(wake_[1], &c, 1);
+  if (wake_.valid()) {
+    uint64_t one = 1;
+    (void)!::write(wake_.get(), &one, sizeof one);
   }
-  if (acceptor_.joinable()) acceptor_.join();
-  std::list<std::unique_ptr<Conn>> conns;
   {
+    // Unblock threads inside a frame; they close their connection.
     MutexLock lock(&mu_);
-    conns.swap(conns_);
+    for (auto& [id, c] : conns_) ::shutdown(c->fd.get(), SHUT_RDWR);
   }
-  // Unblock every connection thread, then join.
-  for (auto& c : conns) ::shutdown(c->fd.get(), SHUT_RDWR);
-  for (auto& c : conns) {
-    if (c->thread.joinable()) c->thread.join();
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
   }
+  threads_.clear();
+  MutexLock lock(&mu_);
+  conns_.clear();
+  open_.store(0);
   listener_ = Fd();
-  for (int& f : wake_) {
-    if (f >= 0) ::close(f);
-    f = -1;
+  epoll_ = Fd();
+  wake_ = Fd();
+}
+
+void Server::IoLoop(int index) {
+  uint8_t* scratch = scratch_[index].get();
+  while (!stopping_.load()) {
+    // One event per wait: the kernel hands the next ready connection to
+    // whichever thread is free, rather than queueing it behind this one.
+    epoll_event ev{};
+    int n = ::epoll_wait(epoll_.get(), &ev, 1, 250);
+    if (stopping_.load()) break;
+    if (index == 0) ReapIdle();
+    if (n <= 0) continue;
+    if (ev.data.u64 == kWakeId) continue;
+    if (ev.data.u64 == kListenerId) {
+      AcceptSome();
+      epoll_event again{};
+      again.events = EPOLLIN | EPOLLONESHOT;
+      again.data.u64 = kListenerId;
+      ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, listener_.get(), &again);
+      continue;
+    }
+    Conn* conn = nullptr;
+    {
+      MutexLock lock(&mu_);
+      auto it = conns_.find(ev.data.u64);
+      // Gone (reaped) or not parked: the event is stale.
+      if (it == conns_.end() || !it->second->parked) continue;
+      conn = it->second.get();
+      conn->parked = false;
+    }
+    ServeConn(conn, scratch);
   }
 }
 
-void Server::ReapFinished() {
+void Server::AcceptSome() {
+  // Bounded per turn, so the accepting thread returns to serving.
+  for (int i = 0; i < 256 && !stopping_.load(); ++i) {
+    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      if ((errno == EMFILE || errno == ENFILE) && reserve_.valid()) {
+        // Out of descriptors: the pending connection would keep the
+        // listener readable forever. Free the reserve, refuse it, re-arm.
+        reserve_ = Fd();
+        Fd doomed(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+        if (doomed.valid()) Refuse(std::move(doomed), "the process is out of file descriptors");
+        reserve_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+        continue;
+      }
+      return;  // EAGAIN: the backlog is empty
+    }
+    Fd conn_fd(fd);
+    if (open_.load() >= static_cast<size_t>(std::max(1, options_.max_connections))) {
+      Refuse(std::move(conn_fd), "at the connection cap (--max-connections)");
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    SetTimeouts(fd, options_.frame_timeout);
+    auto conn = std::make_unique<Conn>();
+    conn->fd = std::move(conn_fd);
+    Conn* raw = conn.get();
+    {
+      MutexLock lock(&mu_);
+      conn->id = next_id_++;
+      conns_.emplace(conn->id, std::move(conn));
+    }
+    open_.fetch_add(1);
+    Park(raw);
+  }
+}
+
+void Server::Refuse(Fd fd, const char* why) {
+  uint64_t n = refused_.fetch_add(1) + 1;
+  // One BUSY reply, best effort (the socket buffer of a fresh connection
+  // has room), so the client reports the reason rather than a bare EOF.
+  std::string text = absl::StrCat("tcp server ", options_.listen, ":", port_, " refused the connection: ", why);
+  ReplyHeader h;
+  h.status = WireStatus::kBusy;
+  h.length = text.size();
+  uint8_t head[kReplySize];
+  EncodeReply(h, head);
+  iovec iov[2] = {{head, kReplySize}, {text.data(), text.size()}};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  (void)::sendmsg(fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  int64_t last = last_refusal_log_ms_.load();
+  if (now_ms - last >= 10000 && last_refusal_log_ms_.compare_exchange_strong(last, now_ms)) {
+    TKV_LOG(WARNING) << "tcp server: refusing connections: " << why << " (" << open_.load() << " open, cap "
+                     << options_.max_connections << "; " << n << " refused so far)";
+  }
+}
+
+void Server::ServeConn(Conn* conn, uint8_t* scratch) {
+  const int fd = conn->fd.get();
+  for (int i = 0; i < kFramesPerTurn; ++i) {
+    if (stopping_.load() || !ServeOne(fd, scratch)) {
+      Close(conn);
+      return;
+    }
+    // Frames already buffered (a pipelining client) are served now; none
+    // buffered: back to the poller.
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0) break;
+  }
+  Park(conn);
+}
+
+void Server::Park(Conn* conn) {
+  MutexLock lock(&mu_);
+  conn->last_active = absl::Now();
+  conn->parked = true;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+  ev.data.u64 = conn->id;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, conn->fd.get(), &ev) != 0 &&
+      ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, conn->fd.get(), &ev) != 0) {
+    TKV_LOG(WARNING) << "tcp server: cannot watch a connection: " << strerror(errno);
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, conn->fd.get(), nullptr);
+    if (conns_.erase(conn->id) > 0) open_.fetch_sub(1);
+  }
+}
+
+void Server::Close(Conn* conn) {
+  MutexLock lock(&mu_);
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, conn->fd.get(), nullptr);
+  if (conns_.erase(conn->id) > 0) open_.fetch_sub(1);  // closes the fd
+}
+
+void Server::ReapIdle() {
+  absl::Time now = absl::Now();
+  MutexLock lock(&mu_);
+  // A sweep a second is plenty for timeouts of seconds to minutes.
+  if (now - last_sweep_ < std::min(absl::Seconds(1), options_.idle_timeout / 2)) return;
+  last_sweep_ = now;
   for (auto it = conns_.begin(); it != conns_.end();) {
-    if ((*it)->done.load()) {
-      (*it)->thread.join();
-      it = conns_.erase(it);
+    Conn* c = it->second.get();
+    // Only parked connections: one a thread is serving is not idle, and
+    // its thread owns it.
+    if (c->parked && now - c->last_active > options_.idle_timeout) {
+      ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c->fd.get(), nullptr);
+      conns_.erase(it++);
+      open_.fetch_sub(1);
+      reaped_.fetch_add(1);
     } else {
       ++it;
     }
   }
 }
 
-void Server::AcceptLoop() {
-  while (!stopping_.load()) {
-    pollfd p[2] = {{listener_.get(), POLLIN, 0}, {wake_[0], POLLIN, 0}};
-    if (::poll(p, 2, 1000) <= 0) {
-      MutexLock lock(&mu_);
-      ReapFinished();
-      continue;
-    }
-    if (p[1].revents) break;
-    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    Fd conn_fd(fd);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    SetTimeouts(fd, options_.frame_timeout);
-    MutexLock lock(&mu_);
-    ReapFinished();
-    if (static_cast<int>(conns_.size()) >= options_.max_connections) {
-      TKV_LOG(WARNING) << "tcp server: refusing a connection, " << conns_.size() << " open";
-      continue;  // closes conn_fd
-    }
-    auto conn = std::make_unique<Conn>();
-    conn->fd = std::move(conn_fd);
-    conn->scratch.reset(new uint8_t[kScratch]);
-    Conn* raw = conn.get();
-    conn->thread = std::thread([this, raw] { Serve(raw); });
-    conns_.push_back(std::move(conn));
-  }
-}
-
-void Server::Serve(Conn* conn) {
-  while (!stopping_.load() && ServeOne(conn->fd.get(), conn->scratch.get())) {
-  }
-  ::shutdown(conn->fd.get(), SHUT_RDWR);
-  conn->done.store(true);
-}
-
 bool Server::ServeOne(int fd, uint8_t* scratch) {
   uint8_t head[kRequestSize];
-  // Waiting for the next request may take long; a started frame may not
-  // (each blocking call is bounded by the socket's frame timeout).
-  pollfd p{fd, POLLIN, 0};
-  int idle_ms = static_cast<int>(absl::ToInt64Milliseconds(options_.idle_timeout));
-  if (::poll(&p, 1, idle_ms) <= 0) return false;
+  // The poller saw bytes (or EOF) arrive; a started frame must complete
+  // within the socket's frame timeout per blocking call.
   if (!RecvAll(fd, head, kRequestSize).ok()) return false;
   absl::StatusOr<RequestHeader> req = DecodeRequest(head, kRequestSize);
   if (!req.ok()) {
@@ -183,7 +304,7 @@ bool Server::ServeOne(int fd, uint8_t* scratch) {
                          nullptr, 0)
             .ok();
       }
-      absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.offset, h.length);
+      absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.segment_id, h.offset, h.length);
       if (!pin.ok()) return SendReply(fd, h.id, pin.status(), nullptr, 0).ok();
       return SendReply(fd, h.id, absl::OkStatus(), pin->addr, h.length).ok();
     }
@@ -197,7 +318,7 @@ bool Server::ServeOne(int fd, uint8_t* scratch) {
                         nullptr, 0);
         return false;
       }
-      absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.offset, h.length);
+      absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.segment_id, h.offset, h.length);
       if (pin.ok() && (h.flags & kHasDeadline) && DeadlinePassed(h.deadline_ms32, absl::Now())) {
         // The writer gave up (and its put may be revoked, the extent reused).
         pin = absl::DeadlineExceededError(absl::StrCat("write of ", h.length, " bytes arrived after its deadline"));

@@ -133,7 +133,7 @@ absl::StatusOr<Fd> Listen(const std::string& address, int port, int* bound) {
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("bind ", address, ":", port));
   }
-  if (::listen(fd.get(), 512) != 0) return ErrnoToStatus(errno, "listen");
+  if (::listen(fd.get(), SOMAXCONN) != 0) return ErrnoToStatus(errno, "listen");
   socklen_t len = sizeof addr;
   getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
   *bound = ntohs(addr.sin_port);

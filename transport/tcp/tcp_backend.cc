@@ -19,8 +19,8 @@ using tcp::Connection;
 
 class TcpChannel final : public PeerChannel {
  public:
-  TcpChannel(std::string endpoint, uint32_t segment, int max_connections)
-      : endpoint_(std::move(endpoint)), segment_(segment), max_(max_connections) {}
+  TcpChannel(std::string endpoint, uint32_t segment, uint64_t segment_id, int max_connections)
+      : endpoint_(std::move(endpoint)), segment_(segment), segment_id_(segment_id), max_(max_connections) {}
 
   void Post(absl::Span<Slice* const> slices, absl::Time deadline) override {
     absl::StatusOr<std::unique_ptr<Connection>> conn = Acquire(deadline);
@@ -28,8 +28,13 @@ class TcpChannel final : public PeerChannel {
       for (Slice* s : slices) s->status = conn.status();
       return;
     }
-    (*conn)->RunBatch(segment_, slices, deadline);
+    (*conn)->RunBatch(segment_, segment_id_, slices, deadline);
     Release(std::move(*conn));
+    // The server does not serve this segment (any more): the descriptor is
+    // stale, so the engine re-reads it before the next use.
+    for (Slice* s : slices) {
+      if (absl::IsNotFound(s->status)) healthy_.store(false);
+    }
   }
 
   bool healthy() const override { return healthy_.load(); }
@@ -44,10 +49,13 @@ class TcpChannel final : public PeerChannel {
         }
         cv_.WaitFor(&mu_, absl::ToChronoMilliseconds(deadline - absl::Now()) + std::chrono::milliseconds(1));
       }
-      if (!idle_.empty()) {
+      // A connection the server closed while it sat idle (its idle timeout)
+      // would fail the batch; it is dropped and another taken or dialled.
+      while (!idle_.empty()) {
         auto c = std::move(idle_.front());
         idle_.pop_front();
-        return c;
+        if (!c->Stale()) return c;
+        --open_;
       }
       ++open_;
     }
@@ -77,6 +85,7 @@ class TcpChannel final : public PeerChannel {
 
   const std::string endpoint_;
   const uint32_t segment_;
+  const uint64_t segment_id_;
   const int max_;
   std::atomic<bool> healthy_{true};
   Mutex mu_;
@@ -98,6 +107,9 @@ class TcpBackend final : public Backend {
     so.listen = options_.listen;
     so.port = options_.port;
     so.max_frame = options_.max_frame;
+    so.max_connections = options_.max_connections;
+    so.io_threads = options_.io_threads;
+    so.idle_timeout = options_.idle_timeout;
     server_ = std::make_unique<tcp::Server>(so, served);
     return server_->Start();
   }
@@ -121,7 +133,7 @@ class TcpBackend final : public Backend {
     absl::StatusOr<tcp::Fd> probe = tcp::Dial(it->second, ctx.deadline);
     if (!probe.ok()) return absl::UnavailableError(probe.status().message());
     return std::unique_ptr<PeerChannel>(
-        new TcpChannel(it->second, remote.segment_index, options_.connections));
+        new TcpChannel(it->second, remote.segment_index, remote.segment_id, options_.connections));
   }
 
  private:

@@ -33,9 +33,10 @@ void EncodeRequest(const RequestHeader& h, uint8_t out[kRequestSize]) {
   out[5] = h.flags;
   Put32(out + 8, h.segment);
   Put32(out + 12, h.deadline_ms32);
-  Put64(out + 16, h.id);
-  Put64(out + 24, h.offset);
-  Put64(out + 32, h.length);
+  Put64(out + 16, h.segment_id);
+  Put64(out + 24, h.id);
+  Put64(out + 32, h.offset);
+  Put64(out + 40, h.length);
 }
 
 void EncodeReply(const ReplyHeader& h, uint8_t out[kReplySize]) {
@@ -56,9 +57,10 @@ absl::StatusOr<RequestHeader> DecodeRequest(const uint8_t* data, size_t size) {
   h.flags = data[5];
   h.segment = Get32(data + 8);
   h.deadline_ms32 = Get32(data + 12);
-  h.id = Get64(data + 16);
-  h.offset = Get64(data + 24);
-  h.length = Get64(data + 32);
+  h.segment_id = Get64(data + 16);
+  h.id = Get64(data + 24);
+  h.offset = Get64(data + 32);
+  h.length = Get64(data + 40);
   return h;
 }
 
@@ -67,7 +69,7 @@ absl::StatusOr<ReplyHeader> DecodeReply(const uint8_t* data, size_t size) {
   if (Get32(data) != kReplyMagic) return absl::InvalidArgumentError("bad reply magic");
   ReplyHeader h;
   uint8_t st = data[4];
-  if (st > 6) return absl::InvalidArgumentError(absl::StrCat("unknown reply status ", st));
+  if (st > 7) return absl::InvalidArgumentError(absl::StrCat("unknown reply status ", st));
   h.status = static_cast<WireStatus>(st);
   h.id = Get64(data + 8);
   h.length = Get64(data + 16);
@@ -96,6 +98,8 @@ absl::Status ReplyToStatus(WireStatus status, const std::string& message) {
       return absl::InternalError(message);
     case WireStatus::kExpired:
       return absl::DeadlineExceededError(message);
+    case WireStatus::kBusy:
+      return absl::UnavailableError(message);
   }
   return absl::InternalError(message);
 }

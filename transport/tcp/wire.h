@@ -1,15 +1,21 @@
 // The tcp transport's frames. docs/wire-formats.md has the full contract.
 //
-// Request (40 bytes, little-endian), then `length` payload bytes for WRITE
+// Request (48 bytes, little-endian), then `length` payload bytes for WRITE
 // and HANDSHAKE:
-//   u32 magic 'TKVQ' | u8 op | u8 flags | u16 reserved | u32 segment |
-//   u32 deadline | u64 id | u64 offset | u64 length
+//   u32 magic 'TKVR' | u8 op | u8 flags | u16 reserved | u32 segment |
+//   u32 deadline | u64 segment_id | u64 id | u64 offset | u64 length
+// READ and WRITE name their target twice: `segment` (the index, for the
+// lookup) and `segment_id` (the random id the serving engine gave that
+// segment, from its descriptor). A server refuses, touching nothing, a
+// frame whose id is not the one it serves at that index: the sender holds
+// a stale descriptor (the daemon restarted, or another took its address).
 // With flag kHasDeadline, `deadline` is the low 32 bits of the Unix time in
 // milliseconds after which the sender has given the request up: a server
 // refuses a WRITE that arrives later (its payload drained, nothing
 // written), so bytes delayed past a revoked put never land on the extent.
 // Reply (24 bytes), then `length` payload bytes (READ data, HANDSHAKE
-// answer, or an error message):
+// answer, or an error message). A server over its connection cap sends one
+// BUSY reply with id 0 and closes:
 //   u32 magic 'TKVA' | u8 status | u8[3] reserved | u64 id | u64 length
 //
 // Replies come back in request order on a connection, so a client may
@@ -26,9 +32,12 @@
 
 namespace tierkv::transport::tcp {
 
-inline constexpr uint32_t kRequestMagic = 0x51564b54;  // "TKVQ"
+// The request magic changed ("TKVQ" -> "TKVR") when the header grew the
+// segment id, so a peer of the old layout is refused as bad magic rather
+// than misread.
+inline constexpr uint32_t kRequestMagic = 0x52564b54;  // "TKVR"
 inline constexpr uint32_t kReplyMagic = 0x41564b54;    // "TKVA"
-inline constexpr size_t kRequestSize = 40;
+inline constexpr size_t kRequestSize = 48;
 inline constexpr size_t kReplySize = 24;
 inline constexpr uint64_t kMaxHandshake = 64 << 10;
 inline constexpr uint64_t kMaxErrorText = 1024;
@@ -43,6 +52,7 @@ enum class WireStatus : uint8_t {
   kBadRequest = 4,    // malformed frame
   kInternal = 5,      // handshake refused, or a server-side failure
   kExpired = 6,       // a WRITE that arrived after its deadline
+  kBusy = 7,          // the server is at its connection cap; it closes
 };
 
 inline constexpr uint8_t kHasDeadline = 1;  // request flag
@@ -60,6 +70,7 @@ struct RequestHeader {
   uint64_t offset = 0;
   uint64_t length = 0;
   uint32_t deadline_ms32 = 0;  // meaningful with kHasDeadline
+  uint64_t segment_id = 0;     // READ/WRITE: the target segment's id
 };
 
 struct ReplyHeader {
