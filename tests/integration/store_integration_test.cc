@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/support/cluster.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/values.h"
 
 namespace tierkv {
 namespace {
@@ -22,15 +23,7 @@ using testing::StatusIs;
 using testing::TestCluster;
 
 // Deterministic contents from the key, so any reader can check them.
-std::string ValueFor(const std::string& key, size_t size) {
-  std::string v(size, '\0');
-  std::mt19937_64 rng(Crc32c(key.data(), key.size()));
-  for (size_t i = 0; i < size; i += 8) {
-    uint64_t x = rng();
-    std::memcpy(v.data() + i, &x, std::min<size_t>(8, size - i));
-  }
-  return v;
-}
+std::string ValueFor(const std::string& key, size_t size) { return testing::Payload(key, size); }
 
 // Mostly small KV pages, some large: 4 KiB .. 8 MiB.
 size_t SizeFor(int i) {

@@ -55,6 +55,18 @@ bool Verifies(const std::string& key, const std::string& v) {
 
 bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
+absl::StatusOr<std::unique_ptr<tierkv::client::Client>> NewClient(const char* master, const char* metadata,
+                                                                 absl::Duration timeout,
+                                                                 std::vector<std::string> transports = {}) {
+  tierkv::client::ClientOptions o;
+  o.master = master;
+  o.metadata = metadata;
+  o.transfer_timeout = timeout;
+  o.rpc_timeout = timeout;
+  o.transports = std::move(transports);
+  return tierkv::client::Client::Create(o);
+}
+
 int Session(int argc, char** argv) {
   if (argc < 7) {
     std::fprintf(stderr, "usage: %s session <master> <metadata-url> <dir> <keys> <replicas> [transports]\n", argv[0]);
@@ -66,13 +78,9 @@ int Session(int argc, char** argv) {
     std::fprintf(stderr, "bad arguments\n");
     return 2;
   }
-  tierkv::client::ClientOptions o;
-  o.master = argv[2];
-  o.metadata = argv[3];
-  o.transfer_timeout = absl::Seconds(5);
-  o.rpc_timeout = absl::Seconds(5);
-  if (argc > 7) o.transports = absl::StrSplit(argv[7], ',', absl::SkipEmpty());
-  auto client = tierkv::client::Client::Create(o);
+  std::vector<std::string> transports;
+  if (argc > 7) transports = absl::StrSplit(argv[7], ',', absl::SkipEmpty());
+  auto client = NewClient(argv[2], argv[3], absl::Seconds(5), transports);
   if (!client.ok()) {
     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
     return 3;
@@ -153,11 +161,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bad arguments\n");
     return 2;
   }
-  tierkv::client::ClientOptions o;
-  o.master = argv[1];
-  o.metadata = argv[2];
-  o.transfer_timeout = absl::Seconds(10);
-  auto client = tierkv::client::Client::Create(o);
+  auto client = NewClient(argv[1], argv[2], absl::Seconds(10));
   if (!client.ok()) {
     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
     return 3;
