@@ -127,8 +127,11 @@ void Server::IoLoop(int index) {
     if (stopping_.load()) break;
     if (index == 0) ReapIdle();
     if (n <= 0) continue;
-    if (ev.data.u64 == kWakeId) continue;
-    if (ev.data.u64 == kListenerId) {
+    // epoll_event is packed on x86-64: copy the id out rather than bind a
+    // reference to its misaligned field.
+    const uint64_t id = ev.data.u64;
+    if (id == kWakeId) continue;
+    if (id == kListenerId) {
       AcceptSome();
       epoll_event again{};
       again.events = EPOLLIN | EPOLLONESHOT;
@@ -139,7 +142,7 @@ void Server::IoLoop(int index) {
     Conn* conn = nullptr;
     {
       MutexLock lock(&mu_);
-      auto it = conns_.find(ev.data.u64);
+      auto it = conns_.find(id);
       // Gone (reaped) or not parked: the event is stale.
       if (it == conns_.end() || !it->second->parked) continue;
       conn = it->second.get();
