@@ -109,6 +109,12 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
     return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", config.listen, ":", config.http_port));
   }
   d->http_thread_ = std::thread([srv = d->http_.get()] { srv->listen_after_bind(); });
+  // httplib's stop() does nothing to a server whose loop has not started
+  // yet, which then serves forever: a SIGTERM right after start would hang
+  // Stop(). Return only once the loop runs.
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!d->http_->is_running() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  if (!d->http_->is_running()) TKV_LOG(WARNING) << "the HTTP server is slow to start";
   return d;
 }
 
