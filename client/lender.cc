@@ -23,10 +23,15 @@ absl::StatusOr<std::unique_ptr<SegmentLender>> SegmentLender::Start(
     LenderOptions options, transport::TransferEngine* engine, MasterClient* master) {
   if (options.name.empty()) return absl::InvalidArgumentError("a lent segment needs a name");
   std::unique_ptr<SegmentLender> l(new SegmentLender(std::move(options), engine, master));
+  const LenderOptions& o = l->options_;
   ASSIGN_OR_RETURN(l->region_, transport::SharedRegion::Create(
-                                   l->options_.size, {l->options_.prefault, l->options_.hugepages}));
-  RETURN_IF_ERROR(engine->RegisterMemory(l->region_->data(), l->region_->size(), "cpu:0",
-                                         l->region_->fd()));
+                                   o.size, {.prefault = o.prefault,
+                                            .hugepages = o.hugepages,
+                                            .mlock = o.mlock,
+                                            .numa_node = o.numa_node,
+                                            .prefault_threads = o.prefault_threads}));
+  RETURN_IF_ERROR(engine->RegisterMemory(l->region_->data(), l->region_->size(),
+                                         l->region_->location(), l->region_->fd()));
   // A metadata server that is down now is retried by every mount.
   absl::Status served = engine->ServeSegment(l->options_.name, {l->region_->data()});
   if (!served.ok() && !absl::IsUnavailable(served)) return served;

@@ -2,8 +2,10 @@
 // segment. Used by store daemons (their whole job) and by clients that
 // keep their own KV local (a prefill rank).
 //
-// Start allocates the memory lazily (SharedRegion), registers it with the
-// transfer engine, serves and publishes it, and starts a heartbeat thread
+// Start creates the memory (a SharedRegion: refused at once when the host
+// cannot back it; faulted in lazily unless prefault or mlock asks; bound
+// to a NUMA node if one is named), registers it with the transfer engine
+// at the node it is on ("cpu:<node>"), serves and publishes it, and starts a heartbeat thread
 // that mounts it at the master, heartbeats every interval, and mounts it
 // again whenever the master asks (after a master restart, or after the
 // segment was dropped for missed heartbeats). mounted() is false before the
@@ -30,7 +32,10 @@ struct LenderOptions {
   std::string host;     // host identity for replica spreading
   uint64_t size = 0;
   bool prefault = false;
+  int prefault_threads = 0;  // 0: one per CPU
   bool hugepages = false;
+  bool mlock = false;
+  int numa_node = -1;        // -1: wherever the kernel puts it
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // Block in Start until the first mount succeeds (or fails).
   bool wait_for_mount = false;
@@ -38,8 +43,10 @@ struct LenderOptions {
 
 class SegmentLender {
  public:
-  // `engine` and `master` must outlive the lender. Errors: memory cannot be
-  // allocated (RESOURCE_EXHAUSTED), the name is taken locally; with
+  // `engine` and `master` must outlive the lender. Errors: the memory
+  // cannot be had (RESOURCE_EXHAUSTED), mlock refused (FAILED_PRECONDITION),
+  // a NUMA node the kernel refuses (INVALID_ARGUMENT), the name is taken
+  // locally; with
   // wait_for_mount, the first mount's error.
   static absl::StatusOr<std::unique_ptr<SegmentLender>> Start(LenderOptions options,
                                                               transport::TransferEngine* engine,
@@ -57,6 +64,8 @@ class SegmentLender {
   const std::string& incarnation() const { return incarnation_; }
   char* data() const { return region_->data(); }
   uint64_t size() const { return region_->size(); }
+  // Where the segment's memory is, as its descriptor says ("cpu:1").
+  std::string location() const { return region_->location(); }
 
  private:
   SegmentLender(LenderOptions options, transport::TransferEngine* engine, MasterClient* master);

@@ -6,7 +6,7 @@ const FlagTable<BenchConfig>& BenchFlags() {
   using C = BenchConfig;
   static const FlagTable<C>* table = new FlagTable<C>(
       "tierkv-bench",
-      "Benchmarks: tierkv-bench master|transfer|store|l1 [flags]. Each prints a table, or one JSON "
+      "Benchmarks: tierkv-bench master|transfer|store|l1|memory [flags]. Each prints a table, or one JSON "
       "object with --json, with the physical reference measured in the same run.",
       {
           BoolFlag<C>("json", &C::json, "false", "print one JSON object with the figures"),
@@ -21,6 +21,8 @@ const FlagTable<BenchConfig>& BenchFlags() {
           SizeFlag<C>("value", &C::value, "1mib", 1, 1u << 30, "store: bytes per value"),
           StringFlag<C>("transport", &C::transport, "tcp", "transfer: tcp, shm or cuda (GPU memory); store: tcp or shm"),
           IntFlag<C>("connections", &C::connections, "4", 1, 64, "transfer/store: tcp connections per peer"),
+          SizeFlag<C>("segment-size", &C::segment_size, "1gib", 1 << 20, 1e13,
+                      "memory: the segment a daemon lends (time to ready) and the region prefaulted"),
           StringFlag<C>("l1-device", &C::l1_device, "auto", "l1: the engine's L1 device (auto, cpu, cuda:<n>)"),
           IntFlag<C>("repetitions", &C::repetitions, "3", 1, 100,
                      "interleaved repetitions of each case; medians are reported"),

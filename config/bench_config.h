@@ -20,6 +20,7 @@ struct BenchConfig {
   int64_t connections = 0;     // transfer: tcp connections per peer
   int64_t repetitions = 0;     // interleaved repetitions; medians are reported
   std::string l1_device;       // l1: auto, cpu, cuda:<n>
+  uint64_t segment_size = 0;   // memory: bytes a daemon lends / a region prefaulted
 };
 
 const FlagTable<BenchConfig>& BenchFlags();

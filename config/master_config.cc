@@ -5,7 +5,11 @@ namespace tierkv {
 const FlagTable<MasterConfig>& MasterFlags() {
   using C = MasterConfig;
   static const FlagTable<C>* table = new FlagTable<C>(
-      "tierkv-master", "The tierkv master: segment registry, object index, metadata and metrics.",
+      "tierkv-master",
+      "The tierkv master: segment registry, object index, metadata and metrics. /health is 200 "
+      "while it serves; /ready is 200 once persistence is loaded (the HTTP port opens after "
+      "RocksDB recovery) and at least one segment is mounted, else 503 with the reason "
+      "(\"no segment mounted\"), so gate clients on /ready and launchers of daemons on /health.",
       {
           StringFlag<C>("listen", &C::listen, "127.0.0.1", "address the gRPC and HTTP servers bind"),
           IntFlag<C>("rpc-port", &C::rpc_port, "50051", 0, 65535, "gRPC port; 0 picks a free one"),

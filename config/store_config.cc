@@ -13,7 +13,8 @@ const FlagTable<StoreConfig>& StoreFlags() {
           StringFlag<C>("metadata", &C::metadata, "http://127.0.0.1:8080",
                         "metadata server URL (the master's HTTP port)"),
           SizeFlag<C>("segment-size", &C::segment_size, "1gib", 1 << 20, 1e15,
-                      "DRAM to lend (512mb, 180gb, 1.5tb, 4gib)"),
+                      "DRAM to lend (512mb, 180gb, 1.5tb, 4gib); refused at start (exit 2) when "
+                      "this host or cgroup cannot back it with RAM"),
           StringFlag<C>("listen", &C::listen, "127.0.0.1", "address the transfer and HTTP servers bind"),
           StringFlag<C>("host", &C::host, "", "address peers dial (default: --listen; for 0.0.0.0, the default route's interface address)"),
           IntFlag<C>("port", &C::port, "8800", 0, 65535, "transfer server port; 0 picks a free one"),
@@ -26,7 +27,16 @@ const FlagTable<StoreConfig>& StoreFlags() {
                         "RDMA NICs to use, e.g. mlx5_0,mlx5_1 (used by the rdma backend)"),
           BoolFlag<C>("hugepages", &C::hugepages, "false", "back the segment with 2 MiB hugepages"),
           BoolFlag<C>("prefault", &C::prefault, "false",
-                      "fault the whole segment in at start (slower start, no first-touch cost)"),
+                      "fault the whole segment in at start, in parallel (one pass at memory "
+                      "bandwidth before /ready; no first-touch cost, and the RAM is really taken)"),
+          IntFlag<C>("prefault-threads", &C::prefault_threads, "0", 0, 1024,
+                     "threads that fault the segment in; 0: one per CPU the daemon may use"),
+          BoolFlag<C>("mlock", &C::mlock, "false",
+                      "lock the segment in RAM (prefaults first); needs RLIMIT_MEMLOCK above the "
+                      "segment size or CAP_IPC_LOCK, else the daemon stops at start saying so"),
+          IntFlag<C>("numa-node", &C::numa_node, "-1", -1, 1023,
+                     "bind the segment's memory (mbind) and the serving threads (that node's "
+                     "CPUs) to this NUMA node; -1 leaves placement to the kernel"),
           DurationFlag<C>("heartbeat-interval", &C::heartbeat_interval, "1s", 0.01, 60,
                           "how often the daemon heartbeats the master"),
           IntFlag<C>("connections", &C::connections, "4", 1, 64, "tcp connections per peer"),

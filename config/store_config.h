@@ -22,6 +22,9 @@ struct StoreConfig {
   std::string rdma_devices;   // comma-separated NIC names
   bool hugepages = false;
   bool prefault = false;
+  int64_t prefault_threads = 0;  // 0: one per CPU the daemon may use
+  bool mlock = false;
+  int64_t numa_node = -1;        // -1: no binding
   absl::Duration heartbeat_interval;
   int64_t connections = 0;
   int64_t max_connections = 0;  // tcp server: open connections it accepts

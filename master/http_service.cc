@@ -147,9 +147,12 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
   server->Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
   });
-  server->Get("/ready", [](const httplib::Request&, httplib::Response& res) {
-    // A Master exists only once recovery has finished, so serving is ready.
-    res.set_content("ready\n", "text/plain");
+  server->Get("/ready", [=](const httplib::Request&, httplib::Response& res) {
+    // Puts fail without a live segment, so a launcher gating clients on
+    // /ready must not release them before one has mounted.
+    absl::Status ready = master->Readiness();
+    res.status = ready.ok() ? 200 : 503;
+    res.set_content(ready.ok() ? "ready\n" : absl::StrCat(ready.message(), "\n"), "text/plain");
   });
 
   server->set_error_handler([](const httplib::Request& req, httplib::Response& res) {

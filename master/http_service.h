@@ -7,7 +7,10 @@
 //   GET /v1/objects/{key}            replicas, size, state, lease, pin
 //   GET /v1/stats                    index and capacity figures
 //   GET /metrics                     Prometheus text format 0.0.4
-//   GET /health, /ready              liveness, readiness
+//   GET /health                      liveness: 200 while the process serves
+//   GET /ready                       200 once persistence is loaded and at
+//                                    least one segment is live; else 503
+//                                    with the reason as the body
 //
 // Malformed requests get 400 and unknown paths 404, each with a JSON body
 // {"error": "..."}; bodies over the limit get 413.

@@ -176,6 +176,17 @@ std::vector<PutStartOut> Master::PutStart(std::vector<PutItem> items, const std:
   return index_->PutStart(items);
 }
 
+absl::Status Master::Readiness() const {
+  size_t live = 0, recovering = 0;
+  for (const SegmentSnapshot& s : registry_.Snapshot()) (s.recovering ? recovering : live)++;
+  if (live > 0) return absl::OkStatus();
+  if (recovering > 0) {
+    return absl::UnavailableError(absl::StrCat("no segment mounted: ", recovering,
+                                               " recovered from persistence, awaiting re-mount"));
+  }
+  return absl::UnavailableError("no segment mounted");
+}
+
 uint64_t Master::clients_seen() const {
   MutexLock lock(&clients_mu_);
   return clients_.size();

@@ -60,6 +60,13 @@ class Master {
   // PutEnd or PutRevoke, or until the put timeout reclaims it.
   std::vector<PutStartOut> PutStart(std::vector<PutItem> items, const std::string& client);
 
+  // OK when the master can serve puts and gets: persistence is loaded (a
+  // Master exists only once Recover has finished, so this always holds
+  // here) and at least one segment is LIVE. UNAVAILABLE otherwise, whose
+  // message is the reason ("no segment mounted", or the recovered segments
+  // still awaiting their daemons' re-mount). Cheap; for /ready.
+  absl::Status Readiness() const;
+
   // Liveness and housekeeping; called periodically.
   void Tick();
 

@@ -2,16 +2,46 @@
 
 #include <unistd.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "config/base/http_server.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
+#include "config/units.h"
 #include "httplib.h"
+#include "transport/numa.h"
 
 namespace tierkv::store {
+namespace {
+
+// Checks --numa-node and pins the calling thread to the node's CPUs, so
+// every thread Start creates (engine workers, tcp server, prefault, HTTP)
+// inherits them. Returns the CPUs to restore the caller to afterwards
+// (empty when nothing was changed).
+absl::StatusOr<std::vector<int>> PinToNode(int node) {
+  if (node < 0) return std::vector<int>{};
+  ASSIGN_OR_RETURN(transport::NumaTopology topo, transport::NumaTopology::Load());
+  if (absl::Status s = topo.Check(node); !s.ok()) return Annotate(s, absl::StrCat("--numa-node ", node));
+  const std::vector<int>& cpus = topo.cpus(node);
+  if (cpus.empty()) {
+    TKV_LOG(WARNING) << "NUMA node " << node << " has no CPUs; its memory is used, threads stay unpinned";
+    return std::vector<int>{};
+  }
+  absl::StatusOr<std::vector<int>> previous = transport::PinThisThread(cpus);
+  if (!previous.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("--numa-node ", node, ": ", previous.status().message()));
+  }
+  return previous;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfig& config) {
+  ASSIGN_OR_RETURN(std::vector<int> caller_cpus, PinToNode(static_cast<int>(config.numa_node)));
+  absl::Cleanup restore = [&caller_cpus] {
+    if (!caller_cpus.empty()) (void)transport::PinThisThread(caller_cpus);
+  };
   std::unique_ptr<StoreDaemon> d(new StoreDaemon());
   ASSIGN_OR_RETURN(d->master_, client::MasterClient::Create(config.master));
   transport::EngineOptions eo;
@@ -42,9 +72,26 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   lo.host = host;
   lo.size = config.segment_size;
   lo.prefault = config.prefault;
+  lo.prefault_threads = static_cast<int>(config.prefault_threads);
   lo.hugepages = config.hugepages;
+  lo.mlock = config.mlock;
+  lo.numa_node = static_cast<int>(config.numa_node);
   lo.heartbeat_interval = config.heartbeat_interval;
-  ASSIGN_OR_RETURN(d->lender_, client::SegmentLender::Start(lo, d->engine_.get(), d->master_.get()));
+  absl::StatusOr<std::unique_ptr<client::SegmentLender>> lender =
+      client::SegmentLender::Start(lo, d->engine_.get(), d->master_.get());
+  if (!lender.ok()) {
+    // Name the flag that asked for what this host cannot give.
+    const absl::Status& st = lender.status();
+    if (absl::IsResourceExhausted(st)) {
+      return Annotate(st, absl::StrCat("--segment-size ", FormatSize(config.segment_size)));
+    }
+    if (absl::IsFailedPrecondition(st) && config.mlock) return Annotate(st, "--mlock");
+    if (absl::IsInvalidArgument(st) && config.numa_node >= 0) {
+      return Annotate(st, absl::StrCat("--numa-node ", config.numa_node));
+    }
+    return st;
+  }
+  d->lender_ = std::move(*lender);
 
   d->RegisterMetrics();
   d->http_ = std::make_unique<HttpServer>(HttpServer::Options{.threads = 2, .max_connections = 1024});
@@ -66,6 +113,12 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
     return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", config.listen, ":", config.http_port));
   }
   d->http_thread_ = std::thread([srv = d->http_.get()] { srv->listen_after_bind(); });
+  // httplib's stop() does nothing to a server whose loop has not started
+  // yet, which then serves forever: a SIGTERM right after start would hang
+  // Stop(). Return only once the loop runs.
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!d->http_->is_running() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  if (!d->http_->is_running()) TKV_LOG(WARNING) << "the HTTP server is slow to start";
   return d;
 }
 

@@ -3,11 +3,16 @@
 // re-mount) and answers HTTP /ready, /health and /metrics.
 //
 // /ready is 200 only while the segment is mounted at the master: 503 before
-// the first mount and while the master cannot be reached.
+// the first mount and while the master cannot be reached. The HTTP port
+// opens only after the segment exists (reserved, and with --prefault or
+// --mlock faulted in and locked), so a launcher gated on /ready never
+// sees a daemon whose memory is still a promise.
 //
 // Threads: the transfer engine's (tcp server, workers), the lender's
-// heartbeat thread, and cpp-httplib's pool for HTTP. Stop() unmounts,
-// stops serving and joins everything.
+// heartbeat thread, and cpp-httplib's pool for HTTP; prefault threads run
+// inside Start. With --numa-node all of them are created pinned to that
+// node's CPUs (the caller's own affinity is restored before Start
+// returns). Stop() unmounts, stops serving and joins everything.
 #pragma once
 
 #include <memory>
@@ -28,8 +33,10 @@ class StoreDaemon {
  public:
   // Starts serving at once; mounting happens in the background.
   // INVALID_ARGUMENT for unusable flags (bad master address, metadata URL,
-  // transport name); RESOURCE_EXHAUSTED if the memory cannot be reserved;
-  // UNAVAILABLE if a port cannot be bound.
+  // transport name, a NUMA node this host lacks); RESOURCE_EXHAUSTED if the
+  // memory cannot be had (more than the host or cgroup can back);
+  // FAILED_PRECONDITION if --mlock is refused (RLIMIT_MEMLOCK); UNAVAILABLE
+  // if a port cannot be bound. Messages name the flag.
   static absl::StatusOr<std::unique_ptr<StoreDaemon>> Start(const StoreConfig& config);
   ~StoreDaemon();
 
@@ -37,6 +44,8 @@ class StoreDaemon {
   int http_port() const { return http_port_; }
   bool ready() const { return lender_->mounted(); }
   const std::string& segment() const { return lender_->name(); }
+  // Where the segment's memory is ("cpu:0"), as its descriptor says.
+  std::string location() const { return lender_->location(); }
   void Stop();
 
  private:

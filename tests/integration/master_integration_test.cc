@@ -201,10 +201,16 @@ TEST_F(MasterProcessTest, SigkillAndRestartKeepsTheIndex) {
   master_->Kill(SIGKILL);
   master_->Wait();
   StartMaster({"--segment-ttl=30s"});
-  // Before the daemon re-mounts the objects are held but not served.
+  // Before the daemon re-mounts the objects are held but not served, and
+  // the master is not ready.
   EXPECT_FALSE(Get("k0").hit);
+  auto ready = http_->Get("/ready");
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(ready->status, 503);
+  EXPECT_EQ(ready->body, "no segment mounted: 1 recovered from persistence, awaiting re-mount\n");
   EXPECT_EQ(Heartbeat("seg-a"), std::vector<std::string>{"seg-a"});
   Mount("seg-a");
+  EXPECT_EQ(http_->Get("/ready")->status, 200);
   for (int i = 0; i < 100; ++i) {
     Found r = Get(absl::StrCat("k", i));
     ASSERT_TRUE(r.hit) << i;
@@ -233,6 +239,12 @@ TEST_F(MasterProcessTest, MetadataEndpointRoundTrip) {
   EXPECT_EQ(unknown->status, 404);
   EXPECT_TRUE(json::parse(unknown->body).contains("error"));
   EXPECT_EQ(http_->Get("/health")->status, 200);
+  // Live, but not ready: no segment to put anything in.
+  auto ready = http_->Get("/ready");
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(ready->status, 503);
+  EXPECT_EQ(ready->body, "no segment mounted\n");
+  Mount("seg-r");
   EXPECT_EQ(http_->Get("/ready")->status, 200);
 }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/tierkv.h"
 #include "config/base/crc32c.h"
+#include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/cluster.h"
 #include "tests/support/status_matchers.h"
@@ -251,6 +252,41 @@ TEST_F(StoreClusterTest, ReadinessFollowsTheMountAndSigtermUnmounts) {
     segs = cluster_.HttpGet("/v1/segments", http);
     ASSERT_TRUE(segs.ok());
     EXPECT_EQ(nlohmann::json::parse(*segs).size(), 0u);  // unmounted on the way out
+  }
+}
+
+// The master is ready only while it has somewhere to put data: not before
+// the first daemon mounts, and not after the last one leaves, whether it
+// unmounts (SIGTERM) or is lost (SIGKILL, then the segment TTL).
+TEST_F(StoreClusterTest, MasterReadyWhileASegmentIsMounted) {
+  ASSERT_OK(cluster_.Start({.daemons = 0}));
+  auto ready = [&]() -> std::pair<int, std::string> {
+    httplib::Client http("127.0.0.1", cluster_.http_port());
+    http.set_read_timeout(std::chrono::seconds(5));
+    auto res = http.Get("/ready");
+    return res ? std::pair<int, std::string>{res->status, res->body} : std::pair<int, std::string>{0, ""};
+  };
+  auto wait_for = [&](int status) {
+    absl::Time deadline = absl::Now() + absl::Seconds(15);
+    while (ready().first != status && absl::Now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return ready();
+  };
+  EXPECT_EQ(ready(), (std::pair<int, std::string>{503, "no segment mounted\n"}));
+  EXPECT_TRUE(cluster_.HttpGet("/health").ok());  // live all along
+  std::vector<std::string> args{"--master=" + cluster_.master_address(), "--metadata=" + cluster_.metadata_url(),
+                                "--segment-size=32mib", "--port=0", "--http-port=0",
+                                "--heartbeat-interval=100ms"};
+  for (int sig : {SIGTERM, SIGKILL}) {
+    std::vector<std::string> named = args;
+    named.push_back(absl::StrCat("--name=ready-", sig));
+    auto d = ChildProcess::Start(testing::BinaryPath("tierkv-store"), named);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(wait_for(200), (std::pair<int, std::string>{200, "ready\n"})) << (*d)->Stderr();
+    (*d)->Kill(sig);
+    (*d)->Wait();
+    EXPECT_EQ(wait_for(503), (std::pair<int, std::string>{503, "no segment mounted\n"})) << sig;
   }
 }
 

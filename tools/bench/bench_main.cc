@@ -1,4 +1,4 @@
-// tierkv-bench: master | transfer | store | l1. See config/bench_config.cc.
+// tierkv-bench: master | transfer | store | l1 | memory. See config/bench_config.cc.
 #include <cstdio>
 #include <string>
 
@@ -10,7 +10,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> positional;
   tierkv::BenchConfig config = tierkv::BenchFlags().ParseOrExit(argc, argv, &positional);
   if (positional.size() != 1) {
-    tierkv::ExitWithUsageError("tierkv-bench", "expected one subcommand: master, transfer, store or l1");
+    tierkv::ExitWithUsageError("tierkv-bench", "expected one subcommand: master, transfer, store, l1 or memory");
   }
   tierkv::SetLogLevel(tierkv::LogLevel::kWarning);
   const std::string& cmd = positional[0];
@@ -19,5 +19,6 @@ int main(int argc, char** argv) {
   if (cmd == "transfer") return tierkv::bench::RunTransfer(config);
   if (cmd == "store") return tierkv::bench::RunStore(config);
   if (cmd == "l1") return tierkv::bench::RunL1(config);
+  if (cmd == "memory") return tierkv::bench::RunMemory(config);
   tierkv::ExitWithUsageError("tierkv-bench", "unknown subcommand '" + cmd + "'");
 }

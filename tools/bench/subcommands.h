@@ -9,5 +9,6 @@ int RunMaster(const BenchConfig& config);
 int RunTransfer(const BenchConfig& config);
 int RunStore(const BenchConfig& config);
 int RunL1(const BenchConfig& config);
+int RunMemory(const BenchConfig& config);
 
 }  // namespace tierkv::bench
