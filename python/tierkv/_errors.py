@@ -20,6 +20,8 @@ class Error(Exception):
         return self.message
 
 
+Error.__module__ = "tierkv"
+
 # absl::StatusCode values.
 _CODES = {
     1: ("Cancelled", ()),
