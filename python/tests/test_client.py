@@ -180,44 +180,54 @@ def test_gil_is_released_during_calls(client):
     assert all(np.array_equal(a, b) for a, b in zip(values, outs))
     # Measured holding the GIL: 0.003 blocked, 0.09-0.16 moving data; released:
     # 1.0 blocked, 0.37-1.3 moving data (the copies share the thread's 2 cores).
-    assert shares["blocked put"] > 0.6, shares
-    assert shares["batch_put"] > 0.25 and shares["batch_get_into"] > 0.25, shares
+    assert shares["blocked put"] > 0.4, shares
+    assert shares["batch_put"] > 0.2 and shares["batch_get_into"] > 0.2, shares
 
 
 def test_four_threads_at_once_while_python_runs(client):
+    """Four threads put, get and match at once, correctly, while a pure-Python
+    thread keeps its pace: the calls hold no GIL while C++ works."""
     p = unique("threads")
-    errors = []
-    ticks = [0]
-    stop = threading.Event()
-
-    def spin():
-        while not stop.is_set():
-            ticks[0] += 1
+    rounds, per, size = 4, 8, 512 * 1024
+    keys = [[[f"{p}{w}-{r}-{i}" for i in range(per)] for r in range(rounds)] for w in range(4)]
+    vals = [[[payload(size, w * 1000 + r * 10 + i) for i in range(per)] for r in range(rounds)] for w in range(4)]
+    outs = [[[np.zeros(size, dtype=np.uint8) for _ in range(per)] for _ in range(rounds)] for _ in range(4)]
+    results = [[] for _ in range(4)]
+    # Each round also waits on a master that does not answer: most of the
+    # run is C++ waiting, which a held GIL would turn into a stalled thread.
+    dead = tierkv.Client("127.0.0.1:1", "http://127.0.0.1:1", rpc_timeout=0.25)
 
     def worker(w):
         try:
-            for r in range(5):
-                keys = [f"{p}{w}-{r}-{i}" for i in range(8)]
-                vals = [payload(256 * 1024, w * 1000 + r * 10 + i).tobytes() for i in range(8)]
-                assert client.batch_put(keys, vals) == [None] * 8
-                assert client.batch_get(keys) == vals
-                assert client.prefix_match(keys) == 8
+            for r in range(rounds):
+                results[w].append((client.batch_put(keys[w][r], vals[w][r]),
+                                   client.batch_get_into(keys[w][r], outs[w][r]),
+                                   client.prefix_match(keys[w][r])))
+                with pytest.raises(tierkv.Error):
+                    dead.exists("k")
         except Exception as e:  # reported below
-            errors.append(e)
+            results[w].append(e)
 
-    spinner = threading.Thread(target=spin)
-    spinner.start()
-    start = ticks[0]
-    workers = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=120)
-    stop.set()
-    spinner.join()
-    assert not errors, errors
-    assert all(not w.is_alive() for w in workers)
-    assert ticks[0] - start > 1000
+    def run_workers():
+        workers = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout=120)
+        assert all(not w.is_alive() for w in workers)
+
+    spinner = Spinner()
+    try:
+        share = spinner.share_during(run_workers)
+    finally:
+        spinner.close()
+        dead.close()
+    for w in range(4):
+        assert results[w] == [([None] * per, [size] * per, per)] * rounds, results[w]
+        for r in range(rounds):
+            assert all(np.array_equal(a, b) for a, b in zip(vals[w][r], outs[w][r]))
+    # Measured: 0.01-0.02 holding the GIL in the calls, 0.74-0.94 releasing it.
+    assert share > 0.4, share
 
 
 def test_unreachable_master_raises_a_status_exception():
