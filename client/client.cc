@@ -62,6 +62,14 @@ std::string LocalHostName() {
 
 uint64_t StoredSize(uint64_t value_size) { return value_size + kTrailer; }
 
+absl::StatusOr<std::string> DiscoverMetadata(const std::string& master, absl::Duration timeout) {
+  ASSIGN_OR_RETURN(std::unique_ptr<MasterClient> m, MasterClient::Create(master, {timeout, 64 << 20, ""}));
+  ASSIGN_OR_RETURN(v1::StatsResponse stats, m->Stats());
+  if (stats.http_port() == 0) return absl::NotFoundError(absl::StrCat("master ", master, " reports no HTTP port"));
+  size_t colon = master.rfind(':');
+  return absl::StrCat("http://", master.substr(0, colon), ":", stats.http_port());
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   std::unique_ptr<Client> c(new Client());
   if (options.client_id.empty()) options.client_id = RandomId().substr(0, 12);
@@ -446,5 +454,7 @@ absl::Status Client::Remove(const std::string& key, bool force) {
   ASSIGN_OR_RETURN(v1::KeysResponse r, master_->Remove({key}, force));
   return FromItem(r.status(0));
 }
+
+absl::StatusOr<uint64_t> Client::RemoveAll(bool force) { return master_->RemoveAll(force); }
 
 }  // namespace tierkv::client

@@ -116,6 +116,9 @@ class Client {
   absl::StatusOr<size_t> PrefixMatch(const std::vector<std::string>& keys);
   // NOT_FOUND; FAILED_PRECONDITION while leased unless `force`.
   absl::Status Remove(const std::string& key, bool force = false);
+  // Removes every complete object; leased ones (being read) stay unless
+  // `force`. How many were removed; UNAVAILABLE when the master is away.
+  absl::StatusOr<uint64_t> RemoveAll(bool force = false);
 
   // For transports that need registered local memory.
   absl::Status RegisterMemory(void* addr, size_t length);
@@ -141,6 +144,14 @@ class Client {
   std::unique_ptr<internal::TrailerArena> trailers_;  // registered with engine_
   std::unique_ptr<class SegmentLender> lender_;
 };
+
+// http://host:port of the metadata server of the master at `master`
+// (host:port): the host from `master`, the port the master reports. For
+// clients told only where the master is (Mooncake's "P2PHANDSHAKE").
+// UNAVAILABLE when the master cannot be reached; NOT_FOUND from a master
+// that does not report its HTTP port.
+absl::StatusOr<std::string> DiscoverMetadata(const std::string& master,
+                                             absl::Duration timeout = absl::Seconds(5));
 
 // Bytes a value of `size` occupies in the store (value + checksum trailer).
 uint64_t StoredSize(uint64_t value_size);

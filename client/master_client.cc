@@ -167,6 +167,15 @@ absl::StatusOr<v1::KeysResponse> MasterClient::Remove(const std::vector<std::str
   return resp;
 }
 
+absl::StatusOr<uint64_t> MasterClient::RemoveAll(bool force) {
+  v1::RemoveAllRequest req;
+  req.set_force(force);
+  v1::RemoveAllResponse resp;
+  absl::Status s = Invoke("RemoveAll", req, &resp, false, TIERKV_CALL(RemoveAll));
+  if (!s.ok()) return s;
+  return resp.removed();
+}
+
 absl::StatusOr<v1::StatsResponse> MasterClient::Stats() {
   v1::StatsResponse resp;
   absl::Status s = Invoke("Stats", v1::StatsRequest(), &resp, true, TIERKV_CALL(Stats));

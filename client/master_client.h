@@ -45,6 +45,8 @@ class MasterClient {
   absl::StatusOr<std::vector<bool>> Exists(const std::vector<std::string>& keys);
   absl::StatusOr<uint32_t> PrefixMatch(const std::vector<std::string>& keys);
   absl::StatusOr<v1::KeysResponse> Remove(const std::vector<std::string>& keys, bool force);
+  // How many objects were removed; leased ones stay unless `force`.
+  absl::StatusOr<uint64_t> RemoveAll(bool force);
   absl::StatusOr<v1::StatsResponse> Stats();
 
   const std::string& address() const { return address_; }

@@ -13,6 +13,8 @@
 // runs the RPC and HTTP pools and a ticker that calls Tick().
 #pragma once
 
+#include <atomic>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,6 +87,10 @@ class Master {
   const MasterOptions& options() const { return options_; }
   Clock* clock() const { return clock_; }
   uint64_t clients_seen() const;
+  // The port the master's HTTP server bound (0 until it has), reported by
+  // Stats so clients told only the RPC address find the metadata server.
+  void set_http_port(int port) { http_port_.store(port, std::memory_order_relaxed); }
+  int http_port() const { return http_port_.load(std::memory_order_relaxed); }
 
  private:
   Master(MasterOptions options, std::unique_ptr<IndexStore> store, Clock* clock);
@@ -102,6 +108,7 @@ class Master {
   mutable Mutex clients_mu_;
   absl::flat_hash_map<std::string, absl::Time> clients_ ABSL_GUARDED_BY(clients_mu_);
   metrics::Counter* pending_refused_ = nullptr;
+  std::atomic<int> http_port_{0};
 };
 
 }  // namespace tierkv::master

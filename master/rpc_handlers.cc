@@ -154,6 +154,7 @@ void Stats(Master* m, const v1::StatsRequest&, v1::StatsResponse* resp) {
   resp->set_used_bytes(used);
   resp->set_capacity_bytes(capacity);
   resp->set_segments(resp->segment_info_size());
+  resp->set_http_port(static_cast<uint32_t>(m->http_port()));
 }
 
 void RemoveAll(Master* m, const v1::RemoveAllRequest& req, v1::RemoveAllResponse* resp) {

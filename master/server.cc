@@ -59,6 +59,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
     return absl::UnavailableError(
         absl::StrCat("cannot serve HTTP on ", config.listen, ":", config.http_port));
   }
+  s->master_->set_http_port(s->http_port_);
   s->http_thread_ = std::thread([srv = s->http_.get()] { srv->listen_after_bind(); });
   s->ticker_ = std::thread([srv = s.get(), interval = config.check_interval] { srv->TickLoop(interval); });
   return s;

@@ -195,6 +195,32 @@ TEST_F(StoreClusterTest, PrefixMatchAndGroups) {
   EXPECT_THAT(client->Get("tp-0"), StatusIs(absl::StatusCode::kNotFound));
 }
 
+// RemoveAll empties the cluster but for objects under a read lease, which
+// stay until force; clients told only the master find the metadata server.
+TEST_F(StoreClusterTest, RemoveAllObeysLeasesAndMetadataIsDiscovered) {
+  ASSERT_OK(cluster_.Start({.daemons = 1, .segment_size = "64mib"}));
+  auto discovered = client::DiscoverMetadata(cluster_.master_address());
+  ASSERT_OK(discovered.status());
+  EXPECT_EQ(*discovered, cluster_.metadata_url());
+  auto client = Client();
+  std::vector<client::PutItem> items;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 20; ++i) keys.push_back(absl::StrCat("all-", i));
+  std::string value = ValueFor("all", 4096);
+  for (const auto& k : keys) items.push_back({k, value});
+  for (const auto& s : client->BatchPut(items)) ASSERT_OK(s);
+  ASSERT_OK(client->Get("all-0").status());  // leases all-0
+  absl::StatusOr<uint64_t> removed = client->RemoveAll();
+  ASSERT_OK(removed.status());
+  EXPECT_EQ(*removed, 19u);
+  EXPECT_EQ(*client->PrefixMatch(keys), 1u);
+  removed = client->RemoveAll(/*force=*/true);
+  ASSERT_OK(removed.status());
+  EXPECT_EQ(*removed, 1u);
+  EXPECT_EQ(*client->BatchExists(keys), std::vector<bool>(20, false));
+  EXPECT_EQ(Stats()["objects"], 0);
+}
+
 TEST_F(StoreClusterTest, BinaryKeysAreKeysLikeAnyOther) {
   // Page hashes as raw bytes, not UTF-8: one of them must not fail a batch.
   ASSERT_OK(cluster_.Start({.daemons = 1, .segment_size = "64mib"}));

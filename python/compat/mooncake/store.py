@@ -1,0 +1,3 @@
+"""mooncake.store served by tierkv (tierkv.mooncake_compat)."""
+from tierkv.mooncake_compat import *  # noqa: F401,F403
+from tierkv.mooncake_compat import MooncakeDistributedStore, ReplicateConfig  # noqa: F401

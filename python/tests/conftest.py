@@ -1,0 +1,170 @@
+"""Fixtures: a real tierkv-master and tierkv-store daemons on loopback.
+
+Binaries come from TIERKV_BIN_DIR (ctest sets it to build/tools). Every
+process binds port 0 and prints `listening ...` as its first stdout line,
+which is how the fixture learns its ports. Waits poll a condition with a
+deadline; nothing sleeps to synchronise.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIN_DIR = os.environ.get("TIERKV_BIN_DIR", os.path.join(ROOT, "build", "tools"))
+
+
+class Process:
+    """A child binary; stderr goes to a file shown when a test fails."""
+
+    def __init__(self, name, args):
+        self.name = name
+        self.log = tempfile.NamedTemporaryFile(prefix=f"tierkv-{name}-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen([os.path.join(BIN_DIR, name)] + args, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True)
+        line = self._first_line(timeout=20)
+        m = re.match(r"listening (\w+)=(\d+) http=(\d+)", line or "")
+        if not m:
+            self.kill()
+            raise RuntimeError(f"{name} did not start: {line!r}\n{self.logs()}")
+        self.port = int(m.group(2))
+        self.http_port = int(m.group(3))
+        # Keep draining stdout so the child never blocks on a full pipe.
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
+
+    def _first_line(self, timeout):
+        out = []
+        t = threading.Thread(target=lambda: out.append(self.proc.stdout.readline()), daemon=True)
+        t.start()
+        t.join(timeout)
+        return out[0].strip() if out else None
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.alive():
+            self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def logs(self):
+        self.log.flush()
+        with open(self.log.name, errors="replace") as f:
+            return f.read()[-4000:]
+
+
+class Cluster:
+    """A master and `daemons` store daemons on 127.0.0.1."""
+
+    def __init__(self, daemons=2, segment_size="256mib"):
+        self.segment_size = segment_size
+        self.master = Process("tierkv-master", ["--rpc-port=0", "--http-port=0", "--segment-ttl=1s",
+                                                "--check-interval=100ms"])
+        self.daemons = []
+        for i in range(daemons):
+            self.add_daemon(i)
+        self.wait_live(daemons)
+
+    @property
+    def master_address(self):
+        return f"127.0.0.1:{self.master.port}"
+
+    @property
+    def metadata_url(self):
+        return f"http://127.0.0.1:{self.master.http_port}"
+
+    def add_daemon(self, i):
+        d = Process("tierkv-store", [f"--master={self.master_address}", f"--metadata={self.metadata_url}",
+                                     f"--segment-size={self.segment_size}", "--port=0", "--http-port=0",
+                                     "--heartbeat-interval=200ms", f"--name=daemon-{i}"])
+        self.daemons.append(d)
+        return d
+
+    def segments(self):
+        with urllib.request.urlopen(self.metadata_url + "/v1/segments", timeout=5) as r:
+            return json.loads(r.read())
+
+    def wait_live(self, n, timeout=20):
+        deadline = time.monotonic() + timeout
+        live = -1
+        while time.monotonic() < deadline:
+            try:
+                live = sum(s.get("state") == "live" for s in self.segments())
+                if live == n:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"only {live} of {n} segments live\n{self.logs()}")
+
+    def wait_gone(self, i, timeout=20):
+        """Until daemon i's segment has left the master's live set."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not any(s.get("name") == f"daemon-{i}" and s.get("state") == "live" for s in self.segments()):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"daemon-{i} still live\n{self.logs()}")
+
+    def logs(self):
+        out = "--- master\n" + self.master.logs()
+        for i, d in enumerate(self.daemons):
+            out += f"\n--- daemon {i}\n" + d.logs()
+        return out
+
+    def stop(self):
+        for d in self.daemons:
+            d.kill(signal.SIGTERM)
+        self.master.kill(signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def fresh_cluster():
+    """A cluster of its own, for tests that kill processes."""
+    c = Cluster()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def client(cluster):
+    import tierkv
+    c = tierkv.Client(cluster.master_address, cluster.metadata_url, transfer_timeout=10)
+    c.remove_all(force=True)
+    yield c
+    c.close()
+
+
+def unique(prefix):
+    """A key prefix no other test uses."""
+    unique.n += 1
+    return f"{prefix}-{os.getpid()}-{unique.n}-"
+
+
+unique.n = 0
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # No tests collected (pytest's exit status 5) is a failure here, never a pass.
+    if session.testscollected == 0:
+        session.exitstatus = 1

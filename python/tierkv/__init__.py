@@ -1,0 +1,199 @@
+"""tierkv: the Python client of the tierkv distributed KV-cache store.
+
+    import tierkv
+    c = tierkv.Client("10.0.0.1:50051")          # metadata URL from the master
+    c.put("page-1", b"...")                        # or any buffer (numpy, torch, memoryview)
+    value = c.get("page-1")                        # bytes, or None on a miss
+    n = c.get_into("page-1", out_array)            # into a writable buffer, zero-copy
+
+Every call releases the GIL while the C++ client works, so Python threads
+run meanwhile. Single-key calls raise an Error subclass that names the status
+(tierkv.Unavailable, tierkv.AlreadyExists, ...); a read miss is None. Batch
+calls never raise for one key: they return one entry per key.
+
+Faces: tierkv.Client (this module), tierkv.mooncake_compat (Mooncake's Python
+store API), tierkv.sglang (HiCache storage backend), tierkv.lmcache.
+"""
+
+from . import _errors
+from ._errors import *  # noqa: F401,F403  (Error and one class per status)
+from ._errors import Error, from_status
+from ._tierkv import buffer_address, discover_metadata, stored_size
+from ._tierkv import _Client
+
+__all__ = ["Client", "Error", "buffer_address", "discover_metadata", "stored_size"] + [
+    n for n in _errors.__all__ if n not in ("from_status", "CODE_NAMES")]
+
+
+def _key(k):
+    return k if isinstance(k, (str, bytes)) else str(k)
+
+
+def _results(pair, ok_value):
+    """One entry per key from the module's (values, errors) batch answer:
+    ok_value(v) where it succeeded, the Error where it did not."""
+    values, errors = pair
+    out = [ok_value(v) for v in values]
+    for i, code, msg in errors:
+        out[i] = from_status(code, msg)
+    return out
+
+
+class Client:
+    """The C++ client (client::Client). Thread-safe: share one per process.
+
+    master: host:port of the master's RPC port. metadata: http://host:port of
+    the metadata server; None asks the master for it. lend_size: bytes of this
+    process's memory lent to the cluster as a segment (0: none).
+    Timeouts are in seconds. Raises Unavailable when the master cannot be
+    reached, InvalidArgument for bad options.
+    """
+
+    def __init__(self, master="127.0.0.1:50051", metadata=None, *, transports=None, rdma_devices=None,
+                 lend_size=0, lend_name="", host="", client_id="", listen="127.0.0.1", rpc_timeout=5.0,
+                 transfer_timeout=30.0, verify_checksums=True, connections=4, workers=4):
+        if not metadata:
+            metadata = discover_metadata(master, rpc_timeout)
+        self._c = _Client(master, metadata, list(transports or []), list(rdma_devices or []), int(lend_size),
+                          lend_name, host, client_id, listen, float(rpc_timeout), float(transfer_timeout),
+                          bool(verify_checksums), int(connections), int(workers))
+        self.master = master
+        self.metadata = metadata
+
+    def close(self):
+        """Stops the client (and unlends its segment). Later calls raise FailedPrecondition."""
+        self._c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- writes ---------------------------------------------------------
+    def put(self, key, value, *, replicas=1, preferred_segment="", soft_pin=False, group="", parent_key=""):
+        """Stores `value` (any C-contiguous buffer, read in place). AlreadyExists
+        if the key is present (first writer wins); ResourceExhausted when full."""
+        self._c.put(_key(key), value, replicas, preferred_segment, soft_pin, group, parent_key)
+
+    def put_ptr(self, key, ptr, size, *, replicas=1, preferred_segment="", soft_pin=False, group="",
+                parent_key=""):
+        """Stores `size` bytes at address `ptr` (memory the caller keeps alive for the call)."""
+        self._c.put_ptr(_key(key), int(ptr), int(size), replicas, preferred_segment, soft_pin, group,
+                        parent_key)
+
+    def put_parts(self, key, *parts, replicas=1, preferred_segment="", soft_pin=False):
+        """Stores the concatenation of `parts` as one value."""
+        self._c.put_parts(_key(key), list(parts), replicas, preferred_segment, soft_pin)
+
+    def batch_put(self, keys, values, *, groups=None, parent_keys=None, replicas=1, preferred_segment="",
+                  soft_pin=False):
+        """One entry per key: None where stored, the Error otherwise. Items with
+        the same group become visible and leave together; parent_keys[i] is the
+        previous page of the same prefix. InvalidArgument if lengths differ."""
+        return _results(self._c.batch_put([_key(k) for k in keys], list(values), list(groups or []),
+                                          list(parent_keys or []), replicas, preferred_segment, soft_pin),
+                        lambda v: None)
+
+    def batch_put_ptrs(self, keys, ptrs, sizes, *, groups=None, parent_keys=None, replicas=1,
+                       preferred_segment="", soft_pin=False):
+        """batch_put from (address, size) pairs."""
+        return _results(self._c.batch_put_ptrs([_key(k) for k in keys], [int(p) for p in ptrs],
+                                               [int(s) for s in sizes], list(groups or []),
+                                               list(parent_keys or []), replicas, preferred_segment, soft_pin),
+                        lambda v: None)
+
+    # --- reads ----------------------------------------------------------
+    def get(self, key):
+        """The value as bytes, or None on a miss. DataLoss on a checksum mismatch."""
+        return self._c.get(_key(key))
+
+    def __getitem__(self, key):
+        v = self.get(key)
+        if v is None:
+            raise KeyError(key)
+        return v
+
+    def __contains__(self, key):
+        return self.exists(key)
+
+    def get_into(self, key, out):
+        """Reads into the writable buffer `out`; the value's size, or None on a
+        miss. InvalidArgument if `out` is too small."""
+        return self._c.get_into(_key(key), out)
+
+    def get_into_ptr(self, key, ptr, size):
+        """get_into for `size` bytes at address `ptr`."""
+        return self._c.get_into_ptr(_key(key), int(ptr), int(size))
+
+    def batch_get(self, keys):
+        """One entry per key: bytes, None on a miss, or the Error."""
+        out = []
+        for v in self._c.batch_get([_key(k) for k in keys]):
+            if isinstance(v, bytes):
+                out.append(v)
+            elif v[0] == 5:  # NOT_FOUND
+                out.append(None)
+            else:
+                out.append(from_status(*v))
+        return out
+
+    def batch_get_into(self, keys, outs, *, timeout=0.0):
+        """One entry per key: the size read into outs[i], None on a miss, or the
+        Error. `timeout` (seconds, 0: the client's) bounds the transfer."""
+        return self._sizes(self._c.batch_get_into([_key(k) for k in keys], list(outs), float(timeout)))
+
+    def batch_get_into_ptrs(self, keys, ptrs, sizes, *, timeout=0.0):
+        """batch_get_into for (address, size) pairs."""
+        return self._sizes(self._c.batch_get_into_ptrs([_key(k) for k in keys], [int(p) for p in ptrs],
+                                                       [int(s) for s in sizes], float(timeout)))
+
+    @staticmethod
+    def _sizes(pair):
+        values, errors = pair
+        out = list(values)
+        for i, code, msg in errors:
+            out[i] = None if code == 5 else from_status(code, msg)
+        return out
+
+    # --- lookups and removal --------------------------------------------
+    def exists(self, key):
+        return self._c.exists(_key(key))
+
+    def batch_exists(self, keys):
+        return self._c.batch_exists([_key(k) for k in keys])
+
+    def prefix_match(self, keys):
+        """How many leading keys are present (one server-side lookup)."""
+        return self._c.prefix_match([_key(k) for k in keys])
+
+    def remove(self, key, *, force=False):
+        """NotFound (a KeyError) if absent; FailedPrecondition while being read unless force."""
+        self._c.remove(_key(key), force)
+
+    def remove_all(self, *, force=False):
+        """Removes every object (leased ones stay unless force); how many were removed."""
+        return self._c.remove_all(force)
+
+    # --- memory and state -----------------------------------------------
+    def register_memory(self, ptr, size):
+        """Registers [ptr, ptr+size) for transports that need it (rdma)."""
+        self._c.register_memory(int(ptr), int(size))
+
+    def unregister_memory(self, ptr):
+        self._c.unregister_memory(int(ptr))
+
+    def register_buffer(self, buf):
+        """Registers a Python buffer (kept alive by the caller); its address."""
+        ptr, size = buffer_address(buf)
+        self.register_memory(ptr, size)
+        return ptr
+
+    def stats(self):
+        """The master's counters: objects, used_bytes, capacity_bytes, segments, ..."""
+        return self._c.stats()
+
+    @property
+    def local_segment(self):
+        """The lent segment's name ("" when not lending)."""
+        return self._c.local_segment

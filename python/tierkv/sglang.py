@@ -1,0 +1,266 @@
+"""tierkv as an SGLang HiCache storage backend (L3 under the host pool).
+
+    python -m sglang.launch_server ... --enable-hierarchical-cache \\
+      --hicache-storage-backend dynamic \\
+      --hicache-storage-backend-extra-config '{"backend_name":"tierkv",
+          "module_path":"tierkv.sglang","class_name":"TierkvStore","interface_v1":1,
+          "master_server_address":"10.0.0.1:50051"}'
+
+Keys follow the layout of SGLang's Mooncake backend, so both can share a
+cluster: an MHA page `h` on TP rank r is two objects, `h_r_k` and `h_r_v`
+(`h_r_p_k`/`_v` with pipeline ranks); an MLA page is one, `h_k`. Beyond
+that backend: K and V of a page form one group (visible and evicted
+together), each page names the previous page as its parent (prefix-aware
+eviction), and batch_exists is ONE server-side PrefixMatch.
+
+batch_get_v1/batch_set_v1 move pages between the registered host pool and
+the store with no copy: the pool's page addresses (get_page_buffer_meta)
+are read and written in place. They return one bool per key, never None,
+and never raise on a store or network error (a failed page is False).
+
+extra_config keys (all optional but the master): master_server_address (or
+TIERKV_MASTER), metadata_server ("P2PHANDSHAKE": ask the master),
+global_segment_size (bytes this process lends, default 0), protocol
+("tcp"/"rdma"), rdma_devices, replicas, transfer_timeout, rpc_timeout.
+"""
+
+import logging
+import os
+import threading
+
+from . import Client, Error
+
+log = logging.getLogger("tierkv.sglang")
+
+try:  # subclass SGLang's base where SGLang is installed
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as _Base
+except ImportError:  # SGLang is absent: the documented interface, stand-alone
+    class _Base:
+        """Stand-in for sglang.srt.mem_cache.hicache_storage.HiCacheStorage."""
+
+        def register_mem_pool_host(self, mem_pool_host):
+            self.mem_pool_host = mem_pool_host
+
+
+def _cfg(storage_config, name, default=None):
+    if storage_config is None:
+        return default
+    if isinstance(storage_config, dict):
+        return storage_config.get(name, default)
+    return getattr(storage_config, name, default)
+
+
+def _address(x):
+    """(address, nbytes) of a torch tensor, numpy array or buffer."""
+    if hasattr(x, "data_ptr"):
+        return x.data_ptr(), x.numel() * x.element_size()
+    from . import buffer_address
+    return buffer_address(x, True)
+
+
+class TierkvStore(_Base):
+    """HiCacheStorage over tierkv. Thread-safe (SGLang calls it from its
+    prefetch and backup threads at once)."""
+
+    def __init__(self, storage_config=None, kwargs=None):
+        extra = dict(_cfg(storage_config, "extra_config", None) or {})
+        extra.update(kwargs or {})
+        self.tp_rank = int(_cfg(storage_config, "tp_rank", 0) or 0)
+        self.tp_size = int(_cfg(storage_config, "tp_size", 1) or 1)
+        self.pp_rank = int(_cfg(storage_config, "pp_rank", 0) or 0)
+        self.pp_size = int(_cfg(storage_config, "pp_size", 1) or 1)
+        self.is_mla = bool(_cfg(storage_config, "is_mla_model", False))
+        self.suffix = f"{self.tp_rank}_{self.pp_rank}" if self.pp_size > 1 else f"{self.tp_rank}"
+        master = extra.get("master_server_address") or os.environ.get("TIERKV_MASTER", "127.0.0.1:50051")
+        metadata = extra.get("metadata_server") or None
+        if metadata == "P2PHANDSHAKE":
+            metadata = None
+        elif metadata and metadata.endswith("/metadata"):
+            metadata = metadata[: -len("/metadata")]
+        protocol = str(extra.get("protocol", "tcp")).lower()
+        transports = ["rdma", "tcp"] if protocol == "rdma" else ["shm", "tcp"]
+        devices = [d for d in str(extra.get("rdma_devices", "") or "").split(",") if d]
+        self.replicas = int(extra.get("replicas", 1))
+        opts = dict(transports=transports, rdma_devices=devices,
+                    lend_size=int(extra.get("global_segment_size", 0) or 0),
+                    rpc_timeout=float(extra.get("rpc_timeout", 5.0)),
+                    transfer_timeout=float(extra.get("transfer_timeout", 30.0)))
+        try:
+            self.client = Client(master, metadata, **opts)
+        except Error as e:
+            if protocol != "rdma":
+                raise
+            log.warning("rdma unusable (%s); falling back to tcp", e)
+            opts.update(transports=["shm", "tcp"], rdma_devices=[])
+            self.client = Client(master, metadata, **opts)
+        self.mem_pool_host = None
+        self._registered = None
+        self._stats_lock = threading.Lock()
+        self._stats = {"exists_pages_asked": 0, "exists_pages_found": 0, "get_pages": 0, "get_pages_ok": 0,
+                       "set_pages": 0, "set_pages_ok": 0}
+
+    # --- keys -----------------------------------------------------------
+    def _object_keys(self, key):
+        if self.is_mla:
+            return [f"{key}_k"]
+        return [f"{key}_{self.suffix}_k", f"{key}_{self.suffix}_v"]
+
+    def _flat_keys(self, keys):
+        return [k for key in keys for k in self._object_keys(key)]
+
+    def _count(self, **kw):
+        with self._stats_lock:
+            for k, v in kw.items():
+                self._stats[k] += v
+
+    # --- pool -----------------------------------------------------------
+    def register_mem_pool_host(self, mem_pool_host):
+        """Registers the whole host pool once, so every page moves in place."""
+        super().register_mem_pool_host(mem_pool_host)
+        self.mem_pool_host = mem_pool_host
+        ptr, size = _address(mem_pool_host.kv_buffer)
+        try:
+            self.client.register_memory(ptr, size)
+            self._registered = ptr
+        except Error as e:  # still works over transports that need no registration
+            log.warning("cannot register the host pool: %s", e)
+
+    def _page_meta(self, keys, host_indices):
+        page = self.mem_pool_host.page_size
+        if len(host_indices) != len(keys) * page:
+            raise ValueError(f"{len(keys)} keys need {len(keys) * page} host indices, got {len(host_indices)}")
+        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+        return [int(p) for p in ptrs], [int(s) for s in sizes]
+
+    def _per_page(self, ok_flags):
+        m = 1 if self.is_mla else 2
+        return [all(ok_flags[i * m:(i + 1) * m]) for i in range(len(ok_flags) // m)]
+
+    # --- interface_v1 ---------------------------------------------------
+    def batch_get_v1(self, keys, host_indices, extra_info=None):
+        """Reads pages into the host pool at host_indices; True per page read."""
+        if not keys:
+            return []
+        ptrs, sizes = self._page_meta(keys, host_indices)
+        flat = self._flat_keys(keys)
+        try:
+            got = self.client.batch_get_into_ptrs(flat, ptrs, sizes)
+        except Error as e:
+            log.warning("batch_get_v1 of %d pages failed: %s", len(keys), e)
+            got = [None] * len(flat)
+        ok = self._per_page([isinstance(g, int) and not isinstance(g, bool) and g == s
+                             for g, s in zip(got, sizes)])
+        self._count(get_pages=len(keys), get_pages_ok=sum(ok))
+        return ok
+
+    def batch_set_v1(self, keys, host_indices, extra_info=None):
+        """Writes pages from the host pool; True per page stored (or present)."""
+        if not keys:
+            return []
+        ptrs, sizes = self._page_meta(keys, host_indices)
+        m = 1 if self.is_mla else 2
+        prefix = list(getattr(extra_info, "prefix_keys", None) or [])
+        parent = self._object_keys(prefix[-1])[0] if prefix else ""
+        flat, groups, parents = [], [], []
+        for key in keys:
+            objs = self._object_keys(key)
+            flat += objs
+            groups += [objs[0]] * m if m > 1 else [""]
+            parents += [parent] * m
+            parent = objs[0]
+        try:
+            res = self.client.batch_put_ptrs(flat, ptrs, sizes, groups=groups, parent_keys=parents,
+                                             replicas=self.replicas)
+        except Error as e:
+            log.warning("batch_set_v1 of %d pages failed: %s", len(keys), e)
+            res = [e] * len(flat)
+        # A page that is already there is stored (first writer wins).
+        ok = self._per_page([r is None or getattr(r, "code", None) == 6 for r in res])
+        self._count(set_pages=len(keys), set_pages_ok=sum(ok))
+        return ok
+
+    def batch_exists(self, keys, extra_info=None):
+        """How many leading pages are present: one server-side PrefixMatch."""
+        if not keys:
+            return 0
+        try:
+            n = self.client.prefix_match(self._flat_keys(keys)) // (1 if self.is_mla else 2)
+        except Error as e:
+            log.warning("batch_exists failed: %s", e)
+            n = 0
+        self._count(exists_pages_asked=len(keys), exists_pages_found=n)
+        return n
+
+    # --- the older interface --------------------------------------------
+    def exists(self, key):
+        return self.batch_exists([key]) == 1
+
+    def set(self, key, value=None, target_location=None, target_sizes=None):
+        return self.batch_set([key], [value] if value is not None else None,
+                              [target_location] if target_location is not None else None,
+                              [target_sizes] if target_sizes is not None else None)
+
+    def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
+        """Stores whole values (tensors/buffers, or addresses with sizes) under
+        the keys as given; True when every key is stored."""
+        if not keys:
+            return True
+        try:
+            if values is not None:
+                ptrs, sizes = zip(*(_address(v) for v in values))
+            else:
+                ptrs, sizes = target_locations, target_sizes
+            res = self.client.batch_put_ptrs(list(keys), list(ptrs), list(sizes), replicas=self.replicas)
+        except (Error, TypeError, ValueError) as e:
+            log.warning("batch_set failed: %s", e)
+            return False
+        return all(r is None or getattr(r, "code", None) == 6 for r in res)
+
+    def get(self, key, target_location=None, target_sizes=None):
+        out = self.batch_get([key], [target_location] if target_location is not None else None,
+                             [target_sizes] if target_sizes is not None else None)
+        return out[0] if out else None
+
+    def batch_get(self, keys, target_locations=None, target_sizes=None):
+        """Into target_locations (tensors/buffers or addresses with sizes):
+        per key the target, or None where it was not read. Without targets,
+        the values as bytes (None on a miss)."""
+        if target_locations is None:
+            try:
+                return [v if isinstance(v, bytes) else None for v in self.client.batch_get(list(keys))]
+            except Error:
+                return [None] * len(keys)
+        try:
+            if target_sizes is None:
+                ptrs, sizes = zip(*(_address(t) for t in target_locations))
+            else:
+                ptrs, sizes = target_locations, target_sizes
+            got = self.client.batch_get_into_ptrs(list(keys), list(ptrs), list(sizes))
+        except (Error, TypeError, ValueError) as e:
+            log.warning("batch_get failed: %s", e)
+            return [None] * len(keys)
+        return [t if isinstance(g, int) else None for g, t in zip(got, target_locations)]
+
+    # --- housekeeping ---------------------------------------------------
+    def clear(self):
+        """Removes every object in the cluster (leased ones stay until read)."""
+        try:
+            self.client.remove_all()
+        except Error as e:
+            log.warning("clear failed: %s", e)
+
+    def get_stats(self):
+        """Pages asked and found by batch_exists, read and written by the v1 calls."""
+        with self._stats_lock:
+            return dict(self._stats)
+
+    def close(self):
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
