@@ -131,7 +131,7 @@ absl::StatusOr<v1::KeysResponse> MasterClient::PutRevoke(const std::vector<std::
 
 absl::StatusOr<v1::GetReplicasResponse> MasterClient::GetReplicas(const std::vector<std::string>& keys) {
   v1::GetReplicasResponse resp;
-  absl::Status s = Invoke("GetReplicas", KeysOf(keys), &resp, true, TIERKV_CALL(GetReplicas));
+  absl::Status s = Invoke("GetReplicas", KeysOf(keys, options_.client_id), &resp, true, TIERKV_CALL(GetReplicas));
   if (!s.ok()) return s;
   if (resp.sizes_size() != static_cast<int>(keys.size()) ||
       resp.replica_counts_size() != static_cast<int>(keys.size()) ||
@@ -143,7 +143,7 @@ absl::StatusOr<v1::GetReplicasResponse> MasterClient::GetReplicas(const std::vec
 
 absl::StatusOr<std::vector<bool>> MasterClient::Exists(const std::vector<std::string>& keys) {
   v1::ExistsResponse resp;
-  absl::Status s = Invoke("Exists", KeysOf(keys), &resp, true, TIERKV_CALL(Exists));
+  absl::Status s = Invoke("Exists", KeysOf(keys, options_.client_id), &resp, true, TIERKV_CALL(Exists));
   if (!s.ok()) return s;
   if (resp.present_size() != static_cast<int>(keys.size())) return absl::InternalError("malformed Exists reply");
   return std::vector<bool>(resp.present().begin(), resp.present().end());
@@ -151,7 +151,7 @@ absl::StatusOr<std::vector<bool>> MasterClient::Exists(const std::vector<std::st
 
 absl::StatusOr<uint32_t> MasterClient::PrefixMatch(const std::vector<std::string>& keys) {
   v1::PrefixMatchResponse resp;
-  absl::Status s = Invoke("PrefixMatch", KeysOf(keys), &resp, true, TIERKV_CALL(PrefixMatch));
+  absl::Status s = Invoke("PrefixMatch", KeysOf(keys, options_.client_id), &resp, true, TIERKV_CALL(PrefixMatch));
   if (!s.ok()) return s;
   return std::min<uint32_t>(resp.matched(), static_cast<uint32_t>(keys.size()));
 }

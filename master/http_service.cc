@@ -126,6 +126,22 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
   });
   server->Get("/v1/stats", [=](const httplib::Request&, httplib::Response& res) {
     IndexStats st = master->index().Stats();
+    // What clients asked and found, per call, cumulative and windowed.
+    json queries = {{"window_s", absl::ToDoubleSeconds(master->queries().window())}, {"clients", json::array()}};
+    for (const QueryStats::Row& r : master->queries().Snapshot(master->clock()->Now())) {
+      json row = {{"client", r.client}};
+      for (int k = 0; k < QueryStats::kKinds; ++k) {
+        const char* name = QueryStats::KindName(static_cast<QueryStats::Kind>(k));
+        auto rate = [](const QueryStats::Counts& c) { return c.asked ? static_cast<double>(c.found) / c.asked : 0.0; };
+        row[name] = {{"pages_asked", r.total[k].asked},
+                     {"pages_found", r.total[k].found},
+                     {"hit_rate", rate(r.total[k])},
+                     {"window_pages_asked", r.window[k].asked},
+                     {"window_pages_found", r.window[k].found},
+                     {"window_hit_rate", rate(r.window[k])}};
+      }
+      queries["clients"].push_back(std::move(row));
+    }
     uint64_t used = master->registry().used(), capacity = master->registry().capacity();
     SendJson(res, 200,
              {{"objects", st.objects},
@@ -139,7 +155,8 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
               {"used_bytes", used},
               {"capacity_bytes", capacity},
               {"segments", master->registry().Snapshot().size()},
-              {"clients", master->clients_seen()}});
+              {"clients", master->clients_seen()},
+              {"queries", std::move(queries)}});
   });
   server->Get("/metrics", [=](const httplib::Request&, httplib::Response& res) {
     res.set_content(master->metrics().Serialize(), "text/plain; version=0.0.4; charset=utf-8");

@@ -24,6 +24,7 @@
 #include "config/base/metrics.h"
 #include "master/object_index.h"
 #include "master/persistence.h"
+#include "master/query_stats.h"
 #include "master/segment_registry.h"
 
 namespace tierkv::master {
@@ -84,6 +85,8 @@ class Master {
   ObjectIndex& index() { return *index_; }
   SegmentRegistry& registry() { return registry_; }
   metrics::Registry& metrics() { return metrics_; }
+  // Pages each client asked about and found (PrefixMatch, Exists, GetReplicas).
+  QueryStats& queries() { return *queries_; }
   const MasterOptions& options() const { return options_; }
   Clock* clock() const { return clock_; }
   uint64_t clients_seen() const;
@@ -104,6 +107,7 @@ class Master {
   SegmentRegistry registry_;
   std::unique_ptr<ObjectIndex> index_;
   metrics::Registry metrics_;
+  std::unique_ptr<QueryStats> queries_;
   metrics::Counter* segments_dropped_ = nullptr;
   mutable Mutex clients_mu_;
   absl::flat_hash_map<std::string, absl::Time> clients_ ABSL_GUARDED_BY(clients_mu_);

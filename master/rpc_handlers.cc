@@ -111,14 +111,24 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, v1::GetReplicasResponse*
   // Read after the leases were granted, so a client's view of what is left
   // errs short.
   resp->set_now_unix_ms(absl::ToUnixMillis(m->clock()->Now()));
+  uint64_t hits = 0;
+  for (int i = 0; i < resp->sizes_size(); ++i) hits += resp->sizes(i) > 0;
+  m->queries().Record(req.client_id(), QueryStats::kGet, req.keys_size(), hits, m->clock()->Now());
 }
 
 void Exists(Master* m, const v1::KeysRequest& req, v1::ExistsResponse* resp) {
-  for (bool b : m->index().Exists(Keys(req.keys()))) resp->add_present(b);
+  uint64_t found = 0;
+  for (bool b : m->index().Exists(Keys(req.keys()))) {
+    resp->add_present(b);
+    found += b;
+  }
+  m->queries().Record(req.client_id(), QueryStats::kExists, req.keys_size(), found, m->clock()->Now());
 }
 
 void PrefixMatch(Master* m, const v1::KeysRequest& req, v1::PrefixMatchResponse* resp) {
-  resp->set_matched(static_cast<uint32_t>(m->index().PrefixMatch(Keys(req.keys()))));
+  const size_t matched = m->index().PrefixMatch(Keys(req.keys()));
+  resp->set_matched(static_cast<uint32_t>(matched));
+  m->queries().Record(req.client_id(), QueryStats::kPrefix, req.keys_size(), matched, m->clock()->Now());
 }
 
 void Remove(Master* m, const v1::RemoveRequest& req, v1::KeysResponse* resp) {

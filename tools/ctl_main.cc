@@ -80,7 +80,23 @@ int Stats(const CtlConfig& c) {
     std::printf("%s\n", st->dump().c_str());
     return 0;
   }
-  for (auto& [k, v] : st->items()) std::printf("%-22s %s\n", k.c_str(), v.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
+  for (auto& [k, v] : st->items()) {
+    if (k == "queries") continue;
+    std::printf("%-22s %s\n", k.c_str(), v.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
+  }
+  // The hit rate each client sees in its prefix lookups, whatever engine it is.
+  const json& q = (*st)["queries"];
+  if (!q.is_object() || !q.contains("clients")) return 0;
+  std::printf("\n%-24s %12s %12s %7s   %s\n", "CLIENT (prefix pages)", "ASKED", "FOUND", "HIT%",
+              absl::StrCat("LAST ", static_cast<int>(q.value("window_s", 0.0)), " s").c_str());
+  for (const json& r : q["clients"]) {
+    const json& p = r["prefix"];
+    std::printf("%-24s %12llu %12llu %6.1f%%   %6.1f%% of %llu\n", r.value("client", "?").c_str(),
+                static_cast<unsigned long long>(p.value("pages_asked", uint64_t{0})),
+                static_cast<unsigned long long>(p.value("pages_found", uint64_t{0})), 100 * p.value("hit_rate", 0.0),
+                100 * p.value("window_hit_rate", 0.0),
+                static_cast<unsigned long long>(p.value("window_pages_asked", uint64_t{0})));
+  }
   return 0;
 }
 

@@ -195,6 +195,51 @@ TEST_F(StoreClusterTest, PrefixMatchAndGroups) {
   EXPECT_THAT(client->Get("tp-0"), StatusIs(absl::StatusCode::kNotFound));
 }
 
+// The master counts what each client asks, whatever its engine: pages
+// asked and found by prefix lookups (cumulative and windowed), in
+// /v1/stats, /metrics and tierkvctl stats.
+TEST_F(StoreClusterTest, PrefixLookupsAreCountedPerClient) {
+  ASSERT_OK(cluster_.Start({.daemons = 1, .segment_size = "64mib"}));
+  client::ClientOptions o;
+  o.master = cluster_.master_address();
+  o.metadata = cluster_.metadata_url();
+  o.client_id = "engine-a";
+  auto c = client::Client::Create(o);
+  ASSERT_OK(c);
+  std::vector<std::string> chain = {"q-0", "q-1", "q-2", "q-3"};
+  for (const char* k : {"q-0", "q-1", "q-3"}) ASSERT_OK((*c)->Put(k, ValueFor(k, 1024)));
+  EXPECT_EQ(*(*c)->PrefixMatch(chain), 2u);  // a hole at q-2
+  EXPECT_EQ(*(*c)->PrefixMatch({"q-0"}), 1u);
+  EXPECT_EQ(*(*c)->BatchExists(chain), (std::vector<bool>{true, true, false, true}));
+  nlohmann::json q = Stats()["queries"];
+  ASSERT_TRUE(q.is_object()) << Stats().dump();
+  nlohmann::json row;
+  for (const auto& r : q["clients"]) {
+    if (r["client"] == "engine-a") row = r;
+  }
+  ASSERT_TRUE(row.is_object()) << q.dump();
+  EXPECT_EQ(row["prefix"]["pages_asked"], 5);
+  EXPECT_EQ(row["prefix"]["pages_found"], 3);
+  EXPECT_DOUBLE_EQ(row["prefix"]["hit_rate"].get<double>(), 0.6);
+  EXPECT_EQ(row["prefix"]["window_pages_asked"], 5);
+  EXPECT_EQ(row["exists"]["pages_asked"], 4);
+  EXPECT_EQ(row["exists"]["pages_found"], 3);
+  EXPECT_EQ(q["clients"][0]["client"], "all");
+  absl::StatusOr<std::string> metrics = cluster_.HttpGet("/metrics");
+  ASSERT_OK(metrics);
+  EXPECT_THAT(*metrics, ::testing::HasSubstr(R"(tierkv_master_query_pages_asked_total{call="prefix",client="engine-a"} 5)"));
+  EXPECT_THAT(*metrics, ::testing::HasSubstr(R"(tierkv_master_query_pages_found_total{call="prefix",client="engine-a"} 3)"));
+  std::string cmd = testing::BinaryPath("tierkvctl") + " --http=127.0.0.1:" + std::to_string(cluster_.http_port()) + " stats";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  EXPECT_EQ(::pclose(p), 0) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("engine-a"));
+  EXPECT_THAT(out, ::testing::HasSubstr("60.0%"));
+}
+
 // RemoveAll empties the cluster but for objects under a read lease, which
 // stay until force; clients told only the master find the metadata server.
 TEST_F(StoreClusterTest, RemoveAllObeysLeasesAndMetadataIsDiscovered) {

@@ -239,8 +239,12 @@ TEST(EngineTest, PrefetchFromASlowStoreStopsAtEachPolicysBound) {
     RequestResult r = reader.Serve(a);
     EXPECT_EQ(r.l3_tokens, k.pages * 16) << static_cast<int>(k.policy);
     EXPECT_LT(r.fetch_s, k.max_fetch_s) << static_cast<int>(k.policy);
-    if (k.policy == PrefetchPolicy::kWaitComplete) EXPECT_GE(r.fetch_s, 0.16);
-    if (k.policy == PrefetchPolicy::kTimeout) EXPECT_GE(r.fetch_s, 0.04);
+    if (k.policy == PrefetchPolicy::kWaitComplete) {
+      EXPECT_GE(r.fetch_s, 0.16);
+    }
+    if (k.policy == PrefetchPolicy::kTimeout) {
+      EXPECT_GE(r.fetch_s, 0.04);
+    }
     EXPECT_EQ(r.corrupt_pages, 0u);
   }
 }

@@ -130,6 +130,27 @@ TEST_F(MasterTest, MountValidation) {
   EXPECT_THAT(m->Unmount({"nope"})[0], StatusIs(absl::StatusCode::kNotFound));
 }
 
+TEST(QueryStatsTest, CountsPerClientWithASlidingWindowAndABoundedClientSet) {
+  QueryStats q(nullptr, absl::Seconds(10), /*max_clients=*/2);
+  absl::Time t = absl::FromUnixSeconds(1000);
+  q.Record("a", QueryStats::kPrefix, 10, 4, t);
+  q.Record("b", QueryStats::kPrefix, 5, 5, t + absl::Seconds(6));
+  q.Record("c", QueryStats::kPrefix, 3, 0, t + absl::Seconds(6));  // past the cap: "other"
+  std::vector<QueryStats::Row> rows = q.Snapshot(t + absl::Seconds(6));
+  ASSERT_EQ(rows.size(), 4u);  // all, a, b, other
+  EXPECT_EQ(rows[0].client, "all");
+  EXPECT_EQ(rows[0].total[QueryStats::kPrefix].asked, 18u);
+  EXPECT_EQ(rows[0].total[QueryStats::kPrefix].found, 9u);
+  EXPECT_EQ(rows[3].client, "other");
+  // Ten seconds after a's lookups they have left the window, not the total.
+  rows = q.Snapshot(t + absl::Seconds(11));
+  EXPECT_EQ(rows[1].client, "a");
+  EXPECT_EQ(rows[1].total[QueryStats::kPrefix].asked, 10u);
+  EXPECT_EQ(rows[1].window[QueryStats::kPrefix].asked, 0u);
+  EXPECT_EQ(rows[2].window[QueryStats::kPrefix].found, 5u);
+  EXPECT_EQ(rows[0].window[QueryStats::kPrefix].asked, 8u);
+}
+
 // Two daemons on different nodes that picked one name (both advertised
 // 0.0.0.0:8800, say) must not replace each other; a restart on the same
 // host does, and so does another host once the first has gone silent.
