@@ -26,6 +26,7 @@
 #include "tests/support/cluster.h"
 #include "tests/support/fault_proxy.h"
 #include "tests/support/netns.h"
+#include "tests/support/sanitizers.h"
 #include "tests/support/status_matchers.h"
 #include "transport/engine.h"
 #include "transport/metadata.h"
@@ -99,18 +100,7 @@ size_t OpenFds(pid_t pid) {
   return n;
 }
 
-constexpr bool kSanitized =
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-    true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-    true;
-#else
-    false;
-#endif
-#else
-    false;
-#endif
+using testing::kSanitized;
 
 class FaultScenarioTest : public ::testing::Test {
  protected:

@@ -17,6 +17,7 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/process.h"
+#include "tests/support/sanitizers.h"
 #include "tests/support/status_matchers.h"
 #include "transport/numa.h"
 
@@ -78,23 +79,10 @@ TEST(StoreMemoryTest, PrefaultPutsEveryPageInRamBeforeListening) {
   EXPECT_EQ((*d)->Wait(), 0) << (*d)->Stderr();
 }
 
-// Sanitizer runtimes replace mlock with a no-op that succeeds (a kernel
-// hazard with their huge shadow mappings), so nothing is locked there.
-constexpr bool kSanitizedMlock =
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-    true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-    true;
-#else
-    false;
-#endif
-#else
-    false;
-#endif
-
 TEST(StoreMemoryTest, MlockLocksTheSegmentOrNamesTheLimit) {
-  if (kSanitizedMlock) GTEST_SKIP() << "this build's sanitizer runtime turns mlock into a no-op";
+  // Sanitizer runtimes replace mlock with a no-op that succeeds, so
+  // nothing is locked there.
+  if (testing::kSanitized) GTEST_SKIP() << "this build's sanitizer runtime turns mlock into a no-op";
   const uint64_t size = 64ull << 20;
   auto d = ChildProcess::Start(testing::BinaryPath("tierkv-store"), DaemonArgs("64mib", {"--mlock"}));
   if (d.ok()) {
