@@ -184,19 +184,18 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
   // A put commits only when every value and trailer write finished OK. A
   // Wait that runs out seals its batch, so unfinished writes read
   // DEADLINE_EXCEEDED below and their keys are revoked.
-  const bool values_done = value_batch->Wait(wait_until);
-  const bool tails_done = tail_batch->Wait(wait_until);
-  auto record = [&](const transport::Batch& batch, bool finished, const std::vector<size_t>& owner) {
+  (void)value_batch->Wait(wait_until);
+  (void)tail_batch->Wait(wait_until);
+  auto record = [&](const transport::Batch& batch, const std::vector<size_t>& owner) {
     std::vector<absl::Status> statuses = batch.statuses();
     for (size_t k = 0; k < owner.size(); ++k) {
       size_t i = owner[k];
       absl::Status st = k < statuses.size() ? statuses[k] : absl::InternalError("missing transfer status");
-      if (st.ok() && !finished) st = absl::DeadlineExceededError("the write did not finish in time");
       if (!st.ok() && out[i].ok()) out[i] = Annotate(st, absl::StrCat("writing ", items[i].key));
     }
   };
-  record(*value_batch, values_done, value_owner);
-  record(*tail_batch, tails_done, tail_owner);
+  record(*value_batch, value_owner);
+  record(*tail_batch, tail_owner);
   // A group with a failed member is given up whole.
   absl::flat_hash_set<std::string> failed_groups;
   for (size_t i = 0; i < n; ++i) {
@@ -318,12 +317,12 @@ struct Client::Impl {
       }
       std::vector<absl::Status> round(n);
       for (const Chunk& chunk : chunks) {
-        const bool finished = chunk.batch->Wait(chunk.deadline + kCompletionGrace);
+        // A Wait that runs out seals the batch: what did not finish reads
+        // DEADLINE_EXCEEDED.
+        (void)chunk.batch->Wait(chunk.deadline + kCompletionGrace);
         const std::vector<absl::Status> got = chunk.batch->statuses();
         for (size_t k = 0; k < got.size(); ++k) {
-          absl::Status st = got[k];
-          if (st.ok() && !finished) st = absl::DeadlineExceededError("the read did not finish in time");
-          if (!st.ok() && round[owner[chunk.at + k]].ok()) round[owner[chunk.at + k]] = st;
+          if (!got[k].ok() && round[owner[chunk.at + k]].ok()) round[owner[chunk.at + k]] = got[k];
         }
         size_t end = chunk.at + got.size();
         for (size_t k = chunk.at; k < end; ++k) {

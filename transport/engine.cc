@@ -37,10 +37,9 @@ struct PeerEntry {
   Mutex mu;
   std::optional<SegmentDescriptor> desc ABSL_GUARDED_BY(mu);
   std::shared_ptr<PeerChannel> channel ABSL_GUARDED_BY(mu);
+  Backend* backend ABSL_GUARDED_BY(mu) = nullptr;  // the channel's; its capabilities decide refusals
   std::string transport ABSL_GUARDED_BY(mu);
   std::vector<std::string> fallbacks ABSL_GUARDED_BY(mu);
-  bool needs_registered_local ABSL_GUARDED_BY(mu) = false;
-  bool cuda_memory ABSL_GUARDED_BY(mu) = false;
   // Channels of other transports, for requests the chosen one refuses
   // (by backend name); they share `desc` and are dropped with it.
   absl::flat_hash_map<std::string, std::shared_ptr<PeerChannel>> alternates ABSL_GUARDED_BY(mu);
@@ -404,8 +403,6 @@ class Engine final : public TransferEngine, public ServedMemory {
     std::shared_ptr<PeerChannel> channel;
     Backend* backend;
     std::string transport;
-    bool needs_registered_local;
-    bool cuda_memory;
   };
 
   int tcp_port() const {
@@ -440,15 +437,23 @@ class Engine final : public TransferEngine, public ServedMemory {
     return nullptr;
   }
 
+  // The registered buffer holding [addr, addr+length), or null. Caller
+  // holds served_mu_.
+  const LocalBuffer* LocalBufferOf(void* addr, uint64_t length) {
+    char* a = static_cast<char*>(addr);
+    auto it = buffers_.upper_bound(a);
+    if (it == buffers_.begin()) return nullptr;
+    --it;
+    const LocalBuffer* b = it->second.get();
+    if (a < b->addr || !RangeWithin(a - b->addr, length, b->length)) return nullptr;
+    return b;
+  }
+
   // The location of the registered buffer holding [addr, addr+length), if any.
   std::optional<Location> LocalLocation(void* addr, uint64_t length) {
     std::shared_lock lock(served_mu_);
-    char* a = static_cast<char*>(addr);
-    auto it = buffers_.upper_bound(a);
-    if (it == buffers_.begin()) return std::nullopt;
-    --it;
-    const LocalBuffer* b = it->second.get();
-    if (a < b->addr || !RangeWithin(a - b->addr, length, b->length)) return std::nullopt;
+    const LocalBuffer* b = LocalBufferOf(addr, length);
+    if (b == nullptr) return std::nullopt;
     return b->location;
   }
 
@@ -460,17 +465,10 @@ class Engine final : public TransferEngine, public ServedMemory {
     if (gpu && !caps.cuda_memory) return absl::StrCat("transport ", backend->name(), " cannot move GPU memory");
     if (!caps.needs_registered_local) return "";
     std::shared_lock lock(served_mu_);
-    char* a = static_cast<char*>(r.local);
-    auto it = buffers_.upper_bound(a);
-    if (it != buffers_.begin()) {
-      --it;
-      const LocalBuffer* b = it->second.get();
-      if (a >= b->addr && RangeWithin(a - b->addr, r.length, b->length)) {
-        if (!refused_.contains({b->id, backend})) return "";
-        return absl::StrCat("transport ", backend->name(), " could not register the local buffer");
-      }
-    }
-    return absl::StrCat("transport ", backend->name(), " needs the local buffer registered");
+    const LocalBuffer* b = LocalBufferOf(r.local, r.length);
+    if (b == nullptr) return absl::StrCat("transport ", backend->name(), " needs the local buffer registered");
+    if (!refused_.contains({b->id, backend})) return "";
+    return absl::StrCat("transport ", backend->name(), " could not register the local buffer");
   }
 
   // The next transport after `peer`'s (in selection order) that the peer
@@ -532,8 +530,7 @@ class Engine final : public TransferEngine, public ServedMemory {
     std::shared_ptr<PeerEntry> e = Entry(segment);
     MutexLock lock(&e->mu);
     if (e->channel && e->channel->healthy() && e->desc) {
-      return Prepared{*e->desc, e->channel, FindBackend(e->transport), e->transport, e->needs_registered_local,
-                      e->cuda_memory};
+      return Prepared{*e->desc, e->channel, e->backend, e->transport};
     }
     // (Re)read the descriptor: the peer may have restarted or moved.
     absl::StatusOr<std::string> json = options_.metadata->Get(DescriptorKey(segment));
@@ -558,11 +555,10 @@ class Engine final : public TransferEngine, public ServedMemory {
       absl::StatusOr<std::unique_ptr<PeerChannel>> ch = b->Prepare(desc, ctx);
       if (ch.ok()) {
         e->channel = std::move(*ch);
+        e->backend = b;
         e->transport = b->name();
-        e->needs_registered_local = b->capabilities().needs_registered_local;
-        e->cuda_memory = b->capabilities().cuda_memory;
         e->fallbacks = reasons;
-        return Prepared{desc, e->channel, b, e->transport, e->needs_registered_local, e->cuda_memory};
+        return Prepared{desc, e->channel, b, e->transport};
       }
       std::string why = absl::StrCat(b->name(), ": ", ch.status().message());
       TKV_LOG(WARNING) << "transport " << b->name() << " cannot reach segment " << segment

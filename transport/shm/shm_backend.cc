@@ -91,12 +91,6 @@ class ShmChannel final : public PeerChannel {
   }
 
   void Post(absl::Span<Slice* const> slices, absl::Time deadline) override {
-    if (!healthy()) {
-      for (Slice* s : slices) {
-        s->status = absl::UnavailableError("shm peer has restarted or stopped serving this memory");
-      }
-      return;
-    }
     for (Slice* s : slices) {
       if (absl::Now() > deadline) {
         s->status = absl::DeadlineExceededError("shm transfer passed its deadline");
@@ -116,11 +110,11 @@ class ShmChannel final : public PeerChannel {
       }
       s->status = absl::OkStatus();
     }
-    // A read that raced with the peer's exit may hold bytes of memory no
-    // longer served: the caller must not take them as the peer's.
+    // One check after the copies covers a peer gone before or during them:
+    // a write into memory no longer served, or a read of it, is not OK.
     if (!healthy()) {
       for (Slice* s : slices) {
-        if (s->status.ok()) s->status = absl::UnavailableError("shm peer went away during the transfer");
+        if (s->status.ok()) s->status = absl::UnavailableError("shm peer has restarted or stopped serving this memory");
       }
     }
   }
