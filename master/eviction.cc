@@ -243,11 +243,12 @@ absl::StatusOr<uint64_t> ObjectIndex::Impl::Recover() {
     o.replicas = replicas;
     o.state = ObjState::kComplete;
     o.soft_pin = rec.soft_pin();
+    o.hard_pin = rec.hard_pin();
     o.access = AccessTick();
     s.index.insert(slot);
     ListAtHead(s, slot);
     objects_.fetch_add(1);
-    if (o.soft_pin) pinned_.fetch_add(1);
+    if (o.soft_pin || o.hard_pin) pinned_.fetch_add(1);
     key_bytes_.fetch_add(key.size());
     if (!rec.group().empty()) {
       Group*& g = groups[rec.group()];
@@ -316,7 +317,7 @@ absl::Status ObjectIndex::Impl::CheckInvariants() {
       if (Find(s, o.key) != slot) return absl::InternalError(absl::StrCat("key ", o.key, " not indexed"));
       if (o.replicas.empty()) return absl::InternalError(absl::StrCat(o.key, " has no replica"));
       for (const Replica& r : o.replicas) used_by_objects[r.segment_id] += registry_->Rounded(o.size);
-      bool should_list = o.state == ObjState::kComplete && o.children == 0;
+      bool should_list = o.state == ObjState::kComplete && o.children == 0 && !o.hard_pin;
       if (should_list != (o.list != ListId::kNone)) {
         return absl::InternalError(absl::StrCat(o.key, ": eviction list membership is wrong"));
       }

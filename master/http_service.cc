@@ -121,6 +121,7 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
               {"replicas", ExtentsJson(info->replicas)},
               {"lease_expiry_unix_ms", lease},
               {"soft_pin", info->soft_pin},
+              {"hard_pin", info->hard_pin},
               {"group", info->group},
               {"cached_children", info->children}});
   });

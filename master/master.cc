@@ -225,7 +225,7 @@ void Master::RegisterMetrics() {
   auto& evictions = metrics::BuildCounter().Name("tierkv_master_evictions_total").Help("Objects evicted").Register(metrics_);
   auto& evicted_bytes = metrics::BuildCounter().Name("tierkv_master_evicted_bytes_total").Help("Bytes evicted").Register(metrics_);
   auto& leases = metrics::BuildGauge().Name("tierkv_master_leased_objects").Help("Objects under a read lease").Register(metrics_);
-  auto& pinned = metrics::BuildGauge().Name("tierkv_master_pinned_objects").Help("Soft-pinned objects").Register(metrics_);
+  auto& pinned = metrics::BuildGauge().Name("tierkv_master_pinned_objects").Help("Pinned objects, soft or hard").Register(metrics_);
   auto& groups = metrics::BuildGauge().Name("tierkv_master_groups").Help("Groups in the index").Register(metrics_);
   auto& memory = metrics::BuildGauge().Name("tierkv_master_index_memory_bytes").Help("Approximate memory held by the object index").Register(metrics_);
   auto& used = metrics::BuildGauge().Name("tierkv_segment_used_bytes").Help("Bytes allocated per segment").Register(metrics_);

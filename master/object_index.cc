@@ -90,6 +90,7 @@ void ObjectIndex::Impl::Unlist(Shard& s, uint32_t slot) {
 
 void ObjectIndex::Impl::ListAtHead(Shard& s, uint32_t slot) {
   Object& o = s.objects[slot];
+  if (o.hard_pin) return;  // the evictor never sees it
   o.list = o.soft_pin ? ListId::kPinnedLeaf : ListId::kLeaf;
   LruList& l = s.lists[static_cast<int>(o.list)];
   o.prev = kNil;
@@ -102,6 +103,7 @@ void ObjectIndex::Impl::ListAtHead(Shard& s, uint32_t slot) {
 
 void ObjectIndex::Impl::ListAtTail(Shard& s, uint32_t slot) {
   Object& o = s.objects[slot];
+  if (o.hard_pin) return;
   o.list = o.soft_pin ? ListId::kPinnedLeaf : ListId::kLeaf;
   LruList& l = s.lists[static_cast<int>(o.list)];
   o.next = kNil;
@@ -153,6 +155,7 @@ std::string ObjectIndex::Impl::EncodeRecord(const Object& o, const std::string& 
     e->set_length(o.size);
   }
   rec.set_soft_pin(o.soft_pin);
+  rec.set_hard_pin(o.hard_pin);
   if (o.group != nullptr) {
     rec.set_group(o.group->id);
     rec.set_group_size(o.group->members);
@@ -188,7 +191,7 @@ void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mu
   if (o.state == ObjState::kComplete) {
     mutations->push_back({absl::StrCat("o/", o.key), "", true});
     objects_.fetch_sub(1);
-    if (o.soft_pin) pinned_.fetch_sub(1);
+    if (o.soft_pin || o.hard_pin) pinned_.fetch_sub(1);
   } else if (o.state == ObjState::kPending) {
     CountPending(s.pending[slot].client, -1);
     s.pending.erase(slot);
@@ -369,6 +372,7 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
       o.deadline_ms = NowMs() + absl::ToInt64Milliseconds(options_.put_timeout);
       o.state = ObjState::kPending;
       o.soft_pin = item.soft_pin;
+      o.hard_pin = item.hard_pin;
       o.access = AccessTick();
       if (group != nullptr) {
         MutexLock glock(&groups_mu_);
@@ -463,7 +467,7 @@ std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::strin
       s.pending.erase(slot);
       pending_.fetch_sub(1);
       objects_.fetch_add(1);
-      if (o.soft_pin) pinned_.fetch_add(1);
+      if (o.soft_pin || o.hard_pin) pinned_.fetch_add(1);
       o.state = ObjState::kComplete;
       o.deadline_ms = 0;
       o.access = AccessTick();
@@ -622,6 +626,7 @@ absl::StatusOr<ObjectInfo> ObjectIndex::Impl::Describe(const std::string& key) {
     info.lease_expiry = absl::FromUnixMillis(o.deadline_ms);
   }
   info.soft_pin = o.soft_pin;
+  info.hard_pin = o.hard_pin;
   info.group = o.group != nullptr ? o.group->id : "";
   info.visible = Visible(o) && !info.replicas.empty();
   info.children = o.children;

@@ -55,6 +55,7 @@ struct PutItem {
   bool soft_pin = false;
   std::string parent_key;
   std::string client;  // the writer, for the per-client count of puts in flight
+  bool hard_pin = false;  // never evicted (an eviction candidate never)
 };
 
 struct ExtentOut {
@@ -82,6 +83,7 @@ struct ObjectInfo {
   std::vector<ExtentOut> replicas;
   absl::Time lease_expiry;
   bool soft_pin = false;
+  bool hard_pin = false;
   std::string group;
   bool visible = false;
   uint32_t children = 0;

@@ -59,6 +59,7 @@ void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& clie
   for (const auto& it : req.items()) {
     items.push_back({it.key(), it.size(), static_cast<int>(std::min<uint32_t>(it.replicas(), 1u << 16)),
                      it.preferred_segment(), it.group(), it.soft_pin(), it.parent_key()});
+    items.back().hard_pin = it.hard_pin();
   }
   for (const PutStartOut& r : m->PutStart(std::move(items), client)) {
     v1::PutStartResult* out = resp->add_results();

@@ -49,6 +49,7 @@ struct Object {
   ObjState state = ObjState::kFree;
   ListId list = ListId::kNone;
   bool soft_pin : 1 = false;
+  bool hard_pin : 1 = false;  // never on an eviction list
   // Set by an access, cleared when the evictor gives the object a second
   // chance: touching writes one bit of the object instead of relinking
   // the list (CLOCK-style approximate LRU). Bit fields keep the slot at

@@ -234,6 +234,42 @@ TEST_F(IndexTest, LeasedAndPinnedObjectsGoLast) {
   EXPECT_OK(index_->CheckInvariants());
 }
 
+TEST_F(IndexTest, HardPinnedObjectsAreNeverEvictedAndSurviveARestart) {
+  Mount("seg-a", 8 * 1024);
+  ASSERT_OK(Put("hard", 1024, {.hard_pin = true}));
+  ASSERT_OK(Put("soft", 1024, {.soft_pin = true}));
+  for (int i = 0; i < 4; ++i) ASSERT_OK(Put(absl::StrCat("k", i), 1024));
+  clock_.Advance(absl::Seconds(10));
+  index_->EvictTo(0);  // everything that may go, goes
+  EXPECT_TRUE(Present("hard"));
+  EXPECT_FALSE(Present("soft"));
+  for (int i = 0; i < 4; ++i) EXPECT_FALSE(Present(absl::StrCat("k", i)));
+  EXPECT_TRUE(index_->Describe("hard")->hard_pin);
+  EXPECT_EQ(index_->Stats().pinned, 1u);
+  // Filled with hard pins, the store refuses a put rather than evict one.
+  for (int i = 0; i < 6; ++i) ASSERT_OK(Put(absl::StrCat("h", i), 1024, {.hard_pin = true}));
+  EXPECT_THAT(Put("more", 2048), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_OK(index_->CheckInvariants());
+
+  // The pin is persisted: a restarted index keeps it out of eviction too.
+  std::unique_ptr<ObjectIndex> old_index = std::move(index_);
+  std::unique_ptr<SegmentRegistry> old_registry = std::move(registry_);
+  registry_ = std::make_unique<SegmentRegistry>();
+  registry_->Recover({"seg-a", "seg-a", 8 * 1024, "inc", ""}, clock_.Now());
+  index_ = std::make_unique<ObjectIndex>(options_, registry_.get(), store_.get(), &clock_);
+  ASSERT_OK(index_->Recover().status());
+  Mount("seg-a", 8 * 1024);
+  clock_.Advance(absl::Seconds(10));
+  index_->EvictTo(0);
+  EXPECT_TRUE(Present("hard"));
+  EXPECT_TRUE(index_->Describe("hard")->hard_pin);
+  EXPECT_EQ(index_->Stats().pinned, 7u);
+  // Remove still takes it out.
+  EXPECT_OK(index_->Remove({"hard"}, false)[0]);
+  EXPECT_FALSE(Present("hard"));
+  EXPECT_OK(index_->CheckInvariants());
+}
+
 TEST_F(IndexTest, ForcedRemoveOfALeasedObjectKeepsItsBytesUntilTheLeaseEnds) {
   Mount("seg-a", 4096);
   ASSERT_OK(Put("k1", 4096));
