@@ -29,19 +29,34 @@ constexpr uint64_t kTrailer = internal::kTrailerBytes;
 // completions (the engine ends every task by its deadline).
 constexpr absl::Duration kCompletionGrace = absl::Seconds(5);
 
-void MakeTrailer(absl::string_view value, char* t) {
-  uint32_t crc = Crc32c(value.data(), value.size());
+// The bytes of a put item, in order: its parts, or its one value.
+absl::Span<const absl::string_view> Parts(const PutItem& it) {
+  return it.parts.empty() ? absl::MakeConstSpan(&it.value, 1) : absl::MakeConstSpan(it.parts);
+}
+
+uint64_t ValueSize(const PutItem& it) {
+  uint64_t n = 0;
+  for (absl::string_view p : Parts(it)) n += p.size();
+  return n;
+}
+
+void MakeTrailer(absl::Span<const absl::string_view> parts, char* t) {
+  uint32_t crc = 0;
+  for (absl::string_view p : parts) crc = Crc32cExtend(crc, p.data(), p.size());
   std::memcpy(t, &crc, 4);
   std::memcpy(t + 4, &kTrailerMagic, 4);
 }
 
-absl::Status CheckTrailer(const char* t, absl::Span<const char> value, const std::string& key, bool verify) {
+absl::Status CheckTrailer(const char* t, absl::Span<const absl::Span<char>> value, const std::string& key,
+                          bool verify) {
   uint32_t crc, magic;
   std::memcpy(&crc, t, 4);
   std::memcpy(&magic, t + 4, 4);
   if (magic != kTrailerMagic) return absl::DataLossError(absl::StrCat(key, ": value trailer is corrupt"));
-  if (verify && crc != Crc32c(value.data(), value.size())) {
-    return absl::DataLossError(absl::StrCat(key, ": checksum mismatch"));
+  if (verify) {
+    uint32_t got = 0;
+    for (absl::Span<char> p : value) got = Crc32cExtend(got, p.data(), p.size());
+    if (crc != got) return absl::DataLossError(absl::StrCat(key, ": checksum mismatch"));
   }
   return absl::OkStatus();
 }
@@ -138,11 +153,12 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
   for (const PutItem& it : items) {
     v1::PutStartItem* p = req.add_items();
     p->set_key(it.key);
-    p->set_size(StoredSize(it.value.size()));
+    p->set_size(StoredSize(ValueSize(it)));
     p->set_replicas(std::max(1, options.replicas));
     p->set_preferred_segment(options.preferred_segment);
     p->set_group(it.group);
     p->set_soft_pin(options.soft_pin);
+    p->set_hard_pin(options.hard_pin);
     p->set_parent_key(it.parent_key);
   }
   absl::StatusOr<v1::PutStartResponse> started = master_->PutStart(req);
@@ -164,11 +180,14 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
     out[i] = FromItem(r.status());
     if (!out[i].ok()) continue;
     began[i] = true;
-    const uint64_t vsize = items[i].value.size();
+    uint64_t vsize = 0;
     for (const v1::Extent& e : r.replicas()) {
-      if (vsize > 0) {
-        values.push_back({Op::kWrite, const_cast<char*>(items[i].value.data()), e.segment(), e.offset(), vsize});
+      vsize = 0;
+      for (absl::string_view part : Parts(items[i])) {
+        if (part.empty()) continue;
+        values.push_back({Op::kWrite, const_cast<char*>(part.data()), e.segment(), e.offset() + vsize, part.size()});
         value_owner.push_back(i);
+        vsize += part.size();
       }
       tails.push_back({Op::kWrite, trailers->slot(i), e.segment(), e.offset() + vsize, kTrailer});
       tail_owner.push_back(i);
@@ -177,7 +196,7 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
   const absl::Time wait_until = absl::Now() + options_.transfer_timeout + kCompletionGrace;
   std::shared_ptr<transport::Batch> value_batch = engine_->Submit(std::move(values), options_.transfer_timeout);
   for (size_t i = 0; i < n; ++i) {
-    if (began[i]) MakeTrailer(items[i].value, trailers->slot(i));
+    if (began[i]) MakeTrailer(Parts(items[i]), trailers->slot(i));
   }
   std::shared_ptr<transport::Batch> tail_batch = engine_->Submit(std::move(tails), options_.transfer_timeout);
   trailers->Hold(tail_batch);
@@ -247,7 +266,7 @@ struct Client::Impl {
   // checked to be large enough), trying replicas in turn. Key i's read
   // must finish before lease_end[i]; one that does not is a miss.
   static void Read(Client* c, const std::vector<std::string>& keys, const v1::GetReplicasResponse& resp,
-                   const std::vector<char*>& outs, const std::vector<absl::Time>& lease_end,
+                   const std::vector<Pieces>& outs, const std::vector<absl::Time>& lease_end,
                    std::vector<absl::Status>* status, absl::Duration timeout) {
     if (timeout <= absl::ZeroDuration()) timeout = c->options_.transfer_timeout;
     const absl::Time deadline = absl::Now() + timeout;
@@ -285,10 +304,12 @@ struct Client::Impl {
         size_t r = first[i] + attempt;
         const std::string& seg = resp.segments(static_cast<int>(resp.replica_segments(static_cast<int>(r))));
         uint64_t off = resp.replica_offsets(static_cast<int>(r));
-        uint64_t vsize = resp.sizes(static_cast<int>(i)) - kTrailer;
-        if (vsize > 0) {
-          requests.push_back({Op::kRead, outs[i], seg, off, vsize});
+        uint64_t vsize = 0;
+        for (absl::Span<char> piece : outs[i]) {
+          if (piece.empty()) continue;
+          requests.push_back({Op::kRead, piece.data(), seg, off + vsize, piece.size()});
           owner.push_back(i);
+          vsize += piece.size();
         }
         requests.push_back({Op::kRead, trailers->slot(i), seg, off + vsize, kTrailer});
         owner.push_back(i);
@@ -330,10 +351,7 @@ struct Client::Impl {
           if (k + 1 < end && owner[k + 1] == i) continue;  // check once, at the key's last request
           if (!pending[i] || lease_over(i)) continue;
           absl::Status st = round[i];
-          if (st.ok()) {
-            uint64_t vsize = resp.sizes(static_cast<int>(i)) - kTrailer;
-            st = CheckTrailer(trailers->slot(i), {outs[i], vsize}, keys[i], c->options_.verify_checksums);
-          }
+          if (st.ok()) st = CheckTrailer(trailers->slot(i), outs[i], keys[i], c->options_.verify_checksums);
           (*status)[i] = st.ok() ? st : Annotate(st, absl::StrCat("reading ", keys[i]));
           if (st.ok() || !Retryable(st)) pending[i] = false;
         }
@@ -376,7 +394,7 @@ struct Client::Impl {
 };
 
 std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>& keys, absl::Duration timeout,
-                                                  const std::function<char*(size_t, uint64_t)>& place) {
+                                                  const std::function<bool(size_t, uint64_t, Pieces*)>& place) {
   std::vector<absl::StatusOr<size_t>> result(keys.size());
   if (keys.empty()) return result;
   const absl::Time asked = absl::Now();
@@ -386,16 +404,15 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
     return result;
   }
   std::vector<absl::Status> st = Impl::Found(keys, *resp);
-  std::vector<char*> ptrs(keys.size());
+  std::vector<Pieces> pieces(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!st[i].ok()) continue;
     uint64_t vsize = resp->sizes(static_cast<int>(i)) - kTrailer;
-    ptrs[i] = place(i, vsize);
-    if (ptrs[i] == nullptr && vsize > 0) {
+    if (!place(i, vsize, &pieces[i])) {
       st[i] = absl::InvalidArgumentError(absl::StrCat(keys[i], ": the buffer cannot hold ", vsize, " bytes"));
     }
   }
-  Impl::Read(this, keys, *resp, ptrs, Impl::LeaseEnds(*resp, asked), &st, timeout);
+  Impl::Read(this, keys, *resp, pieces, Impl::LeaseEnds(*resp, asked), &st, timeout);
   for (size_t i = 0; i < keys.size(); ++i) {
     if (st[i].ok()) {
       result[i] = resp->sizes(static_cast<int>(i)) - kTrailer;
@@ -413,17 +430,39 @@ std::vector<absl::StatusOr<size_t>> Client::BatchGet(const std::vector<std::stri
     return std::vector<absl::StatusOr<size_t>>(
         keys.size(), absl::InvalidArgumentError("one output buffer per key is needed"));
   }
-  return Fetch(keys, timeout, [&](size_t i, uint64_t size) -> char* {
-    return size <= outs[i].size() ? outs[i].data() : nullptr;
+  return Fetch(keys, timeout, [&](size_t i, uint64_t size, Pieces* to) {
+    if (size > outs[i].size()) return false;
+    to->push_back(outs[i].subspan(0, size));
+    return true;
+  });
+}
+
+std::vector<absl::StatusOr<size_t>> Client::BatchGetScatter(const std::vector<std::string>& keys,
+                                                            const std::vector<std::vector<absl::Span<char>>>& outs,
+                                                            absl::Duration timeout) {
+  if (outs.size() != keys.size()) {
+    return std::vector<absl::StatusOr<size_t>>(
+        keys.size(), absl::InvalidArgumentError("one list of output buffers per key is needed"));
+  }
+  return Fetch(keys, timeout, [&](size_t i, uint64_t size, Pieces* to) {
+    for (absl::Span<char> out : outs[i]) {
+      if (size == 0) break;
+      const uint64_t take = std::min<uint64_t>(size, out.size());
+      to->push_back(out.subspan(0, take));
+      size -= take;
+    }
+    return size == 0;
   });
 }
 
 std::vector<absl::StatusOr<std::string>> Client::BatchGet(const std::vector<std::string>& keys) {
   std::vector<std::string> values(keys.size());
-  std::vector<absl::StatusOr<size_t>> got = Fetch(keys, absl::ZeroDuration(), [&](size_t i, uint64_t size) {
-    values[i].resize(size);
-    return values[i].data();
-  });
+  std::vector<absl::StatusOr<size_t>> got =
+      Fetch(keys, absl::ZeroDuration(), [&](size_t i, uint64_t size, Pieces* to) {
+        values[i].resize(size);
+        to->push_back(absl::MakeSpan(values[i]));
+        return true;
+      });
   std::vector<absl::StatusOr<std::string>> result(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     if (got[i].ok()) {

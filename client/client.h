@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "client/master_client.h"
@@ -73,17 +74,22 @@ struct ClientOptions {
 struct PutOptions {
   int replicas = 1;
   std::string preferred_segment;  // e.g. local_segment() to keep KV local
-  bool soft_pin = false;
+  bool soft_pin = false;  // evicted only after every unpinned object
+  bool hard_pin = false;  // never evicted; leaves only by Remove
 };
 
 // One value of a batch put. `group`: items of one BatchPut with the same
 // non-empty group become visible together and leave together.
 // `parent_key`: the previous page of the same prefix (prefix-aware eviction).
+// `parts`: when not empty, the value is their concatenation (and `value` is
+// ignored), each part read in place: a value gathered from several buffers
+// is never joined in a copy.
 struct PutItem {
   std::string key;
   absl::string_view value;  // binary-safe; the caller's bytes, read in place
   std::string group;
   std::string parent_key;
+  std::vector<absl::string_view> parts;
 };
 
 class Client {
@@ -109,6 +115,12 @@ class Client {
                                                const std::vector<absl::Span<char>>& outs,
                                                absl::Duration timeout = absl::ZeroDuration());
   std::vector<absl::StatusOr<std::string>> BatchGet(const std::vector<std::string>& keys);
+  // Scatters each value over its buffers, in order, filling each before
+  // the next; buffers past the value's end are left untouched. The value's
+  // size; INVALID_ARGUMENT when the buffers together are too small.
+  std::vector<absl::StatusOr<size_t>> BatchGetScatter(const std::vector<std::string>& keys,
+                                                      const std::vector<std::vector<absl::Span<char>>>& outs,
+                                                      absl::Duration timeout = absl::ZeroDuration());
 
   absl::StatusOr<bool> Exists(const std::string& key);
   absl::StatusOr<std::vector<bool>> BatchExists(const std::vector<std::string>& keys);
@@ -134,10 +146,12 @@ class Client {
  private:
   Client() = default;
   struct Impl;
+  // Where one value goes: buffers that together hold exactly its bytes.
+  using Pieces = absl::InlinedVector<absl::Span<char>, 1>;
   // GetReplicas, then reads each present key into place(i, value_size)
-  // (null: the caller has no room, INVALID_ARGUMENT), inside its lease.
+  // (false: the caller has no room, INVALID_ARGUMENT), inside its lease.
   std::vector<absl::StatusOr<size_t>> Fetch(const std::vector<std::string>& keys, absl::Duration timeout,
-                                            const std::function<char*(size_t, uint64_t)>& place);
+                                            const std::function<bool(size_t, uint64_t, Pieces*)>& place);
   ClientOptions options_;
   std::unique_ptr<MasterClient> master_;
   std::unique_ptr<transport::TransferEngine> engine_;

@@ -6,6 +6,8 @@ Starts a master and one store daemon (build/tools) on loopback, then moves
 tierkv.mooncake_compat (what SGLang and LMCache call) and through the C++
 client with no Python between calls (Client.cxx_reference), alternating,
 --rounds times each. Prints GB/s of both and their ratio (target >= 0.95).
+The _multi_buffers forms move the same pages as two halves each (K and V
+of a page from two places), against the same C++ figures.
 
     PYTHONPATH=build/python /usr/bin/python3 python/bench/bench_batch.py
 """
@@ -52,7 +54,11 @@ def main():
             store.batch_get_into([f"get-{i}" for i in range(n)], dst, sizes)
             cxx.cxx_reference("get", "get-", dst, sizes, 1)
 
-        t = {"py_put": [], "cxx_put": [], "py_get": [], "cxx_get": []}
+        half = size // 2
+        src_kv = [[p, p + half] for p in src]
+        dst_kv = [[p, p + half] for p in dst]
+        kv_sizes = [[half, size - half]] * n
+        t = {"py_put": [], "cxx_put": [], "py_get": [], "cxx_get": [], "py_put_mb": [], "py_get_mb": []}
         keys = [f"get-{i}" for i in range(n)]
         def py_put(r):
             pk = [f"py-{r}-{i}" for i in range(n)]
@@ -70,15 +76,28 @@ def main():
             t["py_get"].append(time.perf_counter() - t0)
             assert res == sizes, res
 
+        def py_put_mb(r):
+            pk = [f"mb-{r}-{i}" for i in range(n)]
+            t0 = time.perf_counter()
+            res = store.batch_put_from_multi_buffers(pk, src_kv, kv_sizes)
+            t["py_put_mb"].append(time.perf_counter() - t0)
+            assert res == [0] * n, res
+
+        def py_get_mb():
+            t0 = time.perf_counter()
+            res = store.batch_get_into_multi_buffers(keys, dst_kv, kv_sizes)
+            t["py_get_mb"].append(time.perf_counter() - t0)
+            assert res == sizes, res
+
         def cxx_get():
             t["cxx_get"].append(cxx.cxx_reference("get", "get-", dst, sizes, 1))
 
         # Rounds alternate which side goes first, so neither always meets a
         # store that has just been emptied (first-touch faults, eviction).
         for r in range(-1, a.rounds):
-            steps = [lambda: py_put(r), lambda: cxx_put(r), py_get, cxx_get]
+            steps = [lambda: py_put(r), lambda: cxx_put(r), py_get, cxx_get, lambda: py_put_mb(r), py_get_mb]
             if r % 2:
-                steps = [steps[1], steps[0], steps[3], steps[2]]
+                steps = [steps[1], steps[0], steps[3], steps[2], steps[5], steps[4]]
             for step in steps:
                 step()
             if r < 0:  # the warm-up round is not counted
@@ -90,7 +109,10 @@ def main():
         out = {"pages": n, "page_bytes": size, "rounds": a.rounds,
                "put_py_GBps": gbps["py_put"], "put_cxx_GBps": gbps["cxx_put"],
                "get_py_GBps": gbps["py_get"], "get_cxx_GBps": gbps["cxx_get"],
-               "put_ratio": gbps["py_put"] / gbps["cxx_put"], "get_ratio": gbps["py_get"] / gbps["cxx_get"]}
+               "put_ratio": gbps["py_put"] / gbps["cxx_put"], "get_ratio": gbps["py_get"] / gbps["cxx_get"],
+               "multi_put_GBps": gbps["py_put_mb"], "multi_get_GBps": gbps["py_get_mb"],
+               "multi_put_ratio": gbps["py_put_mb"] / gbps["cxx_put"],
+               "multi_get_ratio": gbps["py_get_mb"] / gbps["cxx_get"]}
         out["target_met"] = min(out["put_ratio"], out["get_ratio"]) >= 0.95
         if a.json:
             print(json.dumps(out))
@@ -99,7 +121,9 @@ def main():
                   f"batch_put_from {out['put_py_GBps']:.2f} GB/s vs C++ {out['put_cxx_GBps']:.2f} "
                   f"({out['put_ratio']:.2f}x); batch_get_into {out['get_py_GBps']:.2f} GB/s vs C++ "
                   f"{out['get_cxx_GBps']:.2f} ({out['get_ratio']:.2f}x); target >= 0.95: "
-                  f"{'met' if out['target_met'] else 'MISSED'}")
+                  f"{'met' if out['target_met'] else 'MISSED'}; _multi_buffers (two halves a page): put "
+                  f"{out['multi_put_GBps']:.2f} GB/s ({out['multi_put_ratio']:.2f}x), get "
+                  f"{out['multi_get_GBps']:.2f} GB/s ({out['multi_get_ratio']:.2f}x)")
         store.close()
     finally:
         cluster.stop()

@@ -150,24 +150,57 @@ class PyClient {
     PutRaw(key, AsPointer(ptr), size, po, group, parent);
   }
 
-  // Puts the concatenation of `parts` (Mooncake's put_parts).
+  // Puts the concatenation of `parts` (Mooncake's put_parts), each read in place.
   void PutParts(const std::string& key, const py::list& parts, const PutOptions& po) {
     std::vector<Buffer> bufs;
-    size_t total = 0;
+    std::vector<PutItem> items(1);
+    items[0].key = key;
     for (py::handle p : parts) {
       bufs.emplace_back(p, false);
-      total += bufs.back().size();
+      items[0].parts.emplace_back(bufs.back().data(), bufs.back().size());
     }
+    if (items[0].parts.empty()) items[0].parts.emplace_back();  // an empty value
     std::shared_ptr<Client> c = Get();
     absl::Status s;
     {
       py::gil_scoped_release nogil;
-      std::string joined;
-      joined.reserve(total);
-      for (const Buffer& b : bufs) joined.append(b.data(), b.size());
-      s = c->Put(key, joined, po);
+      s = c->BatchPut(items, po)[0];
     }
     if (!s.ok()) Throw(s);
+  }
+
+  // Key i's value is the concatenation of parts[i] (buffers), read in place.
+  BatchResult BatchPutParts(const std::vector<std::string>& keys, const py::list& parts,
+                            const std::vector<std::string>& groups, const std::vector<std::string>& parents,
+                            const PutOptions& po) {
+    std::vector<Buffer> bufs;
+    std::vector<PutItem> items(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      items[i].key = keys[i];
+      items[i].group = At(groups, i);
+      items[i].parent_key = At(parents, i);
+      for (py::handle p : py::object(parts[i])) {
+        bufs.emplace_back(p, false);
+        items[i].parts.emplace_back(bufs.back().data(), bufs.back().size());
+      }
+      if (items[i].parts.empty()) items[i].parts.emplace_back();
+    }
+    return PutItems(items, po);
+  }
+
+  // Key i's value is the concatenation of sizes[i][j] bytes at ptrs[i][j].
+  BatchResult BatchPutPtrParts(const std::vector<std::string>& keys, const std::vector<std::vector<uintptr_t>>& ptrs,
+                               const std::vector<std::vector<size_t>>& sizes, const std::vector<std::string>& groups,
+                               const std::vector<std::string>& parents, const PutOptions& po) {
+    std::vector<PutItem> items(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      items[i].key = keys[i];
+      items[i].group = At(groups, i);
+      items[i].parent_key = At(parents, i);
+      for (size_t j = 0; j < ptrs[i].size(); ++j) items[i].parts.emplace_back(AsPointer(ptrs[i][j]), sizes[i][j]);
+      if (items[i].parts.empty()) items[i].parts.emplace_back();
+    }
+    return PutItems(items, po);
   }
 
   py::object GetValue(const std::string& key) {
@@ -246,6 +279,29 @@ class PyClient {
     std::vector<absl::Span<char>> spans;
     for (size_t i = 0; i < keys.size(); ++i) spans.emplace_back(AsPointer(ptrs[i]), sizes[i]);
     return GetSpans(keys, spans, timeout);
+  }
+
+  // Scatters key i's value over outs[i] (writable buffers), in order.
+  BatchResult BatchGetIntoParts(const std::vector<std::string>& keys, const py::list& outs, double timeout) {
+    std::vector<Buffer> bufs;
+    std::vector<std::vector<absl::Span<char>>> spans(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      for (py::handle o : py::object(outs[i])) {
+        bufs.emplace_back(o, true);
+        spans[i].emplace_back(bufs.back().data(), bufs.back().size());
+      }
+    }
+    return ScatterSpans(keys, spans, timeout);
+  }
+
+  BatchResult BatchGetIntoPtrParts(const std::vector<std::string>& keys,
+                                   const std::vector<std::vector<uintptr_t>>& ptrs,
+                                   const std::vector<std::vector<size_t>>& sizes, double timeout) {
+    std::vector<std::vector<absl::Span<char>>> spans(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      for (size_t j = 0; j < ptrs[i].size(); ++j) spans[i].emplace_back(AsPointer(ptrs[i][j]), sizes[i][j]);
+    }
+    return ScatterSpans(keys, spans, timeout);
   }
 
   bool Exists(const std::string& key) {
@@ -437,16 +493,38 @@ class PyClient {
     return FromSizes(got);
   }
 
+  BatchResult ScatterSpans(const std::vector<std::string>& keys,
+                           const std::vector<std::vector<absl::Span<char>>>& spans, double timeout) {
+    std::shared_ptr<Client> c = Get();
+    std::vector<absl::StatusOr<size_t>> got;
+    {
+      py::gil_scoped_release nogil;
+      got = c->BatchGetScatter(keys, spans, timeout > 0 ? absl::Seconds(timeout) : absl::ZeroDuration());
+    }
+    return FromSizes(got);
+  }
+
   std::mutex mu_;
   std::shared_ptr<Client> client_;  // null once closed
 };
 
-PutOptions MakePutOptions(int replicas, const std::string& preferred, bool soft_pin) {
+PutOptions MakePutOptions(int replicas, const std::string& preferred, bool soft_pin, bool hard_pin) {
   PutOptions po;
   po.replicas = replicas;
   po.preferred_segment = preferred;
   po.soft_pin = soft_pin;
+  po.hard_pin = hard_pin;
   return po;
+}
+
+// Checks that each key's list of parts has as many sizes as pointers.
+void SameShape(const std::vector<std::vector<uintptr_t>>& ptrs, const std::vector<std::vector<size_t>>& sizes) {
+  for (size_t i = 0; i < ptrs.size() && i < sizes.size(); ++i) {
+    if (ptrs[i].size() != sizes[i].size()) {
+      throw StatusException{static_cast<int>(absl::StatusCode::kInvalidArgument),
+                            "a key's buffer pointers and sizes differ in number"};
+    }
+  }
 }
 
 // Checks that parallel lists have the lengths of `keys`; INVALID_ARGUMENT
@@ -504,33 +582,56 @@ PYBIND11_MODULE(_tierkv, m) {
       .def("close", &PyClient::Close)
       .def("put",
            [](PyClient& c, const std::string& key, py::handle value, int replicas, const std::string& preferred,
-              bool soft_pin, const std::string& group, const std::string& parent) {
-             c.Put(key, value, MakePutOptions(replicas, preferred, soft_pin), group, parent);
+              bool soft_pin, bool hard_pin, const std::string& group, const std::string& parent) {
+             c.Put(key, value, MakePutOptions(replicas, preferred, soft_pin, hard_pin), group, parent);
            })
       .def("put_ptr",
            [](PyClient& c, const std::string& key, uintptr_t ptr, size_t size, int replicas,
-              const std::string& preferred, bool soft_pin, const std::string& group, const std::string& parent) {
-             c.PutPtr(key, ptr, size, MakePutOptions(replicas, preferred, soft_pin), group, parent);
+              const std::string& preferred, bool soft_pin, bool hard_pin, const std::string& group,
+              const std::string& parent) {
+             c.PutPtr(key, ptr, size, MakePutOptions(replicas, preferred, soft_pin, hard_pin), group, parent);
            })
       .def("put_parts",
            [](PyClient& c, const std::string& key, const py::list& parts, int replicas, const std::string& preferred,
-              bool soft_pin) { c.PutParts(key, parts, MakePutOptions(replicas, preferred, soft_pin)); })
+              bool soft_pin, bool hard_pin) {
+             c.PutParts(key, parts, MakePutOptions(replicas, preferred, soft_pin, hard_pin));
+           })
       .def("get", &PyClient::GetValue)
       .def("get_into", &PyClient::GetInto)
       .def("get_into_ptr", &PyClient::GetIntoPtr)
       .def("batch_put",
            [](PyClient& c, const std::vector<std::string>& keys, const py::list& values,
               const std::vector<std::string>& groups, const std::vector<std::string>& parents, int replicas,
-              const std::string& preferred, bool soft_pin) {
+              const std::string& preferred, bool soft_pin, bool hard_pin) {
              SameLength(keys.size(), {static_cast<size_t>(py::len(values))});
-             return c.BatchPut(keys, values, groups, parents, MakePutOptions(replicas, preferred, soft_pin));
+             return c.BatchPut(keys, values, groups, parents, MakePutOptions(replicas, preferred, soft_pin, hard_pin));
+           })
+      .def("batch_put_parts",
+           [](PyClient& c, const std::vector<std::string>& keys, const py::list& parts,
+              const std::vector<std::string>& groups, const std::vector<std::string>& parents, int replicas,
+              const std::string& preferred, bool soft_pin, bool hard_pin) {
+             SameLength(keys.size(), {static_cast<size_t>(py::len(parts))});
+             return c.BatchPutParts(keys, parts, groups, parents,
+                                    MakePutOptions(replicas, preferred, soft_pin, hard_pin));
+           })
+      .def("batch_put_ptr_parts",
+           [](PyClient& c, const std::vector<std::string>& keys, const std::vector<std::vector<uintptr_t>>& ptrs,
+              const std::vector<std::vector<size_t>>& sizes, const std::vector<std::string>& groups,
+              const std::vector<std::string>& parents, int replicas, const std::string& preferred, bool soft_pin,
+              bool hard_pin) {
+             SameLength(keys.size(), {ptrs.size(), sizes.size()});
+             SameShape(ptrs, sizes);
+             return c.BatchPutPtrParts(keys, ptrs, sizes, groups, parents,
+                                       MakePutOptions(replicas, preferred, soft_pin, hard_pin));
            })
       .def("batch_put_ptrs",
            [](PyClient& c, const std::vector<std::string>& keys, const std::vector<uintptr_t>& ptrs,
               const std::vector<size_t>& sizes, const std::vector<std::string>& groups,
-              const std::vector<std::string>& parents, int replicas, const std::string& preferred, bool soft_pin) {
+              const std::vector<std::string>& parents, int replicas, const std::string& preferred, bool soft_pin,
+              bool hard_pin) {
              SameLength(keys.size(), {ptrs.size(), sizes.size()});
-             return c.BatchPutPtrs(keys, ptrs, sizes, groups, parents, MakePutOptions(replicas, preferred, soft_pin));
+             return c.BatchPutPtrs(keys, ptrs, sizes, groups, parents,
+                                   MakePutOptions(replicas, preferred, soft_pin, hard_pin));
            })
       .def("batch_get", &PyClient::BatchGet)
       .def("batch_get_into",
@@ -543,6 +644,18 @@ PYBIND11_MODULE(_tierkv, m) {
               const std::vector<size_t>& sizes, double timeout) {
              SameLength(keys.size(), {ptrs.size(), sizes.size()});
              return c.BatchGetIntoPtrs(keys, ptrs, sizes, timeout);
+           })
+      .def("batch_get_into_parts",
+           [](PyClient& c, const std::vector<std::string>& keys, const py::list& outs, double timeout) {
+             SameLength(keys.size(), {static_cast<size_t>(py::len(outs))});
+             return c.BatchGetIntoParts(keys, outs, timeout);
+           })
+      .def("batch_get_into_ptr_parts",
+           [](PyClient& c, const std::vector<std::string>& keys, const std::vector<std::vector<uintptr_t>>& ptrs,
+              const std::vector<std::vector<size_t>>& sizes, double timeout) {
+             SameLength(keys.size(), {ptrs.size(), sizes.size()});
+             SameShape(ptrs, sizes);
+             return c.BatchGetIntoPtrParts(keys, ptrs, sizes, timeout);
            })
       .def("exists", &PyClient::Exists)
       .def("batch_exists", &PyClient::BatchExists)

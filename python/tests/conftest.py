@@ -155,6 +155,17 @@ def client(cluster):
     c.close()
 
 
+@pytest.fixture
+def store(cluster):
+    """A MooncakeDistributedStore over the module's cluster, emptied first."""
+    from tierkv.mooncake_compat import MooncakeDistributedStore
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", cluster.master_address) == 0
+    s.remove_all(force=True)
+    yield s
+    s.close()
+
+
 def unique(prefix):
     """A key prefix no other test uses."""
     unique.n += 1

@@ -1,15 +1,17 @@
 """tierkv.mooncake_compat: Mooncake's Python store API and its return conventions."""
 
 import ctypes
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.request
 
 import numpy as np
 import pytest
 
-from conftest import unique
+from conftest import Cluster, unique
 from tierkv.mooncake_compat import (INVALID_PARAMS, OBJECT_HAS_LEASE, OBJECT_NOT_FOUND, MooncakeDistributedStore,
                                     ReplicateConfig)
 
@@ -18,15 +20,6 @@ MIB = 1 << 20
 
 def addr(a):
     return a.ctypes.data
-
-
-@pytest.fixture
-def store(cluster):
-    s = MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 * MIB, "tcp", "", cluster.master_address) == 0
-    s.remove_all(force=True)
-    yield s
-    s.close()
 
 
 def test_setup_forms(cluster):
@@ -224,3 +217,28 @@ def test_mooncake_store_import_resolves_to_tierkv_only_when_opted_in():
     env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0  # no shadowing by default
+
+
+def test_hard_pins_outlast_eviction_where_soft_pins_go():
+    c = Cluster(daemons=1, segment_size="16mib")
+    s = MooncakeDistributedStore()
+    try:
+        assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 0, "tcp", "", c.master_address) == 0
+        p = unique("pin")
+        hard, soft = ReplicateConfig(), ReplicateConfig()
+        hard.with_hard_pin = True
+        soft.with_soft_pin = True
+        blob = bytes(range(256)) * 4096  # 1 MiB
+        assert s.put(p + "hard", blob, hard) == 0
+        # Only soft-pinned objects follow, four times what fits: they must go,
+        # oldest first, and the hard pin must not.
+        for i in range(64):
+            assert s.put(p + str(i), blob, soft) == 0, i
+        assert s.is_exist(p + "hard") == 1 and s.get(p + "hard") == blob
+        assert s.is_exist(p + "0") == 0 and s.is_exist(p + "63") == 1
+        with urllib.request.urlopen(f"{c.metadata_url}/v1/objects/{p}hard", timeout=5) as r:
+            assert json.loads(r.read())["hard_pin"] is True
+        assert s.remove(p + "hard", force=True) == 0 and s.is_exist(p + "hard") == 0
+    finally:
+        s.close()
+        c.stop()

@@ -2,7 +2,9 @@
 
 FakeHostPool follows MHATokenToKVPoolHost's documented surface: kv_buffer,
 page_size, get_page_buffer_meta(indices) -> (ptrs, sizes) with K then V of
-each page (layout page_first: a page's K of every layer is contiguous).
+each page (layout page_first: a page's K of every layer is contiguous). The
+pool is a torch bfloat16 tensor, as SGLang's is, or a numpy array; every
+test runs over both.
 """
 
 import json
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import unique
 from tierkv.sglang import TierkvStore
@@ -22,22 +25,36 @@ PAGE_BYTES = 64 * 1024  # one page's K (or V) over all layers
 
 
 class FakeHostPool:
-    def __init__(self, pages):
+    def __init__(self, pages, kind="torch"):
         self.page_size = PAGE
-        self.kv_buffer = np.zeros((2, pages, PAGE_BYTES), dtype=np.uint8)  # [K|V][page][bytes]
+        self.pages = pages
+        if kind == "torch":  # [K|V][page][elements]
+            self.kv_buffer = torch.zeros((2, pages, PAGE_BYTES // 2), dtype=torch.bfloat16)
+            self._base = self.kv_buffer.data_ptr()
+            self._bytes = self.kv_buffer.view(torch.uint8).numpy()  # the same memory, as bytes
+        else:
+            self.kv_buffer = np.zeros((2, pages, PAGE_BYTES), dtype=np.uint8)
+            self._base = self.kv_buffer.ctypes.data
+            self._bytes = self.kv_buffer
 
     def get_page_buffer_meta(self, indices):
         ptrs, sizes = [], []
-        base = self.kv_buffer.ctypes.data
         for t in list(indices)[::self.page_size]:
             page = int(t) // self.page_size
-            ptrs += [base + page * PAGE_BYTES, base + (self.kv_buffer.shape[1] + page) * PAGE_BYTES]
+            ptrs += [self._base + page * PAGE_BYTES, self._base + (self.pages + page) * PAGE_BYTES]
             sizes += [PAGE_BYTES, PAGE_BYTES]
         return ptrs, sizes
 
     def fill(self, page, seed):
         rng = np.random.default_rng(seed)
-        self.kv_buffer[:, page, :] = rng.integers(0, 256, (2, PAGE_BYTES), dtype=np.uint8)
+        self._bytes[:, page, :] = rng.integers(0, 256, (2, PAGE_BYTES), dtype=np.uint8)
+
+    def page_bytes(self, pages):
+        """A copy of the K and V bytes of `pages` (a slice)."""
+        return self._bytes[:, pages, :].copy()
+
+    def zero(self):
+        self._bytes[:] = 0
 
 
 @dataclass
@@ -61,13 +78,13 @@ def indices(pages):
     return np.concatenate([np.arange(p * PAGE, (p + 1) * PAGE) for p in pages])
 
 
-@pytest.fixture
-def backend(cluster):
+@pytest.fixture(params=["torch", "numpy"])
+def backend(cluster, request):
     b = TierkvStore(StorageConfig(extra_config={"master_server_address": cluster.master_address,
                                                 "metadata_server": "P2PHANDSHAKE",
                                                 "transfer_timeout": 5, "rpc_timeout": 1}), None)
     b.clear()
-    pool = FakeHostPool(32)
+    pool = FakeHostPool(32, request.param)
     b.register_mem_pool_host(pool)
     yield b, pool
     b.close()
@@ -79,13 +96,13 @@ def test_pages_round_trip_zero_copy_with_groups_and_parents(backend, cluster):
     keys = [p + str(i) for i in range(8)]
     for i in range(8):
         pool.fill(i, 50 + i)
-    src = pool.kv_buffer[:, :8, :].copy()
+    src = pool.page_bytes(slice(0, 8))
     assert b.batch_set_v1(keys[:4], indices(range(4))) == [True] * 4
     assert b.batch_set_v1(keys[4:], indices(range(4, 8)), ExtraInfo(prefix_keys=keys[:4])) == [True] * 4
     assert b.batch_set_v1(keys[:2], indices(range(2))) == [True] * 2  # already there: stored
-    pool.kv_buffer[:] = 0
+    pool.zero()
     assert b.batch_get_v1(keys, indices(range(16, 24))) == [True] * 8
-    assert np.array_equal(pool.kv_buffer[:, 16:24, :], src)
+    assert np.array_equal(pool.page_bytes(slice(16, 24)), src)
 
     def obj(k):
         with urllib.request.urlopen(f"{cluster.metadata_url}/v1/objects/{k}") as r:
@@ -155,7 +172,7 @@ def test_killed_daemon_gives_false_never_none(fresh_cluster):
     fresh = [p + "after" + str(i) for i in range(4)]
     assert b.batch_set_v1(fresh, indices(range(16, 20))) == [True] * 4
     assert b.batch_get_v1(fresh, indices(range(32, 36))) == [True] * 4
-    assert np.array_equal(pool.kv_buffer[:, 32:36, :], pool.kv_buffer[:, 16:20, :])
+    assert np.array_equal(pool.page_bytes(slice(32, 36)), pool.page_bytes(slice(16, 20)))
     fresh_cluster.master.kill(signal.SIGKILL)
     t0 = time.monotonic()
     assert b.batch_get_v1(keys, indices(range(32, 48))) == [False] * 16

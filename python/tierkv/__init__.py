@@ -71,36 +71,62 @@ class Client:
         self.close()
 
     # --- writes ---------------------------------------------------------
-    def put(self, key, value, *, replicas=1, preferred_segment="", soft_pin=False, group="", parent_key=""):
+    # Every put takes replicas, preferred_segment (a segment name to place the
+    # first replica on), soft_pin (evicted only after unpinned objects) and
+    # hard_pin (never evicted; only remove takes it out).
+    def put(self, key, value, *, replicas=1, preferred_segment="", soft_pin=False, hard_pin=False, group="",
+            parent_key=""):
         """Stores `value` (any C-contiguous buffer, read in place). AlreadyExists
         if the key is present (first writer wins); ResourceExhausted when full."""
-        self._c.put(_key(key), value, replicas, preferred_segment, soft_pin, group, parent_key)
+        self._c.put(_key(key), value, replicas, preferred_segment, soft_pin, hard_pin, group, parent_key)
 
-    def put_ptr(self, key, ptr, size, *, replicas=1, preferred_segment="", soft_pin=False, group="",
-                parent_key=""):
+    def put_ptr(self, key, ptr, size, *, replicas=1, preferred_segment="", soft_pin=False, hard_pin=False,
+                group="", parent_key=""):
         """Stores `size` bytes at address `ptr` (memory the caller keeps alive for the call)."""
-        self._c.put_ptr(_key(key), int(ptr), int(size), replicas, preferred_segment, soft_pin, group,
+        self._c.put_ptr(_key(key), int(ptr), int(size), replicas, preferred_segment, soft_pin, hard_pin, group,
                         parent_key)
 
-    def put_parts(self, key, *parts, replicas=1, preferred_segment="", soft_pin=False):
-        """Stores the concatenation of `parts` as one value."""
-        self._c.put_parts(_key(key), list(parts), replicas, preferred_segment, soft_pin)
+    def put_parts(self, key, *parts, replicas=1, preferred_segment="", soft_pin=False, hard_pin=False):
+        """Stores the concatenation of `parts` as one value; each part is read in
+        place, never joined in a copy."""
+        self._c.put_parts(_key(key), list(parts), replicas, preferred_segment, soft_pin, hard_pin)
 
     def batch_put(self, keys, values, *, groups=None, parent_keys=None, replicas=1, preferred_segment="",
-                  soft_pin=False):
+                  soft_pin=False, hard_pin=False):
         """One entry per key: None where stored, the Error otherwise. Items with
         the same group become visible and leave together; parent_keys[i] is the
         previous page of the same prefix. InvalidArgument if lengths differ."""
         return _results(self._c.batch_put([_key(k) for k in keys], list(values), list(groups or []),
-                                          list(parent_keys or []), replicas, preferred_segment, soft_pin),
+                                          list(parent_keys or []), replicas, preferred_segment, soft_pin,
+                                          hard_pin),
                         lambda v: None)
 
     def batch_put_ptrs(self, keys, ptrs, sizes, *, groups=None, parent_keys=None, replicas=1,
-                       preferred_segment="", soft_pin=False):
+                       preferred_segment="", soft_pin=False, hard_pin=False):
         """batch_put from (address, size) pairs."""
         return _results(self._c.batch_put_ptrs([_key(k) for k in keys], [int(p) for p in ptrs],
                                                [int(s) for s in sizes], list(groups or []),
-                                               list(parent_keys or []), replicas, preferred_segment, soft_pin),
+                                               list(parent_keys or []), replicas, preferred_segment, soft_pin,
+                                               hard_pin),
+                        lambda v: None)
+
+    def batch_put_parts(self, keys, parts, *, groups=None, parent_keys=None, replicas=1, preferred_segment="",
+                        soft_pin=False, hard_pin=False):
+        """batch_put where key i's value is the concatenation of the buffers
+        parts[i], each read in place."""
+        return _results(self._c.batch_put_parts([_key(k) for k in keys], [list(p) for p in parts],
+                                                list(groups or []), list(parent_keys or []), replicas,
+                                                preferred_segment, soft_pin, hard_pin),
+                        lambda v: None)
+
+    def batch_put_ptr_parts(self, keys, ptrs, sizes, *, groups=None, parent_keys=None, replicas=1,
+                            preferred_segment="", soft_pin=False, hard_pin=False):
+        """batch_put_parts from addresses: key i's value is the concatenation of
+        sizes[i][j] bytes at ptrs[i][j]."""
+        return _results(self._c.batch_put_ptr_parts([_key(k) for k in keys], [[int(p) for p in ps] for ps in ptrs],
+                                                    [[int(s) for s in ss] for ss in sizes], list(groups or []),
+                                                    list(parent_keys or []), replicas, preferred_segment, soft_pin,
+                                                    hard_pin),
                         lambda v: None)
 
     # --- reads ----------------------------------------------------------
@@ -147,6 +173,21 @@ class Client:
         """batch_get_into for (address, size) pairs."""
         return self._sizes(self._c.batch_get_into_ptrs([_key(k) for k in keys], [int(p) for p in ptrs],
                                                        [int(s) for s in sizes], float(timeout)))
+
+    def batch_get_into_parts(self, keys, outs, *, timeout=0.0):
+        """Scatters key i's value over the writable buffers outs[i], in order,
+        filling each before the next. One entry per key: the value's size,
+        None on a miss, or the Error (InvalidArgument where outs[i] together
+        are too small)."""
+        return self._sizes(self._c.batch_get_into_parts([_key(k) for k in keys], [list(o) for o in outs],
+                                                        float(timeout)))
+
+    def batch_get_into_ptr_parts(self, keys, ptrs, sizes, *, timeout=0.0):
+        """batch_get_into_parts over sizes[i][j] bytes at ptrs[i][j]."""
+        return self._sizes(self._c.batch_get_into_ptr_parts([_key(k) for k in keys],
+                                                            [[int(p) for p in ps] for ps in ptrs],
+                                                            [[int(s) for s in ss] for ss in sizes],
+                                                            float(timeout)))
 
     @staticmethod
     def _sizes(pair):

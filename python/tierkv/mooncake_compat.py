@@ -20,14 +20,15 @@ pure client that lends nothing); local_buffer_size is accepted and unused
 "P2PHANDSHAKE" (or any non-http value) asks the master for its metadata URL;
 protocol "tcp" moves data over shm to same-host stores and tcp otherwise,
 "rdma" over rdma, falling back to tcp with a warning where no NIC is usable.
-ReplicateConfig.group_ids become tierkv groups; with_hard_pin is a soft pin
-(tierkv evicts nothing pinned while anything else can go).
+ReplicateConfig.group_ids become tierkv groups; with_soft_pin objects are
+evicted only after every unpinned one, with_hard_pin objects never (only a
+remove takes them out). The _multi_buffers forms and put_parts gather and
+scatter in place: no part is copied on the way.
 
 Timeouts come from TIERKV_RPC_TIMEOUT and TIERKV_TRANSFER_TIMEOUT (seconds;
 defaults 5 and 30), as tierkv's flags read TIERKV_<FLAG>.
 """
 
-import ctypes
 import json
 import logging
 import os
@@ -309,7 +310,7 @@ class MooncakeDistributedStore:
             return {}, None
         preferred = config.preferred_segment or (config.preferred_segments[0] if config.preferred_segments else "")
         opts = dict(replicas=max(1, int(config.replica_num)), preferred_segment=preferred,
-                    soft_pin=bool(config.with_soft_pin or config.with_hard_pin))
+                    soft_pin=bool(config.with_soft_pin), hard_pin=bool(config.with_hard_pin))
         groups = list(config.group_ids or [])
         if len(groups) == 1 and n > 1:
             groups = groups * n
@@ -367,8 +368,8 @@ class MooncakeDistributedStore:
         if len(keys) != len(all_buffer_ptrs) or len(keys) != len(all_sizes) or any(
                 len(p) != len(s) for p, s in zip(all_buffer_ptrs, all_sizes)):
             return [INVALID_PARAMS] * len(keys)
-        joined = [_gather(p, s) for p, s in zip(all_buffer_ptrs, all_sizes)]
-        return self._batch_put(keys, lambda c, **o: c.batch_put(keys, joined, **o), config)
+        return self._batch_put(keys, lambda c, **o: c.batch_put_ptr_parts(keys, all_buffer_ptrs, all_sizes, **o),
+                               config)
 
     def put_parts(self, key, *parts, config=None):
         c = self._client
@@ -416,7 +417,8 @@ class MooncakeDistributedStore:
     def batch_get_into_multi_buffers(self, keys, all_buffer_ptrs, all_sizes, prefer_same_node=True):
         """Each key's value is scattered over its buffers, in order; bytes read
         per key. INVALID_PARAMS where the buffers add up to less than the value,
-        TRANSFER_FAIL where to more (Mooncake's answers)."""
+        TRANSFER_FAIL where to more (Mooncake's answers; the value's bytes are
+        in the buffers' first bytes even then)."""
         keys = list(keys)
         if len(keys) != len(all_buffer_ptrs) or len(keys) != len(all_sizes) or any(
                 len(p) != len(s) for p, s in zip(all_buffer_ptrs, all_sizes)):
@@ -424,18 +426,15 @@ class MooncakeDistributedStore:
         c = self._client
         if c is None:
             return [UNAVAILABLE_IN_CURRENT_STATUS] * len(keys)
-        scratch = [bytearray(sum(int(x) for x in s)) for s in all_sizes]
         try:
-            res = c.batch_get_into(keys, scratch)
+            res = c.batch_get_into_ptr_parts(keys, all_buffer_ptrs, all_sizes)
         except Error as e:
             return [_code(e)] * len(keys)
         out = []
-        for r, buf, ptrs, sizes in zip(res, scratch, all_buffer_ptrs, all_sizes):
+        for r, sizes in zip(res, all_sizes):
             code = self._size_code(r)
-            if code >= 0 and code != len(buf):
+            if code >= 0 and code != sum(int(x) for x in sizes):
                 code = TRANSFER_FAIL
-            if code >= 0:
-                _scatter(buf, ptrs, sizes)
             out.append(code)
         return out
 
@@ -493,26 +492,6 @@ class MooncakeDistributedStore:
             return int(c.remove_all(force=force))
         except Error:
             return INTERNAL_ERROR
-
-
-def _gather(ptrs, sizes):
-    out = bytearray(sum(int(s) for s in sizes))
-    base = (ctypes.c_char * len(out)).from_buffer(out)
-    off = 0
-    for p, s in zip(ptrs, sizes):
-        ctypes.memmove(ctypes.addressof(base) + off, int(p), int(s))
-        off += int(s)
-    del base
-    return out
-
-
-def _scatter(buf, ptrs, sizes):
-    base = (ctypes.c_char * len(buf)).from_buffer(buf)
-    off = 0
-    for p, s in zip(ptrs, sizes):
-        ctypes.memmove(int(p), ctypes.addressof(base) + off, int(s))
-        off += int(s)
-    del base
 
 
 __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "ERROR_CODES"] + list(ERROR_CODES)

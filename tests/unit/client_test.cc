@@ -251,6 +251,47 @@ TEST_F(ClientTest, PutsAndGetsOfEveryShapeWorkWithRdmaPreferred) {
   ASSERT_OK(client_->UnregisterMemory(buf.get()));
 }
 
+TEST_F(ClientTest, GatheredPutsAndScatteredGetsMoveEachPieceInPlace) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"rdma", "tcp"}));
+  constexpr size_t kBuf = 4 << 20;
+  std::unique_ptr<char[]> buf(new char[kBuf]);
+  ASSERT_OK(client_->RegisterMemory(buf.get(), kBuf));
+  // Three parts far apart in registered memory, and an empty one.
+  const std::string p0 = Value(100000, 5), p1 = Value(1, 6), p2 = Value(250000, 7);
+  std::memcpy(buf.get(), p0.data(), p0.size());
+  std::memcpy(buf.get() + (1 << 20), p1.data(), p1.size());
+  std::memcpy(buf.get() + (2 << 20), p2.data(), p2.size());
+  client::PutItem item{"gathered", {}, "", ""};
+  item.parts = {{buf.get(), p0.size()}, {}, {buf.get() + (1 << 20), 1}, {buf.get() + (2 << 20), p2.size()}};
+  const uint64_t before = RdmaPosted();
+  ASSERT_OK(client_->BatchPut({item}, {.replicas = 2})[0]);
+  // Read where they lie: a joined copy would be unregistered and go over tcp.
+  EXPECT_GE(RdmaPosted() - before, 3u * 2);
+  const std::string whole = p0 + p1 + p2;
+  ASSERT_OK_AND_ASSIGN(std::string got, client_->Get("gathered"));  // the checksum covers every part
+  EXPECT_EQ(got, whole);
+
+  // Scattered over three buffers; the last has room to spare, left untouched.
+  std::memset(buf.get(), 0x5a, kBuf);
+  std::vector<absl::Span<char>> pieces{{buf.get(), 50000}, {buf.get() + (1 << 20), 200000},
+                                       {buf.get() + (2 << 20), 300000}};
+  auto sizes = client_->BatchGetScatter({"gathered", "missing"}, {pieces, pieces});
+  ASSERT_OK(sizes[0].status());
+  EXPECT_EQ(*sizes[0], whole.size());
+  EXPECT_THAT(sizes[1].status(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(std::string(buf.get(), 50000), whole.substr(0, 50000));
+  EXPECT_EQ(std::string(buf.get() + (1 << 20), 200000), whole.substr(50000, 200000));
+  const size_t rest = whole.size() - 250000;
+  EXPECT_EQ(std::string(buf.get() + (2 << 20), rest), whole.substr(250000));
+  EXPECT_EQ(buf[(2 << 20) + rest], 0x5a);
+  // Buffers that cannot hold the value: a clear error, nothing read.
+  auto small = client_->BatchGetScatter({"gathered"}, {{{buf.get(), 1000}, {buf.get() + 4096, 1000}}});
+  EXPECT_THAT(small[0].status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  auto unequal = client_->BatchGetScatter({"gathered", "missing"}, {pieces});
+  EXPECT_THAT(unequal[1].status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK(client_->UnregisterMemory(buf.get()));
+}
+
 TEST(EngineFallbackTest, ARequestRdmaRefusesIsServedByTcp) {
   auto metadata = transport::NewInMemoryMetadata();
   constexpr uint64_t kSize = 1 << 20;
