@@ -310,6 +310,9 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
   }
 
   FollowUp follow;
+  // Where each group's first member went: the others follow it there, so
+  // losing a segment loses whole groups rather than a half of many.
+  absl::flat_hash_map<const Group*, std::vector<uint32_t>> homes;
   for (size_t i = 0; i < items.size(); ++i) {
     const PutItem& item = items[i];
     PutStartOut& res = out[i];
@@ -349,8 +352,10 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
           break;
         }
       }
-      absl::StatusOr<std::vector<Replica>> placed =
-          registry_->Allocate(item.size, replicas, item.preferred_segment);
+      auto home = group != nullptr ? homes.find(group) : homes.end();
+      absl::StatusOr<std::vector<Replica>> placed = registry_->Allocate(
+          item.size, replicas, item.preferred_segment,
+          home != homes.end() ? absl::Span<const uint32_t>(home->second) : absl::Span<const uint32_t>());
       if (!placed.ok()) {
         if (attempt == 0 && absl::IsResourceExhausted(placed.status())) {
           // Make room outside the shard lock, then try once more.
@@ -363,6 +368,10 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
         }
         res.status = placed.status();
         break;
+      }
+      if (group != nullptr && home == homes.end()) {
+        std::vector<uint32_t>& ids = homes[group];
+        for (const Replica& r : *placed) ids.push_back(r.segment_id);
       }
       slot = NewSlot(s);
       Object& o = s.objects[slot];

@@ -88,7 +88,8 @@ std::vector<uint32_t> SegmentRegistry::Expire(absl::Time now, absl::Duration ttl
 }
 
 absl::StatusOr<std::vector<Replica>> SegmentRegistry::Allocate(uint64_t size, int count,
-                                                               const std::string& preferred) {
+                                                               const std::string& preferred,
+                                                               absl::Span<const uint32_t> with) {
   MutexLock lock(&mu_);
   struct Candidate {
     Segment* seg;
@@ -111,7 +112,13 @@ absl::StatusOr<std::vector<Replica>> SegmentRegistry::Allocate(uint64_t size, in
   if (candidates.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat("no segment has room for ", size, " bytes"));
   }
+  auto rank = [&](const Segment* seg) {
+    auto it = std::find(with.begin(), with.end(), seg->id);
+    return static_cast<size_t>(it - with.begin());  // with.size() when not in `with`
+  };
   std::sort(candidates.begin(), candidates.end(), [&](const Candidate& a, const Candidate& b) {
+    size_t ra = rank(a.seg), rb = rank(b.seg);
+    if (ra != rb) return ra < rb;
     bool pa = a.seg->spec.name == preferred, pb = b.seg->spec.name == preferred;
     if (pa != pb) return pa;
     if (a.free != b.free) return a.free > b.free;

@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "config/base/mutex.h"
 #include "master/allocator.h"
 
@@ -83,8 +84,11 @@ class SegmentRegistry {
   // segment. Fewer than `count` replicas are placed only when the cluster
   // has fewer segments with room; RESOURCE_EXHAUSTED if none has room,
   // UNAVAILABLE if no segment is live at all (eviction would not help).
-  absl::StatusOr<std::vector<Replica>> Allocate(uint64_t size, int count,
-                                                const std::string& preferred);
+  // `with`: the segments of an object this one belongs with (the first
+  // member of its group), taken before all others, in order, when able: a
+  // group then lives and dies on the same segments.
+  absl::StatusOr<std::vector<Replica>> Allocate(uint64_t size, int count, const std::string& preferred,
+                                                absl::Span<const uint32_t> with = {});
   // Returns an extent; a no-op for a segment that has left.
   void Free(const Replica& r, uint64_t size);
   // Marks an extent used while rebuilding from persistence.

@@ -1,5 +1,6 @@
 #include "master/object_index.h"
 
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -339,6 +340,32 @@ TEST_F(IndexTest, GroupsAreVisibleAtOnceAndLeaveWhole) {
   EXPECT_FALSE(Present("g-v"));
   EXPECT_EQ(registry_->used(), 0u);
   EXPECT_EQ(index_->Stats().groups, 0u);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+TEST_F(IndexTest, AGroupsMembersShareTheirSegments) {
+  for (const char* seg : {"seg-a", "seg-b", "seg-c"}) Mount(seg, 1 << 20);
+  // Without the rule, each member would go where the most room is left,
+  // which alternates between segments as they fill.
+  std::vector<PutItem> items;
+  for (int page = 0; page < 6; ++page) {
+    for (const char* half : {"k", "v"}) {
+      items.push_back({absl::StrCat("p", page, half), 1000, 2, "", absl::StrCat("g", page)});
+    }
+  }
+  std::vector<PutStartOut> started = index_->PutStart(items);
+  std::set<std::set<std::string>> homes;
+  for (size_t i = 0; i < items.size(); i += 2) {
+    ASSERT_OK(started[i].status);
+    ASSERT_OK(started[i + 1].status);
+    ASSERT_EQ(started[i].replicas.size(), 2u);
+    std::set<std::string> k, v;
+    for (const ExtentOut& e : started[i].replicas) k.insert(e.segment);
+    for (const ExtentOut& e : started[i + 1].replicas) v.insert(e.segment);
+    EXPECT_EQ(k, v) << items[i].group;
+    homes.insert(k);
+  }
+  EXPECT_GT(homes.size(), 1u);  // groups still spread over the cluster
   EXPECT_OK(index_->CheckInvariants());
 }
 
