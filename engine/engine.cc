@@ -64,10 +64,10 @@ void InferenceEngine::RegisterMetrics() {
   prompt_tokens_ = &metrics::BuildCounter().Name("tierkv_engine_prompt_tokens_total").Help("Prompt tokens served").Register(metrics_).Add({});
   hit_tokens_ = &metrics::BuildCounter().Name("tierkv_engine_hit_tokens_total").Help("Prompt tokens served from the cache, by tier").Register(metrics_);
   hit_pages_ = &metrics::BuildCounter().Name("tierkv_engine_hit_pages_total").Help("Pages served from the cache, by tier").Register(metrics_);
-  prefetch_seconds_ = &metrics::BuildHistogram().Name("tierkv_engine_prefetch_seconds").Help("Time spent looking up and fetching from the store per request").Register(metrics_).Add({}, metrics::Histogram::ExponentialBuckets(1e-5, 4, 10));
+  prefetch_seconds_ = &metrics::BuildHistogram().Name("tierkv_engine_prefetch_seconds").Help("Time spent looking up and fetching from the store per request").Register(metrics_).Add({}, metrics::ExponentialBuckets(1e-5, 4, 10));
   prefetch_bytes_ = &metrics::BuildCounter().Name("tierkv_engine_prefetch_bytes_total").Help("Bytes fetched from the store").Register(metrics_).Add({});
   window_rate_ = &metrics::BuildGauge().Name("tierkv_engine_window_hit_rate").Help("Token hit rate over the last requests (sliding window)").Register(metrics_).Add({});
-  ttft_ = &metrics::BuildHistogram().Name("tierkv_engine_ttft_seconds").Help("Time to first token").Register(metrics_).Add({}, metrics::Histogram::ExponentialBuckets(1e-4, 2, 20));
+  ttft_ = &metrics::BuildHistogram().Name("tierkv_engine_ttft_seconds").Help("Time to first token").Register(metrics_).Add({}, metrics::ExponentialBuckets(1e-4, 2, 20));
   auto& copies = metrics::BuildCounter().Name("tierkv_engine_page_copies_total").Help("Pages copied between L2 (host) and L1 (the device pool)").Register(metrics_);
   copies_in_ = &copies.Add({{"direction", "l2_to_l1"}});
   copies_out_ = &copies.Add({{"direction", "l1_to_l2"}});

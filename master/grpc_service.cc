@@ -19,7 +19,7 @@ class Service final : public v1::Master::CallbackService {
                           "RemoveAll", "Stats"}) {
       metrics::Labels l{{"method", m}};
       stats_[m] = {&calls.Add(l), &errors.Add(l), &items.Add(l),
-                   &latency.Add(l, metrics::Histogram::ExponentialBuckets(1e-6, 4, 12))};
+                   &latency.Add(l, metrics::ExponentialBuckets(1e-6, 4, 12))};
     }
   }
 

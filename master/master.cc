@@ -1,5 +1,7 @@
 #include "master/master.h"
 
+#include <set>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "config/base/log.h"
@@ -247,17 +249,22 @@ void Master::RegisterMetrics() {
     groups.Add({}).Set(static_cast<double>(st.groups));
     memory.Add({}).Set(static_cast<double>(st.memory_bytes));
     clients.Add({}).Set(static_cast<double>(clients_seen()));
-    // Rebuild the per-segment gauges so departed segments disappear.
-    std::vector<metrics::Labels> stale;
-    used.ForEach([&](const metrics::Labels& l, metrics::Gauge&) { stale.push_back(l); });
-    for (const auto& l : stale) {
-      used.Remove(l);
-      capacity.Remove(l);
-    }
+    // Per-segment gauges: set the live segments', drop departed ones'.
+    std::set<metrics::Labels> live;
     for (const SegmentSnapshot& s : registry_.Snapshot()) {
       metrics::Labels l{{"segment", s.spec.name}, {"host", s.spec.host}};
       used.Add(l).Set(static_cast<double>(s.used));
       capacity.Add(l).Set(static_cast<double>(s.spec.capacity));
+      live.insert(std::move(l));
+    }
+    for (const prometheus::MetricFamily& f : used.Collect()) {
+      for (const prometheus::ClientMetric& m : f.metric) {
+        metrics::Labels l;
+        for (const prometheus::ClientMetric::Label& label : m.label) l[label.name] = label.value;
+        if (live.contains(l)) continue;
+        metrics::RemoveLabels(used, l);
+        metrics::RemoveLabels(capacity, l);
+      }
     }
   });
 }

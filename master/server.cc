@@ -60,7 +60,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
         absl::StrCat("cannot serve HTTP on ", config.listen, ":", config.http_port));
   }
   s->master_->set_http_port(s->http_port_);
-  s->http_thread_ = std::thread([srv = s->http_.get()] { srv->listen_after_bind(); });
+  s->http_->Start();
   s->ticker_ = std::thread([srv = s.get(), interval = config.check_interval] { srv->TickLoop(interval); });
   return s;
 }
@@ -84,8 +84,7 @@ void MasterServer::Shutdown() {
     stopping_ = true;
   }
   stop_cv_.SignalAll();
-  if (http_) http_->stop();
-  if (http_thread_.joinable()) http_thread_.join();
+  if (http_) http_->Stop();
   if (grpc_) grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (ticker_.joinable()) ticker_.join();
   if (master_) {

@@ -50,7 +50,6 @@ class MasterServer {
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<HttpServer> http_;
-  std::thread http_thread_;
   std::thread ticker_;
   Mutex mu_;
   CondVar stop_cv_;

@@ -8,7 +8,7 @@ pkgs=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev libcpp-httplib-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libibverbs-dev libopenblas-dev
-  prometheus curl procps iproute2 nftables
+  prometheus prometheus-cpp-dev curl procps iproute2 nftables
   python3-dev pybind11-dev python3-pytest python3-numpy python3-torch
 )
 if [ "${TIERKV_WITH_SANITIZERS:-0}" = 1 ]; then

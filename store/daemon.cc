@@ -112,13 +112,7 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   if (d->http_port_ <= 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", config.listen, ":", config.http_port));
   }
-  d->http_thread_ = std::thread([srv = d->http_.get()] { srv->listen_after_bind(); });
-  // httplib's stop() does nothing to a server whose loop has not started
-  // yet, which then serves forever: a SIGTERM right after start would hang
-  // Stop(). Return only once the loop runs.
-  absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (!d->http_->is_running() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
-  if (!d->http_->is_running()) TKV_LOG(WARNING) << "the HTTP server is slow to start";
+  d->http_->Start();
   return d;
 }
 
@@ -146,8 +140,7 @@ void StoreDaemon::Stop() {
   if (stopped_) return;
   stopped_ = true;
   if (lender_) lender_->Stop();  // unmount first: clients stop choosing us
-  if (http_) http_->stop();
-  if (http_thread_.joinable()) http_thread_.join();
+  if (http_) http_->Stop();
   lender_.reset();
   engine_.reset();
 }

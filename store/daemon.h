@@ -57,7 +57,6 @@ class StoreDaemon {
   std::unique_ptr<client::SegmentLender> lender_;
   metrics::Registry metrics_;
   std::unique_ptr<HttpServer> http_;
-  std::thread http_thread_;
   int http_port_ = 0;
   bool stopped_ = false;
 };

@@ -90,19 +90,15 @@ class MetricsServer {
       res.set_content(body, "text/plain; version=0.0.4; charset=utf-8");
     });
     port_ = server_.Bind("127.0.0.1", port);
-    if (port_ > 0) thread_ = std::thread([this] { server_.listen_after_bind(); });
+    if (port_ > 0) server_.Start();
   }
-  ~MetricsServer() {
-    server_.stop();
-    if (thread_.joinable()) thread_.join();
-  }
+  ~MetricsServer() { server_.Stop(); }
   int port() const { return port_; }
   void Add(metrics::Registry* r) { registries_.push_back(r); }
 
  private:
   HttpServer server_{HttpServer::Options{.threads = 2}};
   std::vector<metrics::Registry*> registries_;
-  std::thread thread_;
   int port_ = -1;
 };
 

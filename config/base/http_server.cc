@@ -164,7 +164,35 @@ HttpServer::HttpServer(Options options) : options_(options) {
   for (int i = 0; i < std::max(1, options_.threads); ++i) workers_.emplace_back([this] { WorkLoop(); });
 }
 
+void HttpServer::Start(absl::Duration wait) {
+  serving_ = std::thread([this] {
+    listen_after_bind();
+    served_.store(true);
+  });
+  const absl::Time deadline = absl::Now() + wait;
+  while (!is_running() && !served_.load() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  if (!is_running() && wait > absl::ZeroDuration()) TKV_LOG(WARNING) << "the HTTP server is slow to start";
+}
+
+void HttpServer::Stop() {
+  if (!serving_.joinable()) return;
+  // The loop either runs (stop() ends it) or returns on its own (a failed
+  // listen); wait for one of the two, so stop() is never lost.
+  const absl::Time warn_at = absl::Now() + absl::Seconds(10);
+  bool warned = false;
+  while (!is_running() && !served_.load()) {
+    if (!warned && absl::Now() > warn_at) {
+      TKV_LOG(WARNING) << "the HTTP server's loop has not started after 10 s; still waiting to stop it";
+      warned = true;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  stop();
+  serving_.join();
+}
+
 HttpServer::~HttpServer() {
+  Stop();
   stop();
   stopping_.store(true);
   uint64_t one = 1;

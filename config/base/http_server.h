@@ -54,6 +54,14 @@ class HttpServer : public httplib::Server {
   // The bound port, or -1.
   int Bind(const std::string& host, int port);
 
+  // After a successful Bind: serves on a thread of its own, returning once
+  // the accept loop runs (or after `wait`, with a warning).
+  void Start(absl::Duration wait = absl::Seconds(10));
+  // Stops serving and joins that thread, whether or not the loop had begun
+  // (httplib's stop() alone does nothing to a loop not running yet, which
+  // would then serve forever). Idempotent; the destructor calls it.
+  void Stop();
+
   // Serves the request held in `request` (bytes as a client would send
   // them, possibly several pipelined requests) and returns everything the
   // server wrote back. No socket is involved: for fuzzing and tests.
@@ -86,6 +94,8 @@ class HttpServer : public httplib::Server {
   std::unordered_map<int, std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
   std::thread poller_;
   std::vector<std::thread> workers_;
+  std::thread serving_;                 // Start's accept loop
+  std::atomic<bool> served_{false};     // that loop has returned
 };
 
 }  // namespace tierkv

@@ -13,6 +13,7 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/cluster.h"
+#include "tests/support/promtool.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/values.h"
 
@@ -229,6 +230,7 @@ TEST_F(StoreClusterTest, PrefixLookupsAreCountedPerClient) {
   ASSERT_OK(metrics);
   EXPECT_THAT(*metrics, ::testing::HasSubstr(R"(tierkv_master_query_pages_asked_total{call="prefix",client="engine-a"} 5)"));
   EXPECT_THAT(*metrics, ::testing::HasSubstr(R"(tierkv_master_query_pages_found_total{call="prefix",client="engine-a"} 3)"));
+  EXPECT_TRUE(testing::PromtoolAccepts(*metrics));
   std::string cmd = testing::BinaryPath("tierkvctl") + " --http=127.0.0.1:" + std::to_string(cluster_.http_port()) + " stats";
   FILE* p = ::popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
@@ -318,6 +320,7 @@ TEST_F(StoreClusterTest, ReadinessFollowsTheMountAndSigtermUnmounts) {
     auto metrics = cluster_.HttpGet("/metrics", ready_port);
     ASSERT_TRUE(metrics.ok());
     EXPECT_NE(metrics->find("tierkv_store_mounted 1"), std::string::npos);
+    EXPECT_TRUE(testing::PromtoolAccepts(*metrics));
     (*d)->Kill(SIGTERM);
     EXPECT_EQ((*d)->Wait(), 0);
     segs = cluster_.HttpGet("/v1/segments", http);
