@@ -8,7 +8,9 @@ const FlagTable<CtlConfig>& CtlFlags() {
       "tierkvctl",
       "Operate a tierkv cluster.\n\n"
       "  tierkvctl [flags] segments          segments, capacity, use, liveness\n"
-      "  tierkvctl [flags] stats             index and capacity figures\n"
+      "  tierkvctl [flags] stats             index and capacity figures, hit rates and their bound\n"
+      "  tierkvctl [flags] top               live: per client and key prefix, hit rate vs the\n"
+      "                                      bound over the window, capacity, evictions/s\n"
       "  tierkvctl [flags] key <key>         an object's replicas, size, state, lease, pin\n"
       "  tierkvctl [flags] put <key> <file>  store a file's bytes ('-' reads stdin)\n"
       "  tierkvctl [flags] get <key> <file>  fetch a value ('-' writes stdout)\n"
@@ -22,6 +24,9 @@ const FlagTable<CtlConfig>& CtlFlags() {
           IntFlag<C>("replicas", &C::replicas, "1", 1, 8, "put: replicas to write"),
           BoolFlag<C>("force", &C::force, "false", "rm: remove even while leased"),
           DurationFlag<C>("timeout", &C::timeout, "10s", 0.01, 3600, "deadline for each step"),
+          DurationFlag<C>("interval", &C::interval, "1s", 0.01, 3600, "top: time between refreshes"),
+          IntFlag<C>("iterations", &C::iterations, "0", 0, 1ll << 31,
+                     "top: stop after this many refreshes; 0: until Ctrl-C"),
       });
   return *table;
 }

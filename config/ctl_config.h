@@ -17,6 +17,8 @@ struct CtlConfig {
   int64_t replicas = 0;
   bool force = false;
   absl::Duration timeout;
+  absl::Duration interval;  // top
+  int64_t iterations = 0;   // top; 0: unbounded
 };
 
 const FlagTable<CtlConfig>& CtlFlags();

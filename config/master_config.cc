@@ -38,6 +38,16 @@ const FlagTable<MasterConfig>& MasterFlags() {
           IntFlag<C>("max-batch", &C::max_batch, "65536", 1, 1 << 24, "most keys in one RPC"),
           IntFlag<C>("max-pending-per-client", &C::max_pending_per_client, "65536", 0, 1ll << 32,
                      "most puts one client may have between PutStart and PutEnd; 0: no cap"),
+          StringFlag<C>("query-stats-key-prefix-separator", &C::query_stats_key_prefix_separator, "",
+                        "query stats also count per key prefix: the part of a key before the first "
+                        "occurrence of this string (\"llama3@...\" -> \"llama3\" for \"@\"); empty: "
+                        "per client only"),
+          IntFlag<C>("query-stats-max-prefixes", &C::query_stats_max_prefixes, "64", 1, 1 << 16,
+                     "most key prefixes counted by name; later ones count as \"other\""),
+          SizeFlag<C>("hit-bound-sketch-bytes", &C::hit_bound_sketch_bytes, "8mib", 0, 1ull << 34,
+                      "Bloom filter of keys ever stored, for the bound on the hit rate (\"possible\"): "
+                      "about 1 % false positives up to bytes*8/9.6 distinct keys (870k per MiB); 0: "
+                      "no bound"),
           SizeFlag<C>("max-message-size", &C::max_message_size, "16mib", 1024, 1u << 31,
                       "largest gRPC message received or sent"),
           SizeFlag<C>("max-http-body", &C::max_http_body, "16mib", 1024, 1u << 31,

@@ -148,21 +148,47 @@ void PrefixCache::PutToL3(const std::vector<TreePage*>& pages) {
   }
 }
 
+const char* StopReasonName(StopReason r) {
+  switch (r) {
+    case StopReason::kComplete:
+      return "complete";
+    case StopReason::kFirstMiss:
+      return "first_miss";
+    case StopReason::kLost:
+      return "lost";
+    case StopReason::kTimeout:
+      return "timeout";
+    case StopReason::kStoreError:
+      return "store_error";
+    case StopReason::kCorrupt:
+      return "corrupt";
+    case StopReason::kL2Full:
+      return "l2_full";
+    case StopReason::kL1Full:
+      return "l1_full";
+  }
+  return "?";
+}
+
 size_t PrefixCache::FetchFromL3(absl::Span<const int32_t> tokens, Lookup* lookup, size_t max_pages) {
   const size_t have = lookup->pages.size();
   const size_t whole = std::min(lookup->keys.size(), max_pages);
-  if (l3_ == nullptr || have >= whole) return 0;
+  if (have >= whole) return 0;
+  lookup->stop = StopReason::kFirstMiss;
+  if (l3_ == nullptr) return 0;
   absl::Time t0 = absl::Now();
   std::vector<std::string> probe;
   for (size_t i = have; i < whole; ++i) probe.push_back(RankKey(lookup->keys[i], 0, config_.tp));
   absl::StatusOr<size_t> present = l3_->PrefixMatch(probe);
   if (!present.ok()) {
+    lookup->stop = StopReason::kStoreError;
     lookup->l3_error = true;
     ++stats_.l3_errors;
     lookup->fetch_time += absl::Now() - t0;
     return 0;
   }
   size_t want = *present;
+  if (want >= probe.size()) lookup->stop = StopReason::kComplete;
   if (want == 0) {
     lookup->fetch_time += absl::Now() - t0;
     return 0;
@@ -174,6 +200,7 @@ size_t PrefixCache::FetchFromL3(absl::Span<const int32_t> tokens, Lookup* lookup
     if (s < 0) break;
     slots.push_back(s);
   }
+  if (slots.size() < want) lookup->stop = StopReason::kL2Full;
   want = slots.size();
   std::vector<std::string> keys;
   std::vector<absl::Span<char>> outs;
@@ -202,7 +229,16 @@ size_t PrefixCache::FetchFromL3(absl::Span<const int32_t> tokens, Lookup* lookup
       TKV_LOG(ERROR) << "page " << lookup->keys[have + got].Hex() << " from the store failed verification";
       ++lookup->l3_corrupt;
       ++stats_.l3_corrupt_pages;
+      lookup->stop = StopReason::kCorrupt;
       ok = false;
+    } else if (!ok) {
+      lookup->stop = StopReason::kStoreError;
+      for (int r = 0; r < config_.tp; ++r) {
+        const absl::Status& s = st[got * config_.tp + r];
+        if (absl::IsNotFound(s)) lookup->stop = StopReason::kLost;
+        if (absl::IsDeadlineExceeded(s)) lookup->stop = StopReason::kTimeout;
+        if (!s.ok()) break;
+      }
     }
     if (!ok) break;
   }
@@ -281,6 +317,7 @@ Lookup PrefixCache::Acquire(absl::Span<const int32_t> tokens, size_t max_pages) 
       }
     }
     if (s < 0) {
+      l.stop = StopReason::kL1Full;
       for (size_t j = i; j < l.pages.size(); ++j) {
         --l.pages[j]->pins;
         Reindex(l.pages[j]);
@@ -297,6 +334,8 @@ Lookup PrefixCache::Acquire(absl::Span<const int32_t> tokens, size_t max_pages) 
   stats_.l2_hit_pages += l.l2_pages;
   stats_.l3_hit_pages += l.l3_pages;
   stats_.miss_pages += std::min(l.keys.size(), max_pages) - l.pages.size();
+  stats_.lookup_pages += std::min(l.keys.size(), max_pages);
+  ++stats_.stops[static_cast<int>(l.stop)];
   return l;
 }
 

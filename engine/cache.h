@@ -27,6 +27,7 @@
 // Not thread-safe: one engine thread drives it.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <set>
@@ -70,6 +71,25 @@ struct CacheConfig {
   Device* device = nullptr;
 };
 
+// Why a lookup's prefix ended where it did (the last stage that cut it).
+// kFirstMiss is the master's PrefixMatch stopping short (its asked minus
+// found pages), or no store; the rest are pages the store matched but the
+// engine could not use.
+enum class StopReason : uint8_t {
+  kComplete = 0,  // every page the lookup could match hit
+  kFirstMiss,     // the next page is in no tier
+  kLost,          // matched, then NOT_FOUND at the read: evicted since, or its read lease ran out
+  kTimeout,       // the read missed its prefetch deadline
+  kStoreError,    // the store failed (lookup or read)
+  kCorrupt,       // a page came back with the wrong bytes
+  kL2Full,        // no L2 room for the pages to fetch
+  kL1Full,        // no L1 room (or a failed copy into L1) for the prefix
+};
+inline constexpr int kStopReasons = 8;
+// The metric label: "complete", "first_miss", "lost", "timeout", "store_error",
+// "corrupt", "l2_full", "l1_full".
+const char* StopReasonName(StopReason r);
+
 struct Lookup {
   std::vector<PageKey> keys;     // every whole page of the request
   std::vector<TreePage*> pages;  // the cached prefix, in L1, pinned
@@ -79,6 +99,7 @@ struct Lookup {
   bool l3_error = false;         // the store failed (the request recomputes)
   size_t l3_corrupt = 0;         // pages the store returned with the wrong bytes (never used)
   absl::Status device_status;    // a failed copy into L1 (the prefix stops there)
+  StopReason stop = StopReason::kComplete;
 };
 
 struct CacheStats {
@@ -90,6 +111,8 @@ struct CacheStats {
   uint64_t l1_evictions = 0, l2_evictions = 0;
   uint64_t l1_loads = 0, l1_stores = 0;  // pages copied L2 -> L1, L1 -> L2
   double l3_fetch_seconds = 0;
+  uint64_t lookup_pages = 0;  // pages lookups could have matched (before the last token)
+  std::array<uint64_t, kStopReasons> stops{};  // lookups by StopReason
 };
 
 class PrefixCache {

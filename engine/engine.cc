@@ -63,6 +63,9 @@ void InferenceEngine::RegisterMetrics() {
   requests_ = &metrics::BuildCounter().Name("tierkv_engine_requests_total").Help("Prompts served").Register(metrics_).Add({});
   prompt_tokens_ = &metrics::BuildCounter().Name("tierkv_engine_prompt_tokens_total").Help("Prompt tokens served").Register(metrics_).Add({});
   hit_tokens_ = &metrics::BuildCounter().Name("tierkv_engine_hit_tokens_total").Help("Prompt tokens served from the cache, by tier").Register(metrics_);
+  lookup_tokens_ = &metrics::BuildCounter().Name("tierkv_engine_lookup_tokens_total").Help("Prompt tokens the cache was asked for (whole pages before each prompt's last token); minus the hits, the misses").Register(metrics_).Add({});
+  auto& stops = metrics::BuildCounter().Name("tierkv_engine_lookup_stops_total").Help("Cache lookups by why the cached prefix ended (complete, first_miss, lost, timeout, store_error, corrupt, l2_full, l1_full)").Register(metrics_);
+  for (int i = 0; i < kStopReasons; ++i) stops_[i] = &stops.Add({{"reason", StopReasonName(static_cast<StopReason>(i))}});
   hit_pages_ = &metrics::BuildCounter().Name("tierkv_engine_hit_pages_total").Help("Pages served from the cache, by tier").Register(metrics_);
   prefetch_seconds_ = &metrics::BuildHistogram().Name("tierkv_engine_prefetch_seconds").Help("Time spent looking up and fetching from the store per request").Register(metrics_).Add({}, metrics::ExponentialBuckets(1e-5, 4, 10));
   prefetch_bytes_ = &metrics::BuildCounter().Name("tierkv_engine_prefetch_bytes_total").Help("Bytes fetched from the store").Register(metrics_).Add({});
@@ -103,6 +106,8 @@ RequestResult InferenceEngine::Serve(absl::Span<const int32_t> prompt) {
   r.fetch_bytes = lookup.fetch_bytes;
   r.store_error = lookup.l3_error;
   r.corrupt_pages = lookup.l3_corrupt;
+  r.lookup_tokens = std::min(lookup.keys.size(), prompt.empty() ? 0 : (prompt.size() - 1) / P) * P;
+  r.stop = lookup.stop;
 
   const size_t pages_needed = (prompt.size() + P - 1) / P;
   std::vector<int> new_slots;
@@ -174,6 +179,8 @@ RequestResult InferenceEngine::Serve(absl::Span<const int32_t> prompt) {
   copies_out_->Increment(static_cast<double>(cache_->stats().l1_stores - stores));
   if (!r.status.ok()) failed_->Increment();
   prompt_tokens_->Increment(static_cast<double>(r.tokens));
+  lookup_tokens_->Increment(static_cast<double>(r.lookup_tokens));
+  stops_[static_cast<int>(r.stop)]->Increment();
   hit_tokens_->Add({{"tier", "l1"}}).Increment(static_cast<double>(r.l1_tokens));
   hit_tokens_->Add({{"tier", "l2"}}).Increment(static_cast<double>(r.l2_tokens));
   hit_tokens_->Add({{"tier", "l3"}}).Increment(static_cast<double>(r.l3_tokens));

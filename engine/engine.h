@@ -12,6 +12,7 @@
 // Not thread-safe: one request at a time (as one scheduler step would).
 #pragma once
 
+#include <array>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -45,6 +46,8 @@ struct RequestResult {
   size_t tokens = 0;
   size_t cached_tokens = 0;
   size_t l1_tokens = 0, l2_tokens = 0, l3_tokens = 0;
+  size_t lookup_tokens = 0;  // tokens the cache was asked for: whole pages before the last token
+  StopReason stop = StopReason::kComplete;  // why the cached prefix ended there
   double fetch_s = 0;
   double compute_s = 0;
   double ttft_s = 0;          // fetch + compute
@@ -96,6 +99,8 @@ class InferenceEngine {
   metrics::Counter* prompt_tokens_ = nullptr;
   metrics::Family<metrics::Counter>* hit_tokens_ = nullptr;
   metrics::Family<metrics::Counter>* hit_pages_ = nullptr;
+  metrics::Counter* lookup_tokens_ = nullptr;
+  std::array<metrics::Counter*, kStopReasons> stops_{};
   metrics::Histogram* prefetch_seconds_ = nullptr;
   metrics::Counter* prefetch_bytes_ = nullptr;
   metrics::Gauge* window_rate_ = nullptr;

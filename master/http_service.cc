@@ -127,21 +127,46 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
   });
   server->Get("/v1/stats", [=](const httplib::Request&, httplib::Response& res) {
     IndexStats st = master->index().Stats();
-    // What clients asked and found, per call, cumulative and windowed.
-    json queries = {{"window_s", absl::ToDoubleSeconds(master->queries().window())}, {"clients", json::array()}};
-    for (const QueryStats::Row& r : master->queries().Snapshot(master->clock()->Now())) {
-      json row = {{"client", r.client}};
+    // What clients asked and found, per call, cumulative and windowed, and
+    // what was possible (docs: README "stats").
+    const QueryStats::View view = master->queries().Snapshot(master->clock()->Now());
+    auto rate = [](uint64_t n, uint64_t asked) { return asked ? static_cast<double>(n) / asked : 0.0; };
+    auto row_json = [&](const char* label, const QueryStats::Row& r) {
+      json row = {{label, r.name}};
       for (int k = 0; k < QueryStats::kKinds; ++k) {
-        const char* name = QueryStats::KindName(static_cast<QueryStats::Kind>(k));
-        auto rate = [](const QueryStats::Counts& c) { return c.asked ? static_cast<double>(c.found) / c.asked : 0.0; };
-        row[name] = {{"pages_asked", r.total[k].asked},
-                     {"pages_found", r.total[k].found},
-                     {"hit_rate", rate(r.total[k])},
-                     {"window_pages_asked", r.window[k].asked},
-                     {"window_pages_found", r.window[k].found},
-                     {"window_hit_rate", rate(r.window[k])}};
+        const QueryStats::Counts& t = r.total[k];
+        const QueryStats::Counts& w = r.window[k];
+        row[QueryStats::KindName(static_cast<QueryStats::Kind>(k))] = {
+            {"pages_asked", t.asked},
+            {"pages_found", t.found},
+            {"pages_possible", t.possible},
+            {"bytes_found", t.bytes_found},
+            {"hit_rate", rate(t.found, t.asked)},
+            {"possible_rate", rate(t.possible, t.asked)},
+            {"window_pages_asked", w.asked},
+            {"window_pages_found", w.found},
+            {"window_pages_possible", w.possible},
+            {"window_bytes_found", w.bytes_found},
+            {"window_hit_rate", rate(w.found, w.asked)},
+            {"window_possible_rate", rate(w.possible, w.asked)}};
       }
-      queries["clients"].push_back(std::move(row));
+      return row;
+    };
+    auto histo_json = [](const QueryStats::Histo& h) {
+      return json{{"le", h.bounds}, {"counts", h.counts}, {"count", h.count}, {"sum", h.sum}};
+    };
+    json queries = {{"window_s", absl::ToDoubleSeconds(master->queries().window())},
+                    {"sketch_bytes", view.sketch_bytes},
+                    {"sketch_false_positive_rate", view.sketch_false_positive_rate},
+                    {"clients", json::array()},
+                    {"prefixes", json::array()},
+                    {"prefix_match_pages", histo_json(view.prefix_match_pages)},
+                    {"reuse_seconds", json::object()}};
+    for (const QueryStats::Row& r : view.clients) queries["clients"].push_back(row_json("client", r));
+    for (const QueryStats::Row& r : view.prefixes) queries["prefixes"].push_back(row_json("key_prefix", r));  // "prefix" is a call
+    for (int k = 0; k < QueryStats::kKinds; ++k) {
+      queries["reuse_seconds"][QueryStats::KindName(static_cast<QueryStats::Kind>(k))] =
+          histo_json(view.reuse_seconds[k]);
     }
     uint64_t used = master->registry().used(), capacity = master->registry().capacity();
     SendJson(res, 200,

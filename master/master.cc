@@ -30,7 +30,7 @@ std::string EncodeSegment(const SegmentSpec& spec) {
 Master::Master(MasterOptions options, std::unique_ptr<IndexStore> store, Clock* clock)
     : options_(options), clock_(clock), store_(std::move(store)) {
   index_ = std::make_unique<ObjectIndex>(options_.index, &registry_, store_.get(), clock_);
-  queries_ = std::make_unique<QueryStats>(&metrics_);
+  queries_ = std::make_unique<QueryStats>(&metrics_, options_.queries);
   RegisterMetrics();
 }
 

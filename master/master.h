@@ -35,6 +35,8 @@ struct MasterOptions {
   // Most puts one client may hold between PutStart and PutEnd/PutRevoke
   // (0: no cap), so one runaway writer cannot pin the cluster's memory.
   uint64_t max_pending_per_client = 65536;
+  // What clients ask and find, and the bound on it (see QueryStats).
+  QueryStatsOptions queries;
 };
 
 struct HeartbeatResult {

@@ -535,12 +535,14 @@ std::vector<LookupOut> ObjectIndex::Impl::GetReplicas(const std::vector<std::str
     out[i].size = o.size;
     o.deadline_ms = std::max(o.deadline_ms, lease_until);
     out[i].lease_expiry = absl::FromUnixMillis(o.deadline_ms);
+    out[i].idle_s = HitOf(o).idle_s;
     Touch(s, slot);
   }
   return out;
 }
 
-std::vector<bool> ObjectIndex::Impl::Exists(const std::vector<std::string>& keys) {
+std::vector<bool> ObjectIndex::Impl::Exists(const std::vector<std::string>& keys,
+                                            std::vector<KeyHit>* hits) {
   std::vector<bool> out(keys.size());
   auto names = LiveNames();
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -549,11 +551,13 @@ std::vector<bool> ObjectIndex::Impl::Exists(const std::vector<std::string>& keys
     uint32_t slot = Find(s, keys[i]);
     out[i] = slot != kNil && Visible(s.objects[slot]) &&
              !VisibleExtents(s.objects[slot], names).empty();
+    if (hits != nullptr) hits->push_back(out[i] ? HitOf(s.objects[slot]) : KeyHit{});
   }
   return out;
 }
 
-size_t ObjectIndex::Impl::PrefixMatch(const std::vector<std::string>& keys) {
+size_t ObjectIndex::Impl::PrefixMatch(const std::vector<std::string>& keys,
+                                      std::vector<KeyHit>* hits) {
   auto names = LiveNames();
   size_t n = 0;
   for (; n < keys.size(); ++n) {
@@ -564,6 +568,7 @@ size_t ObjectIndex::Impl::PrefixMatch(const std::vector<std::string>& keys) {
         VisibleExtents(s.objects[slot], names).empty()) {
       break;
     }
+    if (hits != nullptr) hits->push_back(HitOf(s.objects[slot]));
     Touch(s, slot);
   }
   return n;
@@ -687,11 +692,11 @@ std::vector<LookupOut> ObjectIndex::GetReplicas(const std::vector<std::string>& 
                                                 bool resolve_names) {
   return impl_->GetReplicas(keys, resolve_names);
 }
-std::vector<bool> ObjectIndex::Exists(const std::vector<std::string>& keys) {
-  return impl_->Exists(keys);
+std::vector<bool> ObjectIndex::Exists(const std::vector<std::string>& keys, std::vector<KeyHit>* hits) {
+  return impl_->Exists(keys, hits);
 }
-size_t ObjectIndex::PrefixMatch(const std::vector<std::string>& keys) {
-  return impl_->PrefixMatch(keys);
+size_t ObjectIndex::PrefixMatch(const std::vector<std::string>& keys, std::vector<KeyHit>* hits) {
+  return impl_->PrefixMatch(keys, hits);
 }
 std::vector<absl::Status> ObjectIndex::Remove(const std::vector<std::string>& keys, bool force) {
   return impl_->Remove(keys, force);

@@ -70,11 +70,22 @@ struct PutStartOut {
   std::vector<ExtentOut> replicas;
 };
 
+// What a lookup saw of a key it found, for the master's query stats; read
+// under the shard lock the lookup holds anyway.
+struct KeyHit {
+  bool found = false;
+  uint64_t size = 0;
+  // Seconds since the object was put or last read (PrefixMatch, GetReplicas),
+  // or given a second chance by the evictor: its reuse distance.
+  uint32_t idle_s = 0;
+};
+
 struct LookupOut {
   absl::Status status;  // NOT_FOUND for a miss
   uint64_t size = 0;
   std::vector<ExtentOut> replicas;
   absl::Time lease_expiry;
+  uint32_t idle_s = 0;  // as KeyHit::idle_s, read before this lookup's access
 };
 
 struct ObjectInfo {
@@ -131,11 +142,13 @@ class ObjectIndex {
   std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys,
                                      bool resolve_names = true);
 
-  std::vector<bool> Exists(const std::vector<std::string>& keys);
+  // With `hits`, also what was seen of each key (one per key).
+  std::vector<bool> Exists(const std::vector<std::string>& keys, std::vector<KeyHit>* hits = nullptr);
 
   // How many leading keys are visible; stops at the first miss. Counts as an
-  // access to the matched keys.
-  size_t PrefixMatch(const std::vector<std::string>& keys);
+  // access to the matched keys. With `hits`, also what was seen of each
+  // matched key (one per matched key, appended).
+  size_t PrefixMatch(const std::vector<std::string>& keys, std::vector<KeyHit>* hits = nullptr);
 
   // NOT_FOUND when absent; FAILED_PRECONDITION when leased (or pending)
   // and !force. Removing a group member removes its group.

@@ -1,18 +1,120 @@
 #include "master/query_stats.h"
 
-namespace tierkv::master {
+#include <algorithm>
+#include <cmath>
 
-QueryStats::QueryStats(metrics::Registry* registry, absl::Duration window, size_t max_clients)
-    : window_(window), max_clients_(max_clients) {
+#include "absl/hash/hash.h"
+
+namespace tierkv::master {
+namespace {
+
+// Matched pages per PrefixMatch: 0, 1, 2, 4, ... 4096, +Inf.
+std::vector<double> PageBounds() {
+  std::vector<double> b{0};
+  for (double v = 1; v <= 4096; v *= 2) b.push_back(v);
+  return b;
+}
+// Reuse distance in seconds; the index keeps whole seconds.
+std::vector<double> ReuseBounds() { return {0, 1, 5, 15, 60, 300, 900, 3600, 14400, 86400}; }
+
+uint64_t Mix(uint64_t x) {  // splitmix64's finaliser
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+KeySketch::KeySketch(size_t bytes)
+    : words_(std::max<size_t>(1, (bytes + 7) / 8)),
+      bits_(words_ * 64),
+      w_(new std::atomic<uint64_t>[words_]()) {}
+
+void KeySketch::Add(absl::string_view key) {
+  const uint64_t h1 = absl::HashOf(key, uint8_t{0x17});
+  const uint64_t h2 = Mix(h1) | 1;
+  for (int i = 0; i < kHashes; ++i) {
+    const uint64_t bit = (h1 + i * h2) % bits_;
+    const uint64_t mask = uint64_t{1} << (bit % 64);
+    if ((w_[bit / 64].fetch_or(mask, std::memory_order_relaxed) & mask) == 0) {
+      set_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+}
+
+bool KeySketch::MayContain(absl::string_view key) const {
+  const uint64_t h1 = absl::HashOf(key, uint8_t{0x17});
+  const uint64_t h2 = Mix(h1) | 1;
+  for (int i = 0; i < kHashes; ++i) {
+    const uint64_t bit = (h1 + i * h2) % bits_;
+    if ((w_[bit / 64].load(std::memory_order_relaxed) & (uint64_t{1} << (bit % 64))) == 0) return false;
+  }
+  return true;
+}
+
+double KeySketch::FalsePositiveRate() const {
+  return std::pow(static_cast<double>(bits_set()) / static_cast<double>(bits_), kHashes);
+}
+
+void QueryStats::OwnHisto::Observe(double v) {
+  size_t i = std::lower_bound(bounds.begin(), bounds.end(), v) - bounds.begin();
+  ++counts[i];
+  ++count;
+  sum += v;
+}
+
+QueryStats::QueryStats(metrics::Registry* registry, QueryStatsOptions options)
+    : options_(std::move(options)) {
+  if (options_.sketch_bytes > 0) sketch_ = std::make_unique<KeySketch>(options_.sketch_bytes);
+  prefix_pages_.bounds = PageBounds();
+  prefix_pages_.counts.assign(prefix_pages_.bounds.size() + 1, 0);
+  for (OwnHisto& h : reuse_) {
+    h.bounds = ReuseBounds();
+    h.counts.assign(h.bounds.size() + 1, 0);
+  }
   if (registry == nullptr) return;
-  asked_family_ = &metrics::BuildCounter()
-                       .Name("tierkv_master_query_pages_asked_total")
-                       .Help("Pages (keys) clients asked about, by client and call (prefix, exists, get)")
-                       .Register(*registry);
-  found_family_ = &metrics::BuildCounter()
-                       .Name("tierkv_master_query_pages_found_total")
-                       .Help("Pages (keys) clients asked about that were present, by client and call")
-                       .Register(*registry);
+  auto family = [&](const std::string& name, const std::string& help) {
+    return &metrics::BuildCounter().Name(name).Help(help).Register(*registry);
+  };
+  client_families_.asked = family("tierkv_master_query_pages_asked_total",
+                                  "Pages (keys) clients asked about, by client and call (prefix, exists, get)");
+  client_families_.found = family("tierkv_master_query_pages_found_total",
+                                  "Pages (keys) clients asked about that were present, by client and call");
+  client_families_.possible = family(
+      "tierkv_master_query_pages_possible_total",
+      "Pages asked that were ever stored (an infinite cache would have hit them; a Bloom filter, so may "
+      "overcount by its false-positive rate), by client and call");
+  client_families_.bytes_found = family("tierkv_master_query_bytes_found_total",
+                                        "Bytes of the objects found, by client and call");
+  if (!options_.key_prefix_separator.empty()) {
+    prefix_families_.asked = family("tierkv_master_query_prefix_pages_asked_total",
+                                    "Pages asked, by key prefix (model tag) and call");
+    prefix_families_.found = family("tierkv_master_query_prefix_pages_found_total",
+                                    "Pages found, by key prefix and call");
+    prefix_families_.possible = family("tierkv_master_query_prefix_pages_possible_total",
+                                       "Pages asked that were ever stored, by key prefix and call");
+    prefix_families_.bytes_found = family("tierkv_master_query_prefix_bytes_found_total",
+                                          "Bytes of the objects found, by key prefix and call");
+  }
+  prefix_pages_metric_ = &metrics::BuildHistogram()
+                              .Name("tierkv_master_prefix_match_pages")
+                              .Help("Leading pages matched per PrefixMatch call")
+                              .Register(*registry)
+                              .Add({}, PageBounds());
+  auto& reuse = metrics::BuildHistogram()
+                    .Name("tierkv_master_hit_reuse_seconds")
+                    .Help("Per hit: seconds since the object was put or last read, by call")
+                    .Register(*registry);
+  for (int k = 0; k < kKinds; ++k) {
+    reuse_metric_[k] = &reuse.Add({{"call", KindName(static_cast<Kind>(k))}}, ReuseBounds());
+  }
+  sketch_fp_metric_ = &metrics::BuildGauge()
+                           .Name("tierkv_master_hit_bound_sketch_false_positive_rate")
+                           .Help("Chance that a never-stored page counts as possible (the bound's overcount)")
+                           .Register(*registry)
+                           .Add({});
 }
 
 const char* QueryStats::KindName(Kind k) {
@@ -27,69 +129,156 @@ const char* QueryStats::KindName(Kind k) {
   return "?";
 }
 
+std::string QueryStats::PrefixOf(absl::string_view key) const {
+  size_t at = key.find(options_.key_prefix_separator);
+  if (at == absl::string_view::npos) return "-";
+  return std::string(key.substr(0, at));
+}
+
 int64_t QueryStats::Epoch(absl::Time now) const {
   return absl::ToInt64Milliseconds(now - absl::UnixEpoch()) /
-         std::max<int64_t>(1, absl::ToInt64Milliseconds(window_ / kBuckets));
+         std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.window / kBuckets));
 }
 
-void QueryStats::Record(const std::string& client, Kind kind, uint64_t asked, uint64_t found,
-                        absl::Time now) {
-  const int64_t epoch = Epoch(now);
-  MutexLock lock(&mu_);
-  auto it = clients_.find(client.empty() ? "unnamed" : client);
-  if (it == clients_.end()) {
-    const std::string name = clients_.size() < max_clients_ ? (client.empty() ? "unnamed" : client) : "other";
-    it = clients_.try_emplace(name).first;
-    if (asked_family_ != nullptr && it->second.asked_metric[0] == nullptr) {
-      for (int k = 0; k < kKinds; ++k) {
-        metrics::Labels labels{{"client", name}, {"call", KindName(static_cast<Kind>(k))}};
-        it->second.asked_metric[k] = &asked_family_->Add(labels);
-        it->second.found_metric[k] = &found_family_->Add(labels);
-      }
+void QueryStats::NoteStored(const std::vector<std::string>& keys) {
+  if (sketch_ == nullptr) return;
+  for (const std::string& k : keys) sketch_->Add(k);
+  if (sketch_fp_metric_ != nullptr) sketch_fp_metric_->Set(sketch_->FalsePositiveRate());
+}
+
+QueryStats::Entry& QueryStats::EntryFor(std::map<std::string, Entry>* map, const std::string& name,
+                                        size_t cap, const Families& f, const char* label) {
+  auto it = map->find(name);
+  if (it != map->end()) return it->second;
+  const std::string kept = map->size() < cap ? name : std::string("other");
+  it = map->try_emplace(kept).first;
+  Entry& e = it->second;
+  if (f.asked != nullptr && e.metrics[0].asked == nullptr) {
+    for (int k = 0; k < kKinds; ++k) {
+      metrics::Labels labels{{label, kept}, {"call", KindName(static_cast<Kind>(k))}};
+      e.metrics[k] = {&f.asked->Add(labels), &f.found->Add(labels), &f.possible->Add(labels),
+                      &f.bytes_found->Add(labels)};
     }
   }
-  Client& c = it->second;
-  c.total[kind].asked += asked;
-  c.total[kind].found += found;
-  Bucket& b = c.buckets[epoch % kBuckets];
+  return e;
+}
+
+void QueryStats::Add(Entry* e, Kind kind, const Counts& c, int64_t epoch) {
+  auto add = [&](Counts& to) {
+    to.asked += c.asked;
+    to.found += c.found;
+    to.possible += c.possible;
+    to.bytes_found += c.bytes_found;
+  };
+  add(e->total[kind]);
+  Bucket& b = e->buckets[epoch % kBuckets];
   if (b.epoch != epoch) b = Bucket{epoch, {}};
-  b.counts[kind].asked += asked;
-  b.counts[kind].found += found;
-  if (c.asked_metric[kind] != nullptr) {
-    c.asked_metric[kind]->Increment(static_cast<double>(asked));
-    c.found_metric[kind]->Increment(static_cast<double>(found));
+  add(b.counts[kind]);
+  const Metrics& m = e->metrics[kind];
+  if (m.asked != nullptr) {
+    m.asked->Increment(static_cast<double>(c.asked));
+    m.found->Increment(static_cast<double>(c.found));
+    m.possible->Increment(static_cast<double>(c.possible));
+    m.bytes_found->Increment(static_cast<double>(c.bytes_found));
   }
 }
 
-void QueryStats::AddTo(std::array<Counts, kKinds>* window, const Client& c, int64_t epoch) const {
-  for (const Bucket& b : c.buckets) {
+void QueryStats::Record(const std::string& client, Kind kind, const std::vector<std::string>& keys,
+                        const std::vector<KeyHit>& hits, absl::Time now) {
+  const int64_t epoch = Epoch(now);
+  // Per key, outside the lock: found, possible, bytes. A PrefixMatch's
+  // possible run is the leading keys ever stored; a matched key always is
+  // (it may predate the sketch, e.g. recovered after a restart).
+  std::vector<Counts> per_key(keys.size());
+  Counts call;
+  bool run = true;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const bool found = i < hits.size() && hits[i].found;
+    bool possible = found || (sketch_ != nullptr && sketch_->MayContain(keys[i]));
+    if (kind == kPrefix) {
+      run = run && possible;
+      possible = run;
+    }
+    per_key[i] = {1, found ? 1u : 0u, possible ? 1u : 0u, found ? hits[i].size : 0};
+    call.asked += 1;
+    call.found += per_key[i].found;
+    call.possible += per_key[i].possible;
+    call.bytes_found += per_key[i].bytes_found;
+  }
+  const std::string name = client.empty() ? "unnamed" : client;
+  MutexLock lock(&mu_);
+  Add(&EntryFor(&clients_, name, options_.max_clients, client_families_, "client"), kind, call, epoch);
+  if (!options_.key_prefix_separator.empty()) {
+    // Keys of one call usually share a prefix: add runs, not keys.
+    for (size_t i = 0; i < keys.size();) {
+      std::string prefix = PrefixOf(keys[i]);
+      Counts run_counts;
+      for (; i < keys.size() && PrefixOf(keys[i]) == prefix; ++i) {
+        run_counts.asked += per_key[i].asked;
+        run_counts.found += per_key[i].found;
+        run_counts.possible += per_key[i].possible;
+        run_counts.bytes_found += per_key[i].bytes_found;
+      }
+      Add(&EntryFor(&prefixes_, prefix, options_.max_prefixes, prefix_families_, "prefix"), kind, run_counts,
+          epoch);
+    }
+  }
+  if (kind == kPrefix) {
+    prefix_pages_.Observe(static_cast<double>(call.found));
+    if (prefix_pages_metric_ != nullptr) prefix_pages_metric_->Observe(static_cast<double>(call.found));
+  }
+  for (const KeyHit& h : hits) {
+    if (!h.found) continue;
+    reuse_[kind].Observe(h.idle_s);
+    if (reuse_metric_[kind] != nullptr) reuse_metric_[kind]->Observe(h.idle_s);
+  }
+}
+
+QueryStats::Row QueryStats::RowOf(const std::string& name, const Entry& e, int64_t epoch) {
+  Row r;
+  r.name = name;
+  r.total = e.total;
+  for (const Bucket& b : e.buckets) {
     if (b.epoch < 0 || b.epoch <= epoch - kBuckets || b.epoch > epoch) continue;
     for (int k = 0; k < kKinds; ++k) {
-      (*window)[k].asked += b.counts[k].asked;
-      (*window)[k].found += b.counts[k].found;
+      r.window[k].asked += b.counts[k].asked;
+      r.window[k].found += b.counts[k].found;
+      r.window[k].possible += b.counts[k].possible;
+      r.window[k].bytes_found += b.counts[k].bytes_found;
     }
   }
+  return r;
 }
 
-std::vector<QueryStats::Row> QueryStats::Snapshot(absl::Time now) const {
+QueryStats::View QueryStats::Snapshot(absl::Time now) const {
   const int64_t epoch = Epoch(now);
-  std::vector<Row> rows(1);
-  rows[0].client = "all";
-  MutexLock lock(&mu_);
-  for (const auto& [name, c] : clients_) {
-    Row r;
-    r.client = name;
-    r.total = c.total;
-    AddTo(&r.window, c, epoch);
-    for (int k = 0; k < kKinds; ++k) {
-      rows[0].total[k].asked += r.total[k].asked;
-      rows[0].total[k].found += r.total[k].found;
-      rows[0].window[k].asked += r.window[k].asked;
-      rows[0].window[k].found += r.window[k].found;
-    }
-    rows.push_back(std::move(r));
+  View v;
+  v.clients.resize(1);
+  v.clients[0].name = "all";
+  auto add = [](Counts& to, const Counts& c) {
+    to.asked += c.asked;
+    to.found += c.found;
+    to.possible += c.possible;
+    to.bytes_found += c.bytes_found;
+  };
+  if (sketch_ != nullptr) {
+    v.sketch_bytes = sketch_->bits() / 8;
+    v.sketch_false_positive_rate = sketch_->FalsePositiveRate();
   }
-  return rows;
+  MutexLock lock(&mu_);
+  for (const auto& [name, e] : clients_) {
+    Row r = RowOf(name, e, epoch);
+    for (int k = 0; k < kKinds; ++k) {
+      add(v.clients[0].total[k], r.total[k]);
+      add(v.clients[0].window[k], r.window[k]);
+    }
+    v.clients.push_back(std::move(r));
+  }
+  for (const auto& [name, e] : prefixes_) v.prefixes.push_back(RowOf(name, e, epoch));
+  auto histo = [](const OwnHisto& h) { return Histo{h.bounds, h.counts, h.count, h.sum}; };
+  v.prefix_match_pages = histo(prefix_pages_);
+  for (int k = 0; k < kKinds; ++k) v.reuse_seconds[k] = histo(reuse_[k]);
+  return v;
 }
 
 }  // namespace tierkv::master

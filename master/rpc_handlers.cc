@@ -69,7 +69,15 @@ void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& clie
 }
 
 void PutEnd(Master* m, const v1::KeysRequest& req, v1::KeysResponse* resp) {
-  for (const absl::Status& s : m->index().PutEnd(Keys(req.keys()))) SetStatus(resp->add_status(), s);
+  std::vector<std::string> keys = Keys(req.keys());
+  std::vector<absl::Status> done = m->index().PutEnd(keys);
+  std::vector<std::string> stored;
+  for (size_t i = 0; i < done.size(); ++i) {
+    SetStatus(resp->add_status(), done[i]);
+    if (done[i].ok() && i < keys.size()) stored.push_back(std::move(keys[i]));
+  }
+  // "Ever stored", for the bound on the hit rate.
+  m->queries().NoteStored(stored);
 }
 
 void PutRevoke(Master* m, const v1::KeysRequest& req, v1::KeysResponse* resp) {
@@ -77,7 +85,8 @@ void PutRevoke(Master* m, const v1::KeysRequest& req, v1::KeysResponse* resp) {
 }
 
 void GetReplicas(Master* m, const v1::KeysRequest& req, v1::GetReplicasResponse* resp) {
-  std::vector<LookupOut> found = m->index().GetReplicas(Keys(req.keys()), false);
+  std::vector<std::string> keys = Keys(req.keys());
+  std::vector<LookupOut> found = m->index().GetReplicas(keys, false);
   int n = static_cast<int>(found.size());
   resp->mutable_sizes()->Reserve(n);
   resp->mutable_lease_expiry_unix_ms()->Reserve(n);
@@ -112,24 +121,26 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, v1::GetReplicasResponse*
   // Read after the leases were granted, so a client's view of what is left
   // errs short.
   resp->set_now_unix_ms(absl::ToUnixMillis(m->clock()->Now()));
-  uint64_t hits = 0;
-  for (int i = 0; i < resp->sizes_size(); ++i) hits += resp->sizes(i) > 0;
-  m->queries().Record(req.client_id(), QueryStats::kGet, req.keys_size(), hits, m->clock()->Now());
+  std::vector<KeyHit> hits(found.size());
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (resp->sizes(static_cast<int>(i)) > 0) hits[i] = {true, found[i].size, found[i].idle_s};
+  }
+  m->queries().Record(req.client_id(), QueryStats::kGet, keys, hits, m->clock()->Now());
 }
 
 void Exists(Master* m, const v1::KeysRequest& req, v1::ExistsResponse* resp) {
-  uint64_t found = 0;
-  for (bool b : m->index().Exists(Keys(req.keys()))) {
-    resp->add_present(b);
-    found += b;
-  }
-  m->queries().Record(req.client_id(), QueryStats::kExists, req.keys_size(), found, m->clock()->Now());
+  std::vector<std::string> keys = Keys(req.keys());
+  std::vector<KeyHit> hits;
+  for (bool b : m->index().Exists(keys, &hits)) resp->add_present(b);
+  m->queries().Record(req.client_id(), QueryStats::kExists, keys, hits, m->clock()->Now());
 }
 
 void PrefixMatch(Master* m, const v1::KeysRequest& req, v1::PrefixMatchResponse* resp) {
-  const size_t matched = m->index().PrefixMatch(Keys(req.keys()));
+  std::vector<std::string> keys = Keys(req.keys());
+  std::vector<KeyHit> hits;
+  const size_t matched = m->index().PrefixMatch(keys, &hits);
   resp->set_matched(static_cast<uint32_t>(matched));
-  m->queries().Record(req.client_id(), QueryStats::kPrefix, req.keys_size(), matched, m->clock()->Now());
+  m->queries().Record(req.client_id(), QueryStats::kPrefix, keys, hits, m->clock()->Now());
 }
 
 void Remove(Master* m, const v1::RemoveRequest& req, v1::KeysResponse* resp) {

@@ -24,6 +24,9 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   MasterOptions options;
   options.segment_ttl = config.segment_ttl;
   options.max_pending_per_client = static_cast<uint64_t>(config.max_pending_per_client);
+  options.queries.key_prefix_separator = config.query_stats_key_prefix_separator;
+  options.queries.max_prefixes = static_cast<size_t>(config.query_stats_max_prefixes);
+  options.queries.sketch_bytes = static_cast<size_t>(config.hit_bound_sketch_bytes);
   options.index.shards = static_cast<int>(config.shards);
   options.index.lease_ttl = config.lease_ttl;
   options.index.put_timeout = config.put_timeout;

@@ -1,5 +1,9 @@
 // tierkvctl: the operator's CLI. Read-only views come from the master's
 // HTTP query endpoints; put/get/rm/doctor use the client library.
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -8,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "client/client.h"
 #include "config/base/log.h"
 #include "config/ctl_config.h"
@@ -73,6 +78,44 @@ int Segments(const CtlConfig& c) {
   return 0;
 }
 
+// The hit rate clients see, whatever engine they run, against what any
+// cache could have served: "hit rate 31 % of a possible 37 %".
+void PrintHitRates(const json& q) {
+  std::printf("\n");
+  const json& all = q["clients"][0];
+  for (const char* call : {"prefix", "exists", "get"}) {
+    if (!all.contains(call) || all[call].value("pages_asked", uint64_t{0}) == 0) continue;
+    const json& t = all[call];
+    std::printf("%-22s hit rate %.1f %% of a possible %.1f %% (%llu of %llu pages, %llu possible, %s found)\n",
+                absl::StrCat(call, " pages").c_str(), 100 * t.value("hit_rate", 0.0),
+                100 * t.value("possible_rate", 0.0), static_cast<unsigned long long>(t.value("pages_found", uint64_t{0})),
+                static_cast<unsigned long long>(t.value("pages_asked", uint64_t{0})),
+                static_cast<unsigned long long>(t.value("pages_possible", uint64_t{0})),
+                FormatSize(t.value("bytes_found", uint64_t{0})).c_str());
+  }
+  std::printf("\n%-32s %-7s %12s %12s %12s %7s %7s   %s\n", "CLIENT / PREFIX", "CALL", "ASKED", "FOUND", "POSSIBLE",
+              "HIT%", "BOUND%", absl::StrCat("LAST ", static_cast<int>(q.value("window_s", 0.0)), " s").c_str());
+  for (const char* group : {"clients", "prefixes"}) {
+    if (!q.contains(group)) continue;
+    for (const json& r : q[group]) {
+      const std::string name =
+          r.contains("client") ? "client " + r.value("client", "?") : "prefix " + r.value("key_prefix", "?");
+      for (const char* call : {"prefix", "exists", "get"}) {
+        if (!r.contains(call)) continue;
+        const json& p = r[call];
+        if (p.value("pages_asked", uint64_t{0}) == 0) continue;
+        std::printf("%-32s %-7s %12llu %12llu %12llu %6.1f%% %6.1f%%   %6.1f%% of %.1f%% (%llu asked)\n", name.c_str(),
+                    call, static_cast<unsigned long long>(p.value("pages_asked", uint64_t{0})),
+                    static_cast<unsigned long long>(p.value("pages_found", uint64_t{0})),
+                    static_cast<unsigned long long>(p.value("pages_possible", uint64_t{0})),
+                    100 * p.value("hit_rate", 0.0), 100 * p.value("possible_rate", 0.0),
+                    100 * p.value("window_hit_rate", 0.0), 100 * p.value("window_possible_rate", 0.0),
+                    static_cast<unsigned long long>(p.value("window_pages_asked", uint64_t{0})));
+      }
+    }
+  }
+}
+
 int Stats(const CtlConfig& c) {
   absl::StatusOr<json> st = FetchJson(c, "/v1/stats");
   if (!st.ok()) return Fail(std::string(st.status().message()));
@@ -84,18 +127,70 @@ int Stats(const CtlConfig& c) {
     if (k == "queries") continue;
     std::printf("%-22s %s\n", k.c_str(), v.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
   }
-  // The hit rate each client sees in its prefix lookups, whatever engine it is.
   const json& q = (*st)["queries"];
   if (!q.is_object() || !q.contains("clients")) return 0;
-  std::printf("\n%-24s %12s %12s %7s   %s\n", "CLIENT (prefix pages)", "ASKED", "FOUND", "HIT%",
-              absl::StrCat("LAST ", static_cast<int>(q.value("window_s", 0.0)), " s").c_str());
-  for (const json& r : q["clients"]) {
-    const json& p = r["prefix"];
-    std::printf("%-24s %12llu %12llu %6.1f%%   %6.1f%% of %llu\n", r.value("client", "?").c_str(),
-                static_cast<unsigned long long>(p.value("pages_asked", uint64_t{0})),
-                static_cast<unsigned long long>(p.value("pages_found", uint64_t{0})), 100 * p.value("hit_rate", 0.0),
-                100 * p.value("window_hit_rate", 0.0),
-                static_cast<unsigned long long>(p.value("window_pages_asked", uint64_t{0})));
+  PrintHitRates(q);
+  return 0;
+}
+
+// Ctrl-C ends `top` between refreshes.
+volatile std::sig_atomic_t g_stop = 0;
+void OnInterrupt(int) { g_stop = 1; }
+
+// Live view of /v1/stats: per client and key prefix, the window's hit rate
+// against its bound, plus capacity and evictions per second.
+int Top(const CtlConfig& c) {
+  std::signal(SIGINT, OnInterrupt);
+  const bool tty = isatty(fileno(stdout));
+  uint64_t last_evictions = 0;
+  absl::Time last = absl::InfinitePast();
+  for (int64_t i = 0; !g_stop && (c.iterations == 0 || i < c.iterations); ++i) {
+    if (i > 0) {
+      // Sleep in slices so Ctrl-C is prompt.
+      absl::Time until = absl::Now() + c.interval;
+      while (!g_stop && absl::Now() < until) absl::SleepFor(std::min(absl::Milliseconds(50), until - absl::Now()));
+      if (g_stop) break;
+    }
+    absl::StatusOr<json> st = FetchJson(c, "/v1/stats");
+    if (!st.ok()) return Fail(std::string(st.status().message()));
+    const absl::Time now = absl::Now();
+    const uint64_t evictions = st->value("evictions", uint64_t{0});
+    std::string rate = "-";
+    if (last != absl::InfinitePast() && now > last) {
+      rate = absl::StrFormat("%.1f", (evictions - std::min(evictions, last_evictions)) / absl::ToDoubleSeconds(now - last));
+    }
+    last = now;
+    last_evictions = evictions;
+    if (tty) std::printf("\033[H\033[2J");
+    const json& q = (*st)["queries"];
+    const uint64_t used = st->value("used_bytes", uint64_t{0}), cap = st->value("capacity_bytes", uint64_t{0});
+    std::printf("tierkvctl top  %s  every %s  window %d s\n", c.http.c_str(), absl::FormatDuration(c.interval).c_str(),
+                static_cast<int>(q.value("window_s", 0.0)));
+    std::printf("capacity %s of %s (%.1f%%)  objects %llu  evictions/s %s  bound false positives %.2g\n",
+                FormatSize(used).c_str(), FormatSize(cap).c_str(), cap ? 100.0 * used / cap : 0.0,
+                static_cast<unsigned long long>(st->value("objects", uint64_t{0})), rate.c_str(),
+                q.value("sketch_false_positive_rate", 0.0));
+    std::printf("%-32s %-7s %10s %10s %10s %7s %7s\n", "CLIENT / PREFIX", "CALL", "ASKED", "FOUND", "POSSIBLE", "HIT%",
+                "BOUND%");
+    for (const char* group : {"clients", "prefixes"}) {
+      if (!q.contains(group)) continue;
+      for (const json& r : q[group]) {
+        const std::string name = r.contains("client") ? "client " + r.value("client", "?")
+                                                      : "prefix " + r.value("key_prefix", "?");
+        for (const char* call : {"prefix", "exists", "get"}) {
+          if (!r.contains(call)) continue;
+          const json& w = r[call];
+          const uint64_t asked = w.value("window_pages_asked", uint64_t{0});
+          if (asked == 0) continue;
+          std::printf("%-32s %-7s %10llu %10llu %10llu %6.1f%% %6.1f%%\n", name.c_str(), call,
+                      static_cast<unsigned long long>(asked),
+                      static_cast<unsigned long long>(w.value("window_pages_found", uint64_t{0})),
+                      static_cast<unsigned long long>(w.value("window_pages_possible", uint64_t{0})),
+                      100 * w.value("window_hit_rate", 0.0), 100 * w.value("window_possible_rate", 0.0));
+        }
+      }
+    }
+    std::fflush(stdout);
   }
   return 0;
 }
@@ -238,6 +333,7 @@ int main(int argc, char** argv) {
   const std::string& cmd = args[0];
   if (cmd == "segments") return need(1), tierkv::Segments(config);
   if (cmd == "stats") return need(1), tierkv::Stats(config);
+  if (cmd == "top") return need(1), tierkv::Top(config);
   if (cmd == "key") return need(2), tierkv::Key(config, args[1]);
   if (cmd == "put") return need(3), tierkv::Put(config, args[1], args[2]);
   if (cmd == "get") return need(3), tierkv::Get(config, args[1], args[2]);

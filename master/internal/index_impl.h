@@ -139,8 +139,8 @@ class ObjectIndex::Impl {
   std::vector<absl::Status> PutEnd(const std::vector<std::string>& keys);
   std::vector<absl::Status> PutRevoke(const std::vector<std::string>& keys);
   std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys, bool resolve_names);
-  std::vector<bool> Exists(const std::vector<std::string>& keys);
-  size_t PrefixMatch(const std::vector<std::string>& keys);
+  std::vector<bool> Exists(const std::vector<std::string>& keys, std::vector<KeyHit>* hits);
+  size_t PrefixMatch(const std::vector<std::string>& keys, std::vector<KeyHit>* hits);
   std::vector<absl::Status> Remove(const std::vector<std::string>& keys, bool force);
   uint64_t RemoveAll(bool force);
   absl::StatusOr<ObjectInfo> Describe(const std::string& key);
@@ -168,6 +168,11 @@ class ObjectIndex::Impl {
   void ListAtTail(Shard& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void Touch(Shard& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   bool Visible(const Object& o) const;
+  // What the query stats learn of a found object; call before Touch.
+  KeyHit HitOf(const Object& o) const {
+    const uint32_t tick = AccessTick();
+    return {true, o.size, tick > o.access ? tick - o.access : 0};
+  }
   bool Leased(const Object& o, int64_t now_ms) const;
   // Removes the object in `slot`: frees its live extents, deletes its
   // record (into *mutations), and records parent/group follow-ups. Extents

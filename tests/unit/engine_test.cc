@@ -249,6 +249,78 @@ TEST(EngineTest, PrefetchFromASlowStoreStopsAtEachPolicysBound) {
   }
 }
 
+// A store whose pages vanish between PrefixMatch and the read (evicted, or
+// a lease that ran out): the engine's "lost".
+class VanishingL3 final : public L3Store {
+ public:
+  explicit VanishingL3(InMemoryL3* inner) : inner_(inner) {}
+  absl::StatusOr<size_t> PrefixMatch(const std::vector<std::string>& keys) override {
+    absl::StatusOr<size_t> n = inner_->PrefixMatch(keys);
+    if (n.ok() && *n > 1) inner_->Drop(keys[1]);
+    return n;
+  }
+  std::vector<absl::Status> Get(const std::vector<std::string>& keys, const std::vector<absl::Span<char>>& outs,
+                                absl::Duration timeout) override {
+    return inner_->Get(keys, outs, timeout);
+  }
+  std::vector<absl::Status> Put(const std::vector<L3Put>& items) override { return inner_->Put(items); }
+
+ private:
+  InMemoryL3* inner_;
+};
+
+// Token counters per tier and why each lookup's prefix ended, in the
+// engine's /metrics: tokens asked of the cache, hit per tier, and the
+// reason (complete, first_miss, lost, timeout, store_error).
+TEST(EngineTest, LookupsCountTokensAndWhyThePrefixEnded) {
+  auto a = Tokens(8 * 16 + 1, 21);
+  InMemoryL3 store;
+  EngineConfig c = Synthetic();
+  c.prefetch = PrefetchPolicy::kTimeout;
+  c.prefetch_timeout = absl::Milliseconds(45);
+  InferenceEngine writer(c, &store);
+  writer.Serve(a);
+  InferenceEngine reader(c, &store);
+  RequestResult r = reader.Serve(a);
+  EXPECT_EQ(r.lookup_tokens, 8u * 16);
+  EXPECT_EQ(r.l3_tokens, 8u * 16);
+  EXPECT_EQ(r.stop, StopReason::kComplete);
+  // Four more pages than anyone stored: the first miss ends it.
+  RequestResult longer = reader.Serve(Concat(std::vector<int32_t>(a.begin(), a.end() - 1), Tokens(4 * 16 + 1, 22)));
+  EXPECT_EQ(longer.lookup_tokens, 12u * 16);
+  EXPECT_EQ(longer.l1_tokens, 8u * 16);
+  EXPECT_EQ(longer.stop, StopReason::kFirstMiss);
+  {
+    VanishingL3 vanishing(&store);
+    InferenceEngine e(c, &vanishing);
+    RequestResult lost = e.Serve(a);
+    EXPECT_EQ(lost.l3_tokens, 1u * 16);
+    EXPECT_EQ(lost.stop, StopReason::kLost);
+  }
+  {
+    InMemoryL3 slow;
+    InferenceEngine w(c, &slow);
+    w.Serve(a);
+    slow.SetLatency(absl::Milliseconds(20));
+    InferenceEngine e(c, &slow);
+    RequestResult late = e.Serve(a);
+    EXPECT_LT(late.l3_tokens, 8u * 16);
+    EXPECT_EQ(late.stop, StopReason::kTimeout);
+    slow.SetUnavailable(true);
+    InferenceEngine cold(c, &slow);
+    EXPECT_EQ(cold.Serve(a).stop, StopReason::kStoreError);
+  }
+  std::string m = reader.metrics().Serialize();
+  EXPECT_THAT(m, ::testing::HasSubstr("tierkv_engine_lookup_tokens_total 320"));
+  EXPECT_THAT(m, ::testing::HasSubstr(R"(tierkv_engine_lookup_stops_total{reason="complete"} 1)"));
+  EXPECT_THAT(m, ::testing::HasSubstr(R"(tierkv_engine_lookup_stops_total{reason="first_miss"} 1)"));
+  EXPECT_THAT(m, ::testing::HasSubstr(R"(tierkv_engine_lookup_stops_total{reason="lost"} 0)"));
+  EXPECT_THAT(m, ::testing::HasSubstr(R"(tierkv_engine_hit_tokens_total{tier="l3"} 128)"));
+  EXPECT_THAT(m, ::testing::HasSubstr(R"(tierkv_engine_hit_tokens_total{tier="l1"} 128)"));
+  EXPECT_EQ(reader.cache_stats().stops[static_cast<int>(StopReason::kFirstMiss)], 1u);
+  EXPECT_EQ(reader.cache_stats().lookup_pages, 20u);
+}
+
 TEST(EngineTest, TensorParallelPagesAreOneKeyPerRank) {
   InMemoryL3 store;
   EngineConfig c = SmallModel();

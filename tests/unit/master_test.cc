@@ -1,5 +1,8 @@
 #include "master/master.h"
 
+#include <algorithm>
+#include <map>
+
 #include "absl/strings/str_cat.h"
 #include "tests/support/status_matchers.h"
 
@@ -130,25 +133,169 @@ TEST_F(MasterTest, MountValidation) {
   EXPECT_THAT(m->Unmount({"nope"})[0], StatusIs(absl::StatusCode::kNotFound));
 }
 
+// Keys "<prefix>/<i>" for i in [from, to).
+std::vector<std::string> PageKeys(const std::string& prefix, int from, int to) {
+  std::vector<std::string> keys;
+  for (int i = from; i < to; ++i) keys.push_back(absl::StrCat(prefix, "/", i));
+  return keys;
+}
+
+// `found` leading hits of `size` bytes each, idle `idle_s`.
+std::vector<KeyHit> Hits(size_t found, uint64_t size = 0, uint32_t idle_s = 0) {
+  return std::vector<KeyHit>(found, KeyHit{true, size, idle_s});
+}
+
+QueryStatsOptions Options(absl::Duration window, size_t max_clients) {
+  QueryStatsOptions o;
+  o.window = window;
+  o.max_clients = max_clients;
+  o.sketch_bytes = 1 << 16;
+  return o;
+}
+
 TEST(QueryStatsTest, CountsPerClientWithASlidingWindowAndABoundedClientSet) {
-  QueryStats q(nullptr, absl::Seconds(10), /*max_clients=*/2);
+  QueryStats q(nullptr, Options(absl::Seconds(10), /*max_clients=*/2));
   absl::Time t = absl::FromUnixSeconds(1000);
-  q.Record("a", QueryStats::kPrefix, 10, 4, t);
-  q.Record("b", QueryStats::kPrefix, 5, 5, t + absl::Seconds(6));
-  q.Record("c", QueryStats::kPrefix, 3, 0, t + absl::Seconds(6));  // past the cap: "other"
-  std::vector<QueryStats::Row> rows = q.Snapshot(t + absl::Seconds(6));
+  q.Record("a", QueryStats::kPrefix, PageKeys("a", 0, 10), Hits(4), t);
+  q.Record("b", QueryStats::kPrefix, PageKeys("b", 0, 5), Hits(5), t + absl::Seconds(6));
+  q.Record("c", QueryStats::kPrefix, PageKeys("c", 0, 3), Hits(0), t + absl::Seconds(6));  // past the cap: "other"
+  std::vector<QueryStats::Row> rows = q.Snapshot(t + absl::Seconds(6)).clients;
   ASSERT_EQ(rows.size(), 4u);  // all, a, b, other
-  EXPECT_EQ(rows[0].client, "all");
+  EXPECT_EQ(rows[0].name, "all");
   EXPECT_EQ(rows[0].total[QueryStats::kPrefix].asked, 18u);
   EXPECT_EQ(rows[0].total[QueryStats::kPrefix].found, 9u);
-  EXPECT_EQ(rows[3].client, "other");
+  EXPECT_EQ(rows[3].name, "other");
   // Ten seconds after a's lookups they have left the window, not the total.
-  rows = q.Snapshot(t + absl::Seconds(11));
-  EXPECT_EQ(rows[1].client, "a");
+  rows = q.Snapshot(t + absl::Seconds(11)).clients;
+  EXPECT_EQ(rows[1].name, "a");
   EXPECT_EQ(rows[1].total[QueryStats::kPrefix].asked, 10u);
   EXPECT_EQ(rows[1].window[QueryStats::kPrefix].asked, 0u);
   EXPECT_EQ(rows[2].window[QueryStats::kPrefix].found, 5u);
   EXPECT_EQ(rows[0].window[QueryStats::kPrefix].asked, 8u);
+}
+
+TEST(KeySketchTest, NoFalseNegativesAndFalsePositivesNearTheBound) {
+  // 64 KiB = 524288 bits; 54613 keys is bits/9.6: about 1 % false positives.
+  KeySketch sketch(64 << 10);
+  const int n = 54613;
+  for (int i = 0; i < n; ++i) sketch.Add(absl::StrCat("stored/", i));
+  for (int i = 0; i < n; ++i) ASSERT_TRUE(sketch.MayContain(absl::StrCat("stored/", i))) << i;
+  int fp = 0;
+  const int probes = 200000;
+  for (int i = 0; i < probes; ++i) fp += sketch.MayContain(absl::StrCat("never/", i));
+  const double measured = static_cast<double>(fp) / probes;
+  EXPECT_NEAR(sketch.FalsePositiveRate(), 0.01, 0.003);
+  // The measured rate is the predicted one, within sampling noise and the
+  // double hashing's small excess.
+  EXPECT_NEAR(measured, sketch.FalsePositiveRate(), 0.003) << fp << " of " << probes;
+  EXPECT_LT(measured, 0.015);
+}
+
+TEST(KeySketchTest, EmptyReadsAbsent) {
+  KeySketch sketch(1);  // rounds up to one word
+  EXPECT_EQ(sketch.bits(), 64u);
+  EXPECT_FALSE(sketch.MayContain("x"));
+  EXPECT_EQ(sketch.FalsePositiveRate(), 0.0);
+}
+
+// "Possible" is what was ever stored: for GetReplicas/Exists per key, for
+// PrefixMatch the leading run; a hit is always possible; bytes are the
+// found objects' sizes.
+TEST(QueryStatsTest, PossibleCountsPagesEverStoredAndBytesFound) {
+  QueryStats q(nullptr, Options(absl::Minutes(5), 16));
+  absl::Time t = absl::FromUnixSeconds(1000);
+  q.NoteStored(PageKeys("m", 0, 6));  // m/0..m/5 were stored once
+  // PrefixMatch over m/0..m/9: 3 matched (the rest evicted, say), 6 possible.
+  q.Record("w", QueryStats::kPrefix, PageKeys("m", 0, 10), Hits(3, 100), t);
+  // A run broken by a never-stored key: m/6 never stored, so m/7.. cannot count.
+  std::vector<std::string> broken = {"m/0", "m/6", "m/1"};
+  q.Record("w", QueryStats::kPrefix, broken, Hits(1, 100), t);
+  // GetReplicas per key: m/4 (stored, now gone), x/1 (never), m/0 (hit).
+  std::vector<KeyHit> get(3);
+  get[2] = {true, 4096, 7};
+  q.Record("w", QueryStats::kGet, {"m/4", "x/1", "m/0"}, get, t);
+  // A hit the sketch never saw (recovered after a restart) is still possible.
+  q.Record("w", QueryStats::kExists, {"old/1"}, Hits(1, 10), t);
+  QueryStats::View v = q.Snapshot(t);
+  const QueryStats::Row& w = v.clients[1];
+  EXPECT_EQ(w.total[QueryStats::kPrefix].asked, 13u);
+  EXPECT_EQ(w.total[QueryStats::kPrefix].found, 4u);
+  EXPECT_EQ(w.total[QueryStats::kPrefix].possible, 7u);
+  EXPECT_EQ(w.total[QueryStats::kPrefix].bytes_found, 400u);
+  EXPECT_EQ(w.total[QueryStats::kGet].asked, 3u);
+  EXPECT_EQ(w.total[QueryStats::kGet].found, 1u);
+  EXPECT_EQ(w.total[QueryStats::kGet].possible, 2u);
+  EXPECT_EQ(w.total[QueryStats::kGet].bytes_found, 4096u);
+  EXPECT_EQ(w.total[QueryStats::kExists].possible, 1u);
+  EXPECT_EQ(w.window[QueryStats::kPrefix].possible, 7u);
+  EXPECT_EQ(v.clients[0].total[QueryStats::kGet].possible, 2u);
+  EXPECT_TRUE(v.prefixes.empty());  // no separator configured
+}
+
+TEST(QueryStatsTest, HistogramsOfMatchedPagesAndReuseDistance) {
+  QueryStats q(nullptr, Options(absl::Minutes(5), 16));
+  absl::Time t = absl::FromUnixSeconds(1000);
+  q.Record("w", QueryStats::kPrefix, PageKeys("m", 0, 8), Hits(0), t);
+  q.Record("w", QueryStats::kPrefix, PageKeys("m", 0, 8), Hits(3, 1, 2), t);
+  q.Record("w", QueryStats::kPrefix, PageKeys("m", 0, 8), Hits(8, 1, 100), t);
+  std::vector<KeyHit> get(2);
+  get[1] = {true, 1, 4000};
+  q.Record("w", QueryStats::kGet, PageKeys("m", 0, 2), get, t);
+  QueryStats::View v = q.Snapshot(t);
+  const QueryStats::Histo& pages = v.prefix_match_pages;
+  ASSERT_EQ(pages.counts.size(), pages.bounds.size() + 1);
+  EXPECT_EQ(pages.count, 3u);
+  EXPECT_EQ(pages.sum, 11.0);
+  // le 0, 1, 2, 4, 8, ...: 0 pages, 3 pages (le 4), 8 pages (le 8).
+  EXPECT_EQ(pages.bounds[0], 0.0);
+  EXPECT_EQ(pages.counts[0], 1u);
+  EXPECT_EQ(pages.bounds[3], 4.0);
+  EXPECT_EQ(pages.counts[3], 1u);
+  EXPECT_EQ(pages.counts[4], 1u);
+  const QueryStats::Histo& reuse = v.reuse_seconds[QueryStats::kPrefix];
+  EXPECT_EQ(reuse.count, 11u);  // one per hit
+  EXPECT_EQ(reuse.sum, 3 * 2.0 + 8 * 100.0);
+  const QueryStats::Histo& get_reuse = v.reuse_seconds[QueryStats::kGet];
+  EXPECT_EQ(get_reuse.count, 1u);  // misses carry no reuse distance
+  // 4000 s: above 3600, within 14400.
+  auto it = std::find(get_reuse.bounds.begin(), get_reuse.bounds.end(), 14400.0);
+  ASSERT_NE(it, get_reuse.bounds.end());
+  EXPECT_EQ(get_reuse.counts[it - get_reuse.bounds.begin()], 1u);
+}
+
+TEST(QueryStatsTest, PerKeyPrefixRowsWithTheirOwnBoundAndABoundedPrefixSet) {
+  QueryStatsOptions o = Options(absl::Minutes(5), 16);
+  o.key_prefix_separator = "@";
+  o.max_prefixes = 3;
+  QueryStats q(nullptr, o);
+  EXPECT_EQ(q.PrefixOf("llama3@abc@1"), "llama3");
+  EXPECT_EQ(q.PrefixOf("nosep"), "-");
+  absl::Time t = absl::FromUnixSeconds(1000);
+  q.NoteStored({"llama3@0", "llama3@1", "llama3@2", "qwen@0"});
+  // One call over two models: counted to each prefix, key by key.
+  std::vector<KeyHit> hits(5);
+  hits[0] = {true, 10, 0};
+  hits[3] = {true, 20, 0};
+  q.Record("w", QueryStats::kGet, {"llama3@0", "llama3@1", "llama3@9", "qwen@0", "qwen@1"}, hits, t);
+  q.Record("w", QueryStats::kPrefix, {"llama3@0", "llama3@1", "llama3@2", "llama3@3"}, Hits(1, 10), t);
+  q.Record("w", QueryStats::kGet, {"a@1"}, {KeyHit{}}, t);
+  q.Record("w", QueryStats::kGet, {"b@1", "c@1"}, {KeyHit{}, KeyHit{}}, t);  // past the cap: "other"
+  QueryStats::View v = q.Snapshot(t);
+  ASSERT_EQ(v.prefixes.size(), 4u);  // a, llama3, qwen, other (by name)
+  std::map<std::string, QueryStats::Row> by;
+  for (const auto& r : v.prefixes) by[r.name] = r;
+  ASSERT_TRUE(by.count("llama3") && by.count("qwen") && by.count("other") && by.count("a"));
+  EXPECT_EQ(by["llama3"].total[QueryStats::kGet].asked, 3u);
+  EXPECT_EQ(by["llama3"].total[QueryStats::kGet].found, 1u);
+  EXPECT_EQ(by["llama3"].total[QueryStats::kGet].possible, 2u);
+  EXPECT_EQ(by["llama3"].total[QueryStats::kGet].bytes_found, 10u);
+  EXPECT_EQ(by["qwen"].total[QueryStats::kGet].asked, 2u);
+  EXPECT_EQ(by["qwen"].total[QueryStats::kGet].found, 1u);
+  EXPECT_EQ(by["qwen"].total[QueryStats::kGet].possible, 1u);
+  EXPECT_EQ(by["llama3"].total[QueryStats::kPrefix].asked, 4u);
+  EXPECT_EQ(by["llama3"].total[QueryStats::kPrefix].found, 1u);
+  EXPECT_EQ(by["llama3"].total[QueryStats::kPrefix].possible, 3u);
+  EXPECT_EQ(by["other"].total[QueryStats::kGet].asked, 2u);
 }
 
 // Two daemons on different nodes that picked one name (both advertised

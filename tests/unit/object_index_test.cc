@@ -50,6 +50,34 @@ class IndexTest : public ::testing::Test {
   std::unique_ptr<ObjectIndex> index_;
 };
 
+// What the query stats learn from a lookup: each found key's size and its
+// reuse distance (seconds since put or last read), read before this read
+// counts as an access.
+TEST_F(IndexTest, LookupsReportSizeAndSecondsSinceTheLastAccess) {
+  Mount("seg-a", 1 << 20);
+  ASSERT_OK(Put("a", 100));
+  ASSERT_OK(Put("b", 200));
+  clock_.Advance(absl::Seconds(7));
+  std::vector<KeyHit> hits;
+  EXPECT_EQ(index_->PrefixMatch({"a", "b", "c"}, &hits), 2u);
+  ASSERT_EQ(hits.size(), 2u);  // one per matched key
+  EXPECT_TRUE(hits[0].found);
+  EXPECT_EQ(hits[0].size, 100u);
+  EXPECT_EQ(hits[0].idle_s, 7u);
+  EXPECT_EQ(hits[1].size, 200u);
+  clock_.Advance(absl::Seconds(3));
+  // The PrefixMatch was a read: 3 s since.
+  LookupOut got = index_->GetReplicas({"b"})[0];
+  ASSERT_OK(got.status);
+  EXPECT_EQ(got.idle_s, 3u);
+  hits.clear();
+  EXPECT_EQ(index_->Exists({"x", "a"}, &hits), (std::vector<bool>{false, true}));
+  ASSERT_EQ(hits.size(), 2u);  // one per key
+  EXPECT_FALSE(hits[0].found);
+  EXPECT_EQ(hits[1].size, 100u);
+  EXPECT_EQ(hits[1].idle_s, 3u);
+}
+
 TEST_F(IndexTest, PutGetRemove) {
   Mount("seg-a", 1 << 20);
   auto started = index_->PutStart({{"k1", 1000}});
