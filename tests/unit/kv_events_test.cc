@@ -2,11 +2,15 @@
 // the publisher's bounded queue (what is dropped is counted in /metrics).
 #include "master/kv_events.h"
 
+#include <algorithm>
+#include <filesystem>
+
 #include <msgpack.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "master/master.h"
+#include "tests/support/process.h"
 
 namespace tierkv::master {
 namespace {
@@ -189,6 +193,41 @@ TEST(KvEventPublisher, IndexReportsStoredAndRemovedThroughTheListener) {
   index.PutRevoke({"p"});  // never stored: not reported
   index.Remove({"b"}, false);
   EXPECT_EQ(recorder.log, (std::vector<std::string>{"+a<", "+b<a", "-b"}));
+}
+
+TEST(KvEventPublisher, RecoveredObjectsAreReportedStored) {
+  // A restarted master's consumers rebuild from its epoch: the objects it
+  // recovered are announced as it restores them.
+  struct Recorder : IndexListener {
+    std::vector<std::string> log;
+    void OnStored(absl::string_view key, absl::string_view parent, uint64_t size) override {
+      log.push_back(absl::StrCat("+", key, "<", parent));
+    }
+    void OnRemoved(absl::string_view key) override { log.push_back(absl::StrCat("-", key)); }
+  } recorder;
+  const std::string dir = testing::MakeTempDir("tierkv-kv-events");
+  {
+    auto store = OpenRocksDbStore(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto master = Master::Create({}, std::move(*store), Clock::Real());
+    ASSERT_TRUE(master.ok()) << master.status();
+    ASSERT_TRUE((*master)->Mount({{"seg", "host", 1 << 20, "inc", "tcp://x"}})[0].ok());
+    PutItem a{.key = "a", .size = 100};
+    PutItem b{.key = "b", .size = 100, .parent_key = "a"};
+    ASSERT_TRUE((*master)->index().PutStart({a, b})[0].status.ok());
+    (*master)->index().PutEnd({"a", "b"});
+    ASSERT_TRUE((*master)->Flush().ok());
+  }
+  auto store = OpenRocksDbStore(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  MasterOptions options;
+  options.index.listener = &recorder;
+  auto master = Master::Create(options, std::move(*store), Clock::Real());
+  ASSERT_TRUE(master.ok()) << master.status();
+  master->reset();
+  std::filesystem::remove_all(dir);
+  std::sort(recorder.log.begin(), recorder.log.end());
+  EXPECT_EQ(recorder.log, (std::vector<std::string>{"+a<", "+b<a"}));
 }
 
 }  // namespace
