@@ -58,10 +58,36 @@ const FlagTable<MasterConfig>& MasterFlags() {
                      "open HTTP connections beyond this are answered 503 and closed"),
           DurationFlag<C>("http-idle-timeout", &C::http_idle_timeout, "60s", 0.01, 86400,
                           "an HTTP connection idle this long is closed"),
+          StringFlag<C>("kv-events-endpoint", &C::kv_events_endpoint, "",
+                        "ZeroMQ PUB endpoint for KV events in vLLM's layout (tcp://*:5557; a "
+                        "port of * picks one, logged); empty: no events. docs/kv-events.md"),
+          StringFlag<C>("kv-events-replay-endpoint", &C::kv_events_replay_endpoint, "",
+                        "ZeroMQ ROUTER endpoint answering replay requests from a sequence "
+                        "number; empty: no replay"),
+          StringFlag<C>("kv-events-topic", &C::kv_events_topic, "kv-events",
+                        "topic frame of every KV event message"),
+          StringFlag<C>("kv-events-format", &C::kv_events_format, "array",
+                        "event encoding: array (vLLM's msgspec array_like, tag first) or map "
+                        "(field names and a \"type\" tag)"),
+          DurationFlag<C>("kv-events-batch-interval", &C::kv_events_batch_interval, "10ms", 0.001, 60,
+                          "events are gathered this long into one batch"),
+          IntFlag<C>("kv-events-max-batch", &C::kv_events_max_batch, "1024", 1, 1 << 20,
+                     "most events in one batch"),
+          IntFlag<C>("kv-events-buffer", &C::kv_events_buffer, "10000", 0, 1 << 24,
+                     "recent batches kept for replay"),
+          IntFlag<C>("kv-events-queue", &C::kv_events_queue, "1048576", 1, 1ll << 30,
+                     "events waiting to be published; beyond it they are dropped and counted "
+                     "(tierkv_master_kv_events_dropped_total), so the master never waits"),
       },
       [](const C& c) {
         if (c.low_watermark > c.high_watermark) {
           return absl::InvalidArgumentError("--low-watermark must not exceed --high-watermark");
+        }
+        if (c.kv_events_format != "array" && c.kv_events_format != "map") {
+          return absl::InvalidArgumentError("--kv-events-format must be array or map");
+        }
+        if (c.kv_events_endpoint.empty() && !c.kv_events_replay_endpoint.empty()) {
+          return absl::InvalidArgumentError("--kv-events-replay-endpoint needs --kv-events-endpoint");
         }
         return absl::OkStatus();
       });

@@ -33,6 +33,14 @@ struct MasterConfig {
   int64_t http_threads = 0;
   int64_t http_max_connections = 0;
   absl::Duration http_idle_timeout;
+  std::string kv_events_endpoint;
+  std::string kv_events_replay_endpoint;
+  std::string kv_events_topic;
+  std::string kv_events_format;
+  absl::Duration kv_events_batch_interval;
+  int64_t kv_events_max_batch = 0;
+  int64_t kv_events_buffer = 0;
+  int64_t kv_events_queue = 0;
 };
 
 const FlagTable<MasterConfig>& MasterFlags();

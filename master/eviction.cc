@@ -266,6 +266,7 @@ absl::StatusOr<uint64_t> ObjectIndex::Impl::Recover() {
       o.group = g;
     }
     if (!rec.parent_key().empty()) links.emplace_back(key, rec.parent_key());
+    if (options_.listener != nullptr) options_.listener->OnStored(key, rec.parent_key(), o.size);
     ++restored;
     return true;
   });

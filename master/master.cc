@@ -29,7 +29,12 @@ std::string EncodeSegment(const SegmentSpec& spec) {
 
 Master::Master(MasterOptions options, std::unique_ptr<IndexStore> store, Clock* clock)
     : options_(options), clock_(clock), store_(std::move(store)) {
-  index_ = std::make_unique<ObjectIndex>(options_.index, &registry_, store_.get(), clock_);
+  IndexOptions index_options = options_.index;
+  if (!options_.kv_events.endpoint.empty()) {
+    kv_events_ = std::make_unique<KvEventPublisher>(options_.kv_events, &metrics_);
+    index_options.listener = kv_events_.get();
+  }
+  index_ = std::make_unique<ObjectIndex>(index_options, &registry_, store_.get(), clock_);
   queries_ = std::make_unique<QueryStats>(&metrics_, options_.queries);
   RegisterMetrics();
 }
@@ -38,6 +43,12 @@ absl::StatusOr<std::unique_ptr<Master>> Master::Create(MasterOptions options,
                                                        std::unique_ptr<IndexStore> store,
                                                        Clock* clock) {
   std::unique_ptr<Master> m(new Master(options, std::move(store), clock));
+  if (m->kv_events_ != nullptr) {
+    // Batch 0 of the epoch, ahead of the recovered objects' BlockStored:
+    // a consumer starts over.
+    m->kv_events_->OnAllCleared();
+    RETURN_IF_ERROR(m->kv_events_->Start());
+  }
   RETURN_IF_ERROR(m->Recover());
   return m;
 }

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "config/base/clock.h"
 #include "config/base/metrics.h"
+#include "master/kv_events.h"
 #include "master/object_index.h"
 #include "master/persistence.h"
 #include "master/query_stats.h"
@@ -37,6 +38,8 @@ struct MasterOptions {
   uint64_t max_pending_per_client = 65536;
   // What clients ask and find, and the bound on it (see QueryStats).
   QueryStatsOptions queries;
+  // KV events for routers (master/kv_events.h); off while endpoint is empty.
+  KvEventsOptions kv_events;
 };
 
 struct HeartbeatResult {
@@ -47,7 +50,10 @@ struct HeartbeatResult {
 class Master {
  public:
   // Rebuilds the registry (segments come back RECOVERING) and the index
-  // from `store`. Errors from reading the store are returned.
+  // from `store`. Errors from reading the store are returned, and those of
+  // binding the KV-event sockets when options.kv_events names an endpoint
+  // (then AllBlocksCleared is published first and every recovered object
+  // follows as BlockStored, so consumers of the new epoch see the index).
   static absl::StatusOr<std::unique_ptr<Master>> Create(MasterOptions options,
                                                         std::unique_ptr<IndexStore> store,
                                                         Clock* clock);
@@ -89,6 +95,8 @@ class Master {
   metrics::Registry& metrics() { return metrics_; }
   // Pages each client asked about and found (PrefixMatch, Exists, GetReplicas).
   QueryStats& queries() { return *queries_; }
+  // The KV-event publisher; null when options.kv_events.endpoint is empty.
+  KvEventPublisher* kv_events() { return kv_events_.get(); }
   const MasterOptions& options() const { return options_; }
   Clock* clock() const { return clock_; }
   uint64_t clients_seen() const;
@@ -109,6 +117,10 @@ class Master {
   SegmentRegistry registry_;
   std::unique_ptr<ObjectIndex> index_;
   metrics::Registry metrics_;
+  // Declared after metrics_ (its counters live there) and destroyed before
+  // it; the index only calls it from requests and Tick, which have stopped
+  // by the time a Master is destroyed.
+  std::unique_ptr<KvEventPublisher> kv_events_;
   std::unique_ptr<QueryStats> queries_;
   metrics::Counter* segments_dropped_ = nullptr;
   mutable Mutex clients_mu_;

@@ -189,6 +189,7 @@ void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mu
     for (const Replica& r : o.replicas) registry_->Free(r, o.size);
   }
   if (o.state == ObjState::kComplete) {
+    if (options_.listener != nullptr) options_.listener->OnRemoved(o.key);
     mutations->push_back({absl::StrCat("o/", o.key), "", true});
     objects_.fetch_sub(1);
     if (o.soft_pin || o.hard_pin) pinned_.fetch_sub(1);
@@ -481,6 +482,7 @@ std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::strin
       o.deadline_ms = 0;
       o.access = AccessTick();
       ListAtHead(s, slot);
+      if (options_.listener != nullptr) options_.listener->OnStored(key, parent_key, o.size);
       if (o.group != nullptr) {
         MutexLock glock(&groups_mu_);
         Group* g = o.group;

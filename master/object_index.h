@@ -31,6 +31,24 @@
 
 namespace tierkv::master {
 
+// Told of every object that becomes stored and of every stored object that
+// leaves (remove, eviction, a lost segment, a dead group, recovery dropping
+// a partial group), so an outside party (the KV-event publisher,
+// master/kv_events.h) can mirror the index. Calls come from the index's
+// request and background threads with the key's shard lock held, which is
+// what keeps a key's stored/removed order; implementations must therefore
+// only copy and enqueue: never block, never call back into the index.
+class IndexListener {
+ public:
+  virtual ~IndexListener() = default;
+  // `key` reached PutEnd (or was restored by Recover). `parent_key` is the
+  // parent the put named (empty: none); `size` its bytes.
+  virtual void OnStored(absl::string_view key, absl::string_view parent_key, uint64_t size) = 0;
+  // A stored `key` left the index (pending puts that never completed are
+  // not reported: nobody was told of them).
+  virtual void OnRemoved(absl::string_view key) = 0;
+};
+
 struct IndexOptions {
   int shards = 16;
   absl::Duration lease_ttl = absl::Seconds(5);
@@ -44,6 +62,8 @@ struct IndexOptions {
   double low_watermark = 0.90;
   int max_replicas = 8;
   size_t max_key_bytes = 4096;
+  // Not owned; must outlive the index. Null: nobody listens.
+  IndexListener* listener = nullptr;
 };
 
 struct PutItem {

@@ -34,6 +34,14 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   options.index.high_watermark = config.high_watermark;
   options.index.low_watermark = config.low_watermark;
   options.index.max_key_bytes = static_cast<size_t>(config.max_key_bytes);
+  options.kv_events.endpoint = config.kv_events_endpoint;
+  options.kv_events.replay_endpoint = config.kv_events_replay_endpoint;
+  options.kv_events.topic = config.kv_events_topic;
+  ASSIGN_OR_RETURN(options.kv_events.format, ParseKvEventFormat(config.kv_events_format));
+  options.kv_events.batch_interval = config.kv_events_batch_interval;
+  options.kv_events.max_batch = static_cast<size_t>(config.kv_events_max_batch);
+  options.kv_events.buffer_batches = static_cast<size_t>(config.kv_events_buffer);
+  options.kv_events.queue_capacity = static_cast<size_t>(config.kv_events_queue);
   ASSIGN_OR_RETURN(s->master_, Master::Create(options, std::move(store), clock));
 
   s->service_ = NewMasterService(s->master_.get(), {static_cast<size_t>(config.max_batch)});
