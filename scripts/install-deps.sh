@@ -10,6 +10,7 @@ pkgs=(
   libgtest-dev libgmock-dev libbenchmark-dev libibverbs-dev libopenblas-dev
   prometheus curl procps iproute2 nftables
   python3-dev pybind11-dev python3-pytest python3-numpy python3-torch
+  libsystemd-dev systemd python3-yaml
 )
 if [ "${TIERKV_WITH_SANITIZERS:-0}" = 1 ]; then
   pkgs+=(clang-14 libclang-rt-14-dev)
