@@ -1,7 +1,11 @@
 // tierkv-master: parses flags and runs a MasterServer until SIGTERM/SIGINT.
+// Under systemd (Type=notify) it reports READY=1 once both servers serve
+// and STOPPING=1 when a stop signal starts the shutdown.
 #include <cstdio>
 
+#include "absl/strings/str_cat.h"
 #include "config/base/log.h"
+#include "config/base/notify.h"
 #include "config/base/signals.h"
 #include "config/master_config.h"
 #include "master/server.h"
@@ -21,9 +25,12 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   TKV_LOG(INFO) << "serving gRPC on " << config.listen << ":" << (*server)->rpc_port()
                 << ", HTTP on " << config.listen << ":" << (*server)->http_port();
+  // Both ports are bound (connections queue from here on): daemons may mount now.
+  tierkv::NotifyReady(absl::StrCat("serving rpc=", (*server)->rpc_port(), " http=", (*server)->http_port()));
 
   int sig = tierkv::WaitForStopSignal();
   TKV_LOG(INFO) << "signal " << sig << ": shutting down";
+  tierkv::NotifyStopping();
   (*server)->Shutdown();
   return 0;
 }
