@@ -1,6 +1,7 @@
 // tierkv: the demo and trace replay (engine/replay.h) against a cluster
 // given by --master, or an embedded one.
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,8 @@
 
 #include "config/base/http_server.h"
 #include "config/base/log.h"
+#include "config/base/metrics.h"
+#include "config/base/mutex.h"
 #include "config/units.h"
 #include "config/tierkv_config.h"
 #include "engine/replay.h"
@@ -80,25 +83,34 @@ absl::StatusOr<engine::EngineConfig> EngineConfigFor(const TierkvConfig& c, bool
   return e;
 }
 
-// Serves the engines' (and an embedded master's) metrics while running.
+// Serves the engines' (and an embedded master's) metrics while running, as
+// one exposition: each engine's series carry its `engine` label. Every
+// registry added must outlive the server.
 class MetricsServer {
  public:
-  MetricsServer(int port, std::vector<metrics::Registry*> registries) : registries_(std::move(registries)) {
+  explicit MetricsServer(int port) {
     server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-      std::string body;
-      for (metrics::Registry* r : registries_) body += r->Serialize();
-      res.set_content(body, "text/plain; version=0.0.4; charset=utf-8");
+      std::vector<metrics::Source> sources;
+      {
+        MutexLock lock(&mu_);
+        sources = sources_;
+      }
+      res.set_content(metrics::SerializeAll(sources), "text/plain; version=0.0.4; charset=utf-8");
     });
     port_ = server_.Bind("127.0.0.1", port);
     if (port_ > 0) server_.Start();
   }
   ~MetricsServer() { server_.Stop(); }
   int port() const { return port_; }
-  void Add(metrics::Registry* r) { registries_.push_back(r); }
+  void Add(metrics::Registry* r, metrics::Labels labels = {}) {
+    MutexLock lock(&mu_);
+    sources_.push_back({r, std::move(labels)});
+  }
 
  private:
   HttpServer server_{HttpServer::Options{.threads = 2}};
-  std::vector<metrics::Registry*> registries_;
+  Mutex mu_;
+  std::vector<metrics::Source> sources_ ABSL_GUARDED_BY(mu_);
   int port_ = -1;
 };
 
@@ -121,7 +133,8 @@ int Replay(const TierkvConfig& c) {
   auto session = Connect(c);
   if (!session.ok()) return Fail(session.status().ToString());
   engine::InferenceEngine eng(*ecfg, session->l3.get());
-  MetricsServer metrics(static_cast<int>(c.metrics_port), {&eng.metrics()});
+  MetricsServer metrics(static_cast<int>(c.metrics_port));
+  metrics.Add(&eng.metrics());
   if (session->cluster) metrics.Add(&session->cluster->master().master().metrics());
   if (!c.json) {
     std::printf("replaying %zu requests from %s (%s mode, L1 on %s); metrics at http://127.0.0.1:%d/metrics\n",
@@ -158,7 +171,9 @@ int Demo(TierkvConfig c) {
   scfg->device = mcfg->device;  // one device (one set of streams) for all
   engine::InferenceEngine worker_a(*mcfg, session->l3.get());
   engine::InferenceEngine worker_b(*mcfg, session->l3.get());
-  MetricsServer metrics(static_cast<int>(c.metrics_port), {&worker_a.metrics()});
+  std::optional<engine::InferenceEngine> synth;  // made in phase 3; declared here to outlive the server
+  MetricsServer metrics(static_cast<int>(c.metrics_port));
+  metrics.Add(&worker_a.metrics(), {{"engine", "a"}});
   if (session->cluster) metrics.Add(&session->cluster->master().master().metrics());
   const long long cut = c.max_prompt_tokens > 0 ? c.max_prompt_tokens : 1536;
   if (!c.json) {
@@ -184,7 +199,7 @@ int Demo(TierkvConfig c) {
     std::printf("\n[2/3] worker B, a fresh engine (empty L1/L2): the same %zu requests, prefixes from tierkv\n",
                 model_n);
   }
-  metrics.Add(&worker_b.metrics());
+  metrics.Add(&worker_b.metrics(), {{"engine", "b"}});
   size_t identical = 0;
   opts.after_request = [&](size_t i, const engine::RequestResult& r) { identical += r.logits == logits[i]; };
   engine::ReplayReport rb = engine::Replay(first, worker_b, opts);
@@ -201,8 +216,8 @@ int Demo(TierkvConfig c) {
 
   // The synthetic phase computes at the rate the model measured.
   if (scfg->tokens_per_s == 0) scfg->tokens_per_s = worker_a.tokens_per_s();
-  engine::InferenceEngine synth(*scfg, session->l3.get());
-  metrics.Add(&synth.metrics());
+  synth.emplace(*scfg, session->l3.get());
+  metrics.Add(&synth->metrics(), {{"engine", "synthetic"}});
   std::vector<engine::TraceRequest> rest(trace->begin() + model_n, trace->end());
   if (!c.json) {
     std::printf("\n[3/3] synthetic mode: requests %zu..%zu at full length, %s of KV per token, compute at %.0f "
@@ -212,7 +227,7 @@ int Demo(TierkvConfig c) {
   opts.after_request = nullptr;
   opts.seen = nullptr;
   opts.max_prompt_tokens = c.max_prompt_tokens;
-  engine::ReplayReport rs = engine::Replay(rest, synth, opts);
+  engine::ReplayReport rs = engine::Replay(rest, *synth, opts);
   WriteOutputs(c, rs);
   if (c.json) {
     std::printf("%s\n", nlohmann::json{{"worker_a", ra.ToJson()},

@@ -2,6 +2,8 @@
 
 #include <prometheus/text_serializer.h>
 
+#include <iterator>
+#include <map>
 #include <sstream>
 
 namespace tierkv::metrics {
@@ -33,15 +35,41 @@ void Registry::AddCollectHook(std::function<void()> hook) {
   hooks_.push_back(std::move(hook));
 }
 
-std::string Registry::Serialize() {
+std::vector<prometheus::MetricFamily> Registry::Collect() {
   std::vector<std::function<void()>> hooks;
   {
     MutexLock lock(&mu_);
     hooks = hooks_;
   }
   for (const auto& h : hooks) h();
+  return core_->Collect();
+}
+
+std::string Registry::Serialize() {
   std::ostringstream out;
-  prometheus::TextSerializer().Serialize(out, core_->Collect());
+  prometheus::TextSerializer().Serialize(out, Collect());
+  return out.str();
+}
+
+std::string SerializeAll(const std::vector<Source>& sources) {
+  std::vector<prometheus::MetricFamily> merged;
+  std::map<std::string, size_t> at;  // family name -> index in merged
+  for (const Source& src : sources) {
+    for (prometheus::MetricFamily& f : src.registry->Collect()) {
+      for (prometheus::ClientMetric& m : f.metric) {
+        for (const auto& [k, v] : src.labels) m.label.push_back({k, v});
+      }
+      auto [it, fresh] = at.try_emplace(f.name, merged.size());
+      if (fresh) {
+        merged.push_back(std::move(f));
+      } else {
+        auto& into = merged[it->second].metric;
+        into.insert(into.end(), std::make_move_iterator(f.metric.begin()), std::make_move_iterator(f.metric.end()));
+      }
+    }
+  }
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, merged);
   return out.str();
 }
 

@@ -25,6 +25,7 @@
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/labels.h>
+#include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
 
 #include <functional>
@@ -67,12 +68,24 @@ class Registry {
   // The text exposition format 0.0.4 (Content-Type
   // "text/plain; version=0.0.4"), by prometheus-cpp's TextSerializer.
   std::string Serialize();
+  // Runs the hooks, then collects every family.
+  std::vector<prometheus::MetricFamily> Collect();
 
  private:
   std::shared_ptr<prometheus::Registry> core_ = std::make_shared<prometheus::Registry>();
   Mutex mu_;
   std::vector<std::function<void()>> hooks_ ABSL_GUARDED_BY(mu_);
 };
+
+// One exposition over several registries (the engines of one process, an
+// embedded master): families of one name are merged, and every metric of a
+// source also carries that source's labels, so two engines' series stay
+// apart (a name exported twice would be invalid text).
+struct Source {
+  Registry* registry;
+  Labels labels;  // e.g. {{"engine", "a"}}; may be empty
+};
+std::string SerializeAll(const std::vector<Source>& sources);
 
 // prometheus-cpp's builders, registering with our Registry:
 // BuildCounter().Name(..).Help(..).Register(r).

@@ -169,15 +169,18 @@ TEST(KvEventPublisher, BindErrorsAreStatuses) {
   EXPECT_EQ(third.Start().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// An index listener that writes down what it is told: "+key<parent", "-key".
+struct Recorder : IndexListener {
+  std::vector<std::string> log;
+  void OnStored(absl::string_view key, absl::string_view parent, uint64_t size) override {
+    log.push_back(absl::StrCat("+", key, "<", parent));
+  }
+  void OnRemoved(absl::string_view key) override { log.push_back(absl::StrCat("-", key)); }
+};
+
 TEST(KvEventPublisher, IndexReportsStoredAndRemovedThroughTheListener) {
   // The index calls its listener at PutEnd and at every removal of a stored object.
-  struct Recorder : IndexListener {
-    std::vector<std::string> log;
-    void OnStored(absl::string_view key, absl::string_view parent, uint64_t size) override {
-      log.push_back(absl::StrCat("+", key, "<", parent));
-    }
-    void OnRemoved(absl::string_view key) override { log.push_back(absl::StrCat("-", key)); }
-  } recorder;
+  Recorder recorder;
   MasterOptions options;
   options.index.listener = &recorder;
   auto master = Master::Create(options, NewMemStore(), Clock::Real());
@@ -198,13 +201,7 @@ TEST(KvEventPublisher, IndexReportsStoredAndRemovedThroughTheListener) {
 TEST(KvEventPublisher, RecoveredObjectsAreReportedStored) {
   // A restarted master's consumers rebuild from its epoch: the objects it
   // recovered are announced as it restores them.
-  struct Recorder : IndexListener {
-    std::vector<std::string> log;
-    void OnStored(absl::string_view key, absl::string_view parent, uint64_t size) override {
-      log.push_back(absl::StrCat("+", key, "<", parent));
-    }
-    void OnRemoved(absl::string_view key) override { log.push_back(absl::StrCat("-", key)); }
-  } recorder;
+  Recorder recorder;
   const std::string dir = testing::MakeTempDir("tierkv-kv-events");
   {
     auto store = OpenRocksDbStore(dir);

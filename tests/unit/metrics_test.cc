@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/promtool.h"
+
 namespace tierkv::metrics {
 namespace {
 
@@ -46,6 +48,31 @@ TEST(MetricsTest, HooksRunBeforeSerializeAndRemoveDrops) {
   std::string text = r.Serialize();
   EXPECT_NE(text.find("segments{segment=\"a\"} 2\n"), std::string::npos);
   EXPECT_NE(text.find("segments{segment=\"b\"} 9\n"), std::string::npos);
+}
+
+TEST(MetricsTest, SeveralRegistriesMakeOneValidExpositionWithTheirLabels) {
+  // Two engines export the same families; a master exports its own.
+  Registry a, b, master;
+  for (Registry* r : {&a, &b}) {
+    BuildCounter().Name("tierkv_engine_requests_total").Help("Prompts served").Register(*r).Add({}).Increment(
+        r == &a ? 3 : 5);
+    BuildHistogram()
+        .Name("tierkv_engine_ttft_seconds")
+        .Help("Time to first token")
+        .Register(*r)
+        .Add({}, ExponentialBuckets(1e-3, 10, 3))
+        .Observe(0.02);
+  }
+  BuildGauge().Name("tierkv_master_objects").Help("Objects").Register(master).Add({{"state", "complete"}}).Set(7);
+  std::string text = SerializeAll({{&a, {{"engine", "a"}}}, {&b, {{"engine", "b"}}}, {&master, {}}});
+  EXPECT_NE(text.find("tierkv_engine_requests_total{engine=\"a\"} 3\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("tierkv_engine_requests_total{engine=\"b\"} 5\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("tierkv_master_objects{state=\"complete\"} 7\n"), std::string::npos) << text;
+  size_t first = text.find("# TYPE tierkv_engine_requests_total");
+  EXPECT_EQ(text.find("# TYPE tierkv_engine_requests_total", first + 1), std::string::npos) << "declared twice";
+  EXPECT_TRUE(testing::PromtoolAccepts(text));
+  // Concatenating the registries' own texts would not be valid.
+  EXPECT_FALSE(testing::PromtoolAccepts(a.Serialize() + b.Serialize()));
 }
 
 }  // namespace
