@@ -1,5 +1,7 @@
 #include "config/tierkv_config.h"
 
+#include "config/master_config.h"
+
 namespace tierkv {
 
 const FlagTable<TierkvConfig>& TierkvFlags() {
@@ -41,6 +43,8 @@ const FlagTable<TierkvConfig>& TierkvFlags() {
           IntFlag<C>("window", &C::window, "50", 1, 1e6, "requests in the sliding-window hit rate"),
           BoolFlag<C>("parent-keys", &C::parent_keys, "true",
                       "pass parent keys with puts (prefix-aware eviction); off gives plain LRU"),
+          StringFlag<C>("eviction-policy", &C::eviction_policy, "chain",
+                        "the embedded master's eviction: chain, prefix or lru (as tierkv-master's flag)"),
           StringFlag<C>("capacity", &C::capacity, "",
                         "store capacity as a share of the bytes the trace writes (0.1 = 10 %); sim: a list "
                         "(default 0.05,0.1,0.25,0.5); replay: one value, sizing the embedded cluster (overrides "
@@ -53,6 +57,12 @@ const FlagTable<TierkvConfig>& TierkvFlags() {
           StringFlag<C>("csv", &C::csv, "", "write the windowed hit rate as CSV here"),
           StringFlag<C>("svg", &C::svg, "", "write an SVG plot of the windowed hit rate here"),
           IntFlag<C>("metrics-port", &C::metrics_port, "0", 0, 65535, "serve /metrics here while running (0: a free port)"),
+      },
+      [](const C& c) {
+        if (!ValidEvictionPolicy(c.eviction_policy)) {
+          return absl::InvalidArgumentError("--eviction-policy must be lru, prefix or chain");
+        }
+        return absl::OkStatus();
       });
   return *table;
 }

@@ -31,6 +31,7 @@ struct TierkvConfig {
   int64_t tp = 0;
   int64_t window = 0;
   bool parent_keys = true;
+  std::string eviction_policy;  // the embedded master's: lru | prefix | chain
   std::string capacity;         // sim (a list) and replay: shares of the bytes the trace writes
   int64_t daemons = 0;
   uint64_t store_size = 0;

@@ -36,7 +36,8 @@ absl::StatusOr<Session> Connect(const TierkvConfig& c) {
   Session s;
   client::ClientOptions o;
   if (c.master.empty()) {
-    auto cluster = tools::EmbeddedCluster::Start(static_cast<int>(c.daemons), c.store_size, c.transport);
+    auto cluster = tools::EmbeddedCluster::Start(static_cast<int>(c.daemons), c.store_size, c.transport,
+                                                 c.eviction_policy);
     if (!cluster.ok()) return cluster.status();
     s.cluster = std::move(*cluster);
     o.master = s.cluster->master_address();
