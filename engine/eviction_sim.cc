@@ -19,10 +19,6 @@ namespace {
 
 constexpr uint32_t kNone = UINT32_MAX;
 
-struct PageKeyHasher {
-  size_t operator()(const PageKey& k) const { return k.hi ^ (k.lo * 0x9e3779b97f4a7c15ull); }
-};
-
 // A doubly linked list over page ids (head = most recent).
 class IdList {
  public:
@@ -308,7 +304,7 @@ PageTrace BuildPageTrace(const std::vector<TraceRequest>& trace, int page_tokens
   PageTrace out;
   out.page_tokens = page_tokens;
   const KeySpace space{"sim", "", ""};
-  absl::flat_hash_map<PageKey, uint32_t, PageKeyHasher> ids;
+  absl::flat_hash_map<PageKey, uint32_t, PageKeyHash> ids;
   const size_t P = static_cast<size_t>(page_tokens);
   for (const TraceRequest& tr : trace) {
     std::vector<int32_t> prompt = PromptTokens(tr, 512, max_prompt_tokens);

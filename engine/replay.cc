@@ -78,6 +78,8 @@ ReplayReport Replay(const std::vector<TraceRequest>& trace, InferenceEngine& eng
   rep.fetched_bytes = after.l3_fetch_bytes - before.l3_fetch_bytes;
   rep.put_bytes = after.l3_put_bytes - before.l3_put_bytes;
   rep.put_failures = after.l3_put_failures - before.l3_put_failures;
+  rep.reput_pages = after.l3_reput_pages - before.l3_reput_pages;
+  rep.reput_bytes = after.l3_reput_bytes - before.l3_reput_bytes;
   rep.tokens_per_s = engine.tokens_per_s();
   return rep;
 }
@@ -101,6 +103,10 @@ nlohmann::json ReplayReport::ToJson() const {
           {"store_fetched_bytes", fetched_bytes},
           {"store_put_bytes", put_bytes},
           {"store_put_failures", put_failures},
+          {"store_reput_pages", reput_pages},
+          {"store_reput_bytes", reput_bytes},
+          {"store_evicted_pages", store_evicted_pages},
+          {"evicted_needed_again", store_evicted_pages ? double(reput_pages) / store_evicted_pages : 0.0},
           {"store_errors", store_errors},
           {"corrupt_pages", corrupt_pages},
           {"failed_requests", failed},
@@ -126,6 +132,11 @@ std::string ReplayReport::Table() const {
   row("TTFT without cache (estimated)", absl::StrFormat("%.1f / %.1f / %.1f ms", 1e3 * Mean(ttft_nocache),
                                             1e3 * Percentile(ttft_nocache, 0.5), 1e3 * Percentile(ttft_nocache, 0.99)));
   row("store traffic (fetched / put)", absl::StrCat(FormatSize(fetched_bytes), " / ", FormatSize(put_bytes)));
+  row("re-put after eviction", absl::StrCat(FormatSize(reput_bytes), " (", reput_pages, " pages)"));
+  if (store_evicted_pages > 0) {
+    row("evicted pages needed again", absl::StrFormat("%.1f%% of %d", 100.0 * reput_pages / store_evicted_pages,
+                                                      store_evicted_pages));
+  }
   row("store errors (recomputed)", absl::StrCat(store_errors));
   if (corrupt_pages > 0) row("corrupt pages (recomputed)", absl::StrCat(corrupt_pages));
   if (failed > 0) row("failed requests (device)", absl::StrCat(failed, ", first: ", first_failure));

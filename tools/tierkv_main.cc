@@ -159,6 +159,10 @@ int Replay(const TierkvConfig& c) {
   opts.progress = c.progress && !c.json;
   opts.max_prompt_tokens = max_prompt;
   engine::ReplayReport r = engine::Replay(*trace, eng, opts);
+  if (session->cluster) {
+    // The embedded store was this replay's alone: its evictions are ours.
+    r.store_evicted_pages = session->cluster->master().master().index().Stats().evictions / c.tp;
+  }
   WriteOutputs(c, r);
   if (c.json) {
     std::printf("%s\n", r.ToJson().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
