@@ -55,7 +55,7 @@ const FlagTable<TierkvConfig>& TierkvFlags() {
           BoolFlag<C>("json", &C::json, "false", "print one JSON object with the results"),
           BoolFlag<C>("progress", &C::progress, "true", "draw a progress bar on stderr"),
           StringFlag<C>("csv", &C::csv, "", "write the windowed hit rate as CSV here"),
-          StringFlag<C>("svg", &C::svg, "", "write an SVG plot of the windowed hit rate here"),
+          StringFlag<C>("svg", &C::svg, "", "write an SVG plot here: replay, the windowed hit rate; sim, hit rate against capacity per policy"),
           IntFlag<C>("metrics-port", &C::metrics_port, "0", 0, 65535, "serve /metrics here while running (0: a free port)"),
       },
       [](const C& c) {

@@ -178,9 +178,13 @@ class MasterClock final : public Policy {
 // last touch is its chain's recency.
 class LeafLru final : public Policy {
  public:
-  LeafLru(const PageTrace& t, size_t cap)
-      : Policy(t, cap), children_(t.unique_pages, 0), link_(t.unique_pages, kNone), last_(t.unique_pages, 0) {}
+  // `birth`: leaves ordered by when their chain began instead of by their
+  // last touch; a page extending a chain with no other cached branch
+  // inherits its parent's birth, a read refreshes nothing.
+  LeafLru(const PageTrace& t, size_t cap, bool birth = false)
+      : Policy(t, cap), birth_(birth), children_(t.unique_pages, 0), link_(t.unique_pages, kNone), last_(t.unique_pages, 0) {}
   void Touch(uint32_t p, size_t) override {
+    if (birth_) return;
     bool leaf = leaves_.erase({last_[p], p}) > 0;
     last_[p] = ++tick_;
     if (leaf) leaves_.insert({last_[p], p});
@@ -192,6 +196,7 @@ class LeafLru final : public Policy {
     link_[p] = kNone;
     if (parent >= 0 && Has(parent)) {
       link_[p] = static_cast<uint32_t>(parent);
+      if (birth_ && children_[parent] == 0 && trace_.parent[parent] >= 0) last_[p] = last_[parent];
       if (children_[parent]++ == 0) leaves_.erase({last_[parent], parent});
     }
     leaves_.insert({last_[p], p});
@@ -206,14 +211,17 @@ class LeafLru final : public Policy {
   }
 
  private:
+  const bool birth_;
   std::set<std::pair<uint64_t, uint32_t>> leaves_;
   std::vector<uint32_t> children_, link_;
   std::vector<uint64_t> last_;
   uint64_t tick_ = 0;
 };
 
-// MIN with bypass: the page whose next use (a later request that could hit
-// it) is farthest leaves first, or is not admitted.
+// MIN: every put is admitted (as the store admits them), and the cached
+// page whose next use (a later request that could hit it) is farthest
+// leaves. Admitting nothing that is never used again gives the same
+// figures on both traces, so the admission is not where the gap is.
 class Belady final : public Policy {
  public:
   Belady(const PageTrace& t, size_t cap) : Policy(t, cap), depth_(t.unique_pages, 0), key_(t.unique_pages) {
@@ -238,9 +246,9 @@ class Belady final : public Policy {
   void Seen(uint32_t p, size_t r) override { Refresh(p, r); }
   bool Insert(uint32_t p, size_t r) override {
     Key k{NextUse(p, r), depth_[p], p};
-    if (std::get<0>(k) == kNone) return false;
-    if (size_ >= cap_) {
-      if (cap_ == 0 || *cached_.rbegin() < k) return false;
+    if (cap_ == 0) return false;
+    // Demand paging: the page put now stays; the farthest other one goes.
+    while (size_ >= cap_) {
       auto victim = std::prev(cached_.end());
       uint32_t v = std::get<2>(*victim);
       cached_.erase(victim);
@@ -277,6 +285,7 @@ std::unique_ptr<Policy> MakePolicy(const PageTrace& t, const std::string& name, 
     return std::make_unique<MasterClock>(t, cap, MasterClock::Options{.chain_recency = false});
   }
   if (name == "leaf-lru") return std::make_unique<LeafLru>(t, cap);
+  if (name == "birth") return std::make_unique<LeafLru>(t, cap, /*birth=*/true);
   if (name == "chain") return std::make_unique<MasterClock>(t, cap, MasterClock::Options{});
   if (name == "belady") return std::make_unique<Belady>(t, cap);
   return nullptr;
@@ -298,7 +307,7 @@ absl::StatusOr<std::vector<double>> ParseCapacities(const std::string& list) {
   return out;
 }
 
-std::vector<std::string> SimPolicies() { return {"lru", "clock", "prefix", "leaf-lru", "chain", "belady"}; }
+std::vector<std::string> SimPolicies() { return {"lru", "clock", "prefix", "leaf-lru", "chain", "birth", "belady"}; }
 
 PageTrace BuildPageTrace(const std::vector<TraceRequest>& trace, int page_tokens, size_t max_prompt_tokens) {
   PageTrace out;

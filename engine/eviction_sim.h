@@ -25,7 +25,10 @@
 //           CLOCK whose rejoining parent carries its chain's recency (the
 //           child that just left was the oldest leaf), so its reference
 //           bit survives only a touch newer than that child's
-//   belady  MIN: evicts (or declines to admit) the page whose next use is
+//   birth   an experiment, not in the master: leaves ordered by when their
+//           chain began (a page extending a chain inherits its birth) and
+//           not refreshed by reads
+//   belady  MIN: admits every put and evicts the page whose next use is
 //           farthest; deeper first among equals, so it stays prefix-closed
 //
 // Not thread-safe; pure functions of their inputs.

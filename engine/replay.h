@@ -66,4 +66,16 @@ ReplayReport Replay(const std::vector<TraceRequest>& trace, InferenceEngine& eng
 absl::Status WriteWindowCsv(const ReplayReport& report, const std::string& path);
 absl::Status WriteWindowSvg(const ReplayReport& report, const std::string& path);
 
+// One line of a hit-rate-against-capacity plot: a policy's (capacity
+// share, hit rate) points, in increasing capacity.
+struct CapacitySeries {
+  std::string name;
+  std::vector<std::pair<double, double>> points;
+};
+// Writes hit rate against capacity, one line per series, as a small SVG
+// line plot (`tierkv sim --svg`); `bound` (the infinite-cache hit rate) is
+// drawn dashed when positive.
+absl::Status WriteCapacitySvg(const std::vector<CapacitySeries>& series, double bound, const std::string& title,
+                              const std::string& path);
+
 }  // namespace tierkv::engine

@@ -1,6 +1,7 @@
 // tierkv: the demo and trace replay (engine/replay.h) against a cluster
 // given by --master, or an embedded one; and `sim`, the offline page-level
 // eviction simulator (engine/eviction_sim.h).
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 
@@ -190,12 +191,18 @@ int Sim(const TierkvConfig& c) {
   table += "\n";
   std::string churn = absl::StrFormat("  %-9s %9s", "capacity", "policy");
   absl::StrAppendFormat(&churn, " %10s %10s %10s %10s\n", "puts", "re-puts", "evictions", "evicted+asked");
-  for (double cap : *caps) {
+  std::vector<engine::CapacitySeries> series(policies.size());
+  for (size_t i = 0; i < policies.size(); ++i) series[i].name = policies[i];
+  std::vector<double> sorted = *caps;
+  std::sort(sorted.begin(), sorted.end());
+  for (double cap : sorted) {
     size_t cap_pages = static_cast<size_t>(cap * pages.unique_pages);
     absl::StrAppendFormat(&table, "  %-9s %9zu", absl::StrFormat("%g %%", 100 * cap), cap_pages);
-    for (const std::string& p : policies) {
+    for (size_t i = 0; i < policies.size(); ++i) {
+      const std::string& p = policies[i];
       absl::StatusOr<engine::SimResult> r = engine::Simulate(pages, p, cap_pages);
       if (!r.ok()) return Fail(r.status().ToString());
+      series[i].points.emplace_back(cap, r->hit_rate);
       absl::StrAppendFormat(&table, " %8.1f%%", 100 * r->hit_rate);
       absl::StrAppendFormat(&churn, "  %-9s %9s %10d %10d %10d %10d\n", absl::StrFormat("%g %%", 100 * cap), p,
                             r->puts, r->reputs, r->evictions, r->evicted_reused);
@@ -211,6 +218,14 @@ int Sim(const TierkvConfig& c) {
     table += "\n";
   }
   double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  if (!c.svg.empty()) {
+    // What an unlimited store would hit: every policy at full size.
+    absl::StatusOr<engine::SimResult> all = engine::Simulate(pages, "lru", pages.unique_pages);
+    absl::Status st = engine::WriteCapacitySvg(
+        series, all.ok() ? all->hit_rate : 0,
+        absl::StrCat("store hit rate against capacity by eviction policy (", c.trace, ")"), c.svg);
+    if (!st.ok()) return Fail(st.ToString());
+  }
   if (c.json) {
     std::printf("%s\n", nlohmann::json{{"trace", c.trace},
                                        {"requests", pages.requests.size()},
