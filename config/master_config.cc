@@ -2,6 +2,10 @@
 
 namespace tierkv {
 
+bool ValidEvictionPolicy(const std::string& name) {
+  return name == "lru" || name == "prefix" || name == "chain";
+}
+
 const FlagTable<MasterConfig>& MasterFlags() {
   using C = MasterConfig;
   static const FlagTable<C>* table = new FlagTable<C>(
@@ -33,6 +37,9 @@ const FlagTable<MasterConfig>& MasterFlags() {
                         "eviction starts when used/capacity passes this"),
           DoubleFlag<C>("low-watermark", &C::low_watermark, "0.90", 0, 1,
                         "eviction stops at this used/capacity"),
+          StringFlag<C>("eviction-policy", &C::eviction_policy, "chain",
+                        "chain (leaf-first, a parent keeps its chain's recency), prefix (leaf-first as first "
+                        "written, for comparison) or lru (ignore parent keys); docs/eviction.md"),
           IntFlag<C>("shards", &C::shards, "16", 1, 256, "object index shards"),
           IntFlag<C>("max-key-bytes", &C::max_key_bytes, "4096", 1, 1 << 20, "longest key accepted"),
           IntFlag<C>("max-batch", &C::max_batch, "65536", 1, 1 << 24, "most keys in one RPC"),
@@ -88,6 +95,9 @@ const FlagTable<MasterConfig>& MasterFlags() {
         }
         if (c.kv_events_endpoint.empty() && !c.kv_events_replay_endpoint.empty()) {
           return absl::InvalidArgumentError("--kv-events-replay-endpoint needs --kv-events-endpoint");
+        }
+        if (!ValidEvictionPolicy(c.eviction_policy)) {
+          return absl::InvalidArgumentError("--eviction-policy must be lru, prefix or chain");
         }
         return absl::OkStatus();
       });

@@ -21,6 +21,7 @@ struct MasterConfig {
   absl::Duration check_interval;
   double high_watermark = 0;
   double low_watermark = 0;
+  std::string eviction_policy;  // lru | prefix | chain
   int64_t shards = 0;
   int64_t max_key_bytes = 0;
   int64_t max_batch = 0;
@@ -44,5 +45,8 @@ struct MasterConfig {
 };
 
 const FlagTable<MasterConfig>& MasterFlags();
+
+// The names --eviction-policy takes (master::ParseEvictionPolicy maps them).
+bool ValidEvictionPolicy(const std::string& name);
 
 }  // namespace tierkv

@@ -1,5 +1,7 @@
 #include "config/tierkv_config.h"
 
+#include "config/master_config.h"
+
 namespace tierkv {
 
 const FlagTable<TierkvConfig>& TierkvFlags() {
@@ -9,7 +11,9 @@ const FlagTable<TierkvConfig>& TierkvFlags() {
       "The embedded inference engine with tierkv as its offload tier.\n\n"
       "  tierkv demo                 an embedded cluster serving a trace slice: the small model\n"
       "                              first, then synthetic mode; prints hit rates, serves /metrics\n"
-      "  tierkv replay --trace FILE  replay a JSONL trace (against --master, or an embedded cluster)",
+      "  tierkv replay --trace FILE  replay a JSONL trace (against --master, or an embedded cluster)\n"
+      "  tierkv sim --trace FILE     page-level hit rates of the store's eviction policies, LRU and\n"
+      "                              Belady's optimum at --capacity, offline (no cluster)",
       {
           StringFlag<C>("master", &C::master, "", "cluster master host:port; empty starts an embedded cluster"),
           StringFlag<C>("metadata", &C::metadata, "", "metadata URL http://host:port (default: master host, port 8080)"),
@@ -39,14 +43,26 @@ const FlagTable<TierkvConfig>& TierkvFlags() {
           IntFlag<C>("window", &C::window, "50", 1, 1e6, "requests in the sliding-window hit rate"),
           BoolFlag<C>("parent-keys", &C::parent_keys, "true",
                       "pass parent keys with puts (prefix-aware eviction); off gives plain LRU"),
+          StringFlag<C>("eviction-policy", &C::eviction_policy, "chain",
+                        "the embedded master's eviction: chain, prefix or lru (as tierkv-master's flag)"),
+          StringFlag<C>("capacity", &C::capacity, "",
+                        "store capacity as a share of the bytes the trace writes (0.1 = 10 %); sim: a list "
+                        "(default 0.05,0.1,0.25,0.5); replay: one value, sizing the embedded cluster (overrides "
+                        "--store-size)"),
           IntFlag<C>("daemons", &C::daemons, "2", 1, 64, "embedded cluster: store daemons"),
           SizeFlag<C>("store-size", &C::store_size, "1gib", 1 << 20, 1e13, "embedded cluster: DRAM per daemon"),
           StringFlag<C>("transport", &C::transport, "", "transport preference (tcp,shm); empty = auto"),
           BoolFlag<C>("json", &C::json, "false", "print one JSON object with the results"),
           BoolFlag<C>("progress", &C::progress, "true", "draw a progress bar on stderr"),
           StringFlag<C>("csv", &C::csv, "", "write the windowed hit rate as CSV here"),
-          StringFlag<C>("svg", &C::svg, "", "write an SVG plot of the windowed hit rate here"),
+          StringFlag<C>("svg", &C::svg, "", "write an SVG plot here: replay, the windowed hit rate; sim, hit rate against capacity per policy"),
           IntFlag<C>("metrics-port", &C::metrics_port, "0", 0, 65535, "serve /metrics here while running (0: a free port)"),
+      },
+      [](const C& c) {
+        if (!ValidEvictionPolicy(c.eviction_policy)) {
+          return absl::InvalidArgumentError("--eviction-policy must be lru, prefix or chain");
+        }
+        return absl::OkStatus();
       });
   return *table;
 }

@@ -1,4 +1,4 @@
-// tierkv's (demo and trace replay) configuration: one table for its flags.
+// tierkv's (demo, trace replay and eviction simulation) configuration: one table for its flags.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +31,8 @@ struct TierkvConfig {
   int64_t tp = 0;
   int64_t window = 0;
   bool parent_keys = true;
+  std::string eviction_policy;  // the embedded master's: lru | prefix | chain
+  std::string capacity;         // sim (a list) and replay: shares of the bytes the trace writes
   int64_t daemons = 0;
   uint64_t store_size = 0;
   std::string transport;

@@ -132,16 +132,21 @@ void PrefixCache::PutToL3(const std::vector<TreePage*>& pages) {
     }
   }
   std::vector<absl::Status> st = l3_->Put(items);
-  std::vector<bool> ok(pages.size(), true);
+  std::vector<bool> ok(pages.size(), true), wrote(pages.size(), true);
   for (size_t k = 0; k < st.size(); ++k) {
     // Present already (another worker put the same prefix) is success.
     if (!st[k].ok() && !absl::IsAlreadyExists(st[k])) ok[owner[k]] = false;
+    if (!st[k].ok()) wrote[owner[k]] = false;
   }
   for (size_t i = 0; i < pages.size(); ++i) {
     if (ok[i]) {
       pages[i]->in_l3 = true;
       ++stats_.l3_put_pages;
       stats_.l3_put_bytes += config_.page_bytes;
+      if (wrote[i] && !written_.insert(pages[i]->key).second) {
+        ++stats_.l3_reput_pages;
+        stats_.l3_reput_bytes += config_.page_bytes;
+      }
     } else {
       ++stats_.l3_put_failures;
     }

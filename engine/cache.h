@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/kv_pool.h"
@@ -106,6 +107,9 @@ struct CacheStats {
   uint64_t lookups = 0;
   uint64_t l1_hit_pages = 0, l2_hit_pages = 0, l3_hit_pages = 0, miss_pages = 0;
   uint64_t l3_fetch_bytes = 0, l3_put_pages = 0, l3_put_bytes = 0, l3_put_failures = 0;
+  // Pages this cache wrote to L3 once already and wrote again: the store
+  // had evicted them, and a later request needed them.
+  uint64_t l3_reput_pages = 0, l3_reput_bytes = 0;
   uint64_t l3_errors = 0;
   uint64_t l3_corrupt_pages = 0;  // read back, failed verification, not used
   uint64_t l1_evictions = 0, l2_evictions = 0;
@@ -167,6 +171,7 @@ class PrefixCache {
   RadixTree tree_;
   uint64_t clock_ = 0;
   std::set<std::pair<uint64_t, TreePage*>> l1_candidates_, l2_candidates_;
+  absl::flat_hash_set<PageKey, PageKeyHash> written_;  // pages this cache wrote to L3
   CacheStats stats_;
 };
 

@@ -25,6 +25,10 @@ struct PageKey {
   bool operator==(const PageKey& o) const { return hi == o.hi && lo == o.lo; }
 };
 
+struct PageKeyHash {
+  size_t operator()(const PageKey& k) const { return k.hi ^ (k.lo * 31); }
+};
+
 // The key of a page following `parent` (zero for the first page).
 PageKey ChainKey(const PageKey& parent, absl::Span<const int32_t> page_tokens, const KeySpace& space);
 // The store key of one rank's slice of a page (tp > 1), or the page key's

@@ -1,6 +1,7 @@
 #include "engine/replay.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -78,6 +79,8 @@ ReplayReport Replay(const std::vector<TraceRequest>& trace, InferenceEngine& eng
   rep.fetched_bytes = after.l3_fetch_bytes - before.l3_fetch_bytes;
   rep.put_bytes = after.l3_put_bytes - before.l3_put_bytes;
   rep.put_failures = after.l3_put_failures - before.l3_put_failures;
+  rep.reput_pages = after.l3_reput_pages - before.l3_reput_pages;
+  rep.reput_bytes = after.l3_reput_bytes - before.l3_reput_bytes;
   rep.tokens_per_s = engine.tokens_per_s();
   return rep;
 }
@@ -101,6 +104,10 @@ nlohmann::json ReplayReport::ToJson() const {
           {"store_fetched_bytes", fetched_bytes},
           {"store_put_bytes", put_bytes},
           {"store_put_failures", put_failures},
+          {"store_reput_pages", reput_pages},
+          {"store_reput_bytes", reput_bytes},
+          {"store_evicted_pages", store_evicted_pages},
+          {"evicted_needed_again", store_evicted_pages ? double(reput_pages) / store_evicted_pages : 0.0},
           {"store_errors", store_errors},
           {"corrupt_pages", corrupt_pages},
           {"failed_requests", failed},
@@ -126,6 +133,11 @@ std::string ReplayReport::Table() const {
   row("TTFT without cache (estimated)", absl::StrFormat("%.1f / %.1f / %.1f ms", 1e3 * Mean(ttft_nocache),
                                             1e3 * Percentile(ttft_nocache, 0.5), 1e3 * Percentile(ttft_nocache, 0.99)));
   row("store traffic (fetched / put)", absl::StrCat(FormatSize(fetched_bytes), " / ", FormatSize(put_bytes)));
+  row("re-put after eviction", absl::StrCat(FormatSize(reput_bytes), " (", reput_pages, " pages)"));
+  if (store_evicted_pages > 0) {
+    row("evicted pages needed again", absl::StrFormat("%.1f%% of %d", 100.0 * reput_pages / store_evicted_pages,
+                                                      store_evicted_pages));
+  }
   row("store errors (recomputed)", absl::StrCat(store_errors));
   if (corrupt_pages > 0) row("corrupt pages (recomputed)", absl::StrCat(corrupt_pages));
   if (failed > 0) row("failed requests (device)", absl::StrCat(failed, ", first: ", first_failure));
@@ -165,6 +177,56 @@ absl::Status WriteWindowSvg(const ReplayReport& report, const std::string& path)
   out << "'/>\n";
   out << absl::StrFormat("<text x='%.1f' y='%.1f' text-anchor='middle'>request</text>\n", (L + W - R) / 2, H - 8);
   out << absl::StrFormat("<text x='%.1f' y='14'>windowed prefix-cache hit rate (%s mode)</text>\n", L, report.mode);
+  out << "</svg>\n";
+  return out ? absl::OkStatus() : absl::UnavailableError(absl::StrCat("writing ", path));
+}
+
+absl::Status WriteCapacitySvg(const std::vector<CapacitySeries>& series, double bound, const std::string& title,
+                              const std::string& path) {
+  std::ofstream out(path);
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  const double W = 720, H = 340, L = 50, B = 40, T = 24, R = 120;
+  double top = std::max(bound, 0.05);
+  double right = 0;
+  for (const CapacitySeries& s : series) {
+    for (const auto& [c, h] : s.points) {
+      right = std::max(right, c);
+      top = std::max(top, h);
+    }
+  }
+  top = std::min(1.0, std::ceil(top * 10) / 10);
+  right = right > 0 ? right : 1;
+  auto x = [&](double c) { return L + (W - L - R) * c / right; };
+  auto y = [&](double v) { return T + (H - T - B) * (1 - v / top); };
+  static const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                                  "#7f7f7f"};
+  out << absl::StrFormat("<svg xmlns='http://www.w3.org/2000/svg' width='%.0f' height='%.0f' font-family='sans-serif' font-size='11'>\n", W, H);
+  out << "<rect width='100%' height='100%' fill='white'/>\n";
+  for (int g = 0; g <= 4; ++g) {
+    double v = top * g / 4;
+    out << absl::StrFormat("<line x1='%.1f' x2='%.1f' y1='%.1f' y2='%.1f' stroke='#ddd'/>", L, W - R, y(v), y(v));
+    out << absl::StrFormat("<text x='%.1f' y='%.1f' text-anchor='end'>%.0f%%</text>\n", L - 6, y(v) + 4, 100 * v);
+  }
+  for (int g = 0; g <= 4; ++g) {
+    double c = right * g / 4;
+    out << absl::StrFormat("<text x='%.1f' y='%.1f' text-anchor='middle'>%g%%</text>\n", x(c), H - B + 14, 100 * c);
+  }
+  if (bound > 0) {
+    out << absl::StrFormat("<line x1='%.1f' x2='%.1f' y1='%.1f' y2='%.1f' stroke='#999' stroke-dasharray='4 3'/>", L,
+                           W - R, y(bound), y(bound));
+    out << absl::StrFormat("<text x='%.1f' y='%.1f' fill='#777'>infinite cache</text>\n", W - R + 6, y(bound) + 4);
+  }
+  for (size_t i = 0; i < series.size(); ++i) {
+    const char* color = kColors[i % (sizeof(kColors) / sizeof(kColors[0]))];
+    out << absl::StrFormat("<polyline fill='none' stroke='%s' stroke-width='1.5' points='", color);
+    for (const auto& [c, h] : series[i].points) out << absl::StrFormat("%.1f,%.1f ", x(c), y(h));
+    out << "'/>\n";
+    out << absl::StrFormat("<text x='%.1f' y='%.1f' fill='%s'>%s</text>\n", W - R + 6, T + 14 * (i + 2), color,
+                           series[i].name);
+  }
+  out << absl::StrFormat("<text x='%.1f' y='%.1f' text-anchor='middle'>capacity (share of the bytes the trace writes)</text>\n",
+                         (L + W - R) / 2, H - 8);
+  out << absl::StrFormat("<text x='%.1f' y='16'>%s</text>\n", L, title);
   out << "</svg>\n";
   return out ? absl::OkStatus() : absl::UnavailableError(absl::StrCat("writing ", path));
 }

@@ -17,9 +17,6 @@ namespace tierkv::engine {
 
 // The pages an unlimited cache would hold; shared between replays that
 // feed the same store (worker A's pages are hits for worker B).
-struct PageKeyHash {
-  size_t operator()(const PageKey& k) const { return k.hi ^ (k.lo * 31); }
-};
 using SeenPages = absl::flat_hash_set<PageKey, PageKeyHash>;
 
 struct ReplayOptions {
@@ -50,6 +47,8 @@ struct ReplayReport {
   std::string first_failure;
   std::vector<double> ttft, ttft_nocache;
   uint64_t fetched_bytes = 0, put_bytes = 0, put_failures = 0;
+  uint64_t reput_pages = 0, reput_bytes = 0;  // written again after the store evicted them
+  uint64_t store_evicted_pages = 0;  // set by the caller when it can see the store (0: unknown)
   double wall_s = 0;
   double tokens_per_s = 0;  // the cost model in effect
   std::vector<WindowPoint> window;
@@ -66,5 +65,17 @@ ReplayReport Replay(const std::vector<TraceRequest>& trace, InferenceEngine& eng
 // and as a small SVG line plot.
 absl::Status WriteWindowCsv(const ReplayReport& report, const std::string& path);
 absl::Status WriteWindowSvg(const ReplayReport& report, const std::string& path);
+
+// One line of a hit-rate-against-capacity plot: a policy's (capacity
+// share, hit rate) points, in increasing capacity.
+struct CapacitySeries {
+  std::string name;
+  std::vector<std::pair<double, double>> points;
+};
+// Writes hit rate against capacity, one line per series, as a small SVG
+// line plot (`tierkv sim --svg`); `bound` (the infinite-cache hit rate) is
+// drawn dashed when positive.
+absl::Status WriteCapacitySvg(const std::vector<CapacitySeries>& series, double bound, const std::string& title,
+                              const std::string& path);
 
 }  // namespace tierkv::engine

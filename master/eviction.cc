@@ -295,7 +295,9 @@ absl::StatusOr<uint64_t> ObjectIndex::Impl::Recover() {
     restored -= keys.size();
     ReleaseGroupPin(g);
   }
-  for (const auto& [child, parent] : links) LinkParent(ShardOf(child), child, parent);
+  if (options_.eviction != EvictionPolicy::kLru) {
+    for (const auto& [child, parent] : links) LinkParent(ShardOf(child), child, parent);
+  }
   if (!stale.empty()) RETURN_IF_ERROR(store_->Write(stale));
   return restored;
 }

@@ -22,6 +22,25 @@ absl::Status ValidateKey(absl::string_view key, size_t max_len) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<EvictionPolicy> ParseEvictionPolicy(absl::string_view name) {
+  if (name == "lru") return EvictionPolicy::kLru;
+  if (name == "prefix") return EvictionPolicy::kPrefix;
+  if (name == "chain") return EvictionPolicy::kChain;
+  return absl::InvalidArgumentError(absl::StrCat("eviction policy '", name, "' is not lru, prefix or chain"));
+}
+
+absl::string_view EvictionPolicyName(EvictionPolicy policy) {
+  switch (policy) {
+    case EvictionPolicy::kLru:
+      return "lru";
+    case EvictionPolicy::kPrefix:
+      return "prefix";
+    case EvictionPolicy::kChain:
+      return "chain";
+  }
+  return "chain";
+}
+
 ObjectIndex::Impl::Impl(IndexOptions options, SegmentRegistry* registry, IndexStore* store,
                         Clock* clock)
     : options_(options), registry_(registry), store_(store), clock_(clock), start_(clock->Now()) {
@@ -199,7 +218,7 @@ void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mu
     pending_.fetch_sub(1);
   }
   if (o.parent_slot != kNil) {
-    follow->parents.push_back({o.parent_shard, o.parent_slot, o.parent_gen});
+    follow->parents.push_back({o.parent_shard, o.parent_slot, o.parent_gen, o.access});
   }
   if (o.group != nullptr) {
     Group* g = o.group;
@@ -244,8 +263,12 @@ void ObjectIndex::Impl::DecrementParent(const FollowUp::ParentRef& ref) {
   Object& p = s.objects[ref.slot];
   if (p.gen != ref.gen || p.state != ObjState::kComplete || p.children == 0) return;
   if (--p.children == 0) {
-    // The parent's last cached child just left; it is at least as old as
-    // that child in access order, so it is next in line.
+    // The parent's last cached child just left. A lookup that reached the
+    // child passed the parent, so the parent is as old as the child unless
+    // something touched it since: it is next in line, and a reference bit
+    // from a touch the child's own has outlived must not send it round
+    // again (kPrefix keeps that bit; docs/eviction.md has the cost).
+    if (options_.eviction == EvictionPolicy::kChain && p.access <= ref.child_access) p.referenced = false;
     ListAtTail(s, ref.slot);
   }
 }
@@ -491,7 +514,7 @@ std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::strin
         }
       }
     }
-    if (!parent_key.empty()) LinkParent(si, key, parent_key);
+    if (!parent_key.empty() && options_.eviction != EvictionPolicy::kLru) LinkParent(si, key, parent_key);
   }
   return out;
 }

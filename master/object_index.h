@@ -3,10 +3,11 @@
 //
 // Sharded by key hash; each shard has its own lock, slot array and two
 // leaf-LRU lists (unpinned, soft-pinned). An object is an eviction
-// candidate only while it is COMPLETE and has no cached children, which is
-// what makes eviction prefix-aware in O(1): evicting a leaf decrements its
-// parent's child count, and a parent whose count reaches zero joins the
-// candidates. docs/eviction.md describes the order in full.
+// candidate only while it is COMPLETE and has no cached children (unless
+// IndexOptions::eviction is kLru), which is what makes eviction
+// prefix-aware in O(1): evicting a leaf decrements its parent's child
+// count, and a parent whose count reaches zero joins the candidates.
+// docs/eviction.md describes the order in full.
 //
 // States: PENDING (between PutStart and PutEnd; invisible, reclaimed after
 // the put timeout) and COMPLETE (immutable, visible). Objects in a group
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "config/base/clock.h"
 #include "master/persistence.h"
@@ -49,7 +51,26 @@ class IndexListener {
   virtual void OnRemoved(absl::string_view key) = 0;
 };
 
+// How eviction picks among complete, unleased objects (docs/eviction.md).
+enum class EvictionPolicy : uint8_t {
+  // Every object is a candidate, in CLOCK order; parent keys are ignored.
+  kLru,
+  // Only objects with no cached child; a parent whose last child left
+  // rejoins at the old end keeping the reference bit of its last touch, so
+  // a chain read once long ago is sent round again (the first design; kept
+  // for comparison).
+  kPrefix,
+  // Only objects with no cached child; a rejoining parent carries its
+  // chain's recency: the child that just left was the oldest candidate, so
+  // the parent is next unless it was touched after that child.
+  kChain,
+};
+// "lru", "prefix", "chain"; INVALID_ARGUMENT naming the choices otherwise.
+absl::StatusOr<EvictionPolicy> ParseEvictionPolicy(absl::string_view name);
+absl::string_view EvictionPolicyName(EvictionPolicy policy);
+
 struct IndexOptions {
+  EvictionPolicy eviction = EvictionPolicy::kChain;
   int shards = 16;
   absl::Duration lease_ttl = absl::Seconds(5);
   absl::Duration put_timeout = absl::Seconds(30);

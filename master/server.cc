@@ -33,6 +33,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   options.index.revoke_grace = config.revoke_grace;
   options.index.high_watermark = config.high_watermark;
   options.index.low_watermark = config.low_watermark;
+  ASSIGN_OR_RETURN(options.index.eviction, master::ParseEvictionPolicy(config.eviction_policy));
   options.index.max_key_bytes = static_cast<size_t>(config.max_key_bytes);
   options.kv_events.endpoint = config.kv_events_endpoint;
   options.kv_events.replay_endpoint = config.kv_events_replay_endpoint;

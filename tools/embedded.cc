@@ -10,10 +10,12 @@ const char* NoEnv(const char*) { return nullptr; }
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(int daemons, uint64_t segment_size,
-                                                                         const std::string& transport) {
+                                                                         const std::string& transport,
+                                                                         const std::string& eviction_policy) {
   auto c = std::make_unique<EmbeddedCluster>();
-  const char* margv[] = {"tierkv-master", "--rpc-port=0", "--http-port=0"};
-  absl::StatusOr<MasterConfig> mcfg = MasterFlags().Parse(3, margv, nullptr, NoEnv);
+  std::string policy = "--eviction-policy=" + (eviction_policy.empty() ? "chain" : eviction_policy);
+  const char* margv[] = {"tierkv-master", "--rpc-port=0", "--http-port=0", policy.c_str()};
+  absl::StatusOr<MasterConfig> mcfg = MasterFlags().Parse(4, margv, nullptr, NoEnv);
   if (!mcfg.ok()) return mcfg.status();
   absl::StatusOr<std::unique_ptr<master::MasterServer>> m = master::MasterServer::Start(*mcfg);
   if (!m.ok()) return m.status();

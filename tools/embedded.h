@@ -14,9 +14,11 @@ namespace tierkv::tools {
 
 class EmbeddedCluster {
  public:
-  // Waits until every daemon is mounted.
+  // Waits until every daemon is mounted. `eviction_policy` is the
+  // master's --eviction-policy (empty: its default).
   static absl::StatusOr<std::unique_ptr<EmbeddedCluster>> Start(int daemons, uint64_t segment_size,
-                                                                const std::string& transport = "");
+                                                                const std::string& transport = "",
+                                                                const std::string& eviction_policy = "");
   ~EmbeddedCluster();
   std::string master_address() const;
   std::string metadata_url() const;

@@ -1,5 +1,7 @@
 // tierkv: the demo and trace replay (engine/replay.h) against a cluster
-// given by --master, or an embedded one.
+// given by --master, or an embedded one; and `sim`, the offline page-level
+// eviction simulator (engine/eviction_sim.h).
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <thread>
@@ -14,6 +16,8 @@
 #include "config/base/mutex.h"
 #include "config/units.h"
 #include "config/tierkv_config.h"
+#include "absl/strings/str_format.h"
+#include "engine/eviction_sim.h"
 #include "engine/replay.h"
 #include "httplib.h"
 #include "tools/embedded.h"
@@ -36,7 +40,8 @@ absl::StatusOr<Session> Connect(const TierkvConfig& c) {
   Session s;
   client::ClientOptions o;
   if (c.master.empty()) {
-    auto cluster = tools::EmbeddedCluster::Start(static_cast<int>(c.daemons), c.store_size, c.transport);
+    auto cluster = tools::EmbeddedCluster::Start(static_cast<int>(c.daemons), c.store_size, c.transport,
+                                                 c.eviction_policy);
     if (!cluster.ok()) return cluster.status();
     s.cluster = std::move(*cluster);
     o.master = s.cluster->master_address();
@@ -54,6 +59,12 @@ absl::StatusOr<Session> Connect(const TierkvConfig& c) {
   s.client = std::move(*cli);
   s.l3 = std::make_unique<engine::TierkvL3>(s.client.get(), c.parent_keys);
   return s;
+}
+
+// A synthetic page's bytes, as the engine rounds them (engine.cc).
+uint64_t SyntheticPageBytes(const TierkvConfig& c) {
+  uint64_t unit = 8 * static_cast<uint64_t>(c.tp);
+  return (c.kv_bytes_per_token * c.page_tokens + unit - 1) / unit * unit;
 }
 
 absl::StatusOr<engine::EngineConfig> EngineConfigFor(const TierkvConfig& c, bool synthetic) {
@@ -130,7 +141,21 @@ int Replay(const TierkvConfig& c) {
   if (!ecfg.ok()) ExitWithUsageError("tierkv", ecfg.status().message());
   auto trace = engine::ReadTrace(c.trace, c.offset, c.requests);
   if (!trace.ok()) return Fail(std::string(trace.status().message()));
-  auto session = Connect(c);
+  const size_t max_prompt = c.max_prompt_tokens > 0 ? c.max_prompt_tokens : (synthetic ? 0 : 1536);
+  TierkvConfig sized = c;
+  if (!c.capacity.empty()) {
+    // The embedded store holds this share of what the trace writes, the
+    // same measure `tierkv sim` uses.
+    auto caps = engine::ParseCapacities(c.capacity);
+    if (!caps.ok() || caps->size() != 1) ExitWithUsageError("tierkv", "--capacity: replay takes one share, e.g. 0.1");
+    if (!c.master.empty() || !synthetic) {
+      ExitWithUsageError("tierkv", "--capacity sizes the embedded cluster in synthetic mode (no --master)");
+    }
+    engine::PageTrace pages = engine::BuildPageTrace(*trace, static_cast<int>(c.page_tokens), max_prompt);
+    double total = (*caps)[0] * pages.unique_pages * SyntheticPageBytes(c);
+    sized.store_size = std::max<uint64_t>(1 << 20, static_cast<uint64_t>(total / c.daemons));
+  }
+  auto session = Connect(sized);
   if (!session.ok()) return Fail(session.status().ToString());
   engine::InferenceEngine eng(*ecfg, session->l3.get());
   MetricsServer metrics(static_cast<int>(c.metrics_port));
@@ -142,14 +167,90 @@ int Replay(const TierkvConfig& c) {
   }
   engine::ReplayOptions opts;
   opts.progress = c.progress && !c.json;
-  opts.max_prompt_tokens = c.max_prompt_tokens > 0 ? c.max_prompt_tokens : (synthetic ? 0 : 1536);
+  opts.max_prompt_tokens = max_prompt;
   engine::ReplayReport r = engine::Replay(*trace, eng, opts);
+  if (session->cluster) {
+    // The embedded store was this replay's alone: its evictions are ours.
+    r.store_evicted_pages = session->cluster->master().master().index().Stats().evictions / c.tp;
+  }
   WriteOutputs(c, r);
   if (c.json) {
     std::printf("%s\n", r.ToJson().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("%s", r.Table().c_str());
   }
+  return 0;
+}
+
+// Page-level hit rates of every policy at each capacity, from the trace
+// alone: what the store's policy can reach, in seconds.
+int Sim(const TierkvConfig& c) {
+  auto caps = engine::ParseCapacities(c.capacity.empty() ? "0.05,0.1,0.25,0.5" : c.capacity);
+  if (!caps.ok()) ExitWithUsageError("tierkv", absl::StrCat("--capacity: ", caps.status().message()));
+  auto trace = engine::ReadTrace(c.trace, c.offset, c.requests);
+  if (!trace.ok()) return Fail(std::string(trace.status().message()));
+  absl::Time t0 = absl::Now();
+  engine::PageTrace pages =
+      engine::BuildPageTrace(*trace, static_cast<int>(c.page_tokens), static_cast<size_t>(c.max_prompt_tokens));
+  const uint64_t page_bytes = SyntheticPageBytes(c);
+  const std::vector<std::string> policies = engine::SimPolicies();
+  nlohmann::json runs = nlohmann::json::array();
+  std::string table = absl::StrFormat("  %-9s %9s", "capacity", "pages");
+  for (const std::string& p : policies) absl::StrAppendFormat(&table, " %9s", p);
+  table += "\n";
+  std::string churn = absl::StrFormat("  %-9s %9s", "capacity", "policy");
+  absl::StrAppendFormat(&churn, " %10s %10s %10s %10s\n", "puts", "re-puts", "evictions", "evicted+asked");
+  std::vector<engine::CapacitySeries> series(policies.size());
+  for (size_t i = 0; i < policies.size(); ++i) series[i].name = policies[i];
+  std::vector<double> sorted = *caps;
+  std::sort(sorted.begin(), sorted.end());
+  for (double cap : sorted) {
+    size_t cap_pages = static_cast<size_t>(cap * pages.unique_pages);
+    absl::StrAppendFormat(&table, "  %-9s %9zu", absl::StrFormat("%g %%", 100 * cap), cap_pages);
+    for (size_t i = 0; i < policies.size(); ++i) {
+      const std::string& p = policies[i];
+      absl::StatusOr<engine::SimResult> r = engine::Simulate(pages, p, cap_pages);
+      if (!r.ok()) return Fail(r.status().ToString());
+      series[i].points.emplace_back(cap, r->hit_rate);
+      absl::StrAppendFormat(&table, " %8.1f%%", 100 * r->hit_rate);
+      absl::StrAppendFormat(&churn, "  %-9s %9s %10d %10d %10d %10d\n", absl::StrFormat("%g %%", 100 * cap), p,
+                            r->puts, r->reputs, r->evictions, r->evicted_reused);
+      runs.push_back({{"capacity", cap},
+                      {"capacity_pages", cap_pages},
+                      {"policy", p},
+                      {"hit_rate", r->hit_rate},
+                      {"puts", r->puts},
+                      {"reputs", r->reputs},
+                      {"evictions", r->evictions},
+                      {"evicted_reused", r->evicted_reused}});
+    }
+    table += "\n";
+  }
+  double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  if (!c.svg.empty()) {
+    // What an unlimited store would hit: every policy at full size.
+    absl::StatusOr<engine::SimResult> all = engine::Simulate(pages, "lru", pages.unique_pages);
+    absl::Status st = engine::WriteCapacitySvg(
+        series, all.ok() ? all->hit_rate : 0,
+        absl::StrCat("store hit rate against capacity by eviction policy (", c.trace, ")"), c.svg);
+    if (!st.ok()) return Fail(st.ToString());
+  }
+  if (c.json) {
+    std::printf("%s\n", nlohmann::json{{"trace", c.trace},
+                                       {"requests", pages.requests.size()},
+                                       {"page_tokens", c.page_tokens},
+                                       {"pages_written", pages.unique_pages},
+                                       {"bytes_written", pages.unique_pages * page_bytes},
+                                       {"runs", runs}}
+                            .dump()
+                            .c_str());
+    return 0;
+  }
+  std::printf("tierkv sim: %s, %zu requests, %lld-token pages, %zu pages written (%s at %s a page); "
+              "hit rate of prompt tokens\n\n%s\n%s\n  (%.1f s)\n",
+              c.trace.c_str(), pages.requests.size(), static_cast<long long>(c.page_tokens), pages.unique_pages,
+              FormatSize(pages.unique_pages * page_bytes).c_str(), FormatSize(page_bytes).c_str(), table.c_str(),
+              churn.c_str(), secs);
   return 0;
 }
 
@@ -252,10 +353,11 @@ int Demo(TierkvConfig c) {
 int main(int argc, char** argv) {
   std::vector<std::string> args;
   tierkv::TierkvConfig config = tierkv::TierkvFlags().ParseOrExit(argc, argv, &args);
-  if (args.size() != 1) tierkv::ExitWithUsageError("tierkv", "expected one subcommand: demo or replay (see --help)");
+  if (args.size() != 1) tierkv::ExitWithUsageError("tierkv", "expected one subcommand: demo, replay or sim (see --help)");
   tierkv::SetLogLevel(tierkv::LogLevel::kWarning);
   signal(SIGPIPE, SIG_IGN);
   if (args[0] == "replay") return tierkv::Replay(config);
   if (args[0] == "demo") return tierkv::Demo(config);
+  if (args[0] == "sim") return tierkv::Sim(config);
   tierkv::ExitWithUsageError("tierkv", "unknown subcommand '" + args[0] + "'");
 }

@@ -124,6 +124,7 @@ struct FollowUp {
     uint8_t shard;
     uint32_t slot;
     uint32_t gen;
+    uint32_t child_access;  // the departed child's last access tick
   };
   std::vector<ParentRef> parents;
   std::vector<Group*> groups;  // each holds a pin (see ReleaseGroupPin)

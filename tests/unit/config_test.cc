@@ -198,6 +198,14 @@ TEST(FlagsTest, MasterTableDefaultsAndRules) {
   const char* bad[] = {"tierkv-master", "--low-watermark=0.99", "--high-watermark=0.9"};
   EXPECT_THAT(MasterFlags().Parse(3, bad, nullptr, [](const char*) -> const char* { return nullptr; }),
               StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(c->eviction_policy, "chain");
+  auto env = [](const char* name) -> const char* {
+    return std::string(name) == "TIERKV_EVICTION_POLICY" ? "lru" : nullptr;
+  };
+  EXPECT_EQ(MasterFlags().Parse(1, argv, nullptr, env)->eviction_policy, "lru");
+  const char* unknown[] = {"tierkv-master", "--eviction-policy=lfu"};
+  EXPECT_THAT(MasterFlags().Parse(2, unknown, nullptr, [](const char*) -> const char* { return nullptr; }),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(FlagsTest, StoreTransferServerLimits) {

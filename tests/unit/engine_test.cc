@@ -161,6 +161,22 @@ TEST(EngineTest, L2EvictionLeavesPagesFindableInL3) {
   EXPECT_GT(e.cache_stats().l2_evictions, 0u);
 }
 
+TEST(EngineTest, PagesWrittenAgainAfterTheStoreEvictedThemAreCounted) {
+  InMemoryL3 store;
+  InferenceEngine e(Synthetic(8, 8), &store);
+  auto a = Tokens(6 * 16 + 1, 1);
+  e.Serve(a);
+  for (int i = 0; i < 4; ++i) e.Serve(Tokens(6 * 16 + 1, 10 + i));  // a leaves L1 and L2
+  EXPECT_EQ(e.cache_stats().l3_reput_pages, 0u);
+  // The store evicts a's last three pages; serving a again writes them again.
+  std::vector<PageKey> keys = PageKeys(absl::MakeConstSpan(a).subspan(0, 6 * 16), 16, e.key_space());
+  for (size_t i = 3; i < 6; ++i) store.Drop(RankKey(keys[i], 0, 1));
+  RequestResult again = e.Serve(a);
+  EXPECT_EQ(again.l3_tokens, 3u * 16);
+  EXPECT_EQ(e.cache_stats().l3_reput_pages, 3u);
+  EXPECT_EQ(e.cache_stats().l3_reput_bytes, 3u * e.cache().config().page_bytes);
+}
+
 TEST(EngineTest, WritePolicies) {
   auto a = Tokens(4 * 16 + 1, 5);
   EngineConfig c = Synthetic();
