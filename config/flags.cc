@@ -1,5 +1,6 @@
 #include "config/flags.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -77,6 +79,9 @@ absl::Status ApplyValue(const FlagSpec& spec, void* cfg, absl::string_view text,
       return absl::OkStatus();
     }
     case FlagType::kString: {
+      if (!spec.choices.empty() && std::find(spec.choices.begin(), spec.choices.end(), text) == spec.choices.end()) {
+        return bad(absl::StrCat("expected one of ", absl::StrJoin(spec.choices, ", ")));
+      }
       std::string v(text);
       spec.store(cfg, &v);
       return absl::OkStatus();

@@ -45,6 +45,9 @@ struct FlagSpec {
   std::function<void(void* cfg, const void* value)> store;
   // Renders the field's current value in `cfg` for --print-config.
   std::function<std::string(const void* cfg)> print;
+  // kString: the only values accepted (empty: any); others are
+  // INVALID_ARGUMENT naming them.
+  std::vector<std::string> choices = {};
 };
 
 // "segment-size" -> "TIERKV_SEGMENT_SIZE".
@@ -209,6 +212,15 @@ FlagSpec StringFlag(std::string name, std::string C::*field, std::string def, st
             static_cast<C*>(c)->*field = *static_cast<const std::string*>(v);
           },
           [field](const void* c) { return static_cast<const C*>(c)->*field; }};
+}
+
+// A string flag that takes one of `choices` (a policy, a format, a mode).
+template <class C>
+FlagSpec ChoiceFlag(std::string name, std::string C::*field, std::string def, std::vector<std::string> choices,
+                    std::string help) {
+  FlagSpec spec = StringFlag<C>(std::move(name), field, std::move(def), std::move(help));
+  spec.choices = std::move(choices);
+  return spec;
 }
 
 }  // namespace tierkv

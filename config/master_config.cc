@@ -2,10 +2,6 @@
 
 namespace tierkv {
 
-bool ValidEvictionPolicy(const std::string& name) {
-  return name == "lru" || name == "prefix" || name == "chain";
-}
-
 const FlagTable<MasterConfig>& MasterFlags() {
   using C = MasterConfig;
   static const FlagTable<C>* table = new FlagTable<C>(
@@ -37,7 +33,7 @@ const FlagTable<MasterConfig>& MasterFlags() {
                         "eviction starts when used/capacity passes this"),
           DoubleFlag<C>("low-watermark", &C::low_watermark, "0.90", 0, 1,
                         "eviction stops at this used/capacity"),
-          StringFlag<C>("eviction-policy", &C::eviction_policy, "chain",
+          ChoiceFlag<C>("eviction-policy", &C::eviction_policy, "chain", {"chain", "prefix", "lru"},
                         "chain (leaf-first, a parent keeps its chain's recency), prefix (leaf-first as first "
                         "written, for comparison) or lru (ignore parent keys); docs/eviction.md"),
           IntFlag<C>("shards", &C::shards, "16", 1, 256, "object index shards"),
@@ -73,7 +69,7 @@ const FlagTable<MasterConfig>& MasterFlags() {
                         "number; empty: no replay"),
           StringFlag<C>("kv-events-topic", &C::kv_events_topic, "kv-events",
                         "topic frame of every KV event message"),
-          StringFlag<C>("kv-events-format", &C::kv_events_format, "array",
+          ChoiceFlag<C>("kv-events-format", &C::kv_events_format, "array", {"array", "map"},
                         "event encoding: array (vLLM's msgspec array_like, tag first) or map "
                         "(field names and a \"type\" tag)"),
           DurationFlag<C>("kv-events-batch-interval", &C::kv_events_batch_interval, "10ms", 0.001, 60,
@@ -90,14 +86,8 @@ const FlagTable<MasterConfig>& MasterFlags() {
         if (c.low_watermark > c.high_watermark) {
           return absl::InvalidArgumentError("--low-watermark must not exceed --high-watermark");
         }
-        if (c.kv_events_format != "array" && c.kv_events_format != "map") {
-          return absl::InvalidArgumentError("--kv-events-format must be array or map");
-        }
         if (c.kv_events_endpoint.empty() && !c.kv_events_replay_endpoint.empty()) {
           return absl::InvalidArgumentError("--kv-events-replay-endpoint needs --kv-events-endpoint");
-        }
-        if (!ValidEvictionPolicy(c.eviction_policy)) {
-          return absl::InvalidArgumentError("--eviction-policy must be lru, prefix or chain");
         }
         return absl::OkStatus();
       });

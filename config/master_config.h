@@ -46,7 +46,4 @@ struct MasterConfig {
 
 const FlagTable<MasterConfig>& MasterFlags();
 
-// The names --eviction-policy takes (master::ParseEvictionPolicy maps them).
-bool ValidEvictionPolicy(const std::string& name);
-
 }  // namespace tierkv

@@ -1,7 +1,5 @@
 #include "config/tierkv_config.h"
 
-#include "config/master_config.h"
-
 namespace tierkv {
 
 const FlagTable<TierkvConfig>& TierkvFlags() {
@@ -21,7 +19,7 @@ const FlagTable<TierkvConfig>& TierkvFlags() {
                         "JSONL request trace; a relative path not found here is looked up in the source tree and share/tierkv"),
           IntFlag<C>("offset", &C::offset, "0", 0, 1e9, "skip this many trace requests"),
           IntFlag<C>("requests", &C::requests, "0", 0, 1e9, "replay at most this many (0: all)"),
-          StringFlag<C>("mode", &C::mode, "synthetic", "replay: model (the small transformer) or synthetic"),
+          ChoiceFlag<C>("mode", &C::mode, "synthetic", {"synthetic", "model"}, "replay: model (the small transformer) or synthetic"),
           IntFlag<C>("model-requests", &C::model_requests, "24", 0, 1e6, "demo: requests served by the small model first"),
           IntFlag<C>("max-prompt-tokens", &C::max_prompt_tokens, "0", 0, 1e9,
                      "cut prompts to this many tokens (0: whole; model mode defaults to 1536)"),
@@ -43,7 +41,7 @@ const FlagTable<TierkvConfig>& TierkvFlags() {
           IntFlag<C>("window", &C::window, "50", 1, 1e6, "requests in the sliding-window hit rate"),
           BoolFlag<C>("parent-keys", &C::parent_keys, "true",
                       "pass parent keys with puts (prefix-aware eviction); off gives plain LRU"),
-          StringFlag<C>("eviction-policy", &C::eviction_policy, "chain",
+          ChoiceFlag<C>("eviction-policy", &C::eviction_policy, "chain", {"chain", "prefix", "lru"},
                         "the embedded master's eviction: chain, prefix or lru (as tierkv-master's flag)"),
           StringFlag<C>("capacity", &C::capacity, "",
                         "store capacity as a share of the bytes the trace writes (0.1 = 10 %); sim: a list "
@@ -57,12 +55,6 @@ const FlagTable<TierkvConfig>& TierkvFlags() {
           StringFlag<C>("csv", &C::csv, "", "write the windowed hit rate as CSV here"),
           StringFlag<C>("svg", &C::svg, "", "write an SVG plot here: replay, the windowed hit rate; sim, hit rate against capacity per policy"),
           IntFlag<C>("metrics-port", &C::metrics_port, "0", 0, 65535, "serve /metrics here while running (0: a free port)"),
-      },
-      [](const C& c) {
-        if (!ValidEvictionPolicy(c.eviction_policy)) {
-          return absl::InvalidArgumentError("--eviction-policy must be lru, prefix or chain");
-        }
-        return absl::OkStatus();
       });
   return *table;
 }

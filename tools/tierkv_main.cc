@@ -136,7 +136,6 @@ void WriteOutputs(const TierkvConfig& c, const engine::ReplayReport& r) {
 
 int Replay(const TierkvConfig& c) {
   bool synthetic = c.mode == "synthetic";
-  if (!synthetic && c.mode != "model") ExitWithUsageError("tierkv", "--mode must be model or synthetic");
   auto ecfg = EngineConfigFor(c, synthetic);
   if (!ecfg.ok()) ExitWithUsageError("tierkv", ecfg.status().message());
   auto trace = engine::ReadTrace(c.trace, c.offset, c.requests);

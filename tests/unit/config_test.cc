@@ -204,8 +204,13 @@ TEST(FlagsTest, MasterTableDefaultsAndRules) {
   };
   EXPECT_EQ(MasterFlags().Parse(1, argv, nullptr, env)->eviction_policy, "lru");
   const char* unknown[] = {"tierkv-master", "--eviction-policy=lfu"};
-  EXPECT_THAT(MasterFlags().Parse(2, unknown, nullptr, [](const char*) -> const char* { return nullptr; }),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  auto refused = MasterFlags().Parse(2, unknown, nullptr, [](const char*) -> const char* { return nullptr; });
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("expected one of chain, prefix, lru"));
+  const char* format[] = {"tierkv-master", "--kv-events-format=json"};
+  refused = MasterFlags().Parse(2, format, nullptr, [](const char*) -> const char* { return nullptr; });
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("expected one of array, map"));
 }
 
 TEST(FlagsTest, StoreTransferServerLimits) {
