@@ -58,23 +58,18 @@ double KeySketch::FalsePositiveRate() const {
   return std::pow(static_cast<double>(bits_set()) / static_cast<double>(bits_), kHashes);
 }
 
-void QueryStats::OwnHisto::Observe(double v) {
-  size_t i = std::lower_bound(bounds.begin(), bounds.end(), v) - bounds.begin();
-  ++counts[i];
-  ++count;
-  sum += v;
-}
-
 QueryStats::QueryStats(metrics::Registry* registry, QueryStatsOptions options)
     : options_(std::move(options)) {
   if (options_.sketch_bytes > 0) sketch_ = std::make_unique<KeySketch>(options_.sketch_bytes);
-  prefix_pages_.bounds = PageBounds();
-  prefix_pages_.counts.assign(prefix_pages_.bounds.size() + 1, 0);
-  for (OwnHisto& h : reuse_) {
-    h.bounds = ReuseBounds();
-    h.counts.assign(h.bounds.size() + 1, 0);
+  if (registry == nullptr) {
+    owned_.push_back(std::make_unique<metrics::Histogram>(PageBounds()));
+    prefix_pages_ = owned_.back().get();
+    for (int k = 0; k < kKinds; ++k) {
+      owned_.push_back(std::make_unique<metrics::Histogram>(ReuseBounds()));
+      reuse_[k] = owned_.back().get();
+    }
+    return;
   }
-  if (registry == nullptr) return;
   auto family = [&](const std::string& name, const std::string& help) {
     return &metrics::BuildCounter().Name(name).Help(help).Register(*registry);
   };
@@ -98,7 +93,7 @@ QueryStats::QueryStats(metrics::Registry* registry, QueryStatsOptions options)
     prefix_families_.bytes_found = family("tierkv_master_query_prefix_bytes_found_total",
                                           "Bytes of the objects found, by key prefix and call");
   }
-  prefix_pages_metric_ = &metrics::BuildHistogram()
+  prefix_pages_ = &metrics::BuildHistogram()
                               .Name("tierkv_master_prefix_match_pages")
                               .Help("Leading pages matched per PrefixMatch call")
                               .Register(*registry)
@@ -108,7 +103,7 @@ QueryStats::QueryStats(metrics::Registry* registry, QueryStatsOptions options)
                     .Help("Per hit: seconds since the object was put or last read, by call")
                     .Register(*registry);
   for (int k = 0; k < kKinds; ++k) {
-    reuse_metric_[k] = &reuse.Add({{"call", KindName(static_cast<Kind>(k))}}, ReuseBounds());
+    reuse_[k] = &reuse.Add({{"call", KindName(static_cast<Kind>(k))}}, ReuseBounds());
   }
   sketch_fp_metric_ = &metrics::BuildGauge()
                            .Name("tierkv_master_hit_bound_sketch_false_positive_rate")
@@ -205,6 +200,11 @@ void QueryStats::Record(const std::string& client, Kind kind, const std::vector<
     call.possible += per_key[i].possible;
     call.bytes_found += per_key[i].bytes_found;
   }
+  // The histograms are atomic: observed before the lock.
+  if (kind == kPrefix) prefix_pages_->Observe(static_cast<double>(call.found));
+  for (const KeyHit& h : hits) {
+    if (h.found) reuse_[kind]->Observe(h.idle_s);
+  }
   const std::string name = client.empty() ? "unnamed" : client;
   MutexLock lock(&mu_);
   Add(&EntryFor(&clients_, name, options_.max_clients, client_families_, "client"), kind, call, epoch);
@@ -222,15 +222,6 @@ void QueryStats::Record(const std::string& client, Kind kind, const std::vector<
       Add(&EntryFor(&prefixes_, prefix, options_.max_prefixes, prefix_families_, "prefix"), kind, run_counts,
           epoch);
     }
-  }
-  if (kind == kPrefix) {
-    prefix_pages_.Observe(static_cast<double>(call.found));
-    if (prefix_pages_metric_ != nullptr) prefix_pages_metric_->Observe(static_cast<double>(call.found));
-  }
-  for (const KeyHit& h : hits) {
-    if (!h.found) continue;
-    reuse_[kind].Observe(h.idle_s);
-    if (reuse_metric_[kind] != nullptr) reuse_metric_[kind]->Observe(h.idle_s);
   }
 }
 
@@ -275,9 +266,23 @@ QueryStats::View QueryStats::Snapshot(absl::Time now) const {
     v.clients.push_back(std::move(r));
   }
   for (const auto& [name, e] : prefixes_) v.prefixes.push_back(RowOf(name, e, epoch));
-  auto histo = [](const OwnHisto& h) { return Histo{h.bounds, h.counts, h.count, h.sum}; };
-  v.prefix_match_pages = histo(prefix_pages_);
-  for (int k = 0; k < kKinds; ++k) v.reuse_seconds[k] = histo(reuse_[k]);
+  // Per-bucket counts from prometheus-cpp's cumulative ones; its last
+  // bucket is +Inf.
+  auto histo = [](const metrics::Histogram& h) {
+    const prometheus::ClientMetric m = h.Collect();
+    Histo out;
+    uint64_t below = 0;
+    for (const prometheus::ClientMetric::Bucket& b : m.histogram.bucket) {
+      if (!std::isinf(b.upper_bound)) out.bounds.push_back(b.upper_bound);
+      out.counts.push_back(b.cumulative_count - below);
+      below = b.cumulative_count;
+    }
+    out.count = m.histogram.sample_count;
+    out.sum = m.histogram.sample_sum;
+    return out;
+  };
+  v.prefix_match_pages = histo(*prefix_pages_);
+  for (int k = 0; k < kKinds; ++k) v.reuse_seconds[k] = histo(*reuse_[k]);
   return v;
 }
 

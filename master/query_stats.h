@@ -139,13 +139,6 @@ class QueryStats {
     metrics::Family<metrics::Counter>* possible = nullptr;
     metrics::Family<metrics::Counter>* bytes_found = nullptr;
   };
-  struct OwnHisto {
-    std::vector<double> bounds;
-    std::vector<uint64_t> counts;
-    uint64_t count = 0;
-    double sum = 0;
-    void Observe(double v);
-  };
   int64_t Epoch(absl::Time now) const;
   Entry& EntryFor(std::map<std::string, Entry>* map, const std::string& name, size_t cap,
                   const Families& f, const char* label) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -155,14 +148,15 @@ class QueryStats {
   const QueryStatsOptions options_;
   std::unique_ptr<KeySketch> sketch_;  // null when options_.sketch_bytes == 0
   Families client_families_, prefix_families_;
-  metrics::Histogram* prefix_pages_metric_ = nullptr;
-  std::array<metrics::Histogram*, kKinds> reuse_metric_{};
+  // The histograms /v1/stats reads back and /metrics exports: registered in
+  // the registry, or owned here when there is none. Never null.
+  std::vector<std::unique_ptr<metrics::Histogram>> owned_;
+  metrics::Histogram* prefix_pages_ = nullptr;
+  std::array<metrics::Histogram*, kKinds> reuse_{};
   metrics::Gauge* sketch_fp_metric_ = nullptr;
   mutable Mutex mu_;
   std::map<std::string, Entry> clients_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Entry> prefixes_ ABSL_GUARDED_BY(mu_);
-  OwnHisto prefix_pages_ ABSL_GUARDED_BY(mu_);
-  std::array<OwnHisto, kKinds> reuse_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tierkv::master
