@@ -60,34 +60,27 @@ def main():
         kv_sizes = [[half, size - half]] * n
         t = {"py_put": [], "cxx_put": [], "py_get": [], "cxx_get": [], "py_put_mb": [], "py_get_mb": []}
         keys = [f"get-{i}" for i in range(n)]
-        def py_put(r):
-            pk = [f"py-{r}-{i}" for i in range(n)]
+        def timed(name, call, want):
             t0 = time.perf_counter()
-            res = store.batch_put_from(pk, src, sizes)
-            t["py_put"].append(time.perf_counter() - t0)
-            assert res == [0] * n, res
+            res = call()
+            t[name].append(time.perf_counter() - t0)
+            assert res == want, res
+
+        def py_put(r):
+            timed("py_put", lambda: store.batch_put_from([f"py-{r}-{i}" for i in range(n)], src, sizes), [0] * n)
 
         def cxx_put(r):
             t["cxx_put"].append(cxx.cxx_reference("put", f"cxx-{r}-", src, sizes, 1))
 
         def py_get():
-            t0 = time.perf_counter()
-            res = store.batch_get_into(keys, dst, sizes)
-            t["py_get"].append(time.perf_counter() - t0)
-            assert res == sizes, res
+            timed("py_get", lambda: store.batch_get_into(keys, dst, sizes), sizes)
 
         def py_put_mb(r):
             pk = [f"mb-{r}-{i}" for i in range(n)]
-            t0 = time.perf_counter()
-            res = store.batch_put_from_multi_buffers(pk, src_kv, kv_sizes)
-            t["py_put_mb"].append(time.perf_counter() - t0)
-            assert res == [0] * n, res
+            timed("py_put_mb", lambda: store.batch_put_from_multi_buffers(pk, src_kv, kv_sizes), [0] * n)
 
         def py_get_mb():
-            t0 = time.perf_counter()
-            res = store.batch_get_into_multi_buffers(keys, dst_kv, kv_sizes)
-            t["py_get_mb"].append(time.perf_counter() - t0)
-            assert res == sizes, res
+            timed("py_get_mb", lambda: store.batch_get_into_multi_buffers(keys, dst_kv, kv_sizes), sizes)
 
         def cxx_get():
             t["cxx_get"].append(cxx.cxx_reference("get", "get-", dst, sizes, 1))
