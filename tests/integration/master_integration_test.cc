@@ -217,7 +217,9 @@ TEST_F(MasterProcessTest, SigkillAndRestartKeepsTheIndex) {
     ASSERT_TRUE(r.hit) << i;
     EXPECT_EQ(r.size, 4096u + i);
   }
-  EXPECT_EQ(http_->Get("/metadata?key=tierkv/seg-a")->body, "descriptor");
+  auto md = http_->Get("/metadata?key=tierkv/seg-a");
+  ASSERT_TRUE(md) << httplib::to_string(md.error());
+  EXPECT_EQ(md->body, "descriptor");
 }
 
 TEST_F(MasterProcessTest, MetadataEndpointRoundTrip) {
