@@ -41,6 +41,16 @@ class IdList {
     if (head_ == kNone) head_ = p;
     in_[p] = true;
   }
+  // `p` takes `old`'s place; `old` leaves the list.
+  void Replace(uint32_t old, uint32_t p) {
+    prev_[p] = prev_[old];
+    next_[p] = next_[old];
+    (prev_[old] != kNone ? next_[prev_[old]] : head_) = p;
+    (next_[old] != kNone ? prev_[next_[old]] : tail_) = p;
+    prev_[old] = next_[old] = kNone;
+    in_[old] = false;
+    in_[p] = true;
+  }
   void Remove(uint32_t p) {
     if (!in_[p]) return;
     (prev_[p] != kNone ? next_[prev_[p]] : head_) = next_[p];
@@ -122,6 +132,10 @@ class MasterClock final : public Policy {
     bool leaf_first = true;
     bool chain_recency = true;  // false: the reference bit of its last touch
     uint8_t max_count = 1;
+    // A page extending a candidate leaf takes that leaf's place in the
+    // list (and not its reference count), so a chain keeps the place of
+    // the put that began it.
+    bool inherit = false;
   };
   MasterClock(const PageTrace& t, size_t cap, Options o)
       : Policy(t, cap), o_(o), list_(t.unique_pages), count_(t.unique_pages, 0),
@@ -137,11 +151,19 @@ class MasterClock final : public Policy {
     access_[p] = ++tick_;
     int32_t parent = trace_.parent[p];
     link_[p] = kNone;
+    bool placed = false;
     if (o_.leaf_first && parent >= 0 && Has(parent)) {
       link_[p] = static_cast<uint32_t>(parent);
-      if (children_[parent]++ == 0) list_.Remove(parent);
+      if (children_[parent]++ == 0) {
+        if (o_.inherit && list_.contains(parent)) {
+          list_.Replace(parent, p);
+          placed = true;
+        } else {
+          list_.Remove(parent);
+        }
+      }
     }
-    list_.PushHead(p);
+    if (!placed) list_.PushHead(p);
     while (Full()) EvictOne();
     return true;
   }
@@ -287,6 +309,7 @@ std::unique_ptr<Policy> MakePolicy(const PageTrace& t, const std::string& name, 
   if (name == "leaf-lru") return std::make_unique<LeafLru>(t, cap);
   if (name == "birth") return std::make_unique<LeafLru>(t, cap, /*birth=*/true);
   if (name == "chain") return std::make_unique<MasterClock>(t, cap, MasterClock::Options{});
+  if (name == "inherit") return std::make_unique<MasterClock>(t, cap, MasterClock::Options{.inherit = true});
   if (name == "belady") return std::make_unique<Belady>(t, cap);
   return nullptr;
 }
@@ -307,7 +330,7 @@ absl::StatusOr<std::vector<double>> ParseCapacities(const std::string& list) {
   return out;
 }
 
-std::vector<std::string> SimPolicies() { return {"lru", "clock", "prefix", "leaf-lru", "chain", "birth", "belady"}; }
+std::vector<std::string> SimPolicies() { return {"lru", "clock", "prefix", "leaf-lru", "chain", "birth", "inherit", "belady"}; }
 
 PageTrace BuildPageTrace(const std::vector<TraceRequest>& trace, int page_tokens, size_t max_prompt_tokens) {
   PageTrace out;

@@ -28,6 +28,12 @@
 //   birth   an experiment, not in the master: leaves ordered by when their
 //           chain began (a page extending a chain inherits its birth) and
 //           not refreshed by reads
+//   inherit an experiment, not in the master yet: `chain`, except that a
+//           page put as the child of a candidate leaf takes that leaf's
+//           place in the list instead of the head (its reference count
+//           starts clear), so a chain that is read and extended keeps the
+//           place of the put that began it, while a page read and not
+//           extended keeps CLOCK's second chance
 //   belady  MIN: admits every put and evicts the page whose next use is
 //           farthest; deeper first among equals, so it stays prefix-closed
 //

@@ -47,6 +47,29 @@ TEST(EvictionSimTest, AParentRejoinsWithItsChainsRecency) {
   EXPECT_EQ(prefix->hit_tokens, reread) << "the stale reference bit evicts E";
 }
 
+// Multi-turn chat in miniature: conversation A (pages 1, 1-2) begins, then
+// B (3); A continues (reads both, puts 1-2-4); C and D begin; B continues.
+// A continuation chooses by when a conversation began, so B, the younger,
+// is the better keep. Under `inherit` A's new page takes the place of the
+// leaf it extends, so all of A goes before B; every order that lets the
+// read refresh A (lru, clock, chain, leaf-lru) evicts B instead.
+TEST(EvictionSimTest, AnExtendedChainKeepsThePlaceOfItsFirstPut) {
+  std::vector<TraceRequest> trace = {Pages({1, 2}), Pages({3}), Pages({1, 2, 4}),
+                                     Pages({5}),    Pages({6}), Pages({3})};
+  PageTrace t = BuildPageTrace(trace, kTraceBlockTokens);
+  const uint64_t continued = 2 * kTraceBlockTokens;  // request 3 hits 1 and 1-2
+  for (const std::string& p : {"inherit", "birth", "belady"}) {
+    auto r = Simulate(t, p, 4);
+    ASSERT_TRUE(r.ok()) << p;
+    EXPECT_EQ(r->hit_tokens, continued + kTraceBlockTokens) << p << " keeps B";
+  }
+  for (const std::string& p : {"lru", "clock", "chain", "leaf-lru"}) {
+    auto r = Simulate(t, p, 4);
+    ASSERT_TRUE(r.ok()) << p;
+    EXPECT_EQ(r->hit_tokens, continued) << p << " keeps the refreshed A and evicts B";
+  }
+}
+
 TEST(EvictionSimTest, BeladyBoundsEveryPolicyAndRoomForAllIsTheBound) {
   auto trace = ReadTrace("data/multiturn_trace.jsonl", 0, 1500);
   ASSERT_TRUE(trace.ok()) << trace.status();
