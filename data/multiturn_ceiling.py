@@ -145,6 +145,19 @@ def main():
         "slru-0.5": 0.5,
         "birth+oracle": lambda s, t: s["birth"] - (1 << 40 if left.get(s["key"], n) <= t else 0),
     }
+    births, turns, back = {}, {}, []
+    for k, _ in reqs:
+        if k in births:
+            turns[k] += 1
+            back.append(len(births) - 1 - births[k])
+        else:
+            births[k], turns[k] = len(births), 0
+    once = sum(1 for v in turns.values() if v >= 1)
+    twice = sum(1 for v in turns.values() if v >= 2)
+    back.sort()
+    print(f"{len(births)} conversations, {len(back)} continuations; {100 * once / len(births):.0f} % ever "
+          f"continued, {100 * twice / max(once, 1):.0f} % of those again; a continuation reaches back "
+          f"{back[len(back) // 2] if back else 0} newer conversations (median)")
     print(f"{len(reqs)} requests, {pages} pages written; hit rate of prompt tokens")
     print("capacity " + "".join(f"{name:>13}" for name in orders))
     for share in shares:
