@@ -8,6 +8,13 @@
 // --mlock faulted in and locked), so a launcher gated on /ready never
 // sees a daemon whose memory is still a promise.
 //
+// With --ssd-dir the daemon also keeps an SSD tier (store/ssd_tier.h): at
+// start it reserves the file and scans its record headers, so records a
+// previous run left are found again. A tier that cannot be had for reasons
+// of the disk (no room, an I/O error in the scan) or that fails later is
+// reported, not fatal: the daemon serves its DRAM segment regardless, and
+// /health and /metrics say why the tier is down.
+//
 // Threads: the transfer engine's (tcp server, workers), the lender's
 // heartbeat thread, and cpp-httplib's pool for HTTP; prefault threads run
 // inside Start. With --numa-node all of them are created pinned to that
@@ -24,6 +31,7 @@
 #include "config/base/http_server.h"
 #include "config/base/metrics.h"
 #include "config/store_config.h"
+#include "store/ssd_tier.h"
 #include "transport/engine.h"
 
 
@@ -46,15 +54,27 @@ class StoreDaemon {
   const std::string& segment() const { return lender_->name(); }
   // Where the segment's memory is ("cpu:0"), as its descriptor says.
   std::string location() const { return lender_->location(); }
+  // The SSD tier; null without --ssd-dir or when it could not be opened.
+  SsdTier* ssd() const { return ssd_.get(); }
+  // One line on the SSD tier: "off", "ok ..." or "failed: <why>".
+  std::string SsdHealth() const;
   void Stop();
 
  private:
   StoreDaemon() = default;
   void RegisterMetrics();
+  void RegisterSsdMetrics();
+  // Opens --ssd-dir's tier. Errors only for what the operator must fix (a
+  // directory that cannot be made or opened); a disk that fails leaves
+  // ssd_ null and ssd_failure_ saying why.
+  absl::Status OpenSsd(const StoreConfig& config);
 
   std::unique_ptr<client::MasterClient> master_;
   std::unique_ptr<transport::TransferEngine> engine_;
   std::unique_ptr<client::SegmentLender> lender_;
+  bool ssd_configured_ = false;
+  std::unique_ptr<SsdTier> ssd_;
+  std::string ssd_failure_;  // why the tier could not be opened
   metrics::Registry metrics_;
   std::unique_ptr<HttpServer> http_;
   int http_port_ = 0;
