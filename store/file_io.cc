@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <vector>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -43,27 +45,64 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
 
 namespace {
 
+// Several rings, each behind its own lock, so batches from concurrent
+// callers (the daemon's request threads) are in flight together instead of
+// queueing behind one another's completions.
 class UringFileIo : public FileIo {
  public:
-  UringFileIo(int fd, uint64_t size, bool direct, unsigned depth) : fd_(fd), size_(size), direct_(direct), depth_(depth) {}
+  UringFileIo(int fd, uint64_t size, bool direct, unsigned depth, unsigned rings)
+      : fd_(fd), size_(size), direct_(direct), depth_(depth), rings_(rings) {}
   ~UringFileIo() override {
-    io_uring_queue_exit(&ring_);
+    for (Ring& r : rings_) {
+      MutexLock lock(&r.mu);
+      if (r.ready) io_uring_queue_exit(&r.ring);
+    }
     close(fd_);
   }
 
   absl::Status Init() {
-    int rc = io_uring_queue_init(depth_, &ring_, 0);
-    if (rc < 0) return ErrnoToStatus(-rc, "io_uring_queue_init");
+    for (Ring& r : rings_) {
+      MutexLock lock(&r.mu);
+      int rc = io_uring_queue_init(depth_, &r.ring, 0);
+      if (rc < 0) return ErrnoToStatus(-rc, "io_uring_queue_init");
+      r.ready = true;
+    }
     return absl::OkStatus();
   }
 
   absl::Status Run(absl::Span<IoOp> ops) override {
-    MutexLock lock(&mu_);
+    if (ops.empty()) return absl::OkStatus();
+    size_t first = next_.fetch_add(1, std::memory_order_relaxed) % rings_.size();
+    for (size_t k = 0; k < rings_.size(); ++k) {
+      Ring& r = rings_[(first + k) % rings_.size()];
+      if (r.mu.TryLock()) {
+        absl::Status s = RunOn(r, ops);
+        r.mu.Unlock();
+        return s;
+      }
+    }
+    Ring& r = rings_[first];
+    MutexLock lock(&r.mu);
+    return RunOn(r, ops);
+  }
+
+  uint64_t size() const override { return size_; }
+  bool direct() const override { return direct_; }
+  uint64_t submissions() const override { return submissions_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Ring {
+    Mutex mu;
+    io_uring ring ABSL_GUARDED_BY(mu){};
+    bool ready ABSL_GUARDED_BY(mu) = false;
+  };
+
+  absl::Status RunOn(Ring& r, absl::Span<IoOp> ops) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r.mu) {
     for (size_t begin = 0; begin < ops.size(); begin += depth_) {
       size_t n = std::min<size_t>(depth_, ops.size() - begin);
       for (size_t i = 0; i < n; ++i) {
         IoOp& op = ops[begin + i];
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        io_uring_sqe* sqe = io_uring_get_sqe(&r.ring);
         if (sqe == nullptr) return absl::InternalError("io_uring: submission queue full");
         if (op.kind == IoOp::kRead) {
           io_uring_prep_read(sqe, fd_, op.buf, static_cast<unsigned>(op.len), op.offset);
@@ -72,37 +111,29 @@ class UringFileIo : public FileIo {
         }
         io_uring_sqe_set_data64(sqe, begin + i);
       }
-      int rc = io_uring_submit_and_wait(&ring_, static_cast<unsigned>(n));
+      int rc = io_uring_submit_and_wait(&r.ring, static_cast<unsigned>(n));
       if (rc < 0) return ErrnoToStatus(-rc, "io_uring_submit");
-      ++submissions_;
+      submissions_.fetch_add(1, std::memory_order_relaxed);
       for (size_t done = 0; done < n;) {
         io_uring_cqe* cqe = nullptr;
-        rc = io_uring_wait_cqe(&ring_, &cqe);
+        rc = io_uring_wait_cqe(&r.ring, &cqe);
         if (rc == -EINTR) continue;
         if (rc < 0) return ErrnoToStatus(-rc, "io_uring_wait_cqe");
         ops[io_uring_cqe_get_data64(cqe)].result = cqe->res;
-        io_uring_cqe_seen(&ring_, cqe);
+        io_uring_cqe_seen(&r.ring, cqe);
         ++done;
       }
     }
     return absl::OkStatus();
   }
 
-  uint64_t size() const override { return size_; }
-  bool direct() const override { return direct_; }
-  uint64_t submissions() const override {
-    MutexLock lock(&mu_);
-    return submissions_;
-  }
-
- private:
   const int fd_;
   const uint64_t size_;
   const bool direct_;
   const unsigned depth_;
-  mutable Mutex mu_;
-  io_uring ring_ ABSL_GUARDED_BY(mu_){};
-  uint64_t submissions_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Ring> rings_;
+  std::atomic<size_t> next_{0};
+  std::atomic<uint64_t> submissions_{0};
 };
 
 }  // namespace
@@ -165,7 +196,8 @@ absl::StatusOr<std::unique_ptr<FileIo>> OpenUringFile(const FileIoOptions& optio
     }
     return ErrnoToStatus(rc, absl::StrCat("allocate ", options.path));
   }
-  auto io = std::make_unique<UringFileIo>(fd, options.size, direct, std::max(1u, options.queue_depth));
+  auto io = std::make_unique<UringFileIo>(fd, options.size, direct, std::max(1u, options.queue_depth),
+                                         std::max(1u, options.rings));
   if (absl::Status s = io->Init(); !s.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(options.path, ": ", s.message()));
   }

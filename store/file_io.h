@@ -11,8 +11,9 @@
 //   RETURN_IF_ERROR(file->Run(absl::MakeSpan(ops)));  // then ops[i].result
 //
 // With O_DIRECT, offsets, lengths and buffer addresses must be multiples of
-// kIoAlign (AlignedBuffer gives such memory). Thread-safe: concurrent Run
-// calls are serialised on the one ring.
+// kIoAlign (AlignedBuffer gives such memory). Thread-safe: the real one has
+// FileIoOptions::rings rings, so that many concurrent Run calls are in
+// flight at once (more wait for a ring); the fake serialises them.
 #pragma once
 
 #include <cstddef>
@@ -76,7 +77,8 @@ struct FileIoOptions {
   std::string path;
   uint64_t size = 0;          // the file is created or resized to this
   bool direct = true;         // O_DIRECT; falls back to buffered on EINVAL (tmpfs), logging why
-  unsigned queue_depth = 256;
+  unsigned queue_depth = 256;  // per ring; a larger batch takes several submissions
+  unsigned rings = 4;
 };
 
 // Opens (creating if absent) and preallocates the file. RESOURCE_EXHAUSTED
