@@ -46,13 +46,14 @@ class SsdDaemonTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
-  absl::Status StartDaemon(const std::string& dir, const std::map<std::string, std::string>& env = {}) {
+  absl::Status StartDaemon(const std::string& dir, const std::map<std::string, std::string>& env = {},
+                           uint64_t region = kRegion) {
     daemon_.reset();
     auto d = ChildProcess::Start(
         BinaryPath("tierkv-store"),
         {"--master=" + cluster_.master_address(), "--metadata=" + cluster_.metadata_url(), "--segment-size=64mib",
          "--port=0", "--http-port=0", "--heartbeat-interval=200ms", "--name=ssd-daemon", "--ssd-dir=" + dir,
-         absl::StrCat("--ssd-size=", kSize), absl::StrCat("--ssd-region-size=", kRegion)},
+         absl::StrCat("--ssd-size=", kSize), absl::StrCat("--ssd-region-size=", region)},
         env);
     if (!d.ok()) return d.status();
     daemon_ = std::move(*d);
@@ -78,13 +79,13 @@ class SsdDaemonTest : public ::testing::Test {
     for (int i = 0; i <= n; ++i) w.push_back({absl::StrCat("page-", i), values[i].data(), values[i].size()});
     for (const absl::Status& s : (*tier)->WriteBatch(w)) ASSERT_OK(s);
     tier->reset();
-    // Records take 100 KiB each, so region 0 holds ten; with n = 10 the
-    // last record opens region 1. Overwrite its header's CRC.
-    ASSERT_EQ(n, 10);
+    // Records take 100 KiB each, so a region holds ten; with n = 20 the
+    // last record opens region 2. Overwrite its header's CRC.
+    ASSERT_EQ(n, 20);
     int fd = open((dir_ + "/tierkv-ssd.dat").c_str(), O_WRONLY);
     ASSERT_GE(fd, 0);
     uint32_t junk = 0xdeadbeef;
-    ASSERT_EQ(pwrite(fd, &junk, 4, static_cast<off_t>(kRegion) + 48), 4);
+    ASSERT_EQ(pwrite(fd, &junk, 4, static_cast<off_t>(2 * kRegion) + 48), 4);
     close(fd);
   }
 
@@ -105,20 +106,22 @@ TEST_F(SsdDaemonTest, ReportsItsTierInHealthAndMetrics) {
 }
 
 TEST_F(SsdDaemonTest, RestartedDaemonFindsItsRecordsAndSkipsATornOne) {
-  LeaveRecords(10);
+  LeaveRecords(20);
   ASSERT_OK(StartDaemon(dir_));
   std::string m = Get("/metrics");
-  EXPECT_EQ(Metric(m, "tierkv_store_ssd_recovered_records"), 10);
+  EXPECT_EQ(Metric(m, "tierkv_store_ssd_recovered_records"), 20);
   EXPECT_EQ(Metric(m, "tierkv_store_ssd_torn_records"), 1);
-  EXPECT_EQ(Metric(m, "tierkv_store_ssd_used_bytes"), 10 * 100000.0);
-  // A rolling restart: SIGTERM, start again on the same directory.
+  EXPECT_EQ(Metric(m, "tierkv_store_ssd_used_bytes"), 20 * 100000.0);
+  // A rolling restart: SIGTERM, start again on the same directory, even
+  // with another --ssd-region-size (the file keeps the one it was made with).
   daemon_->Kill(SIGTERM);
   EXPECT_EQ(daemon_->Wait(), 0);
   ASSERT_OK(cluster_.WaitForLiveSegments(0));
-  ASSERT_OK(StartDaemon(dir_));
+  ASSERT_OK(StartDaemon(dir_, {}, 4 * kRegion));
   m = Get("/metrics");
-  EXPECT_EQ(Metric(m, "tierkv_store_ssd_recovered_records"), 10);
-  EXPECT_THAT(Get("/health"), ::testing::HasSubstr("ssd: ok 10 records"));
+  EXPECT_EQ(Metric(m, "tierkv_store_ssd_recovered_records"), 20);
+  EXPECT_THAT(Get("/health"), ::testing::HasSubstr("ssd: ok 20 records"));
+  EXPECT_THAT(daemon_->Stderr(), ::testing::HasSubstr("--ssd-region-size 4194304 ignored"));
 }
 
 TEST_F(SsdDaemonTest, AFailedTierLeavesDramServing) {
@@ -137,9 +140,9 @@ TEST_F(SsdDaemonTest, AFailedTierLeavesDramServing) {
 // A file system that refuses O_DIRECT (tmpfs before Linux 6.6), as the
 // store.ssd.direct failpoint makes any directory answer.
 TEST_F(SsdDaemonTest, WithoutDirectIoFallsBackToBufferedIoAndSaysSo) {
-  LeaveRecords(10);
+  LeaveRecords(20);
   ASSERT_OK(StartDaemon(dir_, {{"TIERKV_FAILPOINTS", "store.ssd.direct=error"}}));
-  EXPECT_THAT(Get("/health"), ::testing::HasSubstr("ssd: ok 10 records"));
+  EXPECT_THAT(Get("/health"), ::testing::HasSubstr("ssd: ok 20 records"));
   EXPECT_THAT(Get("/health"), ::testing::HasSubstr("buffered I/O"));
   EXPECT_EQ(Metric(Get("/metrics"), "tierkv_store_ssd_direct_io"), 0);
   EXPECT_THAT(daemon_->Stderr(), ::testing::HasSubstr("O_DIRECT is not supported"));
