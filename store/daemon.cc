@@ -185,6 +185,59 @@ absl::Status StoreDaemon::OpenSsd(const StoreConfig& config) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// OK when [offset, offset+length) lies inside a segment of `size` bytes.
+absl::Status CheckExtent(const TierMove& m, uint64_t size) {
+  if (m.length == 0 || m.offset > size || m.length > size - m.offset) {
+    return absl::InvalidArgumentError(absl::StrCat("extent ", m.offset, "+", m.length, " outside the segment of ", size,
+                                                   " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NoTier(bool configured, const std::string& failure) {
+  return absl::UnavailableError(configured ? absl::StrCat("SSD tier failed: ", failure) : "no SSD tier (--ssd-dir)");
+}
+
+}  // namespace
+
+std::vector<absl::Status> StoreDaemon::OffloadToSsd(const std::vector<TierMove>& moves) {
+  std::vector<absl::Status> out(moves.size());
+  if (ssd_ == nullptr) return std::vector<absl::Status>(moves.size(), NoTier(ssd_configured_, ssd_failure_));
+  std::vector<SsdWrite> writes;
+  std::vector<size_t> at;
+  for (size_t i = 0; i < moves.size(); ++i) {
+    out[i] = CheckExtent(moves[i], lender_->size());
+    if (!out[i].ok()) continue;
+    writes.push_back({moves[i].key, lender_->data() + moves[i].offset, moves[i].length});
+    at.push_back(i);
+  }
+  std::vector<absl::Status> got = ssd_->WriteBatch(writes);
+  for (size_t j = 0; j < at.size(); ++j) out[at[j]] = got[j];
+  return out;
+}
+
+std::vector<absl::StatusOr<uint64_t>> StoreDaemon::StageFromSsd(const std::vector<TierMove>& moves) {
+  std::vector<absl::StatusOr<uint64_t>> out(moves.size(), uint64_t{0});
+  if (ssd_ == nullptr) {
+    return std::vector<absl::StatusOr<uint64_t>>(moves.size(), NoTier(ssd_configured_, ssd_failure_));
+  }
+  std::vector<SsdRead> reads;
+  std::vector<size_t> at;
+  for (size_t i = 0; i < moves.size(); ++i) {
+    if (absl::Status s = CheckExtent(moves[i], lender_->size()); !s.ok()) {
+      out[i] = s;
+      continue;
+    }
+    reads.push_back({moves[i].key, lender_->data() + moves[i].offset, moves[i].length});
+    at.push_back(i);
+  }
+  std::vector<absl::StatusOr<uint64_t>> got = ssd_->ReadBatch(reads);
+  for (size_t j = 0; j < at.size(); ++j) out[at[j]] = got[j];
+  return out;
+}
+
 std::string StoreDaemon::SsdHealth() const {
   if (!ssd_configured_) return "off";
   if (ssd_ == nullptr) return absl::StrCat("failed: ", ssd_failure_);

@@ -37,6 +37,15 @@
 
 namespace tierkv::store {
 
+// An object's bytes at `offset` of this daemon's DRAM segment (`length`
+// bytes: the value and its trailer, as the master's extent says), moving
+// between the segment and the SSD tier under `key`.
+struct TierMove {
+  std::string key;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
 class StoreDaemon {
  public:
   // Starts serving at once; mounting happens in the background.
@@ -56,6 +65,18 @@ class StoreDaemon {
   std::string location() const { return lender_->location(); }
   // The SSD tier; null without --ssd-dir or when it could not be opened.
   SsdTier* ssd() const { return ssd_.get(); }
+  // The daemon's halves of moving objects between its tiers. Offload
+  // copies each extent of the segment to the SSD tier as a record of its
+  // key (one batch); Stage reads each key's record back into the segment
+  // at the extent given (one batch), where the normal transfer path serves
+  // it, so an SSD hit is staged into registered memory and then read like
+  // any replica. Per item: INVALID_ARGUMENT for an extent outside the
+  // segment, OUT_OF_RANGE when a record does not fit its extent (Stage),
+  // UNAVAILABLE without a working tier, and SsdTier's statuses otherwise.
+  // Who orders a move (the master, at eviction and on a hit) is not wired
+  // yet.
+  std::vector<absl::Status> OffloadToSsd(const std::vector<TierMove>& moves);
+  std::vector<absl::StatusOr<uint64_t>> StageFromSsd(const std::vector<TierMove>& moves);
   // One line on the SSD tier: "off", "ok ..." or "failed: <why>".
   std::string SsdHealth() const;
   void Stop();
