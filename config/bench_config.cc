@@ -6,7 +6,7 @@ const FlagTable<BenchConfig>& BenchFlags() {
   using C = BenchConfig;
   static const FlagTable<C>* table = new FlagTable<C>(
       "tierkv-bench",
-      "Benchmarks: tierkv-bench master|transfer|store|l1|memory [flags]. Each prints a table, or one JSON "
+      "Benchmarks: tierkv-bench master|transfer|store|l1|memory|ssd [flags]. Each prints a table, or one JSON "
       "object with --json, with the physical reference measured in the same run.",
       {
           BoolFlag<C>("json", &C::json, "false", "print one JSON object with the figures"),
@@ -15,7 +15,7 @@ const FlagTable<BenchConfig>& BenchFlags() {
                      "master: objects for the memory-per-object figure"),
           IntFlag<C>("batch", &C::batch, "0", 0, 65536,
                      "keys per batched call / requests per batch (0: 256 for master, 32 for "
-                     "transfer, 16 for store, 256 pages for l1)"),
+                     "transfer, 16 for store, 256 pages for l1, 32 in flight for ssd)"),
           IntFlag<C>("threads", &C::threads, "2", 1, 256, "client threads"),
           SizeFlag<C>("block", &C::block, "1mib", 1, 1u << 30, "transfer: bytes per request; l1: bytes per page"),
           SizeFlag<C>("value", &C::value, "1mib", 1, 1u << 30, "store: bytes per value"),
@@ -24,6 +24,9 @@ const FlagTable<BenchConfig>& BenchFlags() {
           SizeFlag<C>("segment-size", &C::segment_size, "1gib", 1 << 20, 1e13,
                       "memory: the segment a daemon lends (time to ready) and the region prefaulted"),
           StringFlag<C>("l1-device", &C::l1_device, "auto", "l1: the engine's L1 device (auto, cpu, cuda:<n>)"),
+          StringFlag<C>("ssd-dir", &C::ssd_dir, "", "ssd: directory on the file system to measure (default $TMPDIR or /tmp)"),
+          SizeFlag<C>("ssd-size", &C::ssd_size, "1gib", 8 << 20, 1e13,
+                      "ssd: the tier's file; each case writes and reads half of it"),
           IntFlag<C>("repetitions", &C::repetitions, "3", 1, 100,
                      "interleaved repetitions of each case; medians are reported"),
       });

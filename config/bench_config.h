@@ -21,6 +21,8 @@ struct BenchConfig {
   int64_t repetitions = 0;     // interleaved repetitions; medians are reported
   std::string l1_device;       // l1: auto, cpu, cuda:<n>
   uint64_t segment_size = 0;   // memory: bytes a daemon lends / a region prefaulted
+  std::string ssd_dir;         // ssd: where the files go (default $TMPDIR or /tmp)
+  uint64_t ssd_size = 0;       // ssd: the tier's file; half of it is written per case
 };
 
 const FlagTable<BenchConfig>& BenchFlags();

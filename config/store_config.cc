@@ -47,6 +47,37 @@ const FlagTable<StoreConfig>& StoreFlags() {
                      "threads of the transfer server, serving every connection"),
           DurationFlag<C>("idle-timeout", &C::idle_timeout, "10m", 0.01, 86400 * 7,
                           "a transfer connection idle this long is closed"),
+          StringFlag<C>("ssd-dir", &C::ssd_dir, "",
+                        "directory of the SSD tier's file (tierkv-ssd.dat); empty: no SSD tier. A daemon "
+                        "restarted on the same directory finds its records again"),
+          SizeFlag<C>("ssd-size", &C::ssd_size, "0", 0, 1e16,
+                      "bytes of the SSD tier's file (reserved at start); needed with --ssd-dir"),
+          SizeFlag<C>("ssd-region-size", &C::ssd_region_size, "16mib", 64 << 10, 1 << 30,
+                      "the SSD tier's unit of space reclaim, a multiple of 4 KiB; also its largest value"),
+          DoubleFlag<C>("ssd-high-watermark", &C::ssd_high_watermark, "0.95", 0.01, 1,
+                        "share of SSD regions in use above which the oldest are reclaimed"),
+          DoubleFlag<C>("ssd-low-watermark", &C::ssd_low_watermark, "0.90", 0.01, 1,
+                        "share of SSD regions in use that reclaim brings the tier down to"),
+          DurationFlag<C>("ssd-slow-io", &C::ssd_slow_io, "5s", 0.001, 3600,
+                          "an SSD batch slower than this marks the tier failed (a dying disk)"),
+          BoolFlag<C>("ssd-direct", &C::ssd_direct, "true",
+                      "open the SSD file with O_DIRECT (falls back to buffered, logged, where the "
+                      "file system refuses it, as tmpfs does)"),
+      },
+      [](const C& c) -> absl::Status {
+        if (!c.ssd_dir.empty() && c.ssd_size == 0) {
+          return absl::InvalidArgumentError("--ssd-size: needed with --ssd-dir");
+        }
+        if (c.ssd_region_size % 4096 != 0) {
+          return absl::InvalidArgumentError("--ssd-region-size: must be a multiple of 4 KiB");
+        }
+        if (!c.ssd_dir.empty() && c.ssd_size < 2 * c.ssd_region_size) {
+          return absl::InvalidArgumentError("--ssd-size: must hold at least 2 regions (--ssd-region-size)");
+        }
+        if (c.ssd_low_watermark > c.ssd_high_watermark) {
+          return absl::InvalidArgumentError("--ssd-low-watermark: above --ssd-high-watermark");
+        }
+        return absl::OkStatus();
       });
   return *table;
 }

@@ -30,6 +30,14 @@ struct StoreConfig {
   int64_t max_connections = 0;  // tcp server: open connections it accepts
   int64_t io_threads = 0;       // tcp server: threads serving every connection
   absl::Duration idle_timeout;  // tcp server: an idle connection is closed after this
+  // The SSD tier (store/ssd_tier.h); off while ssd_dir is empty.
+  std::string ssd_dir;
+  uint64_t ssd_size = 0;
+  uint64_t ssd_region_size = 0;
+  double ssd_high_watermark = 0;
+  double ssd_low_watermark = 0;
+  absl::Duration ssd_slow_io;
+  bool ssd_direct = true;
 };
 
 const FlagTable<StoreConfig>& StoreFlags();

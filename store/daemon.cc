@@ -2,8 +2,14 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_split.h"
 #include "config/base/http_server.h"
 #include "config/base/log.h"
@@ -92,6 +98,7 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
     return st;
   }
   d->lender_ = std::move(*lender);
+  RETURN_IF_ERROR(d->OpenSsd(config));
 
   d->RegisterMetrics();
   d->http_ = std::make_unique<HttpServer>(HttpServer::Options{.threads = 2, .max_connections = 1024});
@@ -101,8 +108,10 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
     res.status = ready ? 200 : 503;
     res.set_content(ready ? "ready\n" : "not mounted\n", "text/plain");
   });
-  d->http_->Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("ok\n", "text/plain");
+  // 200 while the daemon serves (its DRAM at least); the body's second
+  // line says whether the SSD tier is with it.
+  d->http_->Get("/health", [raw](const httplib::Request&, httplib::Response& res) {
+    res.set_content(absl::StrCat("ok\nssd: ", raw->SsdHealth(), "\n"), "text/plain");
   });
   d->http_->Get("/metrics", [raw](const httplib::Request&, httplib::Response& res) {
     res.set_content(raw->metrics_.Serialize(), "text/plain; version=0.0.4; charset=utf-8");
@@ -114,6 +123,128 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   }
   d->http_->Start();
   return d;
+}
+
+absl::Status StoreDaemon::OpenSsd(const StoreConfig& config) {
+  if (config.ssd_dir.empty()) return absl::OkStatus();
+  ssd_configured_ = true;
+  std::error_code ec;
+  std::filesystem::create_directories(config.ssd_dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrCat("--ssd-dir ", config.ssd_dir, ": ", ec.message()));
+  }
+  // The region size is part of the file's format (the scan starts a chain
+  // at each region), so the size the file was made with wins over a later
+  // flag.
+  uint64_t region_size = config.ssd_region_size;
+  std::filesystem::path layout = std::filesystem::path(config.ssd_dir) / "tierkv-ssd.layout";
+  if (std::ifstream in(layout); in) {
+    std::string line;
+    std::getline(in, line);
+    absl::string_view value = line;
+    uint64_t stored = 0;
+    if (absl::ConsumePrefix(&value, "region_size=") && absl::SimpleAtoi(value, &stored) &&
+        stored >= kIoAlign && stored % kIoAlign == 0) {
+      if (stored != region_size) {
+        TKV_LOG(WARNING) << "--ssd-region-size " << region_size << " ignored: " << config.ssd_dir
+                         << " was made with regions of " << stored << " bytes";
+      }
+      region_size = stored;
+    }
+  } else {
+    std::ofstream out(layout);
+    out << "region_size=" << region_size << "\n";
+    if (!out.flush()) return absl::FailedPreconditionError(absl::StrCat("--ssd-dir ", config.ssd_dir, ": cannot write ", layout.string()));
+  }
+  FileIoOptions fo;
+  fo.path = (std::filesystem::path(config.ssd_dir) / "tierkv-ssd.dat").string();
+  fo.size = config.ssd_size / kIoAlign * kIoAlign;
+  fo.direct = config.ssd_direct;
+  absl::StatusOr<std::unique_ptr<FileIo>> file = OpenUringFile(fo);
+  if (!file.ok()) {
+    if (!absl::IsResourceExhausted(file.status())) return Annotate(file.status(), "--ssd-dir");
+    ssd_failure_ = std::string(file.status().message());
+  } else {
+    SsdTierOptions so;
+    so.region_size = region_size;
+    so.high_watermark = config.ssd_high_watermark;
+    so.low_watermark = config.ssd_low_watermark;
+    so.slow_io = config.ssd_slow_io;
+    absl::StatusOr<std::unique_ptr<SsdTier>> tier = SsdTier::Open(std::move(*file), so);
+    if (tier.ok()) {
+      ssd_ = std::move(*tier);
+      SsdStats st = ssd_->Stats();
+      TKV_LOG(INFO) << "SSD tier at " << fo.path << ": " << FormatSize(st.capacity) << ", " << st.recovered
+                    << " records found, " << st.torn << " torn skipped" << (st.direct ? "" : ", buffered I/O");
+      return absl::OkStatus();
+    }
+    if (absl::IsInvalidArgument(tier.status())) return Annotate(tier.status(), "--ssd-size");
+    ssd_failure_ = std::string(tier.status().message());
+  }
+  TKV_LOG(ERROR) << "SSD tier at " << config.ssd_dir << " is down: " << ssd_failure_ << "; serving DRAM only";
+  return absl::OkStatus();
+}
+
+namespace {
+
+// OK when [offset, offset+length) lies inside a segment of `size` bytes.
+absl::Status CheckExtent(const TierMove& m, uint64_t size) {
+  if (m.length == 0 || m.offset > size || m.length > size - m.offset) {
+    return absl::InvalidArgumentError(absl::StrCat("extent ", m.offset, "+", m.length, " outside the segment of ", size,
+                                                   " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NoTier(bool configured, const std::string& failure) {
+  return absl::UnavailableError(configured ? absl::StrCat("SSD tier failed: ", failure) : "no SSD tier (--ssd-dir)");
+}
+
+}  // namespace
+
+std::vector<absl::Status> StoreDaemon::OffloadToSsd(const std::vector<TierMove>& moves) {
+  std::vector<absl::Status> out(moves.size());
+  if (ssd_ == nullptr) return std::vector<absl::Status>(moves.size(), NoTier(ssd_configured_, ssd_failure_));
+  std::vector<SsdWrite> writes;
+  std::vector<size_t> at;
+  for (size_t i = 0; i < moves.size(); ++i) {
+    out[i] = CheckExtent(moves[i], lender_->size());
+    if (!out[i].ok()) continue;
+    writes.push_back({moves[i].key, lender_->data() + moves[i].offset, moves[i].length});
+    at.push_back(i);
+  }
+  std::vector<absl::Status> got = ssd_->WriteBatch(writes);
+  for (size_t j = 0; j < at.size(); ++j) out[at[j]] = got[j];
+  return out;
+}
+
+std::vector<absl::StatusOr<uint64_t>> StoreDaemon::StageFromSsd(const std::vector<TierMove>& moves) {
+  std::vector<absl::StatusOr<uint64_t>> out(moves.size(), uint64_t{0});
+  if (ssd_ == nullptr) {
+    return std::vector<absl::StatusOr<uint64_t>>(moves.size(), NoTier(ssd_configured_, ssd_failure_));
+  }
+  std::vector<SsdRead> reads;
+  std::vector<size_t> at;
+  for (size_t i = 0; i < moves.size(); ++i) {
+    if (absl::Status s = CheckExtent(moves[i], lender_->size()); !s.ok()) {
+      out[i] = s;
+      continue;
+    }
+    reads.push_back({moves[i].key, lender_->data() + moves[i].offset, moves[i].length});
+    at.push_back(i);
+  }
+  std::vector<absl::StatusOr<uint64_t>> got = ssd_->ReadBatch(reads);
+  for (size_t j = 0; j < at.size(); ++j) out[at[j]] = got[j];
+  return out;
+}
+
+std::string StoreDaemon::SsdHealth() const {
+  if (!ssd_configured_) return "off";
+  if (ssd_ == nullptr) return absl::StrCat("failed: ", ssd_failure_);
+  SsdStats st = ssd_->Stats();
+  if (st.failed) return absl::StrCat("failed: ", st.failure);
+  return absl::StrCat("ok ", st.records, " records, ", st.used, "/", st.capacity, " bytes",
+                      st.direct ? "" : ", buffered I/O");
 }
 
 void StoreDaemon::RegisterMetrics() {
@@ -134,6 +265,49 @@ void StoreDaemon::RegisterMetrics() {
     catch_up(served.Add({{"direction", "read"}}), st.bytes_read);
     catch_up(served.Add({{"direction", "write"}}), st.bytes_written);
   });
+  if (ssd_configured_) RegisterSsdMetrics();
+}
+
+void StoreDaemon::RegisterSsdMetrics() {
+  auto gauge = [this](const char* name, const char* help) -> metrics::Gauge& {
+    return metrics::BuildGauge().Name(name).Help(help).Register(metrics_).Add({});
+  };
+  auto& failed = gauge("tierkv_store_ssd_failed", "1 while the SSD tier is down (the daemon serves DRAM only)");
+  auto& capacity = gauge("tierkv_store_ssd_capacity_bytes", "Bytes of the SSD tier's file usable for records");
+  auto& used = gauge("tierkv_store_ssd_used_bytes", "Bytes of values held on the SSD tier");
+  auto& records = gauge("tierkv_store_ssd_records", "Values held on the SSD tier");
+  auto& regions = gauge("tierkv_store_ssd_regions_in_use", "SSD regions holding records");
+  auto& direct = gauge("tierkv_store_ssd_direct_io", "1 when the SSD file is read and written with O_DIRECT");
+  auto& recovered = gauge("tierkv_store_ssd_recovered_records", "Records the start-up scan found");
+  auto& torn = gauge("tierkv_store_ssd_torn_records", "Torn records the start-up scan skipped");
+  auto& events = metrics::BuildCounter()
+                     .Name("tierkv_store_ssd_records_dropped_total")
+                     .Help("SSD records dropped by the tier, by reason (reclaim, corrupt)")
+                     .Register(metrics_);
+  auto& bytes = metrics::BuildCounter()
+                    .Name("tierkv_store_ssd_bytes_total")
+                    .Help("Value bytes moved to and from the SSD tier, by direction")
+                    .Register(metrics_);
+  metrics_.AddCollectHook([this, &failed, &capacity, &used, &records, &regions, &direct, &recovered, &torn,
+                           &events, &bytes] {
+    auto catch_up = [](metrics::Counter& c, uint64_t v) {
+      if (static_cast<double>(v) > c.Value()) c.Increment(static_cast<double>(v) - c.Value());
+    };
+    SsdStats st;
+    if (ssd_ != nullptr) st = ssd_->Stats();
+    failed.Set(ssd_ == nullptr || st.failed ? 1 : 0);
+    capacity.Set(static_cast<double>(st.capacity));
+    used.Set(static_cast<double>(st.used));
+    records.Set(static_cast<double>(st.records));
+    regions.Set(static_cast<double>(st.regions_in_use));
+    direct.Set(st.direct ? 1 : 0);
+    recovered.Set(static_cast<double>(st.recovered));
+    torn.Set(static_cast<double>(st.torn));
+    catch_up(events.Add({{"reason", "reclaim"}}), st.reclaimed);
+    catch_up(events.Add({{"reason", "corrupt"}}), st.corrupt);
+    catch_up(bytes.Add({{"direction", "read"}}), st.bytes_read);
+    catch_up(bytes.Add({{"direction", "write"}}), st.bytes_written);
+  });
 }
 
 void StoreDaemon::Stop() {
@@ -143,6 +317,7 @@ void StoreDaemon::Stop() {
   if (http_) http_->Stop();
   lender_.reset();
   engine_.reset();
+  ssd_.reset();
 }
 
 StoreDaemon::~StoreDaemon() { Stop(); }

@@ -8,6 +8,13 @@
 // --mlock faulted in and locked), so a launcher gated on /ready never
 // sees a daemon whose memory is still a promise.
 //
+// With --ssd-dir the daemon also keeps an SSD tier (store/ssd_tier.h): at
+// start it reserves the file and scans its record headers, so records a
+// previous run left are found again. A tier that cannot be had for reasons
+// of the disk (no room, an I/O error in the scan) or that fails later is
+// reported, not fatal: the daemon serves its DRAM segment regardless, and
+// /health and /metrics say why the tier is down.
+//
 // Threads: the transfer engine's (tcp server, workers), the lender's
 // heartbeat thread, and cpp-httplib's pool for HTTP; prefault threads run
 // inside Start. With --numa-node all of them are created pinned to that
@@ -24,10 +31,20 @@
 #include "config/base/http_server.h"
 #include "config/base/metrics.h"
 #include "config/store_config.h"
+#include "store/ssd_tier.h"
 #include "transport/engine.h"
 
 
 namespace tierkv::store {
+
+// An object's bytes at `offset` of this daemon's DRAM segment (`length`
+// bytes: the value and its trailer, as the master's extent says), moving
+// between the segment and the SSD tier under `key`.
+struct TierMove {
+  std::string key;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
 
 class StoreDaemon {
  public:
@@ -46,15 +63,39 @@ class StoreDaemon {
   const std::string& segment() const { return lender_->name(); }
   // Where the segment's memory is ("cpu:0"), as its descriptor says.
   std::string location() const { return lender_->location(); }
+  // The SSD tier; null without --ssd-dir or when it could not be opened.
+  SsdTier* ssd() const { return ssd_.get(); }
+  // The daemon's halves of moving objects between its tiers. Offload
+  // copies each extent of the segment to the SSD tier as a record of its
+  // key (one batch); Stage reads each key's record back into the segment
+  // at the extent given (one batch), where the normal transfer path serves
+  // it, so an SSD hit is staged into registered memory and then read like
+  // any replica. Per item: INVALID_ARGUMENT for an extent outside the
+  // segment, OUT_OF_RANGE when a record does not fit its extent (Stage),
+  // UNAVAILABLE without a working tier, and SsdTier's statuses otherwise.
+  // Who orders a move (the master, at eviction and on a hit) is not wired
+  // yet.
+  std::vector<absl::Status> OffloadToSsd(const std::vector<TierMove>& moves);
+  std::vector<absl::StatusOr<uint64_t>> StageFromSsd(const std::vector<TierMove>& moves);
+  // One line on the SSD tier: "off", "ok ..." or "failed: <why>".
+  std::string SsdHealth() const;
   void Stop();
 
  private:
   StoreDaemon() = default;
   void RegisterMetrics();
+  void RegisterSsdMetrics();
+  // Opens --ssd-dir's tier. Errors only for what the operator must fix (a
+  // directory that cannot be made or opened); a disk that fails leaves
+  // ssd_ null and ssd_failure_ saying why.
+  absl::Status OpenSsd(const StoreConfig& config);
 
   std::unique_ptr<client::MasterClient> master_;
   std::unique_ptr<transport::TransferEngine> engine_;
   std::unique_ptr<client::SegmentLender> lender_;
+  bool ssd_configured_ = false;
+  std::unique_ptr<SsdTier> ssd_;
+  std::string ssd_failure_;  // why the tier could not be opened
   metrics::Registry metrics_;
   std::unique_ptr<HttpServer> http_;
   int http_port_ = 0;

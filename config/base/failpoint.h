@@ -10,8 +10,9 @@
 // configured with -DTIERKV_FAILPOINTS=OFF) compile every failpoint out.
 //
 // The failpoints: client.put.after_start, client.put.before_end,
-// transport.tcp.serve, master.persist.write, store.heartbeat
-// (docs/faults.md says where each sits).
+// transport.tcp.serve, master.persist.write, store.heartbeat,
+// store.ssd.direct, store.ssd.scan, store.ssd.write, store.ssd.write_full,
+// store.ssd.read (docs/faults.md says where each sits).
 //
 //   if (TIERKV_FAILPOINT("master.persist")) return absl::InternalError("failpoint");
 #pragma once

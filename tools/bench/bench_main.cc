@@ -1,4 +1,4 @@
-// tierkv-bench: master | transfer | store | l1 | memory. See config/bench_config.cc.
+// tierkv-bench: master | transfer | store | l1 | memory | ssd. See config/bench_config.cc.
 #include <cstdio>
 #include <string>
 
@@ -10,15 +10,16 @@ int main(int argc, char** argv) {
   std::vector<std::string> positional;
   tierkv::BenchConfig config = tierkv::BenchFlags().ParseOrExit(argc, argv, &positional);
   if (positional.size() != 1) {
-    tierkv::ExitWithUsageError("tierkv-bench", "expected one subcommand: master, transfer, store, l1 or memory");
+    tierkv::ExitWithUsageError("tierkv-bench", "expected one subcommand: master, transfer, store, l1, memory or ssd");
   }
   tierkv::SetLogLevel(tierkv::LogLevel::kWarning);
   const std::string& cmd = positional[0];
-  if (config.batch == 0) config.batch = cmd == "master" ? 256 : cmd == "transfer" ? 32 : cmd == "l1" ? 256 : 16;
+  if (config.batch == 0) config.batch = cmd == "master" ? 256 : cmd == "transfer" ? 32 : cmd == "l1" ? 256 : cmd == "ssd" ? 32 : 16;
   if (cmd == "master") return tierkv::bench::RunMaster(config);
   if (cmd == "transfer") return tierkv::bench::RunTransfer(config);
   if (cmd == "store") return tierkv::bench::RunStore(config);
   if (cmd == "l1") return tierkv::bench::RunL1(config);
   if (cmd == "memory") return tierkv::bench::RunMemory(config);
+  if (cmd == "ssd") return tierkv::bench::RunSsd(config);
   tierkv::ExitWithUsageError("tierkv-bench", "unknown subcommand '" + cmd + "'");
 }

@@ -10,5 +10,6 @@ int RunTransfer(const BenchConfig& config);
 int RunStore(const BenchConfig& config);
 int RunL1(const BenchConfig& config);
 int RunMemory(const BenchConfig& config);
+int RunSsd(const BenchConfig& config);
 
 }  // namespace tierkv::bench

@@ -1,0 +1,160 @@
+// tierkv-store with --ssd-dir as a real process: the tier's file on a
+// temporary directory, found again by a restarted daemon, and a tier that
+// fails (a failpoint in the scan) leaving the DRAM segment serving.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "store/ssd_tier.h"
+#include "tests/support/cluster.h"
+#include "tests/support/status_matchers.h"
+#include "tests/support/values.h"
+
+namespace tierkv {
+namespace {
+
+using testing::BinaryPath;
+using testing::ChildProcess;
+using testing::TestCluster;
+
+constexpr uint64_t kRegion = 1 << 20;
+constexpr uint64_t kSize = 32 << 20;
+
+// The value of an unlabelled metric in a /metrics body; -1 when absent.
+double Metric(const std::string& body, const std::string& name) {
+  size_t at = body.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(body.substr(at + name.size() + 2));
+}
+
+class SsdDaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_OK(cluster_.Start({.daemons = 0}));
+    dir_ = testing::MakeTempDir("tierkv-ssd");
+  }
+  void TearDown() override {
+    if (HasFailure()) {
+      std::cerr << cluster_.Logs();
+      if (daemon_) std::cerr << daemon_->Stderr();
+    }
+    daemon_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  absl::Status StartDaemon(const std::string& dir, const std::map<std::string, std::string>& env = {},
+                           uint64_t region = kRegion) {
+    daemon_.reset();
+    auto d = ChildProcess::Start(
+        BinaryPath("tierkv-store"),
+        {"--master=" + cluster_.master_address(), "--metadata=" + cluster_.metadata_url(), "--segment-size=64mib",
+         "--port=0", "--http-port=0", "--heartbeat-interval=200ms", "--name=ssd-daemon", "--ssd-dir=" + dir,
+         absl::StrCat("--ssd-size=", kSize), absl::StrCat("--ssd-region-size=", region)},
+        env);
+    if (!d.ok()) return d.status();
+    daemon_ = std::move(*d);
+    return cluster_.WaitForLiveSegments(1);
+  }
+
+  std::string Get(const std::string& path) {
+    absl::StatusOr<std::string> body = cluster_.HttpGet(path, daemon_->port("http"));
+    EXPECT_OK(body.status());
+    return body.ok() ? *body : "";
+  }
+
+  // Writes `n` records into dir's tier file as a daemon would have left
+  // them, then tears the header of one more (a crash in its write).
+  void LeaveRecords(int n) {
+    auto file = store::OpenUringFile({.path = dir_ + "/tierkv-ssd.dat", .size = kSize});
+    ASSERT_OK(file.status());
+    auto tier = store::SsdTier::Open(std::move(*file), {.region_size = kRegion});
+    ASSERT_OK(tier.status());
+    std::vector<std::string> values;
+    for (int i = 0; i <= n; ++i) values.push_back(testing::Payload(absl::StrCat("page-", i), 100000));
+    std::vector<store::SsdWrite> w;
+    for (int i = 0; i <= n; ++i) w.push_back({absl::StrCat("page-", i), values[i].data(), values[i].size()});
+    for (const absl::Status& s : (*tier)->WriteBatch(w)) ASSERT_OK(s);
+    tier->reset();
+    // Records take 100 KiB each, so a region holds ten; with n = 20 the
+    // last record opens region 2. Overwrite its header's CRC.
+    ASSERT_EQ(n, 20);
+    int fd = open((dir_ + "/tierkv-ssd.dat").c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    uint32_t junk = 0xdeadbeef;
+    ASSERT_EQ(pwrite(fd, &junk, 4, static_cast<off_t>(2 * kRegion) + 48), 4);
+    close(fd);
+  }
+
+  TestCluster cluster_;
+  std::string dir_;
+  std::unique_ptr<ChildProcess> daemon_;
+};
+
+TEST_F(SsdDaemonTest, ReportsItsTierInHealthAndMetrics) {
+  ASSERT_OK(StartDaemon(dir_));
+  std::string health = Get("/health");
+  EXPECT_THAT(health, ::testing::HasSubstr("ssd: ok 0 records"));
+  std::string m = Get("/metrics");
+  EXPECT_EQ(Metric(m, "tierkv_store_ssd_capacity_bytes"), static_cast<double>(kSize));
+  EXPECT_EQ(Metric(m, "tierkv_store_ssd_failed"), 0);
+  EXPECT_EQ(Metric(m, "tierkv_store_ssd_direct_io"), health.find("buffered I/O") == std::string::npos ? 1 : 0);
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/tierkv-ssd.dat"));
+}
+
+TEST_F(SsdDaemonTest, RestartedDaemonFindsItsRecordsAndSkipsATornOne) {
+  LeaveRecords(20);
+  ASSERT_OK(StartDaemon(dir_));
+  std::string m = Get("/metrics");
+  EXPECT_EQ(Metric(m, "tierkv_store_ssd_recovered_records"), 20);
+  EXPECT_EQ(Metric(m, "tierkv_store_ssd_torn_records"), 1);
+  EXPECT_EQ(Metric(m, "tierkv_store_ssd_used_bytes"), 20 * 100000.0);
+  // A rolling restart: SIGTERM, start again on the same directory, even
+  // with another --ssd-region-size (the file keeps the one it was made with).
+  daemon_->Kill(SIGTERM);
+  EXPECT_EQ(daemon_->Wait(), 0);
+  ASSERT_OK(cluster_.WaitForLiveSegments(0));
+  ASSERT_OK(StartDaemon(dir_, {}, 4 * kRegion));
+  m = Get("/metrics");
+  EXPECT_EQ(Metric(m, "tierkv_store_ssd_recovered_records"), 20);
+  EXPECT_THAT(Get("/health"), ::testing::HasSubstr("ssd: ok 20 records"));
+  EXPECT_THAT(daemon_->Stderr(), ::testing::HasSubstr("--ssd-region-size 4194304 ignored"));
+}
+
+TEST_F(SsdDaemonTest, AFailedTierLeavesDramServing) {
+  ASSERT_OK(StartDaemon(dir_, {{"TIERKV_FAILPOINTS", "store.ssd.scan=error"}}));
+  EXPECT_THAT(Get("/health"), ::testing::HasSubstr("ssd: failed: "));
+  EXPECT_EQ(Metric(Get("/metrics"), "tierkv_store_ssd_failed"), 1);
+  auto client = cluster_.NewClient();
+  ASSERT_OK(client.status());
+  std::string v = testing::Payload("k", 50000);
+  ASSERT_OK((*client)->Put("k", v));
+  absl::StatusOr<std::string> out = (*client)->Get("k");
+  ASSERT_OK(out.status());
+  EXPECT_EQ(*out, v);
+}
+
+// A file system that refuses O_DIRECT (tmpfs before Linux 6.6), as the
+// store.ssd.direct failpoint makes any directory answer.
+TEST_F(SsdDaemonTest, WithoutDirectIoFallsBackToBufferedIoAndSaysSo) {
+  LeaveRecords(20);
+  ASSERT_OK(StartDaemon(dir_, {{"TIERKV_FAILPOINTS", "store.ssd.direct=error"}}));
+  EXPECT_THAT(Get("/health"), ::testing::HasSubstr("ssd: ok 20 records"));
+  EXPECT_THAT(Get("/health"), ::testing::HasSubstr("buffered I/O"));
+  EXPECT_EQ(Metric(Get("/metrics"), "tierkv_store_ssd_direct_io"), 0);
+  EXPECT_THAT(daemon_->Stderr(), ::testing::HasSubstr("O_DIRECT is not supported"));
+}
+
+TEST_F(SsdDaemonTest, SsdDirWithoutSizeIsRefused) {
+  auto d = ChildProcess::Start(BinaryPath("tierkv-store"),
+                               {"--master=" + cluster_.master_address(), "--port=0", "--http-port=0",
+                                "--ssd-dir=" + dir_});
+  ASSERT_FALSE(d.ok());
+  EXPECT_THAT(std::string(d.status().message()), ::testing::HasSubstr("--ssd-size"));
+}
+
+}  // namespace
+}  // namespace tierkv

@@ -1,0 +1,389 @@
+// SsdTier against the in-memory FileIo (record format, torn records, the
+// restart scan, batching, reclaim, faults), and once against a real file
+// through io_uring, with O_DIRECT and with the buffered fallback.
+#include "store/ssd_tier.h"
+
+#include <linux/magic.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "config/base/crc32c.h"
+#include "tests/support/status_matchers.h"
+
+namespace tierkv::store {
+namespace {
+
+using ::testing::UnorderedElementsAre;
+using ::tierkv::testing::StatusIs;
+
+constexpr uint64_t kRegion = 64 << 10;
+
+std::string Value(const std::string& key, size_t n) {
+  std::string v(n, '\0');
+  uint32_t x = Crc32c(key.data(), key.size()) | 1;
+  for (size_t i = 0; i < n; ++i) {
+    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+    v[i] = static_cast<char>(x);
+  }
+  return v;
+}
+
+class SsdTierTest : public ::testing::Test {
+ protected:
+  // Opens a tier over the shared storage, as a (re)started daemon would.
+  std::unique_ptr<SsdTier> Open(SsdTierOptions o = {}) {
+    o.region_size = kRegion;
+    auto file = std::make_unique<FakeFileIo>(storage_, depth_);
+    file_ = file.get();
+    auto tier = SsdTier::Open(std::move(file), std::move(o));
+    EXPECT_OK(tier.status());
+    return tier.ok() ? std::move(*tier) : nullptr;
+  }
+
+  absl::Status Put(SsdTier& tier, const std::string& key, const std::string& value) {
+    SsdWrite w{key, value.data(), value.size()};
+    return tier.WriteBatch(absl::MakeConstSpan(&w, 1))[0];
+  }
+
+  absl::StatusOr<std::string> Get(SsdTier& tier, const std::string& key, size_t cap = 1 << 20) {
+    std::string out(cap, '\0');
+    SsdRead r{key, out.data(), cap};
+    absl::StatusOr<uint64_t> n = tier.ReadBatch(absl::MakeConstSpan(&r, 1))[0];
+    if (!n.ok()) return n.status();
+    out.resize(*n);
+    return out;
+  }
+
+  std::string Raw(uint64_t offset, size_t n) {
+    MutexLock lock(&storage_->mu);
+    return storage_->bytes.substr(offset, n);
+  }
+
+  unsigned depth_ = 256;
+  std::shared_ptr<FakeFileIo::Storage> storage_ = FakeFileIo::NewStorage(16 * kRegion);
+  FakeFileIo* file_ = nullptr;  // the last opened tier's
+};
+
+TEST_F(SsdTierTest, RoundTripsValuesOfManySizes) {
+  auto tier = Open();
+  std::vector<std::string> keys = {"a", "page/1", std::string(kSsdMaxKey, 'k'), "binary\x01\xff"};
+  std::vector<size_t> sizes = {1, 4032, 4097, 60000};
+  for (size_t i = 0; i < keys.size(); ++i) ASSERT_OK(Put(*tier, keys[i], Value(keys[i], sizes[i])));
+  for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(Get(*tier, keys[i]).value(), Value(keys[i], sizes[i]));
+  EXPECT_THAT(Get(*tier, "absent").status(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(tier->SizeOf("page/1"), 4032u);
+  SsdStats s = tier->Stats();
+  EXPECT_EQ(s.records, 4u);
+  EXPECT_EQ(s.used, 1u + 4032 + 4097 + 60000);
+  EXPECT_EQ(s.capacity, 16 * kRegion);
+}
+
+TEST_F(SsdTierTest, RecordIsAlignedAndCarriesItsKeyLengthAndChecksum) {
+  auto tier = Open();
+  std::string v = Value("k1", 5000);
+  ASSERT_OK(Put(*tier, "k1", v));
+  ASSERT_OK(Put(*tier, "k2", "x"));
+  std::string head = Raw(0, 64);
+  uint32_t magic, key_len, value_crc;
+  uint64_t record_len, value_len;
+  std::memcpy(&magic, head.data(), 4);
+  std::memcpy(&record_len, head.data() + 24, 8);
+  std::memcpy(&value_len, head.data() + 32, 8);
+  std::memcpy(&key_len, head.data() + 40, 4);
+  std::memcpy(&value_crc, head.data() + 44, 4);
+  EXPECT_EQ(magic, 0x52564b54u);
+  EXPECT_EQ(record_len, 8192u);  // 64 + 2 + 5000, rounded up to 4 KiB
+  EXPECT_EQ(value_len, 5000u);
+  EXPECT_EQ(key_len, 2u);
+  EXPECT_EQ(value_crc, Crc32c(v.data(), v.size()));
+  EXPECT_EQ(Raw(64, 2), "k1");
+  EXPECT_EQ(Raw(66, 5000), v);
+  EXPECT_EQ(Raw(8192 + 64, 2), "k2");  // the next record starts on the next 4 KiB
+}
+
+TEST_F(SsdTierTest, ABatchIsOneSubmission) {
+  auto tier = Open();
+  std::vector<std::string> values;
+  std::vector<SsdWrite> writes;
+  for (int i = 0; i < 100; ++i) values.push_back(Value(absl::StrCat("k", i), 3000));
+  for (int i = 0; i < 100; ++i) writes.push_back({absl::StrCat("k", i), values[i].data(), values[i].size()});
+  uint64_t before = file_->submissions();
+  for (const absl::Status& s : tier->WriteBatch(writes)) ASSERT_OK(s);
+  EXPECT_EQ(file_->submissions() - before, 1u);
+  std::vector<std::string> out(100, std::string(4096, '\0'));
+  std::vector<SsdRead> reads;
+  for (int i = 0; i < 100; ++i) reads.push_back({absl::StrCat("k", i), out[i].data(), out[i].size()});
+  before = file_->submissions();
+  std::vector<absl::StatusOr<uint64_t>> got = tier->ReadBatch(reads);
+  EXPECT_EQ(file_->submissions() - before, 1u);
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_OK(got[i].status());
+    EXPECT_EQ(out[i].substr(0, *got[i]), values[i]);
+  }
+}
+
+TEST_F(SsdTierTest, ABatchLargerThanTheQueueTakesSeveralSubmissions) {
+  depth_ = 16;
+  auto tier = Open();
+  std::vector<SsdWrite> writes;
+  std::string v = "value";
+  for (int i = 0; i < 40; ++i) writes.push_back({absl::StrCat("k", i), v.data(), v.size()});
+  uint64_t before = file_->submissions();
+  for (const absl::Status& s : tier->WriteBatch(writes)) ASSERT_OK(s);
+  EXPECT_EQ(file_->submissions() - before, 3u);
+}
+
+TEST_F(SsdTierTest, RefusesWhatDoesNotFitAndDuplicates) {
+  auto tier = Open();
+  std::string big(kRegion, 'x');
+  EXPECT_THAT(Put(*tier, "big", big), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(Put(*tier, std::string(kSsdMaxKey + 1, 'k'), "v"), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK(Put(*tier, "k", "v1"));
+  EXPECT_THAT(Put(*tier, "k", "v2"), StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_EQ(Get(*tier, "k").value(), "v1");
+  EXPECT_THAT(Get(*tier, "k", 1).status(), StatusIs(absl::StatusCode::kOutOfRange));
+}
+
+TEST_F(SsdTierTest, RestartScansHeadersOnlyAndFindsEveryRecord) {
+  {
+    auto tier = Open();
+    for (int i = 0; i < 40; ++i) ASSERT_OK(Put(*tier, absl::StrCat("k", i), Value(absl::StrCat("k", i), 9000)));
+    ASSERT_OK(tier->Erase("k7"));
+  }
+  auto tier = Open();
+  SsdStats s = tier->Stats();
+  EXPECT_EQ(s.recovered, 39u);
+  EXPECT_EQ(s.torn, 0u);
+  EXPECT_EQ(s.used, 39u * 9000);
+  // One 4 KiB read per record header (dead ones included) plus one per
+  // region to find its end; no value was read.
+  EXPECT_LE(file_->reads(), 40u + 16u);
+  // Regions are scanned side by side: one submission per step down the
+  // longest chain (5 records of 12 KiB per 64 KiB region, plus its end).
+  EXPECT_LE(file_->submissions(), 6u);
+  EXPECT_THAT(Get(*tier, "k7").status(), StatusIs(absl::StatusCode::kNotFound));
+  for (int i = 0; i < 40; ++i) {
+    if (i == 7) continue;
+    EXPECT_EQ(Get(*tier, absl::StrCat("k", i)).value(), Value(absl::StrCat("k", i), 9000)) << i;
+  }
+}
+
+TEST_F(SsdTierTest, WritesAfterARestartSurviveTheNextOneAndErasedStaysErased) {
+  {
+    auto tier = Open();
+    ASSERT_OK(Put(*tier, "old", "1"));
+    ASSERT_OK(Put(*tier, "gone", "2"));
+    ASSERT_OK(tier->Erase("gone"));
+  }
+  {
+    auto tier = Open();
+    ASSERT_OK(Put(*tier, "new", "3"));
+  }
+  auto tier = Open();
+  std::vector<std::string> keys;
+  for (auto& [k, n] : tier->Records()) keys.push_back(k);
+  EXPECT_THAT(keys, UnorderedElementsAre("old", "new"));
+  EXPECT_EQ(Get(*tier, "new").value(), "3");
+}
+
+TEST_F(SsdTierTest, TornHeaderIsSkippedAndCountedAtRestart) {
+  {
+    auto tier = Open();
+    ASSERT_OK(Put(*tier, "whole", "1"));
+    file_->TearNextWrite(10);  // the crash lands inside the second header
+    ASSERT_OK(Put(*tier, "torn", "2"));
+  }
+  auto tier = Open();
+  EXPECT_EQ(tier->Stats().torn, 1u);
+  EXPECT_EQ(tier->Stats().recovered, 1u);
+  EXPECT_EQ(Get(*tier, "whole").value(), "1");
+  EXPECT_THAT(Get(*tier, "torn").status(), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(SsdTierTest, TornValueIsNeverServed) {
+  std::vector<std::string> dropped;
+  {
+    auto tier = Open();
+    file_->TearNextWrite(4096);  // header and key landed, the value did not
+    ASSERT_OK(Put(*tier, "torn", Value("torn", 20000)));
+  }
+  SsdTierOptions o;
+  o.on_drop = [&dropped](const std::string& key) { dropped.push_back(key); };
+  auto tier = Open(std::move(o));
+  EXPECT_EQ(tier->Stats().recovered, 1u);  // the header is sound: found, not yet checked
+  EXPECT_THAT(Get(*tier, "torn").status(), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_EQ(tier->Stats().corrupt, 1u);
+  EXPECT_THAT(dropped, UnorderedElementsAre("torn"));
+  EXPECT_THAT(Get(*tier, "torn").status(), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(SsdTierTest, AnotherKeysBytesReadAsLossNotAsAValue) {
+  auto tier = Open();
+  ASSERT_OK(Put(*tier, "ka", Value("ka", 1000)));
+  ASSERT_OK(Put(*tier, "kb", Value("kb", 1000)));
+  {
+    // Swap the two records on disk (each one 4 KiB block).
+    MutexLock lock(&storage_->mu);
+    std::string a = storage_->bytes.substr(0, 4096);
+    storage_->bytes.replace(0, 4096, storage_->bytes.substr(4096, 4096));
+    storage_->bytes.replace(4096, 4096, a);
+  }
+  EXPECT_THAT(Get(*tier, "ka").status(), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(Get(*tier, "kb").status(), StatusIs(absl::StatusCode::kDataLoss));
+}
+
+TEST_F(SsdTierTest, ReclaimsTheOldestRegionsPastTheHighWatermark) {
+  std::vector<std::string> dropped;
+  SsdTierOptions o;
+  o.high_watermark = 0.75;
+  o.low_watermark = 0.5;
+  o.on_drop = [&dropped](const std::string& key) { dropped.push_back(key); };
+  auto tier = Open(std::move(o));
+  // 60 000-byte values: one per 64 KiB region; 40 of them into 16 regions.
+  for (int i = 0; i < 40; ++i) ASSERT_OK(Put(*tier, absl::StrCat("k", i), Value(absl::StrCat("k", i), 60000)));
+  SsdStats s = tier->Stats();
+  EXPECT_LE(s.regions_in_use, 12u);
+  EXPECT_EQ(s.records + s.reclaimed, 40u);
+  EXPECT_EQ(dropped.size(), s.reclaimed);
+  EXPECT_THAT(Get(*tier, "k0").status(), StatusIs(absl::StatusCode::kNotFound));  // oldest first
+  EXPECT_EQ(Get(*tier, "k39").value(), Value("k39", 60000));
+  // A restart finds at least what was live (a reclaimed region not yet
+  // reused still holds sound records, which may come back), and every
+  // record it finds reads back as written.
+  tier.reset();
+  tier = Open();
+  EXPECT_GE(tier->Stats().recovered, s.records);
+  for (auto& [key, size] : tier->Records()) EXPECT_EQ(Get(*tier, key).value(), Value(key, 60000)) << key;
+}
+
+TEST_F(SsdTierTest, WriteErrorFailsTheTier) {
+  auto tier = Open();
+  ASSERT_OK(Put(*tier, "before", "1"));
+  file_->FailOps(IoOp::kWrite, ENOSPC);
+  EXPECT_THAT(Put(*tier, "k", "v"), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_TRUE(tier->failed());
+  EXPECT_THAT(tier->Stats().failure, ::testing::HasSubstr(strerror(ENOSPC)));
+  EXPECT_THAT(Get(*tier, "before").status(), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(Get(*tier, "k").status(), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+TEST_F(SsdTierTest, ReadErrorFailsTheTierAndReturnsNoBytes) {
+  auto tier = Open();
+  ASSERT_OK(Put(*tier, "k", "value"));
+  file_->FailOps(IoOp::kRead, EIO);
+  std::string out(16, '#');
+  SsdRead r{"k", out.data(), out.size()};
+  EXPECT_THAT(tier->ReadBatch(absl::MakeConstSpan(&r, 1))[0].status(), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(out, std::string(16, '#'));
+  EXPECT_TRUE(tier->failed());
+}
+
+TEST_F(SsdTierTest, ASlowDiskFailsTheTier) {
+  SsdTierOptions o;
+  o.slow_io = absl::Milliseconds(20);
+  auto tier = Open(std::move(o));
+  ASSERT_OK(Put(*tier, "k", "v"));
+  file_->Delay(absl::Milliseconds(50));
+  EXPECT_THAT(Get(*tier, "k").status(), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(tier->Stats().failure, ::testing::HasSubstr("took"));
+}
+
+TEST_F(SsdTierTest, ScanErrorRefusesToOpen) {
+  auto file = std::make_unique<FakeFileIo>(storage_);
+  file->FailOps(IoOp::kRead, EIO);
+  SsdTierOptions o;
+  o.region_size = kRegion;
+  EXPECT_THAT(SsdTier::Open(std::move(file), o).status(), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+TEST_F(SsdTierTest, RefusesUnusableOptions) {
+  SsdTierOptions o;
+  o.region_size = 5000;
+  EXPECT_THAT(SsdTier::Open(std::make_unique<FakeFileIo>(storage_), o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  o.region_size = 16 * kRegion;  // one region only
+  EXPECT_THAT(SsdTier::Open(std::make_unique<FakeFileIo>(storage_), o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// The real file seam: io_uring on a file, written, reopened and read.
+// `expect_direct` empty: either (tmpfs takes O_DIRECT from Linux 6.6 on).
+void RealFileRoundTrip(const std::string& dir, std::optional<bool> expect_direct, bool direct = true) {
+  std::string path = dir + "/tierkv-ssd.dat";
+  for (int pass = 0; pass < 2; ++pass) {
+    auto file = OpenUringFile({.path = path, .size = 8 << 20, .direct = direct});
+    ASSERT_OK(file.status());
+    if (expect_direct.has_value()) EXPECT_EQ((*file)->direct(), *expect_direct);
+    SsdTierOptions o;
+    o.region_size = 1 << 20;
+    auto tier = SsdTier::Open(std::move(*file), o);
+    ASSERT_OK(tier.status());
+    std::vector<std::string> values;
+    for (int i = 0; i < 8; ++i) values.push_back(Value(absl::StrCat("k", i), 70000 + i));
+    if (pass == 0) {
+      std::vector<SsdWrite> w;
+      for (int i = 0; i < 8; ++i) w.push_back({absl::StrCat("k", i), values[i].data(), values[i].size()});
+      for (const absl::Status& s : (*tier)->WriteBatch(w)) ASSERT_OK(s);
+    } else {
+      EXPECT_EQ((*tier)->Stats().recovered, 8u);
+    }
+    std::vector<std::string> out(8, std::string(1 << 17, '\0'));
+    std::vector<SsdRead> r;
+    for (int i = 0; i < 8; ++i) r.push_back({absl::StrCat("k", i), out[i].data(), out[i].size()});
+    std::vector<absl::StatusOr<uint64_t>> got = (*tier)->ReadBatch(r);
+    for (int i = 0; i < 8; ++i) {
+      ASSERT_OK(got[i].status());
+      EXPECT_EQ(out[i].substr(0, *got[i]), values[i]);
+    }
+  }
+}
+
+void RealFileRoundTripBuffered(const std::string& dir) { RealFileRoundTrip(dir, false, /*direct=*/false); }
+
+std::string TempDir(const char* under) {
+  std::string tmpl = std::string(under) + "/tierkv-ssd-XXXXXX";
+  char* made = mkdtemp(tmpl.data());
+  return made ? std::string(made) : std::string();
+}
+
+TEST(SsdTierFileTest, DirectIoOnADiskFileSystem) {
+  const char* base = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  struct statfs fs {};
+  if (statfs(base, &fs) != 0 || fs.f_type == TMPFS_MAGIC) GTEST_SKIP() << base << " is tmpfs";
+  std::string dir = TempDir(base);
+  ASSERT_FALSE(dir.empty());
+  RealFileRoundTrip(dir, /*expect_direct=*/true);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SsdTierFileTest, TmpfsWithOrWithoutDirectIo) {
+  struct statfs fs {};
+  if (statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC) GTEST_SKIP() << "no tmpfs at /dev/shm";
+  std::string dir = TempDir("/dev/shm");
+  ASSERT_FALSE(dir.empty());
+  RealFileRoundTrip(dir, std::nullopt);
+  std::filesystem::remove_all(dir);
+}
+
+// The buffered path (what a file system refusing O_DIRECT gets; the
+// fallback itself is tested on a daemon, by the store.ssd.direct failpoint).
+TEST(SsdTierFileTest, BufferedIo) {
+  std::string dir = TempDir("/tmp");
+  ASSERT_FALSE(dir.empty());
+  auto file = OpenUringFile({.path = dir + "/f", .size = 1 << 20, .direct = false});
+  ASSERT_OK(file.status());
+  EXPECT_FALSE((*file)->direct());
+  file->reset();
+  RealFileRoundTripBuffered(dir);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tierkv::store
