@@ -138,6 +138,14 @@ class UringFileIo : public FileIo {
 
 }  // namespace
 
+absl::Status UringAvailable() {
+  io_uring ring{};
+  int rc = io_uring_queue_init(1, &ring, 0);
+  if (rc < 0) return absl::FailedPreconditionError(absl::StrCat("io_uring is unavailable: ", strerror(-rc)));
+  io_uring_queue_exit(&ring);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<FileIo>> OpenUringFile(const FileIoOptions& options) {
   if (options.size == 0 || options.size % kIoAlign != 0) {
     return absl::InvalidArgumentError(absl::StrCat("file size ", options.size, " is not a positive multiple of ", kIoAlign));

@@ -86,6 +86,11 @@ struct FileIoOptions {
 // io_uring is unavailable (seccomp, old kernel); INTERNAL for other errors.
 absl::StatusOr<std::unique_ptr<FileIo>> OpenUringFile(const FileIoOptions& options);
 
+// OK when this process may set up an io_uring; otherwise FAILED_PRECONDITION
+// naming why (a seccomp profile that blocks it, a kernel without it), so a
+// caller can say so before trying a file.
+absl::Status UringAvailable();
+
 // In-memory FileIo for tests. Instances made from one Storage see the same
 // bytes, as a daemon restarted on the same file would.
 class FakeFileIo : public FileIo {

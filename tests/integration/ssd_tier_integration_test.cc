@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "store/file_io.h"
 #include "store/ssd_tier.h"
 #include "tests/support/cluster.h"
 #include "tests/support/status_matchers.h"
@@ -34,6 +35,7 @@ double Metric(const std::string& body, const std::string& name) {
 class SsdDaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    if (absl::Status u = store::UringAvailable(); !u.ok()) GTEST_SKIP() << u.message();
     ASSERT_OK(cluster_.Start({.daemons = 0}));
     dir_ = testing::MakeTempDir("tierkv-ssd");
   }

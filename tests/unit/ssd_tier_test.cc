@@ -3,6 +3,7 @@
 // through io_uring, with O_DIRECT and with the buffered fallback.
 #include "store/ssd_tier.h"
 
+#include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -347,6 +348,24 @@ void RealFileRoundTrip(const std::string& dir, std::optional<bool> expect_direct
 
 void RealFileRoundTripBuffered(const std::string& dir) { RealFileRoundTrip(dir, false, /*direct=*/false); }
 
+#define SKIP_WITHOUT_URING()                                                \
+  do {                                                                     \
+    if (absl::Status u = UringAvailable(); !u.ok()) GTEST_SKIP() << u.message(); \
+  } while (0)
+
+// True when `dir`'s file system takes O_DIRECT (some overlay and FUSE file
+// systems refuse it, and the tier then falls back, which another test covers).
+bool TakesDirectIo(const std::string& dir) {
+  std::string path = dir + "/probe";
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0644);
+  if (fd < 0) return false;
+  AlignedBuffer b(kIoAlign);
+  bool ok = ftruncate(fd, kIoAlign) == 0 && pread(fd, b.data(), kIoAlign, 0) >= 0;
+  close(fd);
+  unlink(path.c_str());
+  return ok;
+}
+
 std::string TempDir(const char* under) {
   std::string tmpl = std::string(under) + "/tierkv-ssd-XXXXXX";
   char* made = mkdtemp(tmpl.data());
@@ -357,8 +376,13 @@ TEST(SsdTierFileTest, DirectIoOnADiskFileSystem) {
   const char* base = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
   struct statfs fs {};
   if (statfs(base, &fs) != 0 || fs.f_type == TMPFS_MAGIC) GTEST_SKIP() << base << " is tmpfs";
+  SKIP_WITHOUT_URING();
   std::string dir = TempDir(base);
   ASSERT_FALSE(dir.empty());
+  if (!TakesDirectIo(dir)) {
+    std::filesystem::remove_all(dir);
+    GTEST_SKIP() << base << " refuses O_DIRECT";
+  }
   RealFileRoundTrip(dir, /*expect_direct=*/true);
   std::filesystem::remove_all(dir);
 }
@@ -366,6 +390,7 @@ TEST(SsdTierFileTest, DirectIoOnADiskFileSystem) {
 TEST(SsdTierFileTest, TmpfsWithOrWithoutDirectIo) {
   struct statfs fs {};
   if (statfs("/dev/shm", &fs) != 0 || fs.f_type != TMPFS_MAGIC) GTEST_SKIP() << "no tmpfs at /dev/shm";
+  SKIP_WITHOUT_URING();
   std::string dir = TempDir("/dev/shm");
   ASSERT_FALSE(dir.empty());
   RealFileRoundTrip(dir, std::nullopt);
@@ -375,6 +400,7 @@ TEST(SsdTierFileTest, TmpfsWithOrWithoutDirectIo) {
 // The buffered path (what a file system refusing O_DIRECT gets; the
 // fallback itself is tested on a daemon, by the store.ssd.direct failpoint).
 TEST(SsdTierFileTest, BufferedIo) {
+  SKIP_WITHOUT_URING();
   std::string dir = TempDir("/tmp");
   ASSERT_FALSE(dir.empty());
   auto file = OpenUringFile({.path = dir + "/f", .size = 1 << 20, .direct = false});

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "store/file_io.h"
 #include "client/client.h"
 #include "config/master_config.h"
 #include "config/store_config.h"
@@ -25,6 +26,7 @@ const char* NoEnv(const char*) { return nullptr; }
 class TierMoveTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    if (absl::Status u = UringAvailable(); !u.ok()) GTEST_SKIP() << u.message();
     const char* margv[] = {"tierkv-master", "--rpc-port=0", "--http-port=0"};
     auto mcfg = MasterFlags().Parse(3, margv, nullptr, NoEnv);
     ASSERT_OK(mcfg.status());
