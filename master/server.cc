@@ -73,6 +73,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   }
   s->master_->set_http_port(s->http_port_);
   s->http_->Start();
+  s->evictor_ = std::thread([m = s->master_.get()] { m->index().RunEvictor(); });
   s->ticker_ = std::thread([srv = s.get(), interval = config.check_interval] { srv->TickLoop(interval); });
   return s;
 }
@@ -99,6 +100,8 @@ void MasterServer::Shutdown() {
   if (http_) http_->Stop();
   if (grpc_) grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (ticker_.joinable()) ticker_.join();
+  if (master_) master_->index().StopEvictor();
+  if (evictor_.joinable()) evictor_.join();
   if (master_) {
     if (absl::Status st = master_->Flush(); !st.ok()) TKV_LOG(ERROR) << "flush at shutdown: " << st;
   }

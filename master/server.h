@@ -2,12 +2,14 @@
 // flags and calls Run), so tests and the demo can embed one.
 //
 // Threads:
-//   - gRPC's synchronous server pool runs the RPC handlers;
+//   - gRPC's callback threads run the RPC handlers inline;
 //   - HttpServer's workers (--http-threads) run the HTTP handlers;
-//   - one ticker thread calls Master::Tick every --check-interval.
+//   - one ticker thread calls Master::Tick every --check-interval;
+//   - one evictor thread runs ObjectIndex::RunEvictor, so no RPC evicts
+//     unless the store is full.
 // All of them call into Master, which is thread-safe; the server itself
 // holds no locks while they run. Shutdown stops the listeners first, then
-// the ticker, then flushes the store.
+// the ticker and the evictor, then flushes the store.
 #pragma once
 
 #include <memory>
@@ -51,6 +53,7 @@ class MasterServer {
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<HttpServer> http_;
   std::thread ticker_;
+  std::thread evictor_;
   Mutex mu_;
   CondVar stop_cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
