@@ -2,7 +2,8 @@
 // flags and calls Run), so tests and the demo can embed one.
 //
 // Threads:
-//   - gRPC's callback threads run the RPC handlers inline;
+//   - --rpc-threads threads each poll a completion queue and run the RPC
+//     handlers inline (MasterRpcService, master/grpc_service.h);
 //   - HttpServer's workers (--http-threads) run the HTTP handlers;
 //   - one ticker thread calls Master::Tick every --check-interval;
 //   - one evictor thread runs ObjectIndex::RunEvictor, so no RPC evicts
@@ -19,11 +20,11 @@
 #include "config/base/http_server.h"
 #include "config/base/mutex.h"
 #include "config/master_config.h"
+#include "master/grpc_service.h"
 #include "master/master.h"
 
 namespace grpc {
 class Server;
-class Service;
 }
 
 namespace tierkv::master {
@@ -49,7 +50,9 @@ class MasterServer {
   void TickLoop(absl::Duration interval);
 
   std::unique_ptr<Master> master_;
-  std::unique_ptr<grpc::Service> service_;
+  // Declared before grpc_, so destroyed after it: a server is destroyed
+  // before its completion queues.
+  std::unique_ptr<MasterRpcService> rpc_;
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<HttpServer> http_;
   std::thread ticker_;

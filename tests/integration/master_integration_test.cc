@@ -274,6 +274,28 @@ TEST_F(MasterProcessTest, GroupCommittedPutEndsAndRemovesSurviveSigkill) {
   }
 }
 
+// With several RPC threads (each its own completion queue) concurrent
+// clients are all served, and the master shuts down cleanly (SIGTERM).
+TEST_F(MasterProcessTest, SeveralRpcThreadsServeConcurrentClients) {
+  StartMaster({"--rpc-threads=3"});
+  Mount("seg-a");
+  std::atomic<int> misses{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) {
+        const std::string key = absl::StrCat("c", t, "-", i);
+        Put(key, 4096);
+        if (!Get(key).hit) misses.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(misses.load(), 0);
+  master_->Kill(SIGTERM);
+  EXPECT_EQ(master_->Wait(), 0);
+}
+
 TEST_F(MasterProcessTest, MetadataEndpointRoundTrip) {
   StartMaster();
   std::string value("\x01\x02 binary \xff", 12);
