@@ -32,6 +32,7 @@ struct MasterConfig {
   uint64_t max_message_size = 0;
   uint64_t max_http_body = 0;
   int64_t http_threads = 0;
+  int64_t rpc_threads = 0;
   int64_t http_max_connections = 0;
   absl::Duration http_idle_timeout;
   std::string kv_events_endpoint;

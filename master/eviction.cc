@@ -100,12 +100,47 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
   return freed;
 }
 
-void ObjectIndex::Impl::MaybeEvict() {
+bool ObjectIndex::Impl::AboveHighWatermark() const {
   uint64_t capacity = registry_->capacity();
-  if (capacity == 0) return;
-  uint64_t used = registry_->used();
-  if (used <= static_cast<uint64_t>(options_.high_watermark * capacity)) return;
-  EvictTo(static_cast<uint64_t>(options_.low_watermark * capacity));
+  return capacity > 0 && registry_->used() > static_cast<uint64_t>(options_.high_watermark * capacity);
+}
+
+void ObjectIndex::Impl::MaybeEvict() {
+  if (!AboveHighWatermark()) return;
+  EvictTo(static_cast<uint64_t>(options_.low_watermark * registry_->capacity()));
+}
+
+void ObjectIndex::Impl::WakeEvictor() {
+  {
+    MutexLock lock(&evictor_mu_);
+    evictor_wanted_ = true;
+  }
+  evictor_cv_.Signal();
+}
+
+void ObjectIndex::Impl::RunEvictor() {
+  MutexLock lock(&evictor_mu_);
+  if (evictor_stopped_) return;
+  evictor_running_.store(true);
+  while (!evictor_stopped_) {
+    // Woken by a PutStart past the high watermark; the timeout is a net
+    // under a lost wake-up (frees by leases ending and Tick also pass here).
+    if (!evictor_wanted_) evictor_cv_.WaitFor(&evictor_mu_, std::chrono::milliseconds(100));
+    if (evictor_stopped_) break;
+    evictor_wanted_ = false;
+    evictor_mu_.Unlock();
+    MaybeEvict();
+    evictor_mu_.Lock();
+  }
+  evictor_running_.store(false);
+}
+
+void ObjectIndex::Impl::StopEvictor() {
+  {
+    MutexLock lock(&evictor_mu_);
+    evictor_stopped_ = true;
+  }
+  evictor_cv_.SignalAll();
 }
 
 void ObjectIndex::Impl::KillGroup(Group* g) {
@@ -245,7 +280,7 @@ absl::StatusOr<uint64_t> ObjectIndex::Impl::Recover() {
     o.soft_pin = rec.soft_pin();
     o.hard_pin = rec.hard_pin();
     o.access = AccessTick();
-    s.index.insert(slot);
+    IndexSlot(s, slot);
     ListAtHead(s, slot);
     objects_.fetch_add(1);
     if (o.soft_pin || o.hard_pin) pinned_.fetch_add(1);
@@ -308,6 +343,8 @@ absl::Status ObjectIndex::Impl::CheckInvariants() {
   for (auto& sp : shards_) locks.push_back(std::make_unique<MutexLock>(&sp->mu));
   absl::flat_hash_map<uint32_t, uint64_t> used_by_objects;
   absl::flat_hash_map<std::pair<size_t, uint32_t>, uint32_t> children;
+  absl::flat_hash_map<uint32_t, uint64_t> lease_ticks;
+  const int64_t now_ms = NowMs();
   uint64_t complete = 0, pending = 0;
   for (size_t si = 0; si < shards_.size(); ++si) {
     Shard& s = *shards_[si];
@@ -317,6 +354,9 @@ absl::Status ObjectIndex::Impl::CheckInvariants() {
       if (o.state == ObjState::kFree) continue;
       ++live;
       (o.state == ObjState::kComplete ? complete : pending)++;
+      if (o.state == ObjState::kComplete && o.deadline_ms > 0 && leases_.Counted(o.deadline_ms, now_ms)) {
+        ++lease_ticks[leases_.TickOf(o.deadline_ms)];
+      }
       if (Find(s, o.key) != slot) return absl::InternalError(absl::StrCat("key ", o.key, " not indexed"));
       if (o.replicas.empty()) return absl::InternalError(absl::StrCat(o.key, " has no replica"));
       for (const Replica& r : o.replicas) used_by_objects[r.segment_id] += registry_->Rounded(o.size);
@@ -368,6 +408,9 @@ absl::Status ObjectIndex::Impl::CheckInvariants() {
   }
   if (complete != objects_.load() || pending != pending_.load()) {
     return absl::InternalError("object counters disagree with the index");
+  }
+  if (lease_ticks != leases_.Buckets(now_ms)) {
+    return absl::InternalError("the lease count disagrees with the leased objects");
   }
   for (const auto& [id, used] : registry_->UsedById()) {
     uint64_t want = used_by_objects.contains(id) ? used_by_objects[id] : 0;

@@ -4,9 +4,25 @@
 // Limits: a request with more than `max_batch` items is refused whole with
 // RESOURCE_EXHAUSTED; per-item problems (bad keys, sizes) come back as that
 // item's status, so one bad key never fails a batch.
+//
+// Threads: the service polls its own completion queues, one thread per
+// queue, and runs each handler inline on the thread that took the request
+// off the wire: no hand-off between a poller and a handler pool, which on
+// a lookup costs more than the lookup (docs/performance.md).
+//
+//   MasterRpcService rpc(master, limits, /*threads=*/1);
+//   grpc::ServerBuilder builder;
+//   rpc.Register(&builder);
+//   auto server = builder.BuildAndStart();
+//   rpc.Start();
+//   ...
+//   server->Shutdown();
+//   rpc.Stop();
 #pragma once
 
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "master/master.h"
 #include "proto/master.grpc.pb.h"
@@ -17,7 +33,28 @@ struct ServiceLimits {
   size_t max_batch = 65536;
 };
 
-// Thread-safe; `master` must outlive it.
-std::unique_ptr<grpc::Service> NewMasterService(Master* master, ServiceLimits limits);
+class MasterRpcService {
+ public:
+  // `master` must outlive it; `threads` >= 1 queues, each with a thread.
+  MasterRpcService(Master* master, ServiceLimits limits, int threads);
+  // Stops (if Start ran and Stop did not).
+  ~MasterRpcService();
+  MasterRpcService(const MasterRpcService&) = delete;
+  MasterRpcService& operator=(const MasterRpcService&) = delete;
+
+  // Registers the service and adds its completion queues; before
+  // BuildAndStart.
+  void Register(grpc::ServerBuilder* builder);
+  // Starts the threads; after BuildAndStart succeeded.
+  void Start();
+  // Shuts the queues down and joins the threads; after the server's
+  // Shutdown. Idempotent.
+  void Stop();
+
+  class Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace tierkv::master

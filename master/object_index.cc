@@ -43,7 +43,12 @@ absl::string_view EvictionPolicyName(EvictionPolicy policy) {
 
 ObjectIndex::Impl::Impl(IndexOptions options, SegmentRegistry* registry, IndexStore* store,
                         Clock* clock)
-    : options_(options), registry_(registry), store_(store), clock_(clock), start_(clock->Now()) {
+    : options_(options),
+      registry_(registry),
+      store_(store),
+      clock_(clock),
+      start_(clock->Now()),
+      leases_(options.lease_ttl, absl::ToUnixMillis(start_)) {
   int n = std::clamp(options_.shards, 1, 256);
   for (int i = 0; i < n; ++i) shards_.push_back(std::make_unique<Shard>());
 }
@@ -85,7 +90,84 @@ uint32_t ObjectIndex::Impl::NewSlot(Shard& s) {
     return slot;
   }
   s.objects.emplace_back();
+  UpdateFootprint(s);
   return static_cast<uint32_t>(s.objects.size() - 1);
+}
+
+void ObjectIndex::Impl::IndexSlot(Shard& s, uint32_t slot) {
+  s.index.insert(slot);
+  UpdateFootprint(s);
+}
+
+void ObjectIndex::Impl::UpdateFootprint(Shard& s) {
+  s.footprint.store(s.objects.size() * sizeof(Object) + s.index.capacity() * (sizeof(uint32_t) + 1),
+                    std::memory_order_relaxed);
+}
+
+void ObjectIndex::Impl::MoveLease(const Object& o, int64_t old_deadline_ms, int64_t now_ms) {
+  const uint32_t to = leases_.TickOf(o.deadline_ms);
+  if (old_deadline_ms > 0 && leases_.Counted(old_deadline_ms, now_ms)) {
+    const uint32_t from = leases_.TickOf(old_deadline_ms);
+    if (from == to) return;  // most re-reads: the same tick, no atomic touched
+    leases_.Remove(from);
+  }
+  leases_.Add(to);
+}
+
+LeaseWheel::LeaseWheel(absl::Duration lease_ttl, int64_t start_ms)
+    : start_ms_(start_ms),
+      // Two ticks of slack either side for readers of the clock racing.
+      buckets_(static_cast<size_t>(absl::ToInt64Milliseconds(lease_ttl) / kTickMs + 5)) {}
+
+uint32_t LeaseWheel::TickOf(int64_t deadline_ms) const {
+  if (deadline_ms <= start_ms_) return 0;
+  return static_cast<uint32_t>((deadline_ms - start_ms_ + kTickMs - 1) / kTickMs);
+}
+
+bool LeaseWheel::Counted(int64_t deadline_ms, int64_t now_ms) const {
+  return start_ms_ + static_cast<int64_t>(TickOf(deadline_ms)) * kTickMs > now_ms;
+}
+
+void LeaseWheel::Add(uint32_t tick) {
+  std::atomic<uint64_t>& b = buckets_[tick % buckets_.size()];
+  uint64_t cur = b.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint32_t held = static_cast<uint32_t>(cur >> 32);
+    if (held > tick && cur != 0) return;  // a later tick owns it: cannot happen within lease_ttl
+    const uint64_t next = held == tick ? cur + 1 : (uint64_t{tick} << 32 | 1);
+    if (b.compare_exchange_weak(cur, next, std::memory_order_relaxed)) return;
+  }
+}
+
+void LeaseWheel::Remove(uint32_t tick) {
+  std::atomic<uint64_t>& b = buckets_[tick % buckets_.size()];
+  uint64_t cur = b.load(std::memory_order_relaxed);
+  for (;;) {
+    if (static_cast<uint32_t>(cur >> 32) != tick || (cur & 0xffffffffu) == 0) return;
+    if (b.compare_exchange_weak(cur, cur - 1, std::memory_order_relaxed)) return;
+  }
+}
+
+uint64_t LeaseWheel::Count(int64_t now_ms) const {
+  uint64_t n = 0;
+  for (const std::atomic<uint64_t>& b : buckets_) {
+    const uint64_t v = b.load(std::memory_order_relaxed);
+    const int64_t end = start_ms_ + static_cast<int64_t>(v >> 32) * kTickMs;
+    if (end > now_ms) n += v & 0xffffffffu;
+  }
+  return n;
+}
+
+absl::flat_hash_map<uint32_t, uint64_t> LeaseWheel::Buckets(int64_t now_ms) const {
+  absl::flat_hash_map<uint32_t, uint64_t> out;
+  for (const std::atomic<uint64_t>& b : buckets_) {
+    const uint64_t v = b.load(std::memory_order_relaxed);
+    const uint32_t tick = static_cast<uint32_t>(v >> 32);
+    if (start_ms_ + static_cast<int64_t>(tick) * kTickMs > now_ms && (v & 0xffffffffu) != 0) {
+      out[tick] = v & 0xffffffffu;
+    }
+  }
+  return out;
 }
 
 void ObjectIndex::Impl::Unlist(Shard& s, uint32_t slot) {
@@ -208,6 +290,7 @@ void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mu
     for (const Replica& r : o.replicas) registry_->Free(r, o.size);
   }
   if (o.state == ObjState::kComplete) {
+    if (o.deadline_ms > 0 && leases_.Counted(o.deadline_ms, now)) leases_.Remove(leases_.TickOf(o.deadline_ms));
     if (options_.listener != nullptr) options_.listener->OnRemoved(o.key);
     mutations->push_back({absl::StrCat("o/", o.key), "", true});
     objects_.fetch_sub(1);
@@ -412,7 +495,7 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
         o.group = group;
         ++group->alive;
       }
-      s.index.insert(slot);
+      IndexSlot(s, slot);
       s.pending[slot] = PendingInfo{item.parent_key, item.client};
       CountPending(item.client, +1);
       pending_.fetch_add(1);
@@ -441,7 +524,13 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
     ReleaseGroupPin(g);
   }
   RunFollowUps(std::move(follow));
-  MaybeEvict();
+  // Eviction runs off the request path: the evictor restores headroom
+  // while this put's answer goes out.
+  if (evictor_running_.load(std::memory_order_relaxed)) {
+    if (AboveHighWatermark()) WakeEvictor();
+  } else {
+    MaybeEvict();
+  }
   return out;
 }
 
@@ -472,13 +561,21 @@ void ObjectIndex::Impl::LinkParent(size_t child_shard, absl::string_view child_k
 
 std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::string>& keys) {
   std::vector<absl::Status> out(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const std::string& key = keys[i];
-    size_t si = ShardOf(key);
-    Shard& s = *shards_[si];
-    std::string parent_key;
-    {
-      MutexLock lock(&s.mu);
+  std::vector<size_t> shard_of(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) shard_of[i] = ShardOf(keys[i]);
+  std::vector<std::string> parents(keys.size());
+  {
+    // Every record of the call goes in one store write, made under the
+    // locks of the shards it touches, so each key's record and its turn
+    // to COMPLETE stay one step (as a Remove or a timeout sees them), and
+    // the store folds concurrent calls' writes into one batch.
+    ShardLocks locks(shards_, shard_of);
+    const int64_t now = NowMs();
+    std::vector<Mutation> records;
+    std::vector<size_t> committing;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const std::string& key = keys[i];
+      Shard& s = *shards_[shard_of[i]];
       uint32_t slot = Find(s, key);
       if (slot == kNil) {
         out[i] = absl::NotFoundError(absl::StrCat(key, ": no put in progress"));
@@ -486,16 +583,25 @@ std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::strin
       }
       Object& o = s.objects[slot];
       if (o.state == ObjState::kComplete) continue;  // a retried PutEnd
-      if (o.deadline_ms <= NowMs()) {
+      if (o.deadline_ms <= now) {
         out[i] = absl::NotFoundError(absl::StrCat(key, ": put timed out"));
         continue;
       }
-      parent_key = std::move(s.pending[slot].parent_key);
-      std::vector<Mutation> rec{{absl::StrCat("o/", key), EncodeRecord(o, parent_key), false}};
-      if (absl::Status st = store_->Write(rec); !st.ok()) {
-        out[i] = Annotate(st, absl::StrCat(key, ": persisting the object"));
+      records.push_back({absl::StrCat("o/", key), EncodeRecord(o, s.pending[slot].parent_key), false});
+      committing.push_back(i);
+    }
+    const absl::Status written = store_->Write(records);
+    for (size_t i : committing) {
+      const std::string& key = keys[i];
+      Shard& s = *shards_[shard_of[i]];
+      uint32_t slot = Find(s, key);
+      Object& o = s.objects[slot];
+      if (o.state == ObjState::kComplete) continue;  // the same key twice in this call
+      if (!written.ok()) {
+        out[i] = Annotate(written, absl::StrCat(key, ": persisting the object"));
         continue;
       }
+      parents[i] = std::move(s.pending[slot].parent_key);
       CountPending(s.pending[slot].client, -1);
       s.pending.erase(slot);
       pending_.fetch_sub(1);
@@ -505,7 +611,7 @@ std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::strin
       o.deadline_ms = 0;
       o.access = AccessTick();
       ListAtHead(s, slot);
-      if (options_.listener != nullptr) options_.listener->OnStored(key, parent_key, o.size);
+      if (options_.listener != nullptr) options_.listener->OnStored(key, parents[i], o.size);
       if (o.group != nullptr) {
         MutexLock glock(&groups_mu_);
         Group* g = o.group;
@@ -514,7 +620,11 @@ std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::strin
         }
       }
     }
-    if (!parent_key.empty() && options_.eviction != EvictionPolicy::kLru) LinkParent(si, key, parent_key);
+  }
+  if (options_.eviction != EvictionPolicy::kLru) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!parents[i].empty()) LinkParent(shard_of[i], keys[i], parents[i]);
+    }
   }
   return out;
 }
@@ -542,6 +652,7 @@ std::vector<LookupOut> ObjectIndex::Impl::GetReplicas(const std::vector<std::str
   std::vector<LookupOut> out(keys.size());
   auto names = LiveNames();
   absl::Time now = clock_->Now();
+  const int64_t now_ms = absl::ToUnixMillis(now);
   int64_t lease_until = absl::ToUnixMillis(now + options_.lease_ttl);
   for (size_t i = 0; i < keys.size(); ++i) {
     Shard& s = *shards_[ShardOf(keys[i])];
@@ -558,7 +669,9 @@ std::vector<LookupOut> ObjectIndex::Impl::GetReplicas(const std::vector<std::str
       continue;
     }
     out[i].size = o.size;
-    o.deadline_ms = std::max(o.deadline_ms, lease_until);
+    const int64_t old_deadline = o.deadline_ms;
+    o.deadline_ms = std::max(old_deadline, lease_until);
+    if (o.deadline_ms != old_deadline) MoveLease(o, old_deadline, now_ms);
     out[i].lease_expiry = absl::FromUnixMillis(o.deadline_ms);
     out[i].idle_s = HitOf(o).idle_s;
     Touch(s, slot);
@@ -604,26 +717,31 @@ std::vector<absl::Status> ObjectIndex::Impl::Remove(const std::vector<std::strin
   std::vector<absl::Status> out(keys.size());
   FollowUp follow;
   int64_t now = NowMs();
-  for (size_t i = 0; i < keys.size(); ++i) {
-    Shard& s = *shards_[ShardOf(keys[i])];
-    MutexLock lock(&s.mu);
-    uint32_t slot = Find(s, keys[i]);
-    if (slot == kNil) {
-      out[i] = absl::NotFoundError(keys[i]);
-      continue;
-    }
-    Object& o = s.objects[slot];
-    if (!force && o.state == ObjState::kPending) {
-      out[i] = absl::FailedPreconditionError(absl::StrCat(keys[i], ": put in progress"));
-      continue;
-    }
-    if (!force && Leased(o, now)) {
-      out[i] = absl::FailedPreconditionError(
-          absl::StrCat(keys[i], ": leased for another ", o.deadline_ms - now, " ms"));
-      continue;
-    }
+  std::vector<size_t> shard_of(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) shard_of[i] = ShardOf(keys[i]);
+  {
+    // One store write for the call's deletions, as in PutEnd.
+    ShardLocks locks(shards_, shard_of);
     std::vector<Mutation> mutations;
-    Erase(s, slot, &mutations, &follow);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      Shard& s = *shards_[shard_of[i]];
+      uint32_t slot = Find(s, keys[i]);
+      if (slot == kNil) {
+        out[i] = absl::NotFoundError(keys[i]);
+        continue;
+      }
+      Object& o = s.objects[slot];
+      if (!force && o.state == ObjState::kPending) {
+        out[i] = absl::FailedPreconditionError(absl::StrCat(keys[i], ": put in progress"));
+        continue;
+      }
+      if (!force && Leased(o, now)) {
+        out[i] = absl::FailedPreconditionError(
+            absl::StrCat(keys[i], ": leased for another ", o.deadline_ms - now, " ms"));
+        continue;
+      }
+      Erase(s, slot, &mutations, &follow);
+    }
     Persist(&mutations);
   }
   RunFollowUps(std::move(follow));
@@ -679,22 +797,16 @@ IndexStats ObjectIndex::Impl::Stats() const {
   st.evictions = evictions_.load();
   st.evicted_bytes = evicted_bytes_.load();
   st.pinned = pinned_.load();
-  int64_t now = NowMs();
-  uint64_t slots = 0, index_bytes = 0;
-  for (const auto& sp : shards_) {
-    Shard& s = *sp;
-    MutexLock lock(&s.mu);
-    slots += s.objects.size();
-    index_bytes += s.index.capacity() * (sizeof(uint32_t) + 1);
-    for (size_t i = 0; i < s.objects.size(); ++i) {
-      if (Leased(s.objects[i], now)) ++st.leased;
-    }
-  }
+  // No shard lock and no object visited: a scrape costs the same at any
+  // object count and never stalls a request.
+  st.leased = leases_.Count(NowMs());
+  uint64_t footprint = 0;
+  for (const auto& sp : shards_) footprint += sp->footprint.load(std::memory_order_relaxed);
   {
     MutexLock lock(&const_cast<Impl*>(this)->groups_mu_);
     st.groups = groups_.size();
   }
-  st.memory_bytes = slots * sizeof(Object) + index_bytes + key_bytes_.load();
+  st.memory_bytes = footprint + key_bytes_.load();
   return st;
 }
 
@@ -729,6 +841,9 @@ std::vector<absl::Status> ObjectIndex::Remove(const std::vector<std::string>& ke
 uint64_t ObjectIndex::RemoveAll(bool force) { return impl_->RemoveAll(force); }
 uint64_t ObjectIndex::EvictTo(uint64_t target_used) { return impl_->EvictTo(target_used); }
 void ObjectIndex::MaybeEvict() { impl_->MaybeEvict(); }
+void ObjectIndex::RunEvictor() { impl_->RunEvictor(); }
+void ObjectIndex::StopEvictor() { impl_->StopEvictor(); }
+bool ObjectIndex::EvictorRunning() const { return impl_->evictor_running_.load(); }
 void ObjectIndex::Tick() { impl_->Tick(); }
 uint64_t ObjectIndex::DropSegments(const std::vector<uint32_t>& ids) {
   return impl_->DropSegments(ids);

@@ -203,6 +203,18 @@ class ObjectIndex {
   // Evicts down to the low watermark when above the high one.
   void MaybeEvict();
 
+  // The background evictor, run on a thread of the caller's until
+  // StopEvictor: it evicts down to the low watermark whenever used bytes
+  // pass the high one, so puts find headroom without waiting. While it
+  // runs, PutStart only wakes it; PutStart still evicts inline, as a last
+  // resort, when an item finds no room at all. Without it PutStart evicts
+  // inline above the high watermark (tests that drive the index alone).
+  void RunEvictor();
+  // Makes RunEvictor return (at once if it has not started); idempotent.
+  void StopEvictor();
+  // True while RunEvictor runs.
+  bool EvictorRunning() const;
+
   // Periodic work: reclaims timed-out puts, finishes dead groups, evicts.
   void Tick();
 

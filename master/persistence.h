@@ -5,6 +5,9 @@
 // "m/<key>" opaque metadata values served over HTTP. RocksDbStore is the
 // real one; MemStore is the in-memory twin used by unit tests.
 //
+// Writes that arrive while another is in flight are group-committed: the
+// next one to go applies them all as one RocksDB WriteBatch.
+//
 // Writes go to RocksDB's write-ahead log without fsync: a killed master
 // process loses nothing that was acknowledged (the log is in the page
 // cache); a power loss can lose the last moments. Flush() syncs, and is
@@ -29,6 +32,11 @@ struct Mutation {
   bool remove = false;
 };
 
+struct WriteCounts {
+  uint64_t writes = 0;   // Write calls that reached the store
+  uint64_t batches = 0;  // store writes they were applied in
+};
+
 class IndexStore {
  public:
   virtual ~IndexStore() = default;
@@ -43,6 +51,9 @@ class IndexStore {
                             const std::function<bool(absl::string_view key, absl::string_view value)>& fn) = 0;
   // Makes every prior write durable (fsync of the log).
   virtual absl::Status Flush() = 0;
+  // How many writes were folded into how many batches (group commit);
+  // zeros for a store that does not group.
+  virtual WriteCounts Counts() { return {}; }
 };
 
 // Opens (creating if needed) a RocksDB database in `dir`.

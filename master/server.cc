@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "config/base/http_server.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
@@ -45,11 +46,21 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   options.kv_events.queue_capacity = static_cast<size_t>(config.kv_events_queue);
   ASSIGN_OR_RETURN(s->master_, Master::Create(options, std::move(store), clock));
 
-  s->service_ = NewMasterService(s->master_.get(), {static_cast<size_t>(config.max_batch)});
+  // Debian's Abseil is built without NDEBUG, so every absl::Mutex lock in
+  // gRPC (several per RPC) also updates a global lock graph for deadlock
+  // detection: about a tenth of the server's CPU per lookup RPC
+  // (docs/performance.md). tierkv's own locks are std::mutex (Mutex).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  s->rpc_ = std::make_unique<MasterRpcService>(s->master_.get(),
+                                               ServiceLimits{static_cast<size_t>(config.max_batch)},
+                                               static_cast<int>(config.rpc_threads));
   grpc::ServerBuilder builder;
+  // Bandwidth probing pings ride on data frames and cost a write and a
+  // wake-up each; lookups are small, latency-bound messages.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder.AddListeningPort(absl::StrCat(config.listen, ":", config.rpc_port),
                            grpc::InsecureServerCredentials(), &s->rpc_port_);
-  builder.RegisterService(s->service_.get());
+  s->rpc_->Register(&builder);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_size));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_size));
   s->grpc_ = builder.BuildAndStart();
@@ -57,6 +68,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
     return absl::UnavailableError(
         absl::StrCat("cannot serve gRPC on ", config.listen, ":", config.rpc_port));
   }
+  s->rpc_->Start();
 
   HttpServer::Options http;
   http.threads = static_cast<int>(config.http_threads);
@@ -73,6 +85,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   }
   s->master_->set_http_port(s->http_port_);
   s->http_->Start();
+  s->evictor_ = std::thread([m = s->master_.get()] { m->index().RunEvictor(); });
   s->ticker_ = std::thread([srv = s.get(), interval = config.check_interval] { srv->TickLoop(interval); });
   return s;
 }
@@ -98,7 +111,10 @@ void MasterServer::Shutdown() {
   stop_cv_.SignalAll();
   if (http_) http_->Stop();
   if (grpc_) grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (rpc_) rpc_->Stop();
   if (ticker_.joinable()) ticker_.join();
+  if (master_) master_->index().StopEvictor();
+  if (evictor_.joinable()) evictor_.join();
   if (master_) {
     if (absl::Status st = master_->Flush(); !st.ok()) TKV_LOG(ERROR) << "flush at shutdown: " << st;
   }

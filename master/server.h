@@ -2,12 +2,15 @@
 // flags and calls Run), so tests and the demo can embed one.
 //
 // Threads:
-//   - gRPC's synchronous server pool runs the RPC handlers;
+//   - --rpc-threads threads each poll a completion queue and run the RPC
+//     handlers inline (MasterRpcService, master/grpc_service.h);
 //   - HttpServer's workers (--http-threads) run the HTTP handlers;
-//   - one ticker thread calls Master::Tick every --check-interval.
+//   - one ticker thread calls Master::Tick every --check-interval;
+//   - one evictor thread runs ObjectIndex::RunEvictor, so no RPC evicts
+//     unless the store is full.
 // All of them call into Master, which is thread-safe; the server itself
 // holds no locks while they run. Shutdown stops the listeners first, then
-// the ticker, then flushes the store.
+// the ticker and the evictor, then flushes the store.
 #pragma once
 
 #include <memory>
@@ -17,11 +20,11 @@
 #include "config/base/http_server.h"
 #include "config/base/mutex.h"
 #include "config/master_config.h"
+#include "master/grpc_service.h"
 #include "master/master.h"
 
 namespace grpc {
 class Server;
-class Service;
 }
 
 namespace tierkv::master {
@@ -47,10 +50,13 @@ class MasterServer {
   void TickLoop(absl::Duration interval);
 
   std::unique_ptr<Master> master_;
-  std::unique_ptr<grpc::Service> service_;
+  // Declared before grpc_, so destroyed after it: a server is destroyed
+  // before its completion queues.
+  std::unique_ptr<MasterRpcService> rpc_;
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<HttpServer> http_;
   std::thread ticker_;
+  std::thread evictor_;
   Mutex mu_;
   CondVar stop_cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -3,6 +3,8 @@
 // recovery). See object_index.h for the contract.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -115,6 +117,63 @@ struct Shard {
   absl::flat_hash_map<uint32_t, PendingInfo> pending ABSL_GUARDED_BY(mu);
   LruList lists[3] ABSL_GUARDED_BY(mu);  // indexed by ListId; [0] unused
   uint64_t leased_hint ABSL_GUARDED_BY(mu) = 0;
+  // Bytes of the slot array and the set, kept current under `mu` so Stats
+  // reads them without the lock.
+  std::atomic<uint64_t> footprint{0};
+};
+
+// Complete objects' read leases counted by expiry tick (100 ms), so Stats
+// (and so each /metrics scrape) counts the leased objects without visiting
+// one or taking a shard lock. A bucket holds one tick and its count packed
+// in one word: a bucket still holding an expired tick is reused by the
+// next lease that maps to it, and a decrement for a tick the bucket no
+// longer holds is dropped (that lease already expired). Leases end at most
+// lease_ttl ahead, so ticks alive at once never share a bucket.
+class LeaseWheel {
+ public:
+  static constexpr int64_t kTickMs = 100;
+  LeaseWheel(absl::Duration lease_ttl, int64_t start_ms);
+  // The tick of a lease ending at `deadline_ms` (> 0).
+  uint32_t TickOf(int64_t deadline_ms) const;
+  // Whether a lease ending at `deadline_ms` is still counted at `now_ms`:
+  // its tick has not passed. Leases end by tick, so this errs long by
+  // under a tick.
+  bool Counted(int64_t deadline_ms, int64_t now_ms) const;
+  void Add(uint32_t tick);
+  void Remove(uint32_t tick);
+  // Leases counted at `now_ms`.
+  uint64_t Count(int64_t now_ms) const;
+  // Counted leases per tick, for CheckInvariants.
+  absl::flat_hash_map<uint32_t, uint64_t> Buckets(int64_t now_ms) const;
+
+ private:
+  const int64_t start_ms_;
+  std::vector<std::atomic<uint64_t>> buckets_;  // tick << 32 | count
+};
+
+// Holds the locks of the shards named in `shard_ids` (any order, repeats
+// allowed), taken in ascending index: the index's lock order.
+class ShardLocks {
+ public:
+  ShardLocks(const std::vector<std::unique_ptr<Shard>>& shards, const std::vector<size_t>& shard_ids)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    ids_.assign(shard_ids.begin(), shard_ids.end());
+    std::sort(ids_.begin(), ids_.end());
+    ids_.erase(std::unique(ids_.begin(), ids_.end()), ids_.end());
+    for (size_t id : ids_) {
+      shards[id]->mu.Lock();
+      held_.push_back(&shards[id]->mu);
+    }
+  }
+  ~ShardLocks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (auto it = held_.rbegin(); it != held_.rend(); ++it) (*it)->Unlock();
+  }
+  ShardLocks(const ShardLocks&) = delete;
+  ShardLocks& operator=(const ShardLocks&) = delete;
+
+ private:
+  absl::InlinedVector<size_t, 8> ids_;
+  absl::InlinedVector<Mutex*, 8> held_;
 };
 
 // Work to do after a shard lock is released: parents whose child left, and
@@ -151,6 +210,8 @@ class ObjectIndex::Impl {
   // --- eviction.cc
   uint64_t EvictTo(uint64_t target_used);
   void MaybeEvict();
+  void RunEvictor();
+  void StopEvictor();
   void Tick();
   uint64_t DropSegments(const std::vector<uint32_t>& ids);
   absl::StatusOr<uint64_t> Recover();
@@ -168,6 +229,12 @@ class ObjectIndex::Impl {
   void ListAtHead(Shard& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void ListAtTail(Shard& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void Touch(Shard& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Inserts `slot` into the shard's set and updates the shard's footprint.
+  void IndexSlot(Shard& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void UpdateFootprint(Shard& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Moves a complete object's lease from `old_deadline_ms` to its
+  // current deadline in the lease wheel.
+  void MoveLease(const Object& o, int64_t old_deadline_ms, int64_t now_ms);
   bool Visible(const Object& o) const;
   // What the query stats learn of a found object; call before Touch.
   KeyHit HitOf(const Object& o) const {
@@ -232,10 +299,21 @@ class ObjectIndex::Impl {
   // holds a pin. Tick retries them.
   std::vector<Group*> dead_groups_ ABSL_GUARDED_BY(groups_mu_);
 
+  // The background evictor (RunEvictor): PutStart wakes it instead of
+  // evicting inline whenever it runs.
+  bool AboveHighWatermark() const;
+  void WakeEvictor();
+  Mutex evictor_mu_;
+  CondVar evictor_cv_;
+  bool evictor_wanted_ ABSL_GUARDED_BY(evictor_mu_) = false;
+  bool evictor_stopped_ ABSL_GUARDED_BY(evictor_mu_) = false;
+  std::atomic<bool> evictor_running_{false};
+
   Mutex evict_mu_;  // one evictor at a time
   size_t evict_cursor_ ABSL_GUARDED_BY(evict_mu_) = 0;
   std::atomic<uint64_t> objects_{0}, pending_{0}, evictions_{0}, evicted_bytes_{0};
   std::atomic<uint64_t> pinned_{0}, key_bytes_{0};
+  LeaseWheel leases_;
 
   friend class ObjectIndex;
 };

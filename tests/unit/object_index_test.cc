@@ -1,5 +1,7 @@
 #include "master/object_index.h"
 
+#include <future>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -586,6 +588,234 @@ TEST_F(IndexTest, ConcurrentClientsKeepInvariants) {
   clock_.Advance(options_.put_timeout + absl::Seconds(1));
   index_->Tick();
   EXPECT_EQ(registry_->used(), 0u);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+// Counts the store writes the index makes, over a MemStore.
+class CountingStore final : public IndexStore {
+ public:
+  absl::Status Write(const std::vector<Mutation>& b) override {
+    ++writes;
+    return base_->Write(b);
+  }
+  absl::StatusOr<std::string> Get(const std::string& k) override { return base_->Get(k); }
+  absl::Status Scan(const std::string& p,
+                    const std::function<bool(absl::string_view, absl::string_view)>& fn) override {
+    return base_->Scan(p, fn);
+  }
+  absl::Status Flush() override { return base_->Flush(); }
+  std::atomic<int> writes{0};
+
+ private:
+  std::unique_ptr<IndexStore> base_ = NewMemStore();
+};
+
+// A PutEnd or Remove of many keys is one store write (one RocksDB
+// WriteBatch), not one per key, and what it wrote is what Recover reads.
+TEST_F(IndexTest, PutEndAndRemoveOfManyKeysAreOneStoreWrite) {
+  auto counting = std::make_unique<CountingStore>();
+  CountingStore* store = counting.get();
+  index_.reset();
+  store_ = std::move(counting);
+  index_ = std::make_unique<ObjectIndex>(options_, registry_.get(), store_.get(), &clock_);
+  Mount("seg-a", 1 << 20);
+  std::vector<PutItem> items;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 40; ++i) {
+    keys.push_back(absl::StrCat("k", i));
+    items.push_back({keys.back(), 1024});
+  }
+  for (const PutStartOut& r : index_->PutStart(items)) ASSERT_OK(r.status);
+  keys.push_back("k0");  // the same key twice in one call answers OK twice
+  keys.push_back("never-started");
+  std::vector<absl::Status> done = index_->PutEnd(keys);
+  EXPECT_EQ(store->writes.load(), 1);
+  for (int i = 0; i < 41; ++i) EXPECT_OK(done[i]) << i;
+  EXPECT_THAT(done[41], StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(index_->Stats().objects, 40u);
+  std::vector<absl::Status> removed = index_->Remove({"k1", "k2", "k3", "missing"}, /*force=*/false);
+  EXPECT_EQ(store->writes.load(), 2);
+  for (int i = 0; i < 3; ++i) EXPECT_OK(removed[i]);
+  EXPECT_THAT(removed[3], StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_OK(index_->CheckInvariants());
+  // A second index over the same records: the batch wrote every object.
+  index_.reset();
+  registry_ = std::make_unique<SegmentRegistry>();
+  registry_->Recover({"seg-a", "seg-a", 1 << 20, "inc", ""}, clock_.Now());
+  index_ = std::make_unique<ObjectIndex>(options_, registry_.get(), store_.get(), &clock_);
+  absl::StatusOr<uint64_t> restored = index_->Recover();
+  ASSERT_OK(restored.status());
+  EXPECT_EQ(*restored, 37u);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+// A failed batch write fails every key it carried, and none is committed.
+TEST_F(IndexTest, AFailedBatchWriteCommitsNothing) {
+  class FailingStore final : public IndexStore {
+   public:
+    absl::Status Write(const std::vector<Mutation>&) override { return absl::UnavailableError("disk gone"); }
+    absl::StatusOr<std::string> Get(const std::string& k) override { return absl::NotFoundError(k); }
+    absl::Status Scan(const std::string&,
+                      const std::function<bool(absl::string_view, absl::string_view)>&) override {
+      return absl::OkStatus();
+    }
+    absl::Status Flush() override { return absl::OkStatus(); }
+  };
+  index_.reset();
+  store_ = std::make_unique<FailingStore>();
+  index_ = std::make_unique<ObjectIndex>(options_, registry_.get(), store_.get(), &clock_);
+  Mount("seg-a", 1 << 20);
+  ASSERT_OK(index_->PutStart({{"a", 100}})[0].status);
+  ASSERT_OK(index_->PutStart({{"b", 100}})[0].status);
+  for (const absl::Status& s : index_->PutEnd({"a", "b"})) {
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable));
+  }
+  EXPECT_FALSE(Present("a"));
+  EXPECT_EQ(index_->Stats().pending, 2u);  // still the writer's to retry or revoke
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+// Records which threads eviction ran on.
+class EvictionWatcher final : public IndexListener {
+ public:
+  void OnStored(absl::string_view, absl::string_view, uint64_t) override {}
+  void OnRemoved(absl::string_view) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    threads_.insert(std::this_thread::get_id());
+  }
+  std::set<std::thread::id> threads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return threads_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::set<std::thread::id> threads_;
+};
+
+// With the background evictor running, a PutStart past the high watermark
+// only wakes it: every eviction runs on the evictor's thread, which brings
+// usage back to the low watermark, and the next puts find that headroom
+// without evicting.
+TEST_F(IndexTest, BackgroundEvictorKeepsHeadroomOffTheRequestPath) {
+  EvictionWatcher watcher;
+  IndexOptions o;
+  o.high_watermark = 0.5;
+  o.low_watermark = 0.3;
+  o.listener = &watcher;
+  Build(o);
+  Mount("seg-a", 100 * 1024);
+  std::thread evictor([this] { index_->RunEvictor(); });
+  const absl::Time up = absl::Now() + absl::Seconds(10);
+  while (!index_->EvictorRunning() && absl::Now() < up) std::this_thread::yield();
+  ASSERT_TRUE(index_->EvictorRunning());
+  // 51 KiB: the last put crosses the high watermark (50 KiB).
+  for (int i = 0; i < 51; ++i) ASSERT_OK(Put(absl::StrCat("k", i), 1024)) << i;
+  // Bounded wait for the evictor to restore headroom.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (registry_->used() > 30 * 1024 && absl::Now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_LE(registry_->used(), 30u * 1024);
+  std::set<std::thread::id> ran = watcher.threads();
+  EXPECT_FALSE(ran.empty());
+  EXPECT_FALSE(ran.contains(std::this_thread::get_id())) << "a PutStart evicted inline";
+  const uint64_t evictions = index_->Stats().evictions;
+  ASSERT_OK(Put("in-headroom", 1024));
+  EXPECT_EQ(index_->Stats().evictions, evictions);
+  index_->StopEvictor();
+  evictor.join();
+  EXPECT_FALSE(index_->EvictorRunning());
+  EXPECT_OK(index_->CheckInvariants());
+  index_.reset();  // before the watcher it reports to
+}
+
+// The last resort: with the evictor running but no watermark crossed (a
+// high watermark of 1), a PutStart into a full store still evicts inline
+// for itself rather than failing.
+TEST_F(IndexTest, AFullStoreStillEvictsInlineForThePut) {
+  EvictionWatcher watcher;
+  IndexOptions o;
+  o.high_watermark = 1.0;
+  o.low_watermark = 0.9;
+  o.listener = &watcher;
+  Build(o);
+  Mount("seg-a", 8 * 1024);
+  std::thread evictor([this] { index_->RunEvictor(); });
+  const absl::Time up = absl::Now() + absl::Seconds(10);
+  while (!index_->EvictorRunning() && absl::Now() < up) std::this_thread::yield();
+  for (int i = 0; i < 8; ++i) ASSERT_OK(Put(absl::StrCat("k", i), 1024)) << i;
+  EXPECT_EQ(registry_->used(), 8u * 1024);
+  ASSERT_OK(Put("one-more", 1024));
+  EXPECT_TRUE(watcher.threads().contains(std::this_thread::get_id()));
+  EXPECT_EQ(index_->Stats().objects, 8u);  // one made room
+  index_->StopEvictor();
+  evictor.join();
+  EXPECT_OK(index_->CheckInvariants());
+  index_.reset();
+}
+
+// StopEvictor before RunEvictor starts makes it return at once.
+TEST_F(IndexTest, StoppedEvictorDoesNotStart) {
+  index_->StopEvictor();
+  index_->RunEvictor();
+  EXPECT_FALSE(index_->EvictorRunning());
+}
+
+// Stats (what every /metrics scrape reads) visits no object and takes no
+// shard lock: it answers while a request holds one.
+TEST_F(IndexTest, StatsTakesNoShardLock) {
+  class Blocking final : public IndexListener {
+   public:
+    void OnStored(absl::string_view, absl::string_view, uint64_t) override {
+      entered.set_value();
+      release_seen.wait();
+    }
+    void OnRemoved(absl::string_view) override {}
+    std::promise<void> entered, release;
+    std::shared_future<void> release_seen = release.get_future().share();
+  } listener;
+  IndexOptions o;
+  o.listener = &listener;
+  Build(o);
+  Mount("seg-a", 1 << 20);
+  ASSERT_OK(index_->PutStart({{"k", 100}})[0].status);
+  std::thread writer([this] { index_->PutEnd({"k"}); });  // holds k's shard lock in OnStored
+  listener.entered.get_future().wait();
+  std::future<IndexStats> stats = std::async(std::launch::async, [this] { return index_->Stats(); });
+  const bool answered = stats.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  listener.release.set_value();
+  writer.join();
+  EXPECT_TRUE(answered) << "Stats waited for a shard lock";
+  EXPECT_EQ(stats.get().pending, 0u);
+  index_.reset();
+}
+
+// The leased count is kept as leases are taken, renewed, end and go with
+// their objects, to the lease wheel's 100 ms.
+TEST_F(IndexTest, LeasedCountFollowsLeasesWithoutAWalk) {
+  Mount("seg-a", 1 << 20);
+  for (const char* k : {"a", "b", "c", "d"}) ASSERT_OK(Put(k, 100));
+  EXPECT_EQ(index_->Stats().leased, 0u);
+  index_->GetReplicas({"a", "b", "c"});
+  EXPECT_EQ(index_->Stats().leased, 3u);
+  EXPECT_OK(index_->CheckInvariants());
+  clock_.Advance(absl::Seconds(2));
+  index_->GetReplicas({"a"});  // renewed: still one lease
+  EXPECT_EQ(index_->Stats().leased, 3u);
+  EXPECT_OK(index_->CheckInvariants());
+  ASSERT_OK(index_->Remove({"b"}, /*force=*/true)[0]);
+  EXPECT_EQ(index_->Stats().leased, 2u);
+  EXPECT_OK(index_->CheckInvariants());
+  clock_.Advance(options_.lease_ttl - absl::Seconds(2) + absl::Milliseconds(200));
+  EXPECT_EQ(index_->Stats().leased, 1u);  // c's ended, a's renewal holds
+  EXPECT_OK(index_->CheckInvariants());
+  clock_.Advance(absl::Seconds(3));
+  EXPECT_EQ(index_->Stats().leased, 0u);
+  // Many lease wheel turns later, a new lease counts from zero.
+  clock_.Advance(absl::Minutes(5));
+  index_->GetReplicas({"d"});
+  EXPECT_EQ(index_->Stats().leased, 1u);
   EXPECT_OK(index_->CheckInvariants());
 }
 

@@ -4,12 +4,15 @@
 #include <grpcpp/grpcpp.h>
 #include <malloc.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "config/base/mutex.h"
 #include "config/master_config.h"
 #include "master/server.h"
 #include "nlohmann/json.hpp"
@@ -91,18 +94,81 @@ nlohmann::json MeasureMemory(int64_t n) {
           {"index_reported_bytes", index->Stats().memory_bytes}};
 }
 
+// Time of one /metrics scrape (the master's Serialize, which runs the
+// collect hook), median of 31, with `n` objects in the index, all leased:
+// it must not grow with the object count.
+double ScrapeMicros(int64_t n) {
+  ManualClock clock;
+  master::MasterOptions options;
+  options.index.lease_ttl = absl::Hours(1);
+  auto m = master::Master::Create(options, std::make_unique<NullStore>(), &clock);
+  if (!m.ok()) return -1;
+  for (int i = 0; i < 8; ++i) {
+    (*m)->Mount({{absl::StrCat("seg", i), absl::StrCat("host", i), 1ull << 44, "x", ""}});
+  }
+  constexpr int kBatch = 1024;
+  for (int64_t done = 0; done < n; done += kBatch) {
+    std::vector<master::PutItem> items;
+    std::vector<std::string> keys;
+    for (int64_t i = done; i < std::min(n, done + kBatch); ++i) {
+      keys.push_back(absl::StrFormat("scrape-%016d", i));
+      items.push_back({keys.back(), 4096});
+    }
+    (*m)->index().PutStart(items);
+    (*m)->index().PutEnd(keys);
+    (*m)->index().GetReplicas(keys, false);
+  }
+  std::vector<double> us;
+  for (int i = 0; i < 31; ++i) {
+    absl::Time start = absl::Now();
+    std::string text = (*m)->metrics().Serialize();
+    benchmark::DoNotOptimize(text);
+    us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+// p50/p99 per RPC method across a case's threads, for the per-RPC table.
+class MethodLatencies {
+ public:
+  void Add(const std::string& method, const std::vector<double>& micros) {
+    MutexLock lock(&mu_);
+    auto& all = micros_[method];
+    all.insert(all.end(), micros.begin(), micros.end());
+  }
+  nlohmann::json Json() {
+    MutexLock lock(&mu_);
+    nlohmann::json out = nlohmann::json::object();
+    for (auto& [method, v] : micros_) {
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end());
+      auto at = [&](double q) { return v[static_cast<size_t>(q * (v.size() - 1))]; };
+      out[method] = {{"p50_us", at(0.5)}, {"p99_us", at(0.99)}, {"calls", v.size()}};
+    }
+    return out;
+  }
+
+ private:
+  Mutex mu_;
+  std::map<std::string, std::vector<double>> micros_ ABSL_GUARDED_BY(mu_);
+};
+
 struct Cluster {
   std::unique_ptr<master::MasterServer> server;
   std::unique_ptr<v1::Master::Stub> stub;
   std::string data_dir;
   std::atomic<uint64_t> put_counter{0};
+  MethodLatencies methods;
 };
 
 absl::Status StartCluster(Cluster* c) {
   c->data_dir = absl::StrCat(std::filesystem::temp_directory_path().string(), "/tierkv-bench-",
                              getpid());
-  const char* argv[] = {"tierkv-master", "--rpc-port=0", "--http-port=0"};
-  absl::StatusOr<MasterConfig> cfg = MasterFlags().Parse(3, argv, nullptr, [](const char*) -> const char* { return nullptr; });
+  // No daemon heartbeats here: a long segment TTL keeps the segments (and
+  // the looked-up keys) for the whole run.
+  const char* argv[] = {"tierkv-master", "--rpc-port=0", "--http-port=0", "--segment-ttl=86400s"};
+  absl::StatusOr<MasterConfig> cfg = MasterFlags().Parse(4, argv, nullptr, [](const char*) -> const char* { return nullptr; });
   if (!cfg.ok()) return cfg.status();
   cfg->data_dir = c->data_dir;
   auto server = master::MasterServer::Start(*cfg);
@@ -157,8 +223,12 @@ int RunMaster(const BenchConfig& config) {
   int threads = static_cast<int>(config.threads);
   int batch = static_cast<int>(config.batch);
 
+  // PutStart + PutEnd of one key; each RPC is also timed on its own, and
+  // every other put is removed again (timed too), so the index stays put.
   benchmark::RegisterBenchmark("master/put_single", [cluster](benchmark::State& state) {
     LatencyRecorder lat;
+    std::vector<double> starts, ends, removes;
+    uint64_t n = 0;
     for (auto _ : state) {
       std::string key = absl::StrCat("bench-put-", cluster->put_counter.fetch_add(1));
       absl::Time start = absl::Now();
@@ -169,23 +239,40 @@ int RunMaster(const BenchConfig& config) {
       v1::PutStartResponse r1;
       grpc::ClientContext c1;
       cluster->stub->PutStart(Deadline(&c1), req, &r1);
+      absl::Time started = absl::Now();
       v1::KeysRequest end;
       end.add_keys(key);
       v1::KeysResponse r2;
       grpc::ClientContext c2;
       cluster->stub->PutEnd(Deadline(&c2), end, &r2);
-      lat.Add(absl::Now() - start);
+      absl::Time ended = absl::Now();
+      lat.Add(ended - start);
+      starts.push_back(absl::ToDoubleMicroseconds(started - start));
+      ends.push_back(absl::ToDoubleMicroseconds(ended - started));
       if (r1.results(0).status().code() != 0 || r2.status(0).code() != 0) {
         state.SkipWithError("put failed");
         break;
       }
+      if (++n % 2 == 0) {
+        v1::RemoveRequest rm;
+        rm.add_keys(key);
+        v1::KeysResponse r3;
+        grpc::ClientContext c3;
+        absl::Time t = absl::Now();
+        cluster->stub->Remove(Deadline(&c3), rm, &r3);
+        removes.push_back(absl::ToDoubleMicroseconds(absl::Now() - t));
+      }
     }
     state.SetItemsProcessed(state.iterations());
     lat.Publish(state);
+    cluster->methods.Add("PutStart", starts);
+    cluster->methods.Add("PutEnd", ends);
+    cluster->methods.Add("Remove", removes);
   })->UseRealTime()->Threads(threads);
 
   benchmark::RegisterBenchmark("master/get_single", [cluster](benchmark::State& state) {
     LatencyRecorder lat;
+    std::vector<double> micros;
     std::mt19937 rng(state.thread_index());
     for (auto _ : state) {
       v1::KeysRequest req;
@@ -194,7 +281,9 @@ int RunMaster(const BenchConfig& config) {
       grpc::ClientContext ctx;
       absl::Time start = absl::Now();
       cluster->stub->GetReplicas(Deadline(&ctx), req, &resp);
-      lat.Add(absl::Now() - start);
+      absl::Duration took = absl::Now() - start;
+      lat.Add(took);
+      micros.push_back(absl::ToDoubleMicroseconds(took));
       if (resp.sizes_size() != 1 || resp.sizes(0) == 0) {
         state.SkipWithError("lookup missed");
         break;
@@ -202,6 +291,42 @@ int RunMaster(const BenchConfig& config) {
     }
     state.SetItemsProcessed(state.iterations());
     lat.Publish(state);
+    cluster->methods.Add("GetReplicas", micros);
+  })->UseRealTime()->Threads(threads);
+
+  // Exists and PrefixMatch of one key, alternately.
+  benchmark::RegisterBenchmark("master/query_single", [cluster](benchmark::State& state) {
+    LatencyRecorder lat;
+    std::vector<double> exists, prefix;
+    std::mt19937 rng(state.thread_index() + 50);
+    uint64_t n = 0;
+    for (auto _ : state) {
+      v1::KeysRequest req;
+      req.add_keys(GetKeys()[rng() % kGetKeys]);
+      grpc::ClientContext ctx;
+      absl::Time start = absl::Now();
+      bool hit;
+      if (++n % 2 == 0) {
+        v1::ExistsResponse resp;
+        cluster->stub->Exists(Deadline(&ctx), req, &resp);
+        hit = resp.present_size() == 1 && resp.present(0);
+        exists.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+      } else {
+        v1::PrefixMatchResponse resp;
+        cluster->stub->PrefixMatch(Deadline(&ctx), req, &resp);
+        hit = resp.matched() == 1;
+        prefix.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+      }
+      lat.Add(absl::Now() - start);
+      if (!hit) {
+        state.SkipWithError("query missed");
+        break;
+      }
+    }
+    state.SetItemsProcessed(state.iterations());
+    lat.Publish(state);
+    cluster->methods.Add("Exists", exists);
+    cluster->methods.Add("PrefixMatch", prefix);
   })->UseRealTime()->Threads(threads);
 
   benchmark::RegisterBenchmark(absl::StrCat("master/get_batch", batch).c_str(), [cluster, batch](benchmark::State& state) {
@@ -266,7 +391,15 @@ int RunMaster(const BenchConfig& config) {
     out["rpc"][short_name] = j;
   }
   out["server_handler_mean_us"] = handler_us;
+  out["per_rpc"] = cluster->methods.Json();
   out["memory"] = MeasureMemory(config.objects);
+  const int64_t small = std::min<int64_t>(10'000, config.objects);
+  const double scrape_small = ScrapeMicros(small), scrape_large = ScrapeMicros(config.objects);
+  out["metrics_scrape"] = {{"objects_small", small},
+                           {"us_small", scrape_small},
+                           {"objects_large", config.objects},
+                           {"us_large", scrape_large},
+                           {"ratio", scrape_small > 0 ? scrape_large / scrape_small : 0.0}};
   double batched = 0;
   for (const auto& [name, f] : figures) {
     if (name.find("get_batch") != std::string::npos && f.contains("items_per_second")) {
@@ -274,7 +407,11 @@ int RunMaster(const BenchConfig& config) {
     }
   }
   double per_object = out["memory"]["bytes_per_object_beyond_key"];
-  out["targets"] = {{"batched_lookup_keys_per_s", batched},
+  const double get_p50 = out["per_rpc"].contains("GetReplicas") ? out["per_rpc"]["GetReplicas"]["p50_us"].get<double>() : 0.0;
+  out["targets"] = {{"single_lookup_p50_us", get_p50},
+                    {"single_lookup_p50_target_us", 60},
+                    {"single_lookup_p50_met", get_p50 > 0 && get_p50 <= 60},
+                    {"batched_lookup_keys_per_s", batched},
                     {"batched_lookup_target", 500000},
                     {"batched_lookup_met", batched >= 500000},
                     {"bytes_per_object", per_object},
@@ -284,6 +421,15 @@ int RunMaster(const BenchConfig& config) {
     std::printf("%s\n", out.dump().c_str());
   } else {
     for (const auto& [m, us] : handler_us) std::printf("server-side %s: %.1f us per RPC (mean)\n", m.c_str(), us);
+    std::printf("\n%-12s %10s %10s\n", "rpc", "p50 us", "p99 us");
+    for (const auto& [m, j] : out["per_rpc"].items()) {
+      std::printf("%-12s %10.1f %10.1f\n", m.c_str(), j["p50_us"].get<double>(), j["p99_us"].get<double>());
+    }
+    std::printf("\nsingle lookup p50: %.1f us (target <= 60: %s)\n", get_p50,
+                get_p50 > 0 && get_p50 <= 60 ? "met" : "MISSED");
+    std::printf("/metrics scrape: %.1f us at %lld objects, %.1f us at %lld (ratio %.2f)\n", scrape_small,
+                static_cast<long long>(small), scrape_large, static_cast<long long>(config.objects),
+                scrape_small > 0 ? scrape_large / scrape_small : 0.0);
     std::printf("\nbatched lookups: %.0f keys/s (target >= 500000: %s)\n", batched,
                 batched >= 500000 ? "met" : "MISSED");
     std::printf("master memory: %.1f bytes/object beyond the key at %lld objects (target <= 150: %s)\n",
