@@ -55,10 +55,11 @@ const FlagTable<MasterConfig>& MasterFlags() {
                       "largest gRPC message received or sent"),
           SizeFlag<C>("max-http-body", &C::max_http_body, "16mib", 1024, 1u << 31,
                       "largest HTTP request body (413 beyond)"),
-          IntFlag<C>("rpc-threads", &C::rpc_threads, "1", 1, 256,
+          IntFlag<C>("rpc-threads", &C::rpc_threads, "0", 0, 256,
                      "gRPC threads, each polling its own completion queue and running the handlers "
                      "it takes inline; one has no hand-off between threads per RPC (the lowest "
-                     "latency), more serve long batches side by side (docs/performance.md)"),
+                     "latency), more serve many clients and long batches side by side; 0: a quarter "
+                     "of the cores, at least 1 and at most 16 (docs/performance.md)"),
           IntFlag<C>("http-threads", &C::http_threads, "8", 1, 256,
                      "HTTP worker threads (a connection holds one only while a request is in it)"),
           IntFlag<C>("http-max-connections", &C::http_max_connections, "8192", 1, 1 << 20,

@@ -2,6 +2,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "config/base/http_server.h"
@@ -12,6 +15,19 @@
 #include "master/http_service.h"
 
 namespace tierkv::master {
+
+namespace {
+
+// A quarter of the cores: on a small host one thread avoids a hand-off per
+// RPC; on a large one the master serves many clients side by side without
+// taking the cores the daemons' and clients' threads need.
+int RpcThreads(int64_t flag) {
+  if (flag > 0) return static_cast<int>(flag);
+  unsigned cores = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp(cores / 4, 1u, 16u));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterConfig& config,
                                                                   Clock* clock) {
@@ -53,7 +69,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   s->rpc_ = std::make_unique<MasterRpcService>(s->master_.get(),
                                                ServiceLimits{static_cast<size_t>(config.max_batch)},
-                                               static_cast<int>(config.rpc_threads));
+                                               RpcThreads(config.rpc_threads));
   grpc::ServerBuilder builder;
   // Bandwidth probing pings ride on data frames and cost a write and a
   // wake-up each; lookups are small, latency-bound messages.
