@@ -3,9 +3,14 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "config/base/metrics.h"
+#include "config/base/mutex.h"
 #include "master/rpc_handlers.h"
 
 namespace tierkv::master {
@@ -19,9 +24,73 @@ struct MethodStats {
   metrics::Histogram* latency;
 };
 
+// A call with more items than this, or of a method marked slow, runs on the
+// slow lane instead of its poller, so a long batch never holds the queue it
+// came in on (and the lookups behind it).
+constexpr int kInlineItems = 1024;
+
+// A few threads for handlers too long to run on a poller: RemoveAll and
+// UnmountSegment walk the index, big batches take milliseconds.
+class SlowLane {
+ public:
+  explicit SlowLane(int threads) {
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
+  }
+  ~SlowLane() { Stop(); }
+  void Post(std::function<void()> fn) {
+    MutexLock lock(&mu_);
+    queue_.push_back(std::move(fn));
+    cv_.Signal();
+  }
+  // Joins the threads once the queue is empty. Idempotent.
+  void Stop() {
+    {
+      MutexLock lock(&mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      cv_.SignalAll();
+    }
+    for (std::thread& t : threads_) t.join();
+  }
+
+ private:
+  void Loop() {
+    MutexLock lock(&mu_);
+    while (true) {
+      if (!queue_.empty()) {
+        std::function<void()> fn = std::move(queue_.front());
+        queue_.pop_front();
+        mu_.Unlock();
+        fn();
+        mu_.Lock();
+        continue;
+      }
+      if (stopping_) return;
+      cv_.WaitFor(&mu_, std::chrono::milliseconds(100));
+    }
+  }
+
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+// What every call shares: the limits, the slow lane, and the count of
+// handlers running, which Stop waits to reach zero before it shuts the
+// queues, since an operation started on a shut-down queue aborts gRPC.
+struct ServiceState {
+  ServiceLimits limits;
+  SlowLane slow{2};
+  std::atomic<bool> draining{false};
+  std::atomic<int> in_flight{0};
+};
+
 // One call of one method in flight on one queue: waits for a request,
-// answers it inline, then frees itself. Each Proceed first arms the next
-// call of its method, so a method always has one waiting per queue.
+// answers it (inline, or on the slow lane), then frees itself. Each Proceed
+// first arms the next call of its method, so a method always has one
+// waiting per queue.
 class CallBase {
  public:
   virtual ~CallBase() = default;
@@ -46,11 +115,12 @@ class Call final : public CallBase {
     Handler handler;
     ItemsFn items;
     MethodStats stats;
+    bool slow = false;  // always on the slow lane
   };
 
   static void Arm(v1::Master::AsyncService* service, grpc::ServerCompletionQueue* cq,
-                  const Method* method, Master* master, const ServiceLimits* limits) {
-    new Call(service, cq, method, master, limits);
+                  const Method* method, Master* master, ServiceState* state) {
+    new Call(service, cq, method, master, state);
   }
 
   void Proceed(bool ok) override {
@@ -58,39 +128,70 @@ class Call final : public CallBase {
       delete this;  // finished, or the queue is going away
       return;
     }
-    Arm(service_, cq_, method_, master_, limits_);
+    // Counted before draining is read, so Stop either sees this handler or
+    // this handler sees Stop (both are sequentially consistent).
+    state_->in_flight.fetch_add(1);
+    if (state_->draining.load()) {
+      ServiceState* state = state_;
+      delete this;  // the server is shut down: this call is cancelled
+      state->in_flight.fetch_sub(1);
+      return;
+    }
+    Arm(service_, cq_, method_, master_, state_);
     const MethodStats& st = method_->stats;
     st.calls->Increment();
     const int items = method_->items(req_);
     answered_ = true;
-    if (static_cast<size_t>(items) > limits_->max_batch) {
+    if (static_cast<size_t>(items) > state_->limits.max_batch) {
       st.errors->Increment();
-      responder_.FinishWithError(
-          grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                       absl::StrCat(method_->name, ": ", items, " items exceeds the batch limit of ",
-                                    limits_->max_batch)),
-          this);
+      Refuse(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat(method_->name, ": ", items, " items exceeds the batch limit of ",
+                                       state_->limits.max_batch)));
+      return;
+    }
+    // A call that waited past its deadline has been given up on (and
+    // perhaps retried): allocating or removing for it would only do harm.
+    if (ctx_.deadline() < std::chrono::system_clock::now()) {
+      st.errors->Increment();
+      Refuse(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          absl::StrCat(method_->name, ": the deadline passed before the master reached it")));
       return;
     }
     st.items->Increment(items);
-    absl::Time start = absl::Now();
-    method_->handler(master_, &ctx_, req_, &resp_);
-    st.latency->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-    responder_.Finish(resp_, grpc::Status::OK, this);
+    if (method_->slow || items > kInlineItems) {
+      state_->slow.Post([this] { Answer(); });
+    } else {
+      Answer();
+    }
   }
 
  private:
   Call(v1::Master::AsyncService* service, grpc::ServerCompletionQueue* cq, const Method* method,
-       Master* master, const ServiceLimits* limits)
-      : service_(service), cq_(cq), method_(method), master_(master), limits_(limits), responder_(&ctx_) {
+       Master* master, ServiceState* state)
+      : service_(service), cq_(cq), method_(method), master_(master), state_(state), responder_(&ctx_) {
     (service_->*method_->request)(&ctx_, &req_, &responder_, cq_, cq_, this);
+  }
+
+  void Answer() {
+    ServiceState* state = state_;  // `this` may be gone once Finish is queued
+    absl::Time start = absl::Now();
+    method_->handler(master_, &ctx_, req_, &resp_);
+    method_->stats.latency->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+    responder_.Finish(resp_, grpc::Status::OK, this);
+    state->in_flight.fetch_sub(1);
+  }
+
+  void Refuse(const grpc::Status& status) {
+    ServiceState* state = state_;
+    responder_.FinishWithError(status, this);
+    state->in_flight.fetch_sub(1);
   }
 
   v1::Master::AsyncService* const service_;
   grpc::ServerCompletionQueue* const cq_;
   const Method* const method_;
   Master* const master_;
-  const ServiceLimits* const limits_;
+  ServiceState* const state_;
   grpc::ServerContext ctx_;
   Req req_;
   Resp resp_;
@@ -113,7 +214,8 @@ using S = v1::Master::AsyncService;
 class MasterRpcService::Impl {
  public:
   Impl(Master* master, ServiceLimits limits, int threads)
-      : master_(master), limits_(limits), threads_(std::max(1, threads)) {
+      : master_(master), threads_(std::max(1, threads)) {
+    state_.limits = limits;
     auto& calls = metrics::BuildCounter().Name("tierkv_master_rpc_total").Help("RPCs served").Register(master->metrics());
     auto& errors = metrics::BuildCounter().Name("tierkv_master_rpc_errors_total").Help("RPCs refused whole").Register(master->metrics());
     auto& items = metrics::BuildCounter().Name("tierkv_master_rpc_items_total").Help("Keys or segments carried by RPCs").Register(master->metrics());
@@ -185,28 +287,28 @@ class MasterRpcService::Impl {
     remove_.stats = stats("Remove");
     remove_all_.stats = stats("RemoveAll");
     stats_.stats = stats("Stats");
+    unmount_.slow = true;
+    remove_all_.slow = true;
   }
 
+  // Queue 0 serves only the daemons' heartbeats and mounts, so no burst of
+  // client requests can delay a heartbeat past the segment TTL (which would
+  // drop the segment and every object on it); the others serve the rest.
   void Register(grpc::ServerBuilder* builder) {
     builder->RegisterService(&service_);
-    for (int i = 0; i < threads_; ++i) cqs_.push_back(builder->AddCompletionQueue());
+    for (int i = 0; i < threads_ + 1; ++i) cqs_.push_back(builder->AddCompletionQueue());
   }
 
   void Start() {
-    for (auto& cq : cqs_) {
-      grpc::ServerCompletionQueue* q = cq.get();
-      Arm(q, mount_);
-      Arm(q, unmount_);
-      Arm(q, heartbeat_);
-      Arm(q, put_start_);
-      Arm(q, put_end_);
-      Arm(q, put_revoke_);
-      Arm(q, get_);
-      Arm(q, exists_);
-      Arm(q, prefix_);
-      Arm(q, remove_);
-      Arm(q, remove_all_);
-      Arm(q, stats_);
+    for (size_t i = 0; i < cqs_.size(); ++i) {
+      grpc::ServerCompletionQueue* q = cqs_[i].get();
+      if (i == 0) {
+        Arm(q, mount_);
+        Arm(q, heartbeat_);
+      } else {
+        Arm(q, unmount_);
+        ArmData(q);
+      }
       pollers_.emplace_back([q] {
         void* tag;
         bool ok;
@@ -219,6 +321,11 @@ class MasterRpcService::Impl {
   void Stop() {
     if (stopped_) return;
     stopped_ = true;
+    // Handlers still running (the server's Shutdown cancels calls at its
+    // deadline but does not wait for them) must finish before the queues go.
+    state_.draining.store(true);
+    while (state_.in_flight.load() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    state_.slow.Stop();
     // Next returns false once a shut-down queue is drained; the waiting
     // calls come back with ok=false first and free themselves.
     for (auto& cq : cqs_) cq->Shutdown();
@@ -233,14 +340,26 @@ class MasterRpcService::Impl {
   }
 
  private:
+  void ArmData(grpc::ServerCompletionQueue* q) {
+    Arm(q, put_start_);
+    Arm(q, put_end_);
+    Arm(q, put_revoke_);
+    Arm(q, get_);
+    Arm(q, exists_);
+    Arm(q, prefix_);
+    Arm(q, remove_);
+    Arm(q, remove_all_);
+    Arm(q, stats_);
+  }
+
   template <class M>
   void Arm(grpc::ServerCompletionQueue* q, const M& method) {
-    M::CallType::Arm(&service_, q, &method, master_, &limits_);
+    M::CallType::Arm(&service_, q, &method, master_, &state_);
   }
 
   Master* const master_;
-  const ServiceLimits limits_;
   const int threads_;
+  ServiceState state_;
   v1::Master::AsyncService service_;
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> cqs_;
   std::vector<std::thread> pollers_;

@@ -8,7 +8,15 @@
 // Threads: the service polls its own completion queues, one thread per
 // queue, and runs each handler inline on the thread that took the request
 // off the wire: no hand-off between a poller and a handler pool, which on
-// a lookup costs more than the lookup (docs/performance.md).
+// a lookup costs more than the lookup (docs/performance.md). One more queue
+// serves only Heartbeat and MountSegment, so client load never delays a
+// daemon's heartbeat past its TTL. Long handlers (RemoveAll,
+// UnmountSegment, batches of more than 1024 items) run on two slow-lane
+// threads instead of a poller. A call whose deadline passed while it
+// waited is answered DEADLINE_EXCEEDED without running.
+//
+// Stop waits for running handlers before it shuts the queues, so a
+// shutdown during a long RemoveAll finishes it rather than aborting.
 //
 //   MasterRpcService rpc(master, limits, /*threads=*/1);
 //   grpc::ServerBuilder builder;
@@ -35,7 +43,8 @@ struct ServiceLimits {
 
 class MasterRpcService {
  public:
-  // `master` must outlive it; `threads` >= 1 queues, each with a thread.
+  // `master` must outlive it; `threads` >= 1 request queues (plus the
+  // heartbeat queue), each with a thread.
   MasterRpcService(Master* master, ServiceLimits limits, int threads);
   // Stops (if Start ran and Stop did not).
   ~MasterRpcService();

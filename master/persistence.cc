@@ -1,5 +1,7 @@
 #include "master/persistence.h"
 
+#include <new>
+
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -45,17 +47,23 @@ class RocksDbStore final : public IndexStore {
     if (TIERKV_FAILPOINT("master.persist.write")) {
       status = absl::UnavailableError("failpoint master.persist.write");
     } else {
-      rocksdb::WriteBatch wb;
-      for (const Writer* w : group) {
-        for (const Mutation& m : *w->batch) {
-          if (m.remove) {
-            wb.Delete(m.key);
-          } else {
-            wb.Put(m.key, m.value);
+      // Caught here because a leader that left by an exception would leave
+      // leading_ set and every later writer waiting on it forever.
+      try {
+        rocksdb::WriteBatch wb;
+        for (const Writer* w : group) {
+          for (const Mutation& m : *w->batch) {
+            if (m.remove) {
+              wb.Delete(m.key);
+            } else {
+              wb.Put(m.key, m.value);
+            }
           }
         }
+        status = FromRocks(db_->Write(rocksdb::WriteOptions(), &wb), "rocksdb write");
+      } catch (const std::bad_alloc&) {
+        status = absl::ResourceExhaustedError("rocksdb write: out of memory building the batch");
       }
-      status = FromRocks(db_->Write(rocksdb::WriteOptions(), &wb), "rocksdb write");
     }
     mu_.Lock();
     for (Writer* w : group) {

@@ -1,6 +1,7 @@
 #include "master/rpc_handlers.h"
 
 #include "absl/container/flat_hash_map.h"
+#include "config/base/failpoint.h"
 
 namespace tierkv::master::rpc {
 namespace {
@@ -69,6 +70,9 @@ void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& clie
 }
 
 void PutEnd(Master* m, const v1::KeysRequest& req, v1::KeysResponse* resp) {
+  // sleep:<ms> makes this a long handler that holds no index lock (as a
+  // huge batch's decoding would), for the tests of what waits behind it.
+  (void)TIERKV_FAILPOINT("master.rpc.put_end");
   std::vector<std::string> keys = Keys(req.keys());
   std::vector<absl::Status> done = m->index().PutEnd(keys);
   std::vector<std::string> stored;

@@ -3,9 +3,12 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <thread>
 
@@ -33,11 +36,11 @@ class MasterProcessTest : public ::testing::Test {
     std::filesystem::remove_all(data_dir_);
   }
 
-  void StartMaster(std::vector<std::string> extra = {}) {
+  void StartMaster(std::vector<std::string> extra = {}, std::map<std::string, std::string> env = {}) {
     std::vector<std::string> args{"--rpc-port=0", "--http-port=0", "--data-dir=" + data_dir_,
                                   "--segment-ttl=1s", "--check-interval=100ms"};
     args.insert(args.end(), extra.begin(), extra.end());
-    auto m = ChildProcess::Start(testing::BinaryPath("tierkv-master"), args);
+    auto m = ChildProcess::Start(testing::BinaryPath("tierkv-master"), args, env);
     ASSERT_TRUE(m.ok()) << m.status();
     master_ = std::move(*m);
     ASSERT_GT(master_->port("rpc"), 0);
@@ -272,6 +275,62 @@ TEST_F(MasterProcessTest, GroupCommittedPutEndsAndRemovesSurviveSigkill) {
       }
     }
   }
+}
+
+// A long request (here a PutEnd stalled before it reaches the index) must
+// not hold up a daemon's heartbeats: with one request thread they used to
+// queue behind it, the segment outlived its TTL, and the master dropped it
+// with every object on it.
+TEST_F(MasterProcessTest, AStalledRequestDoesNotDelayHeartbeats) {
+  StartMaster({"--segment-ttl=1s", "--rpc-threads=1"}, {{"TIERKV_FAILPOINTS", "master.rpc.put_end=sleep:2500"}});
+  Mount("seg-a");
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", master_->port("rpc")),
+                                     grpc::InsecureChannelCredentials());
+  auto daemon = v1::Master::NewStub(channel);  // a daemon has its own connection
+  std::atomic<bool> stop{false};
+  std::atomic<int> remounts{0}, failures{0};
+  std::thread beats([&] {
+    for (int i = 0; i < 100 && !stop.load(); ++i) {  // at most 20 s
+      v1::HeartbeatRequest req;
+      v1::Segment* seg = req.add_segments();
+      seg->set_name("seg-a");
+      seg->set_incarnation("inc-1");
+      v1::HeartbeatResponse resp;
+      if (!daemon->Heartbeat(Ctx().get(), req, &resp).ok()) failures.fetch_add(1);
+      remounts.fetch_add(resp.remount_size());
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+  Put("slow", 4096);  // PutEnd sleeps 2.5 s, longer than the TTL
+  stop.store(true);
+  beats.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(remounts.load(), 0) << "the segment expired while PutEnd was stalled";
+  EXPECT_TRUE(Get("slow").hit);
+}
+
+// SIGTERM while a handler runs longer than the server's 2 s shutdown grace:
+// the master waits for it instead of shutting its queues under it (which
+// gRPC answers with an abort), and exits 0.
+TEST_F(MasterProcessTest, SigtermDuringALongRequestExitsCleanly) {
+  StartMaster({"--segment-ttl=30s"}, {{"TIERKV_FAILPOINTS", "master.rpc.put_end=sleep:3500"}});
+  Mount("seg-a");
+  v1::PutStartRequest start;
+  auto* item = start.add_items();
+  item->set_key("long");
+  item->set_size(4096);
+  v1::PutStartResponse started;
+  ASSERT_TRUE(stub_->PutStart(Ctx().get(), start, &started).ok());
+  std::thread put([&] {
+    v1::KeysRequest end;
+    end.add_keys("long");
+    v1::KeysResponse done;
+    (void)stub_->PutEnd(Ctx().get(), end, &done);  // cancelled by the shutdown, or answered
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let PutEnd reach its handler
+  master_->Kill(SIGTERM);
+  EXPECT_EQ(master_->Wait(), 0);
+  put.join();
 }
 
 // With several RPC threads (each its own completion queue) concurrent

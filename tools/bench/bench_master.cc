@@ -140,11 +140,12 @@ class MethodLatencies {
   nlohmann::json Json() {
     MutexLock lock(&mu_);
     nlohmann::json out = nlohmann::json::object();
-    for (auto& [method, v] : micros_) {
+    for (auto& entry : micros_) {
+      std::vector<double>& v = entry.second;
       if (v.empty()) continue;
       std::sort(v.begin(), v.end());
-      auto at = [&](double q) { return v[static_cast<size_t>(q * (v.size() - 1))]; };
-      out[method] = {{"p50_us", at(0.5)}, {"p99_us", at(0.99)}, {"calls", v.size()}};
+      auto at = [&v](double q) { return v[static_cast<size_t>(q * (v.size() - 1))]; };
+      out[entry.first] = {{"p50_us", at(0.5)}, {"p99_us", at(0.99)}, {"calls", v.size()}};
     }
     return out;
   }
