@@ -24,6 +24,9 @@ const FlagTable<BenchConfig>& BenchFlags() {
           SizeFlag<C>("segment-size", &C::segment_size, "1gib", 1 << 20, 1e13,
                       "memory: the segment a daemon lends (time to ready) and the region prefaulted"),
           StringFlag<C>("l1-device", &C::l1_device, "auto", "l1: the engine's L1 device (auto, cpu, cuda:<n>)"),
+          ChoiceFlag<C>("peer", &C::peer, "none", {"none", "redis"},
+                        "store: also run the same workload against a redis-server started on a loopback port "
+                        "(pipelined to --batch, and unpipelined), printed beside ours"),
           IntFlag<C>("repetitions", &C::repetitions, "3", 1, 100,
                      "interleaved repetitions of each case; medians are reported"),
       });

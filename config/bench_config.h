@@ -21,6 +21,7 @@ struct BenchConfig {
   int64_t repetitions = 0;     // interleaved repetitions; medians are reported
   std::string l1_device;       // l1: auto, cpu, cuda:<n>
   uint64_t segment_size = 0;   // memory: bytes a daemon lends / a region prefaulted
+  std::string peer;            // store: none, or redis (a peer store measured beside ours)
 };
 
 const FlagTable<BenchConfig>& BenchFlags();
