@@ -75,6 +75,9 @@ struct Capabilities {
   bool same_host_only = false;    // shm, cuda
   bool needs_registered_local = false;  // rdma
   bool cuda_memory = false;       // can read and write cuda:<n> memory
+  // Post returns by its deadline whatever the peer does, so the engine may
+  // run it on a caller's thread (TransferEngine::SubmitHere).
+  bool bounded_post = false;
 };
 
 // The serving side's view of locally served segments, given to backends by

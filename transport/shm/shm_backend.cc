@@ -177,7 +177,7 @@ class ShmBackend final : public Backend {
     if (beacon_fd_ >= 0) close(beacon_fd_);
   }
   std::string name() const override { return "shm"; }
-  Capabilities capabilities() const override { return {.rank = 100, .same_host_only = true}; }
+  Capabilities capabilities() const override { return {.rank = 100, .same_host_only = true, .bounded_post = true}; }
   absl::Status Start(ServedMemory*) override { return absl::OkStatus(); }
   // Every channel mapping this process's buffers sees it stop.
   void Stop() override {
