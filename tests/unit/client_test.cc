@@ -13,9 +13,12 @@
 // DEADLINE_EXCEEDED; a put whose bytes did not arrive in time is never
 // committed; a read that outlives its lease is a miss, not data.
 #include <cstring>
+#include <functional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/internal/replica_cache.h"
 #include "config/base/status.h"
 #include "config/master_config.h"
 #include "master/server.h"
@@ -409,6 +412,111 @@ TEST_F(ClientTest, AReadThatOutlivesItsLeaseIsAMiss) {
   ASSERT_TRUE(TheGate().Drained(absl::Seconds(10)));
   ASSERT_OK_AND_ASSIGN(got, client_->Get("k"));  // the object itself is intact
   EXPECT_EQ(got, value);
+}
+
+// --- the replica cache (client.h): a repeated get inside its lease skips
+// the master, and never outlives what the lease promises.
+
+// Polls `get` until it answers NOT_FOUND or `limit` passes; how long it took.
+absl::StatusOr<absl::Duration> UntilMiss(const std::function<absl::Status()>& get, absl::Duration limit) {
+  const absl::Time start = absl::Now();
+  while (absl::Now() - start < limit) {
+    absl::Status s = get();
+    if (absl::IsNotFound(s)) return absl::Now() - start;
+    if (!s.ok()) return s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError("still found");
+}
+
+TEST_F(ClientTest, ARepeatedGetInsideItsLeaseIsReadWhereItWasUntilTheLeaseEnds) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}, {"--lease-ttl=1s"}));
+  ASSERT_OK_AND_ASSIGN(auto other, client::Client::Create(Options("host-d")));
+  const std::string value = Value(30000, 8);
+  ASSERT_OK(client_->Put("k", value));
+  ASSERT_OK_AND_ASSIGN(std::string got, client_->Get("k"));  // takes the lease, remembers where
+  EXPECT_EQ(got, value);
+  const absl::Time leased = absl::Now();
+  // Removed elsewhere (a lease lets that happen only with force): the
+  // master no longer knows the key, but the lease keeps its bytes, so
+  // this client still reads them, without asking.
+  ASSERT_OK(other->Remove("k", /*force=*/true));
+  EXPECT_THAT(other->Get("k").status(), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK_AND_ASSIGN(got, client_->Get("k"));
+  EXPECT_EQ(got, value);
+  // Never past the lease (1 s, less its margin): then it is a miss.
+  ASSERT_OK(UntilMiss([&] { return client_->Get("k").status(); }, absl::Seconds(10)).status());
+  const absl::Duration served = absl::Now() - leased;
+  EXPECT_GE(served, absl::Milliseconds(800));
+  EXPECT_LE(served, absl::Seconds(3));
+}
+
+TEST_F(ClientTest, AKeyThisClientRemovedIsNeverReadFromTheReplicaCache) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}));
+  const std::string value = Value(30000, 9);
+  ASSERT_OK(client_->Put("k", value));
+  ASSERT_OK(client_->Put("j", value));
+  ASSERT_OK_AND_ASSIGN(std::string got, client_->Get("k"));
+  ASSERT_OK_AND_ASSIGN(got, client_->Get("j"));
+  ASSERT_OK(client_->Remove("k", /*force=*/true));
+  EXPECT_THAT(client_->Get("k").status(), StatusIs(absl::StatusCode::kNotFound));
+  std::vector<char> out(value.size());
+  EXPECT_THAT(client_->Get("k", absl::MakeSpan(out)).status(), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK_AND_ASSIGN(uint64_t removed, client_->RemoveAll(/*force=*/true));
+  EXPECT_EQ(removed, 1u);
+  EXPECT_THAT(client_->Get("j").status(), StatusIs(absl::StatusCode::kNotFound));
+  // Put anew: the new value, from where it now sits.
+  const std::string fresh = Value(40000, 10);
+  ASSERT_OK(client_->Put("k", fresh));
+  ASSERT_OK_AND_ASSIGN(got, client_->Get("k"));
+  EXPECT_EQ(got, fresh);
+}
+
+TEST_F(ClientTest, ARememberedReplicaWhoseStoreIsGoneIsAskedOfTheMasterAgain) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}));
+  ASSERT_OK_AND_ASSIGN(auto other, client::Client::Create(Options("host-d")));
+  const std::string old_value = Value(30000, 11), new_value = Value(30000, 12);
+  ASSERT_OK(other->Put("k", old_value, {.preferred_segment = "seg-host-a"}));
+  ASSERT_OK_AND_ASSIGN(std::string got, client_->Get("k"));  // remembered on seg-host-a
+  EXPECT_EQ(got, old_value);
+  // The store dies (it unmounts on the way out): its objects are gone, and
+  // the key is put again on the other store.
+  stores_[0].reset();
+  ASSERT_OK(UntilMiss([&] { return other->Get("k").status(); }, absl::Seconds(10)).status());
+  ASSERT_OK(other->Put("k", new_value, {.preferred_segment = "seg-host-b"}));
+  // The remembered location fails; the master names the new one.
+  ASSERT_OK_AND_ASSIGN(got, client_->Get("k"));
+  EXPECT_EQ(got, new_value);
+}
+
+TEST(ReplicaCacheTest, EntriesEndWithTheirLeaseAndInvalidationRefusesInsertsBegunBefore) {
+  client::internal::ReplicaCache cache(2);
+  const absl::Time now = absl::Now();
+  client::internal::Located a;
+  a.stored_size = 10;
+  a.lease_end = now + absl::Seconds(1);
+  a.replicas.emplace_back("seg", 0);
+  cache.Insert("a", a, cache.generation());
+  ASSERT_TRUE(cache.Lookup("a", now).has_value());
+  EXPECT_TRUE(cache.Lookup("a", now)->cached);
+  EXPECT_FALSE(cache.Lookup("a", now + absl::Seconds(1)).has_value());  // the lease ended
+  EXPECT_FALSE(cache.Lookup("a", now).has_value());                     // and it was dropped
+  // A get that began before this client removed the key must not bring it back.
+  const uint64_t before = cache.generation();
+  cache.Invalidate("a");
+  cache.Insert("a", a, before);
+  EXPECT_FALSE(cache.Lookup("a", now).has_value());
+  cache.Insert("a", a, cache.generation());
+  EXPECT_TRUE(cache.Lookup("a", now).has_value());
+  // Bounded: a third key makes room.
+  cache.Insert("b", a, cache.generation());
+  cache.Insert("c", a, cache.generation());
+  EXPECT_LE(cache.size(), 2u);
+  EXPECT_TRUE(cache.Lookup("c", now).has_value());
+  // Off: never remembers.
+  client::internal::ReplicaCache off(0);
+  off.Insert("a", a, off.generation());
+  EXPECT_FALSE(off.Lookup("a", now).has_value());
 }
 
 }  // namespace
