@@ -48,15 +48,21 @@ void MakeTrailer(absl::Span<const absl::string_view> parts, char* t) {
   std::memcpy(t + 4, &kTrailerMagic, 4);
 }
 
+// `copied`: the CRC a transport worked out as it copied a one-piece value
+// (unset: the bytes are checksummed here).
 absl::Status CheckTrailer(const char* t, absl::Span<const absl::Span<char>> value, const std::string& key,
-                          bool verify) {
+                          bool verify, const transport::ReadCrc& copied) {
   uint32_t crc, magic;
   std::memcpy(&crc, t, 4);
   std::memcpy(&magic, t + 4, 4);
   if (magic != kTrailerMagic) return absl::DataLossError(absl::StrCat(key, ": value trailer is corrupt"));
   if (verify) {
     uint32_t got = 0;
-    for (absl::Span<char> p : value) got = Crc32cExtend(got, p.data(), p.size());
+    if (copied.set && value.size() == 1) {
+      got = copied.value;
+    } else {
+      for (absl::Span<char> p : value) got = Crc32cExtend(got, p.data(), p.size());
+    }
     if (crc != got) return absl::DataLossError(absl::StrCat(key, ": checksum mismatch"));
   }
   return absl::OkStatus();
@@ -323,7 +329,9 @@ struct Client::Impl {
         uint64_t vsize = 0;
         for (absl::Span<char> piece : outs[i]) {
           if (piece.empty()) continue;
-          requests.push_back({Op::kRead, piece.data(), seg, off + vsize, piece.size()});
+          requests.push_back({Op::kRead, piece.data(), seg, off + vsize, piece.size(),
+                              // Only the first attempt's: a late transfer of a failed one may still write it.
+                              attempt == 0 && outs[i].size() == 1 ? trailers->crc(i) : nullptr});
           owner.push_back(i);
           vsize += piece.size();
         }
@@ -372,7 +380,10 @@ struct Client::Impl {
           if (k + 1 < end && owner[k + 1] == i) continue;  // check once, at the key's last request
           if (!pending[i] || lease_over(i)) continue;
           absl::Status st = round[i];
-          if (st.ok()) st = CheckTrailer(trailers->slot(i), outs[i], keys[i], c->options_.verify_checksums);
+          if (st.ok()) {
+            st = CheckTrailer(trailers->slot(i), outs[i], keys[i], c->options_.verify_checksums,
+                              attempt == 0 ? *trailers->crc(i) : transport::ReadCrc{});
+          }
           (*status)[i] = st.ok() ? st : Annotate(st, absl::StrCat("reading ", keys[i]));
           if (st.ok() || !Retryable(st)) pending[i] = false;
         }

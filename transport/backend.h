@@ -68,6 +68,7 @@ struct Slice {
   uint64_t remote_offset = 0;  // within the segment
   uint64_t length = 0;
   absl::Status status;  // set by the backend
+  ReadCrc* crc = nullptr;  // a read's Request::crc, when it moves in this one slice
 };
 
 struct Capabilities {

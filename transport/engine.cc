@@ -357,6 +357,7 @@ class Engine final : public TransferEngine, public ServedMemory {
             s.local = static_cast<char*>(r.local) + done;
             s.remote_offset = r.offset + done;
             s.length = std::min(options_.slice_size, r.length - done);
+            if (r.op == Op::kRead && r.length <= options_.slice_size) s.crc = r.crc;
             batch->slices.push_back(s);
             batch->slice_request.push_back(i);
           }

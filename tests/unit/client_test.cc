@@ -489,6 +489,39 @@ TEST_F(ClientTest, ARememberedReplicaWhoseStoreIsGoneIsAskedOfTheMasterAgain) {
   EXPECT_EQ(got, new_value);
 }
 
+// One byte of a stored value changes under the index: every get is
+// DATA_LOSS, never the bytes, whether the checksum is worked out while
+// copying (shm) or after (tcp), and whether the replica was remembered.
+void ExpectCorruptValueIsDataLoss(client::Client* c, const std::string& transport) {
+  SCOPED_TRACE(transport);
+  const std::string key = "corrupt-" + transport, value = Value(200000, 13);
+  ASSERT_OK(c->Put(key, value));
+  ASSERT_OK_AND_ASSIGN(std::string got, c->Get(key));  // remembered
+  EXPECT_EQ(got, value);
+  auto replicas = c->master().GetReplicas({key});
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  const std::string segment = replicas->segments(replicas->replica_segments(0));
+  char flipped = static_cast<char>(value[123456] ^ 0x20);
+  ASSERT_OK(c->engine().Transfer({{Op::kWrite, &flipped, segment, replicas->replica_offsets(0) + 123456, 1}})[0]);
+  EXPECT_EQ(c->engine().Describe(segment).transport, transport);
+  EXPECT_THAT(c->Get(key).status(), StatusIs(absl::StatusCode::kDataLoss));
+  std::vector<char> out(value.size());
+  EXPECT_THAT(c->Get(key, absl::MakeSpan(out)).status(), StatusIs(absl::StatusCode::kDataLoss));
+  std::vector<char> a(1000), b(value.size());
+  auto scattered = c->BatchGetScatter({key}, {{absl::MakeSpan(a), absl::MakeSpan(b)}});
+  EXPECT_THAT(scattered[0].status(), StatusIs(absl::StatusCode::kDataLoss));
+}
+
+TEST_F(ClientTest, ACorruptValueIsDataLossOverShm) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"shm", "tcp"}));
+  ExpectCorruptValueIsDataLoss(client_.get(), "shm");
+}
+
+TEST_F(ClientTest, ACorruptValueIsDataLossOverTcp) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}));
+  ExpectCorruptValueIsDataLoss(client_.get(), "tcp");
+}
+
 TEST(ReplicaCacheTest, EntriesEndWithTheirLeaseAndInvalidationRefusesInsertsBegunBefore) {
   client::internal::ReplicaCache cache(2);
   const absl::Time now = absl::Now();
