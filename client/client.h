@@ -27,7 +27,7 @@
 // given up as a miss (NOT_FOUND), since after the lease the store may hand
 // the extent to another put.
 //
-// Replica cache: a Get remembers where the value sits for as long as the
+// Replica cache (off unless ClientOptions::replica_cache is set): a Get remembers where the value sits for as long as the
 // read lease GetReplicas granted with it runs (less the margin above), and
 // a Get of the same key inside that time reads it there without asking the
 // master. The lease keeps those extents from being freed or reused, so the
@@ -38,7 +38,10 @@
 // has ended) can still be read here until the lease ends, as a read begun
 // before the removal would have been. A remembered location that fails
 // (its daemon died, the lease ran out mid-read, a checksum mismatch) is
-// forgotten and the key asked of the master again, once.
+// forgotten and the key asked of the master again, once. What changes
+// under faults: a get served from the cache learns that its store is cut
+// off only when the transfer times out (not from the index at once), and
+// gets inside the lease still succeed while the master is down.
 //
 // Batch calls are the fast path: one RPC per phase for the whole batch and
 // one transfer batch; they return one status per key.
@@ -80,8 +83,8 @@ struct ClientOptions {
   bool verify_checksums = true;
   // Keys whose replicas are remembered while their read lease runs, so a
   // repeated Get of a key skips the master (see "Replica cache" above);
-  // 0 turns this off.
-  size_t replica_cache = 65536;
+  // 0 (the default) turns this off.
+  size_t replica_cache = 0;
   // Lend this much of the client's own memory as a segment (0: none).
   uint64_t lend_size = 0;
   std::string lend_name;  // default: "client-<id>"

@@ -22,6 +22,7 @@ struct BenchConfig {
   std::string l1_device;       // l1: auto, cpu, cuda:<n>
   uint64_t segment_size = 0;   // memory: bytes a daemon lends / a region prefaulted
   std::string peer;            // store: none, or redis (a peer store measured beside ours)
+  int64_t replica_cache = 0;   // store: the client's replica cache entries (0: off)
 };
 
 const FlagTable<BenchConfig>& BenchFlags();

@@ -429,9 +429,19 @@ absl::StatusOr<absl::Duration> UntilMiss(const std::function<absl::Status()>& ge
   return absl::DeadlineExceededError("still found");
 }
 
+// A client with the replica cache on (it is off by default).
+std::unique_ptr<client::Client> Cached(client::ClientOptions o) {
+  o.replica_cache = 1024;
+  auto c = client::Client::Create(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
 TEST_F(ClientTest, ARepeatedGetInsideItsLeaseIsReadWhereItWasUntilTheLeaseEnds) {
   ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}, {"--lease-ttl=1s"}));
   ASSERT_OK_AND_ASSIGN(auto other, client::Client::Create(Options("host-d")));
+  client_ = Cached(Options("host-e"));
+  ASSERT_NE(client_, nullptr);
   const std::string value = Value(30000, 8);
   ASSERT_OK(client_->Put("k", value));
   ASSERT_OK_AND_ASSIGN(std::string got, client_->Get("k"));  // takes the lease, remembers where
@@ -453,6 +463,8 @@ TEST_F(ClientTest, ARepeatedGetInsideItsLeaseIsReadWhereItWasUntilTheLeaseEnds) 
 
 TEST_F(ClientTest, AKeyThisClientRemovedIsNeverReadFromTheReplicaCache) {
   ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}));
+  client_ = Cached(Options("host-e"));
+  ASSERT_NE(client_, nullptr);
   const std::string value = Value(30000, 9);
   ASSERT_OK(client_->Put("k", value));
   ASSERT_OK(client_->Put("j", value));
@@ -475,6 +487,8 @@ TEST_F(ClientTest, AKeyThisClientRemovedIsNeverReadFromTheReplicaCache) {
 TEST_F(ClientTest, ARememberedReplicaWhoseStoreIsGoneIsAskedOfTheMasterAgain) {
   ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}));
   ASSERT_OK_AND_ASSIGN(auto other, client::Client::Create(Options("host-d")));
+  client_ = Cached(Options("host-e"));
+  ASSERT_NE(client_, nullptr);
   const std::string old_value = Value(30000, 11), new_value = Value(30000, 12);
   ASSERT_OK(other->Put("k", old_value, {.preferred_segment = "seg-host-a"}));
   ASSERT_OK_AND_ASSIGN(std::string got, client_->Get("k"));  // remembered on seg-host-a
@@ -492,9 +506,9 @@ TEST_F(ClientTest, ARememberedReplicaWhoseStoreIsGoneIsAskedOfTheMasterAgain) {
 // One byte of a stored value changes under the index: every get is
 // DATA_LOSS, never the bytes, whether the checksum is worked out while
 // copying (shm) or after (tcp), and whether the replica was remembered.
-void ExpectCorruptValueIsDataLoss(client::Client* c, const std::string& transport) {
-  SCOPED_TRACE(transport);
-  const std::string key = "corrupt-" + transport, value = Value(200000, 13);
+void ExpectCorruptValueIsDataLoss(client::Client* c, const std::string& transport, const std::string& key) {
+  SCOPED_TRACE(key);
+  const std::string value = Value(200000, 13);
   ASSERT_OK(c->Put(key, value));
   ASSERT_OK_AND_ASSIGN(std::string got, c->Get(key));  // remembered
   EXPECT_EQ(got, value);
@@ -514,12 +528,18 @@ void ExpectCorruptValueIsDataLoss(client::Client* c, const std::string& transpor
 
 TEST_F(ClientTest, ACorruptValueIsDataLossOverShm) {
   ASSERT_NO_FATAL_FAILURE(StartCluster({"shm", "tcp"}));
-  ExpectCorruptValueIsDataLoss(client_.get(), "shm");
+  ExpectCorruptValueIsDataLoss(client_.get(), "shm", "plain");
+  auto cached = Cached(Options("host-e"));
+  ASSERT_NE(cached, nullptr);
+  ExpectCorruptValueIsDataLoss(cached.get(), "shm", "remembered");
 }
 
 TEST_F(ClientTest, ACorruptValueIsDataLossOverTcp) {
   ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}));
-  ExpectCorruptValueIsDataLoss(client_.get(), "tcp");
+  ExpectCorruptValueIsDataLoss(client_.get(), "tcp", "plain");
+  auto cached = Cached(Options("host-e"));
+  ASSERT_NE(cached, nullptr);
+  ExpectCorruptValueIsDataLoss(cached.get(), "tcp", "remembered");
 }
 
 TEST(ReplicaCacheTest, EntriesEndWithTheirLeaseAndInvalidationRefusesInsertsBegunBefore) {

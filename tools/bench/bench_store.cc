@@ -128,6 +128,7 @@ int RunStore(const BenchConfig& config) {
   co.transports = {config.transport};
   co.connections = static_cast<int>(config.connections);
   co.workers = std::max<int>(static_cast<int>(config.connections), threads);
+  co.replica_cache = static_cast<size_t>(config.replica_cache);
   auto created = client::Client::Create(co);
   if (!created.ok()) {
     std::fprintf(stderr, "tierkv-bench: %s\n", std::string(created.status().message()).c_str());
@@ -209,6 +210,7 @@ int RunStore(const BenchConfig& config) {
   double raw_w = fig("raw/write", "bytes_per_second") / 1e9, raw_r = fig("raw/read", "bytes_per_second") / 1e9;
   double put_ratio = raw_w > 0 ? put / raw_w : 0, get_ratio = raw_r > 0 ? get / raw_r : 0;
   nlohmann::json out{{"transport", config.transport},
+                     {"replica_cache", config.replica_cache},
                      {"value_bytes", value},
                      {"batch", batch},
                      {"threads", threads},
