@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "client/internal/replica_cache.h"
 #include "client/internal/trailer_arena.h"
 #include "client/lender.h"
 #include "config/base/crc32c.h"
@@ -47,15 +48,21 @@ void MakeTrailer(absl::Span<const absl::string_view> parts, char* t) {
   std::memcpy(t + 4, &kTrailerMagic, 4);
 }
 
+// `copied`: the CRC a transport worked out as it copied a one-piece value
+// (unset: the bytes are checksummed here).
 absl::Status CheckTrailer(const char* t, absl::Span<const absl::Span<char>> value, const std::string& key,
-                          bool verify) {
+                          bool verify, const transport::ReadCrc& copied) {
   uint32_t crc, magic;
   std::memcpy(&crc, t, 4);
   std::memcpy(&magic, t + 4, 4);
   if (magic != kTrailerMagic) return absl::DataLossError(absl::StrCat(key, ": value trailer is corrupt"));
   if (verify) {
     uint32_t got = 0;
-    for (absl::Span<char> p : value) got = Crc32cExtend(got, p.data(), p.size());
+    if (copied.set && value.size() == 1) {
+      got = copied.value;
+    } else {
+      for (absl::Span<char> p : value) got = Crc32cExtend(got, p.data(), p.size());
+    }
     if (crc != got) return absl::DataLossError(absl::StrCat(key, ": checksum mismatch"));
   }
   return absl::OkStatus();
@@ -108,6 +115,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   eo.default_timeout = options.transfer_timeout;
   ASSIGN_OR_RETURN(c->engine_, transport::TransferEngine::Create(eo));
   c->trailers_ = std::make_unique<internal::TrailerArena>(c->engine_.get());
+  c->replicas_ = std::make_unique<internal::ReplicaCache>(options.replica_cache);
   if (options.lend_size > 0) {
     LenderOptions lo;
     lo.name = options.lend_name.empty() ? absl::StrCat("client-", options.client_id) : options.lend_name;
@@ -194,17 +202,32 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
     }
   }
   const absl::Time wait_until = absl::Now() + options_.transfer_timeout + kCompletionGrace;
-  std::shared_ptr<transport::Batch> value_batch = engine_->Submit(std::move(values), options_.transfer_timeout);
-  for (size_t i = 0; i < n; ++i) {
-    if (began[i]) MakeTrailer(Parts(items[i]), trailers->slot(i));
+  std::shared_ptr<transport::Batch> value_batch, tail_batch;
+  if (n == 1) {
+    // A single put: its checksum first, then value and trailer in one
+    // batch moved by this thread (no hand-off, one round of the wire).
+    if (began[0]) MakeTrailer(Parts(items[0]), trailers->slot(0));
+    values.insert(values.end(), tails.begin(), tails.end());
+    std::shared_ptr<transport::Batch> both = engine_->SubmitHere(std::move(values), options_.transfer_timeout);
+    trailers->Hold(both);
+    (void)both->Wait(wait_until);
+    std::vector<absl::Status> statuses = both->statuses();
+    for (size_t k = 0; k < statuses.size(); ++k) {
+      if (!statuses[k].ok() && out[0].ok()) {
+        out[0] = Annotate(statuses[k], absl::StrCat("writing ", items[0].key));
+      }
+    }
+  } else {
+    value_batch = engine_->Submit(std::move(values), options_.transfer_timeout);
+    for (size_t i = 0; i < n; ++i) {
+      if (began[i]) MakeTrailer(Parts(items[i]), trailers->slot(i));
+    }
+    tail_batch = engine_->Submit(std::move(tails), options_.transfer_timeout);
+    trailers->Hold(tail_batch);
   }
-  std::shared_ptr<transport::Batch> tail_batch = engine_->Submit(std::move(tails), options_.transfer_timeout);
-  trailers->Hold(tail_batch);
   // A put commits only when every value and trailer write finished OK. A
   // Wait that runs out seals its batch, so unfinished writes read
   // DEADLINE_EXCEEDED below and their keys are revoked.
-  (void)value_batch->Wait(wait_until);
-  (void)tail_batch->Wait(wait_until);
   auto record = [&](const transport::Batch& batch, const std::vector<size_t>& owner) {
     std::vector<absl::Status> statuses = batch.statuses();
     for (size_t k = 0; k < owner.size(); ++k) {
@@ -213,8 +236,12 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
       if (!st.ok() && out[i].ok()) out[i] = Annotate(st, absl::StrCat("writing ", items[i].key));
     }
   };
-  record(*value_batch, value_owner);
-  record(*tail_batch, tail_owner);
+  if (value_batch) {
+    (void)value_batch->Wait(wait_until);
+    (void)tail_batch->Wait(wait_until);
+    record(*value_batch, value_owner);
+    record(*tail_batch, tail_owner);
+  }
   // A group with a failed member is given up whole.
   absl::flat_hash_set<std::string> failed_groups;
   for (size_t i = 0; i < n; ++i) {
@@ -239,6 +266,8 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
   // nothing visible; the tests kill it at this point.
   (void)TIERKV_FAILPOINT("client.put.before_end");
   if (!commit.empty()) {
+    // A key put anew (after a removal elsewhere) is no longer where it was.
+    for (const std::string& k : commit) replicas_->Erase(k);
     absl::StatusOr<v1::KeysResponse> ended = master_->PutEnd(commit);
     for (size_t k = 0; k < commit.size(); ++k) {
       absl::Status s = ended.ok() ? FromItem(ended->status(static_cast<int>(k))) : ended.status();
@@ -265,17 +294,11 @@ struct Client::Impl {
   // Reads the values GetReplicas described into `outs` (each already
   // checked to be large enough), trying replicas in turn. Key i's read
   // must finish before lease_end[i]; one that does not is a miss.
-  static void Read(Client* c, const std::vector<std::string>& keys, const v1::GetReplicasResponse& resp,
-                   const std::vector<Pieces>& outs, const std::vector<absl::Time>& lease_end,
-                   std::vector<absl::Status>* status, absl::Duration timeout) {
+  static void Read(Client* c, const std::vector<std::string>& keys, const std::vector<internal::Located>& where,
+                   const std::vector<Pieces>& outs, std::vector<absl::Status>* status, absl::Duration timeout) {
     if (timeout <= absl::ZeroDuration()) timeout = c->options_.transfer_timeout;
     const absl::Time deadline = absl::Now() + timeout;
     const size_t n = keys.size();
-    std::vector<size_t> first(n);  // index of each key's first replica
-    for (size_t i = 0, at = 0; i < n; ++i) {
-      first[i] = at;
-      at += resp.replica_counts(static_cast<int>(i));
-    }
     std::vector<bool> pending(n);
     for (size_t i = 0; i < n; ++i) pending[i] = (*status)[i].ok();
     absl::StatusOr<internal::TrailerBlock> trailers = c->trailers_->Acquire(n);
@@ -287,7 +310,7 @@ struct Client::Impl {
     }
     // Past its lease the extent may hold another put's bytes: a miss.
     auto lease_over = [&](size_t i) {
-      if (absl::Now() < lease_end[i]) return false;
+      if (absl::Now() < where[i].lease_end) return false;
       (*status)[i] = absl::NotFoundError(absl::StrCat(keys[i], ": the read did not finish inside its lease"));
       pending[i] = false;
       return true;
@@ -297,17 +320,18 @@ struct Client::Impl {
       std::vector<size_t> owner;
       for (size_t i = 0; i < n; ++i) {
         if (!pending[i] || lease_over(i)) continue;
-        if (attempt >= resp.replica_counts(static_cast<int>(i))) {
+        if (attempt >= where[i].replicas.size()) {
           pending[i] = false;  // replicas exhausted; status holds the last error
           continue;
         }
-        size_t r = first[i] + attempt;
-        const std::string& seg = resp.segments(static_cast<int>(resp.replica_segments(static_cast<int>(r))));
-        uint64_t off = resp.replica_offsets(static_cast<int>(r));
+        const std::string& seg = where[i].replicas[attempt].first;
+        uint64_t off = where[i].replicas[attempt].second;
         uint64_t vsize = 0;
         for (absl::Span<char> piece : outs[i]) {
           if (piece.empty()) continue;
-          requests.push_back({Op::kRead, piece.data(), seg, off + vsize, piece.size()});
+          requests.push_back({Op::kRead, piece.data(), seg, off + vsize, piece.size(),
+                              // Only the first attempt's: a late transfer of a failed one may still write it.
+                              attempt == 0 && outs[i].size() == 1 ? trailers->crc(i) : nullptr});
           owner.push_back(i);
           vsize += piece.size();
         }
@@ -329,10 +353,15 @@ struct Client::Impl {
         size_t end = std::min(requests.size(), at + per);
         while (end < requests.size() && owner[end] == owner[end - 1]) ++end;  // keep a key's requests together
         absl::Time until = deadline;
-        for (size_t k = at; k < end; ++k) until = std::min(until, lease_end[owner[k]]);
+        for (size_t k = at; k < end; ++k) until = std::min(until, where[owner[k]].lease_end);
         absl::Duration left = until - absl::Now();
         if (left <= absl::ZeroDuration()) left = absl::Milliseconds(1);
-        chunks.push_back({at, until, c->engine_->Submit({requests.begin() + at, requests.begin() + end}, left)});
+        std::vector<Request> part(requests.begin() + at, requests.begin() + end);
+        // The last chunk is moved by this thread (its checksums are checked
+        // next anyway); a single get is all last chunk: no thread hop.
+        chunks.push_back({at, until,
+                          end == requests.size() ? c->engine_->SubmitHere(std::move(part), left)
+                                                 : c->engine_->Submit(std::move(part), left)});
         trailers->Hold(chunks.back().batch);
         at = end;
       }
@@ -351,7 +380,10 @@ struct Client::Impl {
           if (k + 1 < end && owner[k + 1] == i) continue;  // check once, at the key's last request
           if (!pending[i] || lease_over(i)) continue;
           absl::Status st = round[i];
-          if (st.ok()) st = CheckTrailer(trailers->slot(i), outs[i], keys[i], c->options_.verify_checksums);
+          if (st.ok()) {
+            st = CheckTrailer(trailers->slot(i), outs[i], keys[i], c->options_.verify_checksums,
+                              attempt == 0 ? *trailers->crc(i) : transport::ReadCrc{});
+          }
           (*status)[i] = st.ok() ? st : Annotate(st, absl::StrCat("reading ", keys[i]));
           if (st.ok() || !Retryable(st)) pending[i] = false;
         }
@@ -359,63 +391,129 @@ struct Client::Impl {
     }
   }
 
-  // When each key's read lease ends on this process's clock, less a
-  // margin for clock drift and the last bytes' way back. `asked` is when
-  // the GetReplicas call started: the lease began no earlier.
-  static std::vector<absl::Time> LeaseEnds(const v1::GetReplicasResponse& resp, absl::Time asked) {
-    std::vector<absl::Time> end(resp.sizes_size());
-    for (int i = 0; i < resp.sizes_size(); ++i) {
-      const int64_t expiry = resp.lease_expiry_unix_ms(i);
+  // Where each key's value sits and when its read lease ends on this
+  // process's clock, less a margin for clock drift and the last bytes' way
+  // back. `asked` is when the GetReplicas call started: the lease began no
+  // earlier.
+  static std::vector<internal::Located> Locate(const v1::GetReplicasResponse& resp, absl::Time asked) {
+    std::vector<internal::Located> out(resp.sizes_size());
+    for (int i = 0, r = 0; i < resp.sizes_size(); ++i) {
+      internal::Located& w = out[i];
+      w.stored_size = resp.sizes(i);
+      const int64_t expiry = i < resp.lease_expiry_unix_ms_size() ? resp.lease_expiry_unix_ms(i) : 0;
       // The master's clock beside its lease measures the lease's length;
       // without it (an older master) the expiry is read on our clock.
       absl::Time until = resp.now_unix_ms() > 0 ? asked + absl::Milliseconds(expiry - resp.now_unix_ms())
                                                  : absl::FromUnixMillis(expiry);
       absl::Duration margin = std::min(absl::Milliseconds(500), std::max(until - asked, absl::ZeroDuration()) / 10);
-      end[i] = until - margin;
-    }
-    return end;
-  }
-
-  // Per-key status after GetReplicas: NOT_FOUND for misses, DATA_LOSS for
-  // impossible sizes.
-  static std::vector<absl::Status> Found(const std::vector<std::string>& keys,
-                                         const v1::GetReplicasResponse& resp) {
-    std::vector<absl::Status> st(keys.size());
-    for (size_t i = 0; i < keys.size(); ++i) {
-      uint64_t size = resp.sizes(static_cast<int>(i));
-      if (size == 0) {
-        st[i] = absl::NotFoundError(keys[i]);
-      } else if (size < kTrailer) {
-        st[i] = absl::DataLossError(absl::StrCat(keys[i], ": stored size ", size, " is too small"));
+      w.lease_end = until - margin;
+      const int count = i < resp.replica_counts_size() ? static_cast<int>(resp.replica_counts(i)) : 0;
+      for (int k = 0; k < count && r < resp.replica_offsets_size() && r < resp.replica_segments_size(); ++k, ++r) {
+        const uint32_t seg = resp.replica_segments(r);
+        if (seg >= static_cast<uint32_t>(resp.segments_size())) continue;  // malformed: not a replica
+        w.replicas.emplace_back(resp.segments(static_cast<int>(seg)), resp.replica_offsets(r));
       }
     }
-    return st;
+    return out;
+  }
+
+  // Per-key status before reading: NOT_FOUND for misses, DATA_LOSS for
+  // impossible sizes.
+  static absl::Status Found(const std::string& key, const internal::Located& where) {
+    if (where.stored_size == 0) return absl::NotFoundError(key);
+    if (where.stored_size < kTrailer) {
+      return absl::DataLossError(absl::StrCat(key, ": stored size ", where.stored_size, " is too small"));
+    }
+    return absl::OkStatus();
   }
 };
 
 std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>& keys, absl::Duration timeout,
                                                   const std::function<bool(size_t, uint64_t, Pieces*)>& place) {
-  std::vector<absl::StatusOr<size_t>> result(keys.size());
-  if (keys.empty()) return result;
-  const absl::Time asked = absl::Now();
-  absl::StatusOr<v1::GetReplicasResponse> resp = master_->GetReplicas(keys);
-  if (!resp.ok()) {
-    for (auto& r : result) r = resp.status();
-    return result;
-  }
-  std::vector<absl::Status> st = Impl::Found(keys, *resp);
-  std::vector<Pieces> pieces(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (!st[i].ok()) continue;
-    uint64_t vsize = resp->sizes(static_cast<int>(i)) - kTrailer;
-    if (!place(i, vsize, &pieces[i])) {
-      st[i] = absl::InvalidArgumentError(absl::StrCat(keys[i], ": the buffer cannot hold ", vsize, " bytes"));
+  const size_t n = keys.size();
+  std::vector<absl::StatusOr<size_t>> result(n);
+  if (n == 0) return result;
+  std::vector<internal::Located> where(n);
+  std::vector<absl::Status> st(n);
+  // Keys whose lease this client still holds are read where they were;
+  // the others are asked of the master.
+  std::vector<size_t> ask;
+  absl::Time now = absl::Now();
+  for (size_t i = 0; i < n; ++i) {
+    std::optional<internal::Located> hit = replicas_->Lookup(keys[i], now);
+    if (hit) {
+      where[i] = std::move(*hit);
+    } else {
+      ask.push_back(i);
     }
   }
-  Impl::Read(this, keys, *resp, pieces, Impl::LeaseEnds(*resp, asked), &st, timeout);
-  for (size_t i = 0; i < keys.size(); ++i) {
+  const uint64_t generation = replicas_->generation();
+  auto ask_master = [&](const std::vector<size_t>& which) {
+    std::vector<std::string> asked_keys;
+    for (size_t i : which) asked_keys.push_back(keys[i]);
+    const absl::Time asked = absl::Now();
+    absl::StatusOr<v1::GetReplicasResponse> resp = master_->GetReplicas(asked_keys);
+    std::vector<internal::Located> got;
+    if (resp.ok()) got = Impl::Locate(*resp, asked);
+    for (size_t k = 0; k < which.size(); ++k) {
+      const size_t i = which[k];
+      if (!resp.ok()) {
+        st[i] = resp.status();
+      } else if (k >= got.size()) {
+        st[i] = absl::InternalError(absl::StrCat(keys[i], ": the master's answer has no entry for it"));
+      } else {
+        where[i] = std::move(got[k]);
+        st[i] = absl::OkStatus();
+      }
+    }
+  };
+  if (!ask.empty()) ask_master(ask);
+
+  std::vector<Pieces> pieces(n);
+  auto read = [&](const std::vector<size_t>& which) {
+    std::vector<std::string> rk;
+    std::vector<internal::Located> rw;
+    std::vector<Pieces> rp;
+    std::vector<absl::Status> rs;
+    for (size_t i : which) {
+      if (st[i].ok()) st[i] = Impl::Found(keys[i], where[i]);
+      if (st[i].ok()) {
+        const uint64_t vsize = where[i].stored_size - kTrailer;
+        pieces[i].clear();
+        if (!place(i, vsize, &pieces[i])) {
+          st[i] = absl::InvalidArgumentError(absl::StrCat(keys[i], ": the buffer cannot hold ", vsize, " bytes"));
+        }
+      }
+      rk.push_back(keys[i]);
+      rw.push_back(where[i]);
+      rp.push_back(pieces[i]);
+      rs.push_back(st[i]);
+    }
+    Impl::Read(this, rk, rw, rp, &rs, timeout);
+    for (size_t k = 0; k < which.size(); ++k) st[which[k]] = std::move(rs[k]);
+  };
+  std::vector<size_t> all(n);
+  for (size_t i = 0; i < n; ++i) all[i] = i;
+  read(all);
+  // A remembered location that did not give the value (its daemon died,
+  // the lease ran out, the bytes did not verify) is forgotten and the key
+  // asked of the master once more.
+  std::vector<size_t> again;
+  for (size_t i = 0; i < n; ++i) {
+    if (!where[i].cached) continue;
+    if (!st[i].ok()) {
+      replicas_->Erase(keys[i]);
+      if (!absl::IsInvalidArgument(st[i])) again.push_back(i);
+    }
+  }
+  if (!again.empty()) {
+    ask_master(again);
+    read(again);
+  }
+  for (size_t i = 0; i < n; ++i) {
     if (st[i].ok()) {
-      result[i] = resp->sizes(static_cast<int>(i)) - kTrailer;
+      result[i] = where[i].stored_size - kTrailer;
+      if (!where[i].cached) replicas_->Insert(keys[i], where[i], generation);
     } else {
       result[i] = st[i];
     }
@@ -489,10 +587,18 @@ absl::StatusOr<size_t> Client::PrefixMatch(const std::vector<std::string>& keys)
 }
 
 absl::Status Client::Remove(const std::string& key, bool force) {
-  ASSIGN_OR_RETURN(v1::KeysResponse r, master_->Remove({key}, force));
-  return FromItem(r.status(0));
+  // Forgotten after the master answers (whatever it answered), so a Get
+  // that raced the removal cannot put the key back in the cache.
+  absl::StatusOr<v1::KeysResponse> r = master_->Remove({key}, force);
+  replicas_->Invalidate(key);
+  if (!r.ok()) return r.status();
+  return FromItem(r->status(0));
 }
 
-absl::StatusOr<uint64_t> Client::RemoveAll(bool force) { return master_->RemoveAll(force); }
+absl::StatusOr<uint64_t> Client::RemoveAll(bool force) {
+  absl::StatusOr<uint64_t> n = master_->RemoveAll(force);
+  replicas_->Clear();
+  return n;
+}
 
 }  // namespace tierkv::client

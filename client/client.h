@@ -27,6 +27,22 @@
 // given up as a miss (NOT_FOUND), since after the lease the store may hand
 // the extent to another put.
 //
+// Replica cache (off unless ClientOptions::replica_cache is set): a Get remembers where the value sits for as long as the
+// read lease GetReplicas granted with it runs (less the margin above), and
+// a Get of the same key inside that time reads it there without asking the
+// master. The lease keeps those extents from being freed or reused, so the
+// bytes read are the value that was current when the lease was granted,
+// and they are checksummed as always. This client's own Remove and
+// RemoveAll are never answered from the cache; a key removed by another
+// client (which a lease lets it do only with `force`, or once the lease
+// has ended) can still be read here until the lease ends, as a read begun
+// before the removal would have been. A remembered location that fails
+// (its daemon died, the lease ran out mid-read, a checksum mismatch) is
+// forgotten and the key asked of the master again, once. What changes
+// under faults: a get served from the cache learns that its store is cut
+// off only when the transfer times out (not from the index at once), and
+// gets inside the lease still succeed while the master is down.
+//
 // Batch calls are the fast path: one RPC per phase for the whole batch and
 // one transfer batch; they return one status per key.
 //
@@ -47,6 +63,7 @@
 namespace tierkv::client {
 
 namespace internal {
+class ReplicaCache;
 class TrailerArena;
 }
 
@@ -64,6 +81,10 @@ struct ClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(5);
   absl::Duration transfer_timeout = absl::Seconds(30);
   bool verify_checksums = true;
+  // Keys whose replicas are remembered while their read lease runs, so a
+  // repeated Get of a key skips the master (see "Replica cache" above);
+  // 0 (the default) turns this off.
+  size_t replica_cache = 0;
   // Lend this much of the client's own memory as a segment (0: none).
   uint64_t lend_size = 0;
   std::string lend_name;  // default: "client-<id>"
@@ -156,6 +177,7 @@ class Client {
   std::unique_ptr<MasterClient> master_;
   std::unique_ptr<transport::TransferEngine> engine_;
   std::unique_ptr<internal::TrailerArena> trailers_;  // registered with engine_
+  std::unique_ptr<internal::ReplicaCache> replicas_;
   std::unique_ptr<class SegmentLender> lender_;
 };
 

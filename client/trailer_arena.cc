@@ -13,6 +13,7 @@ TrailerBlock& TrailerBlock::operator=(TrailerBlock&& other) noexcept {
   arena_ = std::exchange(other.arena_, nullptr);
   block_ = other.block_;
   data_ = std::exchange(other.data_, nullptr);
+  crcs_ = std::exchange(other.crcs_, nullptr);
   holds_ = std::move(other.holds_);
   other.holds_.clear();
   return *this;
@@ -44,6 +45,7 @@ absl::StatusOr<TrailerBlock> TrailerArena::Acquire(size_t n) {
     while (bytes < need) bytes *= 2;
     Block b;
     b.memory.reset(new char[bytes]());
+    b.crcs.reset(new transport::ReadCrc[bytes / kTrailerBytes]());
     b.bytes = bytes;
     absl::Status st = engine_->RegisterMemory(b.memory.get(), bytes, "cpu:0");
     if (!st.ok()) return st;
@@ -51,10 +53,13 @@ absl::StatusOr<TrailerBlock> TrailerArena::Acquire(size_t n) {
   }
   Block& b = blocks_[pick];
   b.lent = true;
+  // Idle: no transfer can still write these.
+  for (size_t i = 0; i < std::max<size_t>(n, 1); ++i) b.crcs[i] = {};
   TrailerBlock out;
   out.arena_ = this;
   out.block_ = pick;
   out.data_ = b.memory.get();
+  out.crcs_ = b.crcs.get();
   return out;
 }
 
@@ -76,6 +81,7 @@ TrailerArena::~TrailerArena() {
     if (!idle) {
       TKV_LOG(ERROR) << "a transfer into a trailer block did not finish; leaking the block";
       (void)b.memory.release();
+      (void)b.crcs.release();
       continue;
     }
     (void)engine_->UnregisterMemory(b.memory.get());

@@ -27,6 +27,12 @@ const FlagTable<BenchConfig>& BenchFlags() {
           StringFlag<C>("ssd-dir", &C::ssd_dir, "", "ssd: directory on the file system to measure (default $TMPDIR or /tmp)"),
           SizeFlag<C>("ssd-size", &C::ssd_size, "1gib", 8 << 20, 1e13,
                       "ssd: the tier's file; each case writes and reads half of it"),
+          ChoiceFlag<C>("peer", &C::peer, "none", {"none", "redis"},
+                        "store: also run the same workload against a redis-server started on a loopback port "
+                        "(pipelined to --batch, and unpipelined), printed beside ours"),
+          IntFlag<C>("replica-cache", &C::replica_cache, "65536", 0, 1 << 24,
+                     "store: keys whose replicas the client remembers while their read lease runs (0: off, "
+                     "the library's default)"),
           IntFlag<C>("repetitions", &C::repetitions, "3", 1, 100,
                      "interleaved repetitions of each case; medians are reported"),
       });

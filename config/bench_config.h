@@ -23,6 +23,8 @@ struct BenchConfig {
   uint64_t segment_size = 0;   // memory: bytes a daemon lends / a region prefaulted
   std::string ssd_dir;         // ssd: where the files go (default $TMPDIR or /tmp)
   uint64_t ssd_size = 0;       // ssd: the tier's file; half of it is written per case
+  std::string peer;            // store: none, or redis (a peer store measured beside ours)
+  int64_t replica_cache = 0;   // store: the client's replica cache entries (0: off)
 };
 
 const FlagTable<BenchConfig>& BenchFlags();

@@ -12,6 +12,7 @@ pkgs=(
   python3-dev pybind11-dev python3-pytest python3-numpy python3-torch
   libzmq3-dev libmsgpack-cxx-dev python3-zmq python3-msgpack
   libsystemd-dev systemd python3-yaml liburing-dev
+  libhiredis-dev redis-server redis-tools
 )
 if [ "${TIERKV_WITH_SANITIZERS:-0}" = 1 ]; then
   pkgs+=(clang-14 libclang-rt-14-dev)

@@ -271,6 +271,25 @@ class Engine final : public TransferEngine, public ServedMemory {
   // --- client side
 
   std::shared_ptr<Batch> Submit(std::vector<Request> requests, absl::Duration timeout) override {
+    return Start(std::move(requests), timeout, /*here=*/false);
+  }
+
+  std::shared_ptr<Batch> SubmitHere(std::vector<Request> requests, absl::Duration timeout) override {
+    return Start(std::move(requests), timeout, /*here=*/true);
+  }
+
+  std::vector<absl::Status> Transfer(std::vector<Request> requests, absl::Duration timeout) override {
+    if (timeout <= absl::ZeroDuration()) timeout = options_.default_timeout;
+    std::shared_ptr<Batch> b = SubmitHere(std::move(requests), timeout);
+    // Every task ends by the deadline; the margin covers the last wake-up.
+    // A Wait that runs out seals the batch, so what did not finish reads
+    // DEADLINE_EXCEEDED.
+    (void)b->Wait(absl::Now() + timeout + absl::Seconds(5));
+    return b->statuses();
+  }
+
+  // Submit, or with `here` SubmitHere.
+  std::shared_ptr<Batch> Start(std::vector<Request> requests, absl::Duration timeout, bool here) {
     if (timeout <= absl::ZeroDuration()) timeout = options_.default_timeout;
     absl::Time deadline = absl::Now() + timeout;
     auto batch = std::make_shared<BatchImpl>(requests.size(), deadline);
@@ -288,6 +307,7 @@ class Engine final : public TransferEngine, public ServedMemory {
       by_segment[r.segment].push_back(i);
     }
     struct Plan {
+      Backend* backend;
       std::shared_ptr<PeerChannel> channel;
       std::string segment;
       size_t first_slice, end_slice;
@@ -337,15 +357,21 @@ class Engine final : public TransferEngine, public ServedMemory {
             s.local = static_cast<char*>(r.local) + done;
             s.remote_offset = r.offset + done;
             s.length = std::min(options_.slice_size, r.length - done);
+            if (r.op == Op::kRead && r.length <= options_.slice_size) s.crc = r.crc;
             batch->slices.push_back(s);
             batch->slice_request.push_back(i);
           }
         }
-        plans.push_back({route.first, segment, first, batch->slices.size()});
+        plans.push_back({backend, route.first, segment, first, batch->slices.size()});
       }
     }
     batch->Start();
-    // Spread each channel's slices over the workers, at most 64 per task.
+    // Spread each channel's slices over the workers, at most 64 per task;
+    // with `here`, the last task is this thread's, run once the others
+    // are queued so they move in parallel with it, unless its backend may
+    // overstay the deadline (the caller must not be held past it).
+    std::optional<Task> mine;
+    bool mine_bounded = false;
     for (const Plan& p : plans) {
       size_t n = p.end_slice - p.first_slice;
       if (n == 0) continue;
@@ -353,20 +379,19 @@ class Engine final : public TransferEngine, public ServedMemory {
       for (size_t at = p.first_slice; at < p.end_slice; at += per) {
         Task t{batch, p.channel, p.segment, {}, deadline};
         for (size_t k = at; k < std::min(at + per, p.end_slice); ++k) t.slices.push_back(&batch->slices[k]);
-        queue_->Push(std::move(t));
+        if (mine) queue_->Push(std::move(*mine));
+        mine = std::move(t);
+        mine_bounded = p.backend->capabilities().bounded_post;
+      }
+    }
+    if (mine) {
+      if (here && mine_bounded) {
+        Run(*mine);
+      } else {
+        queue_->Push(std::move(*mine));
       }
     }
     return batch;
-  }
-
-  std::vector<absl::Status> Transfer(std::vector<Request> requests, absl::Duration timeout) override {
-    if (timeout <= absl::ZeroDuration()) timeout = options_.default_timeout;
-    std::shared_ptr<Batch> b = Submit(std::move(requests), timeout);
-    // Every task ends by the deadline; the margin covers the last wake-up.
-    // A Wait that runs out seals the batch, so what did not finish reads
-    // DEADLINE_EXCEEDED.
-    (void)b->Wait(absl::Now() + timeout + absl::Seconds(5));
-    return b->statuses();
   }
 
   PeerInfo Describe(const std::string& segment) override {

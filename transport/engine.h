@@ -119,7 +119,15 @@ class TransferEngine {
   // timeout to look up and reach a segment it has not used before).
   virtual std::shared_ptr<Batch> Submit(std::vector<Request> requests,
                                         absl::Duration timeout = absl::ZeroDuration()) = 0;
-  // Submit and wait. Per request: OK; OUT_OF_RANGE (outside the segment);
+  // Like Submit, but the calling thread moves one share of the batch
+  // itself (all of a batch small enough for one task: a single get or put)
+  // before returning, instead of handing it to a worker and waiting for it
+  // to wake. Blocks on that share's data, up to the timeout; the other
+  // shares run on the workers as with Submit, and so does a share whose
+  // transport does not promise to end by the deadline (bounded_post).
+  virtual std::shared_ptr<Batch> SubmitHere(std::vector<Request> requests,
+                                            absl::Duration timeout = absl::ZeroDuration()) = 0;
+  // Submit and wait (the calling thread moves a share, as SubmitHere). Per request: OK; OUT_OF_RANGE (outside the segment);
   // INVALID_ARGUMENT (null local buffer); NOT_FOUND (unknown segment);
   // UNAVAILABLE (unreachable peer); DEADLINE_EXCEEDED.
   virtual std::vector<absl::Status> Transfer(std::vector<Request> requests,

@@ -13,9 +13,12 @@
 // DEADLINE_EXCEEDED; a put whose bytes did not arrive in time is never
 // committed; a read that outlives its lease is a miss, not data.
 #include <cstring>
+#include <functional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/internal/replica_cache.h"
 #include "config/base/status.h"
 #include "config/master_config.h"
 #include "master/server.h"
@@ -353,9 +356,14 @@ TEST(BatchTest, AWaitThatTimesOutLeavesUnfinishedRequestsDeadlineExceeded) {
   EXPECT_TRUE(batch->Wait(absl::Now() + absl::Seconds(10)));
   for (const absl::Status& st : batch->statuses()) EXPECT_THAT(st, StatusIs(absl::StatusCode::kDeadlineExceeded));
   // Transfer, which waits inside, reports the same for a stalled request.
+  // It returns by its deadline (and the grace for the last completions)
+  // although the transport overstays it: a caller's thread never runs a
+  // transport that does not promise to end by the deadline.
   TheGate().HoldWrites(true);
+  const absl::Time start = absl::Now();
   auto st = client->Transfer({{Op::kWrite, data.data(), "seg", 0, 4096}}, absl::Milliseconds(100));
   EXPECT_THAT(st[0], StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   TheGate().HoldWrites(false);
   EXPECT_TRUE(TheGate().Drained(absl::Seconds(10)));
 }
@@ -404,6 +412,164 @@ TEST_F(ClientTest, AReadThatOutlivesItsLeaseIsAMiss) {
   ASSERT_TRUE(TheGate().Drained(absl::Seconds(10)));
   ASSERT_OK_AND_ASSIGN(got, client_->Get("k"));  // the object itself is intact
   EXPECT_EQ(got, value);
+}
+
+// --- the replica cache (client.h): a repeated get inside its lease skips
+// the master, and never outlives what the lease promises.
+
+// Polls `get` until it answers NOT_FOUND or `limit` passes; how long it took.
+absl::StatusOr<absl::Duration> UntilMiss(const std::function<absl::Status()>& get, absl::Duration limit) {
+  const absl::Time start = absl::Now();
+  while (absl::Now() - start < limit) {
+    absl::Status s = get();
+    if (absl::IsNotFound(s)) return absl::Now() - start;
+    if (!s.ok()) return s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError("still found");
+}
+
+// A client with the replica cache on (it is off by default).
+std::unique_ptr<client::Client> Cached(client::ClientOptions o) {
+  o.replica_cache = 1024;
+  auto c = client::Client::Create(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+TEST_F(ClientTest, ARepeatedGetInsideItsLeaseIsReadWhereItWasUntilTheLeaseEnds) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}, {"--lease-ttl=1s"}));
+  ASSERT_OK_AND_ASSIGN(auto other, client::Client::Create(Options("host-d")));
+  client_ = Cached(Options("host-e"));
+  ASSERT_NE(client_, nullptr);
+  const std::string value = Value(30000, 8);
+  ASSERT_OK(client_->Put("k", value));
+  ASSERT_OK_AND_ASSIGN(std::string got, client_->Get("k"));  // takes the lease, remembers where
+  EXPECT_EQ(got, value);
+  const absl::Time leased = absl::Now();
+  // Removed elsewhere (a lease lets that happen only with force): the
+  // master no longer knows the key, but the lease keeps its bytes, so
+  // this client still reads them, without asking.
+  ASSERT_OK(other->Remove("k", /*force=*/true));
+  EXPECT_THAT(other->Get("k").status(), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK_AND_ASSIGN(got, client_->Get("k"));
+  EXPECT_EQ(got, value);
+  // Never past the lease (1 s, less its margin): then it is a miss.
+  ASSERT_OK(UntilMiss([&] { return client_->Get("k").status(); }, absl::Seconds(10)).status());
+  const absl::Duration served = absl::Now() - leased;
+  EXPECT_GE(served, absl::Milliseconds(800));
+  EXPECT_LE(served, absl::Seconds(3));
+}
+
+TEST_F(ClientTest, AKeyThisClientRemovedIsNeverReadFromTheReplicaCache) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}));
+  client_ = Cached(Options("host-e"));
+  ASSERT_NE(client_, nullptr);
+  const std::string value = Value(30000, 9);
+  ASSERT_OK(client_->Put("k", value));
+  ASSERT_OK(client_->Put("j", value));
+  ASSERT_OK_AND_ASSIGN(std::string got, client_->Get("k"));
+  ASSERT_OK_AND_ASSIGN(got, client_->Get("j"));
+  ASSERT_OK(client_->Remove("k", /*force=*/true));
+  EXPECT_THAT(client_->Get("k").status(), StatusIs(absl::StatusCode::kNotFound));
+  std::vector<char> out(value.size());
+  EXPECT_THAT(client_->Get("k", absl::MakeSpan(out)).status(), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK_AND_ASSIGN(uint64_t removed, client_->RemoveAll(/*force=*/true));
+  EXPECT_EQ(removed, 1u);
+  EXPECT_THAT(client_->Get("j").status(), StatusIs(absl::StatusCode::kNotFound));
+  // Put anew: the new value, from where it now sits.
+  const std::string fresh = Value(40000, 10);
+  ASSERT_OK(client_->Put("k", fresh));
+  ASSERT_OK_AND_ASSIGN(got, client_->Get("k"));
+  EXPECT_EQ(got, fresh);
+}
+
+TEST_F(ClientTest, ARememberedReplicaWhoseStoreIsGoneIsAskedOfTheMasterAgain) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}));
+  ASSERT_OK_AND_ASSIGN(auto other, client::Client::Create(Options("host-d")));
+  client_ = Cached(Options("host-e"));
+  ASSERT_NE(client_, nullptr);
+  const std::string old_value = Value(30000, 11), new_value = Value(30000, 12);
+  ASSERT_OK(other->Put("k", old_value, {.preferred_segment = "seg-host-a"}));
+  ASSERT_OK_AND_ASSIGN(std::string got, client_->Get("k"));  // remembered on seg-host-a
+  EXPECT_EQ(got, old_value);
+  // The store dies (it unmounts on the way out): its objects are gone, and
+  // the key is put again on the other store.
+  stores_[0].reset();
+  ASSERT_OK(UntilMiss([&] { return other->Get("k").status(); }, absl::Seconds(10)).status());
+  ASSERT_OK(other->Put("k", new_value, {.preferred_segment = "seg-host-b"}));
+  // The remembered location fails; the master names the new one.
+  ASSERT_OK_AND_ASSIGN(got, client_->Get("k"));
+  EXPECT_EQ(got, new_value);
+}
+
+// One byte of a stored value changes under the index: every get is
+// DATA_LOSS, never the bytes, whether the checksum is worked out while
+// copying (shm) or after (tcp), and whether the replica was remembered.
+void ExpectCorruptValueIsDataLoss(client::Client* c, const std::string& transport, const std::string& key) {
+  SCOPED_TRACE(key);
+  const std::string value = Value(200000, 13);
+  ASSERT_OK(c->Put(key, value));
+  ASSERT_OK_AND_ASSIGN(std::string got, c->Get(key));  // remembered
+  EXPECT_EQ(got, value);
+  auto replicas = c->master().GetReplicas({key});
+  ASSERT_TRUE(replicas.ok()) << replicas.status();
+  const std::string segment = replicas->segments(replicas->replica_segments(0));
+  char flipped = static_cast<char>(value[123456] ^ 0x20);
+  ASSERT_OK(c->engine().Transfer({{Op::kWrite, &flipped, segment, replicas->replica_offsets(0) + 123456, 1}})[0]);
+  EXPECT_EQ(c->engine().Describe(segment).transport, transport);
+  EXPECT_THAT(c->Get(key).status(), StatusIs(absl::StatusCode::kDataLoss));
+  std::vector<char> out(value.size());
+  EXPECT_THAT(c->Get(key, absl::MakeSpan(out)).status(), StatusIs(absl::StatusCode::kDataLoss));
+  std::vector<char> a(1000), b(value.size());
+  auto scattered = c->BatchGetScatter({key}, {{absl::MakeSpan(a), absl::MakeSpan(b)}});
+  EXPECT_THAT(scattered[0].status(), StatusIs(absl::StatusCode::kDataLoss));
+}
+
+TEST_F(ClientTest, ACorruptValueIsDataLossOverShm) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"shm", "tcp"}));
+  ExpectCorruptValueIsDataLoss(client_.get(), "shm", "plain");
+  auto cached = Cached(Options("host-e"));
+  ASSERT_NE(cached, nullptr);
+  ExpectCorruptValueIsDataLoss(cached.get(), "shm", "remembered");
+}
+
+TEST_F(ClientTest, ACorruptValueIsDataLossOverTcp) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}));
+  ExpectCorruptValueIsDataLoss(client_.get(), "tcp", "plain");
+  auto cached = Cached(Options("host-e"));
+  ASSERT_NE(cached, nullptr);
+  ExpectCorruptValueIsDataLoss(cached.get(), "tcp", "remembered");
+}
+
+TEST(ReplicaCacheTest, EntriesEndWithTheirLeaseAndInvalidationRefusesInsertsBegunBefore) {
+  client::internal::ReplicaCache cache(2);
+  const absl::Time now = absl::Now();
+  client::internal::Located a;
+  a.stored_size = 10;
+  a.lease_end = now + absl::Seconds(1);
+  a.replicas.emplace_back("seg", 0);
+  cache.Insert("a", a, cache.generation());
+  ASSERT_TRUE(cache.Lookup("a", now).has_value());
+  EXPECT_TRUE(cache.Lookup("a", now)->cached);
+  EXPECT_FALSE(cache.Lookup("a", now + absl::Seconds(1)).has_value());  // the lease ended
+  EXPECT_FALSE(cache.Lookup("a", now).has_value());                     // and it was dropped
+  // A get that began before this client removed the key must not bring it back.
+  const uint64_t before = cache.generation();
+  cache.Invalidate("a");
+  cache.Insert("a", a, before);
+  EXPECT_FALSE(cache.Lookup("a", now).has_value());
+  cache.Insert("a", a, cache.generation());
+  EXPECT_TRUE(cache.Lookup("a", now).has_value());
+  // Bounded: a third key makes room.
+  cache.Insert("b", a, cache.generation());
+  cache.Insert("c", a, cache.generation());
+  EXPECT_LE(cache.size(), 2u);
+  EXPECT_TRUE(cache.Lookup("c", now).has_value());
+  // Off: never remembers.
+  client::internal::ReplicaCache off(0);
+  off.Insert("a", a, off.generation());
+  EXPECT_FALSE(off.Lookup("a", now).has_value());
 }
 
 }  // namespace

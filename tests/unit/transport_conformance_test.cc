@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "config/base/crc32c.h"
 #include "tests/support/status_matchers.h"
 #include "transport/engine.h"
 #include "transport/memory.h"
@@ -109,6 +110,27 @@ TEST_P(TransportConformance, RoundTripsFromOneByteTo64MiB) {
   EngineStats st = client_->Stats();
   EXPECT_GT(st.bytes_written, 64u << 20);
   EXPECT_GT(st.bytes_read, 64u << 20);
+}
+
+// A read may ask for the CRC32C of its bytes: a transport that works it
+// out as it copies (shm) gives exactly the checksum of what landed; the
+// others leave it unset, and so does every transport for a read of more
+// than one slice.
+TEST_P(TransportConformance, AReadsCopiedChecksumIsTheChecksumOfItsBytesOrUnset) {
+  uint64_t offset = 777;
+  for (uint64_t size : {1ull, 4096ull, 100001ull, 1ull << 20, (4ull << 20) + 3}) {
+    char* out = LocalPattern(size, size + 1);
+    char* in = Local(size);
+    ASSERT_OK(Do(Op::kWrite, out, offset, size)[0]) << size;
+    ReadCrc crc;
+    ASSERT_OK(client_->Transfer({{Op::kRead, in, "seg", offset, size, &crc}}, absl::Seconds(20))[0]) << size;
+    EXPECT_EQ(std::memcmp(in, out, size), 0) << size;
+    const bool one_slice = size <= EngineOptions{}.slice_size;
+    if (GetParam() == "shm" && one_slice) EXPECT_TRUE(crc.set) << size;
+    if (!one_slice) EXPECT_FALSE(crc.set) << size;
+    if (crc.set) EXPECT_EQ(crc.value, Crc32c(in, size)) << size;
+    offset += size + 1;
+  }
 }
 
 TEST_P(TransportConformance, BatchesOfOneTo1024Requests) {

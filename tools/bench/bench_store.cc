@@ -1,10 +1,13 @@
 // tierkv-bench store: the client library's put and get throughput against
 // an embedded cluster (a master and one store daemon in this process, the
 // data over --transport), and in the same run the raw transfer engine
-// moving the same bytes to the same segment.
+// moving the same bytes to the same segment. With --peer redis, also a
+// redis-server it starts on a loopback port, driven with the same
+// workload (tools/bench/redis_peer.h), printed beside ours.
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "config/master_config.h"
 #include "config/store_config.h"
@@ -12,12 +15,81 @@
 #include "nlohmann/json.hpp"
 #include "store/daemon.h"
 #include "tools/bench/harness.h"
+#include "tools/bench/redis_peer.h"
 #include "tools/bench/subcommands.h"
 
 namespace tierkv::bench {
 namespace {
 
 const char* kNoEnv(const char*) { return nullptr; }
+
+// Registers "<prefix>/put" (fresh keys, `batch` per BatchPut) and
+// "<prefix>/get" (keys preloaded once per thread, `batch` per BatchGet).
+// False (with the reason printed) when the preload fails.
+bool RegisterStoreCases(std::shared_ptr<client::Client> cli, uint64_t value, int batch, int threads,
+                        const std::string& prefix) {
+  auto counter = std::make_shared<std::atomic<uint64_t>>(0);
+  std::string payload(value, 'x');
+  for (int t = 0; t < threads; ++t) {
+    std::vector<client::PutItem> items;
+    for (int i = 0; i < batch; ++i) items.push_back({absl::StrCat(prefix, "-get-", t, "-", i), payload});
+    client::PutOptions pinned;
+    pinned.soft_pin = true;  // the put case recycles memory through eviction
+    for (const absl::Status& s : cli->BatchPut(items, pinned)) {
+      if (!s.ok()) {
+        std::fprintf(stderr, "tierkv-bench: preload: %s\n", std::string(s.message()).c_str());
+        return false;
+      }
+    }
+  }
+
+  benchmark::RegisterBenchmark((prefix + "/put").c_str(), [cli, counter, value, batch, prefix](benchmark::State& state) {
+    std::string data(value, 'p');
+    LatencyRecorder lat;
+    std::vector<client::PutItem> items(batch);
+    for (auto _ : state) {
+      for (int i = 0; i < batch; ++i) items[i] = {absl::StrCat(prefix, "-put-", counter->fetch_add(1)), data};
+      absl::Time t0 = absl::Now();
+      auto st = cli->BatchPut(items);
+      lat.Add(absl::Now() - t0);
+      for (const absl::Status& s : st) {
+        if (!s.ok()) {
+          state.SkipWithError(std::string(s.message()).c_str());
+          return;
+        }
+      }
+    }
+    state.SetBytesProcessed(state.iterations() * batch * value);
+    state.SetItemsProcessed(state.iterations() * batch);
+    lat.Publish(state);
+  })->UseRealTime()->Threads(threads);
+
+  benchmark::RegisterBenchmark((prefix + "/get").c_str(), [cli, value, batch, prefix](benchmark::State& state) {
+    std::vector<std::string> keys;
+    std::vector<std::vector<char>> bufs(batch, std::vector<char>(value));
+    std::vector<absl::Span<char>> outs;
+    for (int i = 0; i < batch; ++i) {
+      keys.push_back(absl::StrCat(prefix, "-get-", state.thread_index(), "-", i));
+      outs.emplace_back(bufs[i].data(), bufs[i].size());
+    }
+    LatencyRecorder lat;
+    for (auto _ : state) {
+      absl::Time t0 = absl::Now();
+      auto got = cli->BatchGet(keys, outs);
+      lat.Add(absl::Now() - t0);
+      for (const auto& g : got) {
+        if (!g.ok()) {
+          state.SkipWithError(std::string(g.status().message()).c_str());
+          return;
+        }
+      }
+    }
+    state.SetBytesProcessed(state.iterations() * batch * value);
+    state.SetItemsProcessed(state.iterations() * batch);
+    lat.Publish(state);
+  })->UseRealTime()->Threads(threads);
+  return true;
+}
 
 }  // namespace
 
@@ -56,6 +128,7 @@ int RunStore(const BenchConfig& config) {
   co.transports = {config.transport};
   co.connections = static_cast<int>(config.connections);
   co.workers = std::max<int>(static_cast<int>(config.connections), threads);
+  co.replica_cache = static_cast<size_t>(config.replica_cache);
   auto created = client::Client::Create(co);
   if (!created.ok()) {
     std::fprintf(stderr, "tierkv-bench: %s\n", std::string(created.status().message()).c_str());
@@ -78,67 +151,13 @@ int RunStore(const BenchConfig& config) {
       }
     }
   }
-  auto counter = std::make_shared<std::atomic<uint64_t>>(0);
-  // Keys for the gets: one batch per thread, put once.
-  std::string payload(value, 'x');
-  for (int t = 0; t < threads; ++t) {
-    std::vector<client::PutItem> items;
-    for (int i = 0; i < batch; ++i) items.push_back({absl::StrCat("get-", t, "-", i), payload});
-    client::PutOptions pinned;
-    pinned.soft_pin = true;  // the put case recycles memory through eviction
-    for (const absl::Status& s : cli->BatchPut(items, pinned)) {
-      if (!s.ok()) {
-        std::fprintf(stderr, "tierkv-bench: preload: %s\n", std::string(s.message()).c_str());
-        return 1;
-      }
-    }
+  // Our cases at `batch` keys per call and, when comparing with a peer,
+  // also one key per call (the peer's unpipelined run).
+  std::vector<int> batches = {batch};
+  if (config.peer != "none" && batch > 1) batches.push_back(1);
+  for (int b : batches) {
+    if (!RegisterStoreCases(cli, value, b, threads, absl::StrCat("tierkv/b", b))) return 1;
   }
-
-  benchmark::RegisterBenchmark("store/put", [cli, counter, value, batch](benchmark::State& state) {
-    std::string data(value, 'p');
-    LatencyRecorder lat;
-    for (auto _ : state) {
-      std::vector<client::PutItem> items;
-      for (int i = 0; i < batch; ++i) items.push_back({absl::StrCat("put-", counter->fetch_add(1)), data});
-      absl::Time t0 = absl::Now();
-      auto st = cli->BatchPut(items);
-      lat.Add(absl::Now() - t0);
-      for (const absl::Status& s : st) {
-        if (!s.ok()) {
-          state.SkipWithError(std::string(s.message()).c_str());
-          return;
-        }
-      }
-    }
-    state.SetBytesProcessed(state.iterations() * batch * value);
-    state.SetItemsProcessed(state.iterations() * batch);
-    lat.Publish(state);
-  })->UseRealTime()->Threads(threads);
-
-  benchmark::RegisterBenchmark("store/get", [cli, value, batch](benchmark::State& state) {
-    std::vector<std::string> keys;
-    std::vector<std::vector<char>> bufs(batch, std::vector<char>(value));
-    std::vector<absl::Span<char>> outs;
-    for (int i = 0; i < batch; ++i) {
-      keys.push_back(absl::StrCat("get-", state.thread_index(), "-", i));
-      outs.emplace_back(bufs[i].data(), bufs[i].size());
-    }
-    LatencyRecorder lat;
-    for (auto _ : state) {
-      absl::Time t0 = absl::Now();
-      auto got = cli->BatchGet(keys, outs);
-      lat.Add(absl::Now() - t0);
-      for (const auto& g : got) {
-        if (!g.ok()) {
-          state.SkipWithError(std::string(g.status().message()).c_str());
-          return;
-        }
-      }
-    }
-    state.SetBytesProcessed(state.iterations() * batch * value);
-    state.SetItemsProcessed(state.iterations() * batch);
-    lat.Publish(state);
-  })->UseRealTime()->Threads(threads);
 
   // The same bytes straight through the engine (no master, no checksum).
   for (transport::Op op : {transport::Op::kWrite, transport::Op::kRead}) {
@@ -162,35 +181,99 @@ int RunStore(const BenchConfig& config) {
     })->UseRealTime()->Threads(threads);
   }
 
+  // The peer runs in the same process's benchmark run, interleaved with
+  // ours, so both see the same machine.
+  std::unique_ptr<RedisPeer> redis;
+  std::string peer_note;
+  if (config.peer == "redis") {
+    absl::StatusOr<std::unique_ptr<RedisPeer>> started = RedisPeer::Start(segment);
+    if (started.ok()) {
+      redis = std::move(*started);
+      for (int b : batches) {
+        absl::Status s = RegisterRedisCases(*redis, value, b, threads, absl::StrCat("redis/b", b));
+        if (!s.ok()) {
+          std::fprintf(stderr, "tierkv-bench: redis preload: %s\n", std::string(s.message()).c_str());
+          return 1;
+        }
+      }
+    } else {
+      peer_note = absl::StrCat(started.status().message(), "; running tierkv only");
+      std::fprintf(stderr, "tierkv-bench: %s\n", peer_note.c_str());
+    }
+  }
+
   Figures f = RunRegistered(config.min_time, config.json, static_cast<int>(config.repetitions));
+  redis.reset();
   auto fig = [&](const std::string& prefix, const char* counter_name) { return Best(f, prefix, counter_name); };
-  double put = fig("store/put", "bytes_per_second") / 1e9, get = fig("store/get", "bytes_per_second") / 1e9;
+  const std::string ours = absl::StrCat("tierkv/b", batch);
+  double put = fig(ours + "/put", "bytes_per_second") / 1e9, get = fig(ours + "/get", "bytes_per_second") / 1e9;
   double raw_w = fig("raw/write", "bytes_per_second") / 1e9, raw_r = fig("raw/read", "bytes_per_second") / 1e9;
   double put_ratio = raw_w > 0 ? put / raw_w : 0, get_ratio = raw_r > 0 ? get / raw_r : 0;
   nlohmann::json out{{"transport", config.transport},
+                     {"replica_cache", config.replica_cache},
                      {"value_bytes", value},
                      {"batch", batch},
                      {"threads", threads},
                      {"put_GBps", put},
                      {"get_GBps", get},
-                     {"put_ops_per_s", fig("store/put", "items_per_second")},
-                     {"get_ops_per_s", fig("store/get", "items_per_second")},
-                     {"put_batch_p50_us", fig("store/put", "p50_us")},
-                     {"put_batch_p99_us", fig("store/put", "p99_us")},
-                     {"get_batch_p50_us", fig("store/get", "p50_us")},
-                     {"get_batch_p99_us", fig("store/get", "p99_us")},
+                     {"put_ops_per_s", fig(ours + "/put", "items_per_second")},
+                     {"get_ops_per_s", fig(ours + "/get", "items_per_second")},
+                     {"put_batch_p50_us", fig(ours + "/put", "p50_us")},
+                     {"put_batch_p99_us", fig(ours + "/put", "p99_us")},
+                     {"get_batch_p50_us", fig(ours + "/get", "p50_us")},
+                     {"get_batch_p99_us", fig(ours + "/get", "p99_us")},
                      {"raw_write_GBps", raw_w},
                      {"raw_read_GBps", raw_r},
                      {"put_ratio", put_ratio},
                      {"get_ratio", get_ratio},
                      {"target_ratio", 0.85},
                      {"target_met", std::min(put_ratio, get_ratio) >= 0.85}};
+  // Side by side with the peer: per case, ours, the peer's, ours / peer's.
+  nlohmann::json peer_cases = nlohmann::json::array();
+  std::string peer_table;
+  if (config.peer != "none") {
+    out["peer"] = config.peer;
+    if (!peer_note.empty()) out["peer_note"] = peer_note;
+    for (int b : batches) {
+      for (const char* op : {"put", "get"}) {
+        const std::string us = absl::StrCat("tierkv/b", b, "/", op), them = absl::StrCat("redis/b", b, "/", op);
+        double ops = fig(us, "items_per_second"), peer_ops = fig(them, "items_per_second");
+        double gbps = fig(us, "bytes_per_second") / 1e9, peer_gbps = fig(them, "bytes_per_second") / 1e9;
+        nlohmann::json c{{"case", absl::StrCat(op, " batch ", b)},
+                         {"ops_per_s", ops},
+                         {"GBps", gbps},
+                         {"p50_us", fig(us, "p50_us")},
+                         {"p99_us", fig(us, "p99_us")}};
+        if (peer_ops > 0) {
+          c["peer_ops_per_s"] = peer_ops;
+          c["peer_GBps"] = peer_gbps;
+          c["peer_p50_us"] = fig(them, "p50_us");
+          c["peer_p99_us"] = fig(them, "p99_us");
+          c["ratio"] = ops / peer_ops;
+        }
+        peer_cases.push_back(c);
+        absl::StrAppend(&peer_table,
+                        absl::StrFormat("%-14s %10.0f ops/s %7.2f GB/s p50 %7.1f p99 %7.1f us", c["case"].get<std::string>(),
+                                        ops, gbps, fig(us, "p50_us"), fig(us, "p99_us")));
+        if (peer_ops > 0) {
+          absl::StrAppend(&peer_table, absl::StrFormat(" | %10.0f ops/s %7.2f GB/s p50 %7.1f p99 %7.1f us | %5.2fx",
+                                                       peer_ops, peer_gbps, fig(them, "p50_us"),
+                                                       fig(them, "p99_us"), ops / peer_ops));
+        }
+        absl::StrAppend(&peer_table, "\n");
+      }
+    }
+    out["peer_cases"] = peer_cases;
+  }
   cli.reset();
   (*daemon)->Stop();
   (*master)->Shutdown();
   if (config.json) {
     std::printf("%s\n", out.dump().c_str());
   } else {
+    if (!peer_table.empty()) {
+      std::printf("\n%-14s %-52s | %-52s | ratio\n%s", "case", "tierkv", config.peer.c_str(), peer_table.c_str());
+    }
     std::printf("\nput %.2f GB/s (%.2fx raw %.2f), get %.2f GB/s (%.2fx raw %.2f); target >= 0.85: %s\n", put,
                 put_ratio, raw_w, get, get_ratio, raw_r, std::min(put_ratio, get_ratio) >= 0.85 ? "met" : "MISSED");
   }

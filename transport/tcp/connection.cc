@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "transport/tcp/wire.h"
 
@@ -16,7 +17,14 @@ namespace tierkv::transport::tcp {
 void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices,
                           absl::Time deadline) {
   const size_t n = slices.size();
-  std::vector<uint8_t> heads(n * kRequestSize);
+  // A single get or put fits inline: no allocation per batch.
+  absl::InlinedVector<uint8_t, 4 * kRequestSize> heads(n * kRequestSize);
+  // The socket stays blocking from its first batch on: non-blocking calls
+  // pass MSG_DONTWAIT, so no batch pays two fcntl calls each way.
+  if (!blocking_) {
+    SetBlocking(true);
+    blocking_ = true;
+  }
   uint64_t first_id = next_id_;
   next_id_ += n;
   for (size_t i = 0; i < n; ++i) {
@@ -52,6 +60,7 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
   };
 
   bool blocking = false;  // switched on once every request is sent
+  bool first = true;      // a fresh batch can start sending without a poll
   while (recv_i < n) {
     short events = POLLIN;
     if (send_i < n) events |= POLLOUT;
@@ -64,12 +73,13 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
     if (send_i == n && !blocking) {
       // Only replies are left: blocking receives with MSG_WAITALL take a
       // whole payload per wake-up; the socket timeout keeps the deadline.
-      SetBlocking(true);
-      SetTimeouts(fd_.get(), deadline - absl::Now() + absl::Milliseconds(1));
+      ArmTimeout(deadline);
       blocking = true;
     }
-    int r = blocking ? 1 : ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms + 1, 1 << 30)));
+    int r = blocking || first ? 1 : ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms + 1, 1 << 30)));
     if (blocking) p.revents = POLLIN;
+    if (first && !blocking) p.revents = POLLOUT;
+    first = false;
     if (r < 0 && errno != EINTR) {
       fail_rest(absl::UnavailableError(absl::StrCat("poll on ", endpoint_, ": ", strerror(errno))));
       return;
@@ -143,6 +153,13 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
         }
         if (got < 0) {
           if (errno == EINTR) continue;
+          if (blocking && (errno == EAGAIN || errno == EWOULDBLOCK) && absl::Now() < deadline) {
+            // The socket's timeout (armed for an earlier, later deadline)
+            // ran out first: re-arm it for this one.
+            timeout_set_ = absl::ZeroDuration();
+            ArmTimeout(deadline);
+            continue;
+          }
           if (blocking && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             fail_rest(absl::DeadlineExceededError(absl::StrCat("transfer to ", endpoint_, " timed out")));
             break;
@@ -183,7 +200,19 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
       }
     }
   }
-  if (blocking && !broken_) SetBlocking(false);
+}
+
+void Connection::ArmTimeout(absl::Time deadline) {
+  // Re-armed only when this deadline is nearer than the armed timeout
+  // allows (by more than a little slack), or after the timeout ran out
+  // early; batches with like deadlines share one setsockopt.
+  constexpr absl::Duration kSlack = absl::Milliseconds(2);
+  const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration()) + absl::Milliseconds(1);
+  if (timeout_set_ != absl::ZeroDuration() && left + kSlack >= timeout_set_ && left <= timeout_set_ + absl::Seconds(1)) {
+    return;
+  }
+  SetTimeouts(fd_.get(), left);
+  timeout_set_ = left;
 }
 
 bool Connection::Stale() const {

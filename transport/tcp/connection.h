@@ -39,10 +39,15 @@ class Connection {
 
  private:
   void SetBlocking(bool on);
+  // Sets the socket's receive/send timeout so a blocking call returns by
+  // about `deadline`, unless the armed one already does.
+  void ArmTimeout(absl::Time deadline);
   Fd fd_;
   std::string endpoint_;
   uint64_t next_id_ = 1;
   bool broken_ = false;
+  bool blocking_ = false;                             // O_NONBLOCK cleared (after the first batch)
+  absl::Duration timeout_set_ = absl::ZeroDuration();  // the socket's armed timeout; zero: none
 };
 
 }  // namespace tierkv::transport::tcp

@@ -100,7 +100,7 @@ class TcpBackend final : public Backend {
   ~TcpBackend() override { Stop(); }
 
   std::string name() const override { return "tcp"; }
-  Capabilities capabilities() const override { return {.rank = 10}; }
+  Capabilities capabilities() const override { return {.rank = 10, .bounded_post = true}; }
 
   absl::Status Start(ServedMemory* served) override {
     tcp::ServerOptions so;
