@@ -13,6 +13,7 @@
 #include "config/base/crc32c.h"
 #include "config/base/failpoint.h"
 #include "config/base/status.h"
+#include "httplib.h"
 
 namespace tierkv::client {
 namespace {
@@ -25,6 +26,76 @@ using transport::Request;
 // (rdma included) can move them.
 constexpr uint32_t kTrailerMagic = 0x3156'4b54;  // "TKV1"
 constexpr uint64_t kTrailer = internal::kTrailerBytes;
+
+// The replicas a GetReplicas answer marks as staging extents are filled
+// from their daemon's SSD tier (POST /tier/stage, one request per daemon)
+// before anyone reads them; they are then read like any replica, trailer
+// and checksum included. Per asked key: OK, or NOT_FOUND saying why its
+// value could not be staged (the record was dropped, the tier is down):
+// a miss, as an eviction would have been.
+std::vector<absl::Status> StageSsdHits(const v1::GetReplicasResponse& resp, const std::vector<std::string>& keys,
+                                       absl::Duration timeout) {
+  std::vector<absl::Status> out(keys.size());
+  if (resp.replica_stage_size() == 0) return out;
+  struct Batch {
+    v1::TierMoveRequest req;
+    std::vector<size_t> keys;
+  };
+  absl::flat_hash_map<uint32_t, Batch> by_segment;
+  for (int i = 0, r = 0; i < resp.sizes_size() && static_cast<size_t>(i) < keys.size(); ++i) {
+    const int count = i < resp.replica_counts_size() ? static_cast<int>(resp.replica_counts(i)) : 0;
+    for (int k = 0; k < count; ++k, ++r) {
+      if (r >= resp.replica_stage_size() || !resp.replica_stage(r)) continue;
+      if (r >= resp.replica_segments_size() || r >= resp.replica_offsets_size()) continue;
+      Batch& b = by_segment[resp.replica_segments(r)];
+      v1::TierMoveItem* item = b.req.add_items();
+      item->set_key(keys[i]);
+      item->set_offset(resp.replica_offsets(r));
+      item->set_length(resp.sizes(i));
+      b.keys.push_back(static_cast<size_t>(i));
+    }
+  }
+  // A stage must end inside the read lease: past it the copy may be
+  // evicted and its extent reused.
+  for (int i = 0; i < resp.sizes_size() && resp.now_unix_ms() > 0; ++i) {
+    if (i < resp.lease_expiry_unix_ms_size() && resp.lease_expiry_unix_ms(i) > 0) {
+      timeout = std::min(timeout, absl::Milliseconds(resp.lease_expiry_unix_ms(i) - resp.now_unix_ms()));
+    }
+  }
+  const auto us = std::chrono::microseconds(std::max<int64_t>(absl::ToInt64Microseconds(timeout), 1000));
+  for (const auto& [segment, b] : by_segment) {
+    auto endpoint = resp.stage_endpoints().find(segment);
+    absl::Status failed;
+    v1::TierMoveResponse answer;
+    if (endpoint == resp.stage_endpoints().end() || endpoint->second.empty()) {
+      failed = absl::UnavailableError("its daemon has no SSD tier now");
+    } else {
+      httplib::Client cli(absl::StrCat("http://", endpoint->second));
+      cli.set_connection_timeout(us);
+      cli.set_read_timeout(us);
+      cli.set_write_timeout(us);
+      httplib::Result res = cli.Post("/tier/stage", b.req.SerializeAsString(), "application/x-protobuf");
+      if (!res) {
+        failed = absl::UnavailableError(absl::StrCat(endpoint->second, ": ", httplib::to_string(res.error())));
+      } else if (res->status != 200 || !answer.ParseFromString(res->body)) {
+        failed = absl::UnavailableError(absl::StrCat(endpoint->second, ": HTTP ", res->status));
+      }
+    }
+    for (size_t k = 0; k < b.keys.size(); ++k) {
+      absl::Status st = failed;
+      if (st.ok() && k >= static_cast<size_t>(answer.status_size())) {
+        st = absl::UnavailableError("no answer for it");
+      } else if (st.ok() && answer.status(static_cast<int>(k)).code() != 0) {
+        const v1::ItemStatus& got = answer.status(static_cast<int>(k));
+        st = absl::Status(static_cast<absl::StatusCode>(got.code()), got.message());
+      }
+      if (!st.ok()) {
+        out[b.keys[k]] = absl::NotFoundError(absl::StrCat(keys[b.keys[k]], ": staging from SSD: ", st.message()));
+      }
+    }
+  }
+  return out;
+}
 
 // Past a transfer's deadline, how long a Wait allows for its last
 // completions (the engine ends every task by its deadline).
@@ -454,13 +525,19 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
     const absl::Time asked = absl::Now();
     absl::StatusOr<v1::GetReplicasResponse> resp = master_->GetReplicas(asked_keys);
     std::vector<internal::Located> got;
-    if (resp.ok()) got = Impl::Locate(*resp, asked);
+    std::vector<absl::Status> staged;
+    if (resp.ok()) {
+      got = Impl::Locate(*resp, asked);
+      staged = StageSsdHits(*resp, asked_keys, timeout > absl::ZeroDuration() ? timeout : options_.transfer_timeout);
+    }
     for (size_t k = 0; k < which.size(); ++k) {
       const size_t i = which[k];
       if (!resp.ok()) {
         st[i] = resp.status();
       } else if (k >= got.size()) {
         st[i] = absl::InternalError(absl::StrCat(keys[i], ": the master's answer has no entry for it"));
+      } else if (!staged[k].ok()) {
+        st[i] = staged[k];
       } else {
         where[i] = std::move(got[k]);
         st[i] = absl::OkStatus();

@@ -49,6 +49,7 @@ v1::Segment SegmentLender::Spec() const {
   s.set_capacity(region_->size());
   s.set_incarnation(incarnation_);
   s.set_endpoint(absl::StrFormat("tcp port %d", engine_->port()));
+  if (options_.describe_tier) options_.describe_tier(&s);
   return s;
 }
 

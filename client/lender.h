@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -39,6 +40,10 @@ struct LenderOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // Block in Start until the first mount succeeds (or fails).
   bool wait_for_mount = false;
+  // Fills the lending process's tier fields of the segment (tier_http,
+  // ssd_capacity, ssd_used) before each mount and heartbeat; called on
+  // the heartbeat thread. Empty: the segment has no tier.
+  std::function<void(v1::Segment*)> describe_tier;
 };
 
 class SegmentLender {

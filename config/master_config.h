@@ -17,6 +17,7 @@ struct MasterConfig {
   absl::Duration segment_ttl;
   absl::Duration put_timeout;
   absl::Duration revoke_grace;
+  absl::Duration ssd_offload_timeout;
   absl::Duration lease_ttl;
   absl::Duration check_interval;
   double high_watermark = 0;

@@ -47,6 +47,7 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
       if (best == shards_.size()) break;
       Shard& s = *shards_[best];
       FollowUp follow;
+      std::vector<Move> moves;
       bool progressed = false;
       {
         MutexLock lock(&s.mu);
@@ -75,12 +76,48 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
             continue;
           }
           const bool tie = o.access == runner_up;
-          uint64_t bytes = registry_->Rounded(o.size) * o.replicas.size();
+          const size_t in_dram = static_cast<size_t>(
+              std::count_if(o.replicas.begin(), o.replicas.end(), [](const Replica& r) { return !r.ssd; }));
+          uint64_t bytes = registry_->Rounded(o.size) * in_dram;
           freed += bytes;
           used = used > bytes ? used - bytes : 0;
-          evicted_bytes_.fetch_add(o.size);
-          evictions_.fetch_add(1);
-          Erase(s, slot, &mutations, &follow);
+          if (in_dram < o.replicas.size()) {
+            // A copy staged from its SSD record: drop the copy, keep the
+            // record. A stage still on its way may land after the lease,
+            // so the extent waits out revoke_grace too.
+            for (const Replica& r : o.replicas) {
+              if (r.ssd) continue;
+              if (options_.revoke_grace <= absl::ZeroDuration()) {
+                registry_->Free(r, o.size);
+                continue;
+              }
+              MutexLock dlock(&deferred_mu_);
+              deferred_.push_back({{r}, o.size, now + absl::ToInt64Milliseconds(options_.revoke_grace)});
+            }
+            o.replicas.erase(std::remove_if(o.replicas.begin(), o.replicas.end(), [](const Replica& r) { return !r.ssd; }),
+                             o.replicas.end());
+            Unlist(s, slot);
+            evicted_bytes_.fetch_add(o.size);
+            evictions_.fetch_add(1);
+            progressed = true;
+            if (tie) break;
+            continue;
+          }
+          std::optional<std::string> tier;
+          if (options_.offload && o.read && o.group == nullptr && o.replicas.size() == 1 && !o.replicas[0].ssd) {
+            tier = registry_->TierFor(o.replicas[0].segment_id, o.size);
+          }
+          if (tier) {
+            // The extent stays the object's until the daemon has copied
+            // it; a remove meanwhile defers its free (Erase).
+            o.moving = true;
+            Unlist(s, slot);
+            moves.push_back({best, slot, o.gen, std::move(*tier), {o.key, o.replicas[0].offset, o.size}});
+          } else {
+            evicted_bytes_.fetch_add(o.size);
+            evictions_.fetch_add(1);
+            Erase(s, slot, &mutations, &follow);
+          }
           progressed = true;
           if (tie) break;  // as old as another shard's tail: take turns
           // A parent that just lost its last child competes from the next
@@ -90,6 +127,7 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
         Persist(&mutations);
       }
       RunFollowUps(std::move(follow));
+      if (!moves.empty()) FinishMoves(std::move(moves));
       if (progressed) {
         idle_rounds = 0;
       } else if (++idle_rounds > static_cast<int>(shards_.size()) * 2) {
@@ -98,6 +136,67 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
     }
   }
   return freed;
+}
+
+void ObjectIndex::Impl::FinishMoves(std::vector<Move> moves) {
+  // One order per daemon, sent with no lock held.
+  absl::flat_hash_map<std::string, std::vector<size_t>> by_tier;
+  for (size_t i = 0; i < moves.size(); ++i) by_tier[moves[i].tier_http].push_back(i);
+  std::vector<absl::Status> got(moves.size(), absl::UnavailableError("no answer to the offload order"));
+  for (const auto& [tier, which] : by_tier) {
+    std::vector<TierOrder> orders;
+    for (size_t i : which) orders.push_back(moves[i].order);
+    std::vector<absl::Status> answer = options_.offload(tier, orders, options_.offload_timeout);
+    for (size_t k = 0; k < which.size() && k < answer.size(); ++k) got[which[k]] = answer[k];
+  }
+  const int64_t now = NowMs();
+  FollowUp follow;
+  size_t failed = 0;
+  absl::Status first_failure;
+  for (size_t i = 0; i < moves.size(); ++i) {
+    const Move& m = moves[i];
+    Shard& s = *shards_[m.shard];
+    MutexLock lock(&s.mu);
+    Object& o = s.objects[m.slot];
+    // Removed (or dropped with its segment) meanwhile: its extent waits
+    // out the hold in the deferred frees.
+    if (o.gen != m.gen || o.state != ObjState::kComplete || !o.moving) continue;
+    o.moving = false;
+    std::vector<Mutation> mutations;
+    evicted_bytes_.fetch_add(o.size);
+    evictions_.fetch_add(1);
+    if (!got[i].ok() || o.replicas.size() != 1 || o.replicas[0].ssd) {
+      if (!got[i].ok() && ++failed == 1) first_failure = got[i];
+      offload_failed_.fetch_add(1);
+      Erase(s, m.slot, &mutations, &follow);
+      Persist(&mutations);
+      continue;
+    }
+    const Replica dram = o.replicas[0];
+    o.replicas[0] = Replica{dram.segment_id, true, false, 0};
+    if (Leased(o, now)) {
+      // A reader given the extent while the order was out reads it still.
+      MutexLock dlock(&deferred_mu_);
+      deferred_.push_back({{dram}, o.size, o.deadline_ms});
+    } else {
+      registry_->Free(dram, o.size);
+    }
+    Unlist(s, m.slot);  // a child that left meanwhile may have listed it
+    // Off DRAM, it no longer holds its parent there: the parent may be
+    // evicted (and offloaded) in its turn. Its record drops the link too.
+    if (o.parent_slot != kNil) {
+      follow.parents.push_back({o.parent_shard, o.parent_slot, o.parent_gen, o.access});
+      o.parent_slot = kNil;
+    }
+    mutations.push_back({absl::StrCat("o/", o.key), EncodeRecord(o, ""), false});
+    Persist(&mutations);
+    offloaded_.fetch_add(1);
+  }
+  if (failed > 0) {
+    TKV_LOG(WARNING) << failed << " of " << moves.size() << " offloads to SSD failed (evicted instead): "
+                     << first_failure;
+  }
+  RunFollowUps(std::move(follow));
 }
 
 bool ObjectIndex::Impl::AboveHighWatermark() const {
@@ -258,7 +357,7 @@ absl::StatusOr<uint64_t> ObjectIndex::Impl::Recover() {
     for (const v1::Extent& e : rec.replicas()) {
       std::optional<uint32_t> id = registry_->IdOf(e.segment());
       if (!id) continue;
-      Replica r{*id, e.offset()};
+      Replica r{*id, e.ssd(), false, e.ssd() ? 0 : e.offset()};
       if (absl::Status st = registry_->Reserve(r, rec.size()); !st.ok()) {
         TKV_LOG(WARNING) << "object " << key << ": dropping replica on " << e.segment() << ": " << st;
         continue;
@@ -281,7 +380,7 @@ absl::StatusOr<uint64_t> ObjectIndex::Impl::Recover() {
     o.hard_pin = rec.hard_pin();
     o.access = AccessTick();
     IndexSlot(s, slot);
-    ListAtHead(s, slot);
+    if (InDram(o)) ListAtHead(s, slot);
     objects_.fetch_add(1);
     if (o.soft_pin || o.hard_pin) pinned_.fetch_add(1);
     key_bytes_.fetch_add(key.size());
@@ -359,8 +458,10 @@ absl::Status ObjectIndex::Impl::CheckInvariants() {
       }
       if (Find(s, o.key) != slot) return absl::InternalError(absl::StrCat("key ", o.key, " not indexed"));
       if (o.replicas.empty()) return absl::InternalError(absl::StrCat(o.key, " has no replica"));
-      for (const Replica& r : o.replicas) used_by_objects[r.segment_id] += registry_->Rounded(o.size);
-      bool should_list = o.state == ObjState::kComplete && o.children == 0 && !o.hard_pin;
+      for (const Replica& r : o.replicas) {
+        if (!r.ssd) used_by_objects[r.segment_id] += registry_->Rounded(o.size);
+      }
+      bool should_list = o.state == ObjState::kComplete && o.children == 0 && !o.hard_pin && !o.moving && InDram(o);
       if (should_list != (o.list != ListId::kNone)) {
         return absl::InternalError(absl::StrCat(o.key, ": eviction list membership is wrong"));
       }
@@ -403,7 +504,9 @@ absl::Status ObjectIndex::Impl::CheckInvariants() {
   {
     MutexLock lock(&deferred_mu_);
     for (const DeferredFree& d : deferred_) {
-      for (const Replica& r : d.replicas) used_by_objects[r.segment_id] += registry_->Rounded(d.size);
+      for (const Replica& r : d.replicas) {
+        if (!r.ssd) used_by_objects[r.segment_id] += registry_->Rounded(d.size);
+      }
     }
   }
   if (complete != objects_.load() || pending != pending_.load()) {

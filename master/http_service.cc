@@ -33,7 +33,7 @@ int HttpStatusFor(const absl::Status& s) {
 json ExtentsJson(const std::vector<ExtentOut>& extents) {
   json out = json::array();
   for (const ExtentOut& e : extents) {
-    out.push_back({{"segment", e.segment}, {"offset", e.offset}, {"length", e.length}});
+    out.push_back({{"segment", e.segment}, {"offset", e.offset}, {"length", e.length}, {"tier", e.ssd ? "ssd" : "dram"}});
   }
   return out;
 }
@@ -45,6 +45,8 @@ json SegmentJson(const SegmentSnapshot& s) {
           {"used", s.used},
           {"incarnation", s.spec.incarnation},
           {"endpoint", s.spec.endpoint},
+          {"ssd_capacity", s.spec.ssd_capacity},
+          {"ssd_used", s.spec.ssd_used},
           {"state", s.recovering ? "recovering" : "live"},
           {"last_heartbeat_unix_ms", absl::ToUnixMillis(s.last_heartbeat)}};
 }

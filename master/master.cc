@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
+#include "httplib.h"
 #include "proto/master.pb.h"
 
 namespace tierkv::master {
@@ -13,6 +14,44 @@ namespace {
 
 constexpr char kSegmentPrefix[] = "s/";
 constexpr char kMetadataPrefix[] = "m/";
+
+// The evictor's offload orders, POSTed to the daemon's /tier/offload
+// (store/daemon.h). Every failure is a per-order status: the index then
+// evicts those objects, which is a miss later, never wrong bytes.
+std::vector<absl::Status> OffloadOverHttp(const std::string& tier_http, const std::vector<TierOrder>& orders,
+                                          absl::Duration timeout) {
+  v1::TierMoveRequest req;
+  for (const TierOrder& o : orders) {
+    v1::TierMoveItem* item = req.add_items();
+    item->set_key(o.key);
+    item->set_offset(o.offset);
+    item->set_length(o.length);
+  }
+  httplib::Client cli(absl::StrCat("http://", tier_http));
+  const auto us = std::max<int64_t>(absl::ToInt64Microseconds(timeout), 1000);
+  cli.set_connection_timeout(std::chrono::microseconds(us));
+  cli.set_read_timeout(std::chrono::microseconds(us));
+  cli.set_write_timeout(std::chrono::microseconds(us));
+  httplib::Result res = cli.Post("/tier/offload", req.SerializeAsString(), "application/x-protobuf");
+  v1::TierMoveResponse resp;
+  absl::Status failed;
+  if (!res) {
+    failed = absl::UnavailableError(absl::StrCat("offload to ", tier_http, ": ", httplib::to_string(res.error())));
+  } else if (res->status != 200 || !resp.ParseFromString(res->body)) {
+    failed = absl::UnavailableError(absl::StrCat("offload to ", tier_http, ": HTTP ", res->status));
+  }
+  std::vector<absl::Status> out(orders.size(), failed);
+  if (!failed.ok()) return out;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (i >= static_cast<size_t>(resp.status_size())) {
+      out[i] = absl::UnavailableError(absl::StrCat("offload to ", tier_http, ": no answer for the order"));
+    } else if (resp.status(static_cast<int>(i)).code() != 0) {
+      out[i] = absl::Status(static_cast<absl::StatusCode>(resp.status(static_cast<int>(i)).code()),
+                            resp.status(static_cast<int>(i)).message());
+    }
+  }
+  return out;
+}
 
 std::string EncodeSegment(const SegmentSpec& spec) {
   v1::SegmentRecord rec;
@@ -22,6 +61,7 @@ std::string EncodeSegment(const SegmentSpec& spec) {
   s->set_capacity(spec.capacity);
   s->set_incarnation(spec.incarnation);
   s->set_endpoint(spec.endpoint);
+  s->set_tier_http(spec.tier_http);
   return rec.SerializeAsString();
 }
 
@@ -30,6 +70,7 @@ std::string EncodeSegment(const SegmentSpec& spec) {
 Master::Master(MasterOptions options, std::unique_ptr<IndexStore> store, Clock* clock)
     : options_(options), clock_(clock), store_(std::move(store)) {
   IndexOptions index_options = options_.index;
+  if (!index_options.offload) index_options.offload = OffloadOverHttp;
   if (!options_.kv_events.endpoint.empty()) {
     kv_events_ = std::make_unique<KvEventPublisher>(options_.kv_events, &metrics_);
     index_options.listener = kv_events_.get();
@@ -136,7 +177,11 @@ HeartbeatResult Master::Heartbeat(const std::vector<SegmentSpec>& segments,
   out.ttl = options_.segment_ttl;
   absl::Time now = clock_->Now();
   for (const SegmentSpec& s : segments) {
-    if (!registry_.Heartbeat(s.name, s.incarnation, now)) out.remount.push_back(s.name);
+    if (!registry_.Heartbeat(s.name, s.incarnation, now)) {
+      out.remount.push_back(s.name);
+    } else {
+      registry_.UpdateTier(s);
+    }
   }
   if (!client_id.empty()) {
     MutexLock lock(&clients_mu_);
@@ -244,8 +289,11 @@ void Master::RegisterMetrics() {
   auto& used = metrics::BuildGauge().Name("tierkv_segment_used_bytes").Help("Bytes allocated per segment").Register(metrics_);
   auto& capacity = metrics::BuildGauge().Name("tierkv_segment_capacity_bytes").Help("Bytes lent per segment").Register(metrics_);
   auto& clients = metrics::BuildGauge().Name("tierkv_master_clients").Help("Clients heard from within the TTL").Register(metrics_);
+  auto& ssd_used = metrics::BuildGauge().Name("tierkv_segment_ssd_used_bytes").Help("Bytes on the SSD tier of each segment's daemon, as its heartbeat reports").Register(metrics_);
+  auto& ssd_capacity = metrics::BuildGauge().Name("tierkv_segment_ssd_capacity_bytes").Help("SSD tier capacity of each segment's daemon (0: none or down)").Register(metrics_);
+  auto& tier_moves = metrics::BuildCounter().Name("tierkv_master_ssd_moves_total").Help("Objects moved by the SSD tier, by kind (offloaded, offload_failed, staged)").Register(metrics_);
   metrics_.AddCollectHook([this, &objects, &evictions, &evicted_bytes, &leases, &pinned, &groups,
-                           &memory, &used, &capacity, &clients] {
+                           &memory, &used, &capacity, &clients, &ssd_used, &ssd_capacity, &tier_moves] {
     IndexStats st = index_->Stats();
     objects.Add({{"state", "complete"}}).Set(static_cast<double>(st.objects));
     objects.Add({{"state", "pending"}}).Set(static_cast<double>(st.pending));
@@ -255,6 +303,9 @@ void Master::RegisterMetrics() {
     };
     catch_up(evictions.Add({}), st.evictions);
     catch_up(evicted_bytes.Add({}), st.evicted_bytes);
+    catch_up(tier_moves.Add({{"kind", "offloaded"}}), st.offloaded);
+    catch_up(tier_moves.Add({{"kind", "offload_failed"}}), st.offload_failed);
+    catch_up(tier_moves.Add({{"kind", "staged"}}), st.staged);
     leases.Add({}).Set(static_cast<double>(st.leased));
     pinned.Add({}).Set(static_cast<double>(st.pinned));
     groups.Add({}).Set(static_cast<double>(st.groups));
@@ -266,6 +317,8 @@ void Master::RegisterMetrics() {
       metrics::Labels l{{"segment", s.spec.name}, {"host", s.spec.host}};
       used.Add(l).Set(static_cast<double>(s.used));
       capacity.Add(l).Set(static_cast<double>(s.spec.capacity));
+      ssd_used.Add(l).Set(static_cast<double>(s.spec.ssd_used));
+      ssd_capacity.Add(l).Set(static_cast<double>(s.spec.ssd_capacity));
       live.insert(std::move(l));
     }
     for (const prometheus::MetricFamily& f : used.Collect()) {
@@ -275,6 +328,8 @@ void Master::RegisterMetrics() {
         if (live.contains(l)) continue;
         metrics::RemoveLabels(used, l);
         metrics::RemoveLabels(capacity, l);
+        metrics::RemoveLabels(ssd_used, l);
+        metrics::RemoveLabels(ssd_capacity, l);
       }
     }
   });

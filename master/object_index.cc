@@ -219,6 +219,7 @@ void ObjectIndex::Impl::Touch(Shard& s, uint32_t slot) {
   Object& o = s.objects[slot];
   o.access = AccessTick();
   o.referenced = true;
+  o.read = true;
 }
 
 bool ObjectIndex::Impl::Visible(const Object& o) const {
@@ -241,7 +242,7 @@ std::vector<ExtentOut> ObjectIndex::Impl::VisibleExtents(
   for (const Replica& r : o.replicas) {
     auto it = names.find(r.segment_id);
     if (it == names.end()) continue;
-    out.push_back({resolve_names ? it->second : std::string(), r.offset, o.size, r.segment_id});
+    out.push_back({resolve_names ? it->second : std::string(), r.offset, o.size, r.segment_id, r.ssd, r.stage});
   }
   return out;
 }
@@ -250,10 +251,12 @@ std::string ObjectIndex::Impl::EncodeRecord(const Object& o, const std::string& 
   v1::ObjectRecord rec;
   rec.set_size(o.size);
   for (const Replica& r : o.replicas) {
+    if (r.stage) continue;  // a read's copy of the SSD record, made again on demand
     v1::Extent* e = rec.add_replicas();
     e->set_segment(registry_->Name(r.segment_id));
     e->set_offset(r.offset);
     e->set_length(o.size);
+    if (r.ssd) e->set_ssd(true);
   }
   rec.set_soft_pin(o.soft_pin);
   rec.set_hard_pin(o.hard_pin);
@@ -278,7 +281,12 @@ void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mu
   Object& o = s.objects[slot];
   Unlist(s, slot);
   const int64_t now = NowMs();
-  if (o.state == ObjState::kComplete && Leased(o, now)) {
+  if (o.moving) {
+    // An offload order is out: its daemon may be copying these bytes.
+    MutexLock lock(&deferred_mu_);
+    deferred_.push_back({o.replicas, o.size,
+                         std::max(o.deadline_ms, now + 2 * absl::ToInt64Milliseconds(options_.offload_timeout))});
+  } else if (o.state == ObjState::kComplete && Leased(o, now)) {
     // A reader may be copying these bytes right now: keep them until its lease ends.
     MutexLock lock(&deferred_mu_);
     deferred_.push_back({o.replicas, o.size, o.deadline_ms});
@@ -352,7 +360,8 @@ void ObjectIndex::Impl::DecrementParent(const FollowUp::ParentRef& ref) {
     // from a touch the child's own has outlived must not send it round
     // again (kPrefix keeps that bit; docs/eviction.md has the cost).
     if (options_.eviction == EvictionPolicy::kChain && p.access <= ref.child_access) p.referenced = false;
-    ListAtTail(s, ref.slot);
+    // An object on SSD (or being moved there) frees no DRAM: never a candidate.
+    if (!p.moving && InDram(p)) ListAtTail(s, ref.slot);
   }
 }
 
@@ -649,6 +658,34 @@ std::vector<absl::Status> ObjectIndex::Impl::PutRevoke(const std::vector<std::st
 
 std::vector<LookupOut> ObjectIndex::Impl::GetReplicas(const std::vector<std::string>& keys,
                                                       bool resolve_names) {
+  std::vector<size_t> no_room;
+  uint64_t need = 0;
+  const uint64_t staged_before = staged_.load(std::memory_order_relaxed);
+  std::vector<LookupOut> out = Lookup(keys, resolve_names, &no_room, &need);
+  if (!no_room.empty()) {
+    // SSD hits found no room to stage: make it as a put would (outside
+    // the shard locks), then look those keys up once more.
+    const uint64_t used = registry_->used();
+    EvictTo(used > need ? used - need : 0);
+    FreeDeferred(NowMs());  // staged copies the eviction dropped whose grace is over
+    std::vector<std::string> again;
+    for (size_t i : no_room) again.push_back(keys[i]);
+    std::vector<LookupOut> retried = Lookup(again, resolve_names, nullptr, nullptr);
+    for (size_t k = 0; k < no_room.size(); ++k) out[no_room[k]] = std::move(retried[k]);
+  }
+  if (!no_room.empty() || staged_.load(std::memory_order_relaxed) != staged_before) {
+    // Staging extents take DRAM: keep the headroom puts expect.
+    if (evictor_running_.load(std::memory_order_relaxed)) {
+      if (AboveHighWatermark()) WakeEvictor();
+    } else {
+      MaybeEvict();
+    }
+  }
+  return out;
+}
+
+std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>& keys, bool resolve_names,
+                                                 std::vector<size_t>* no_room, uint64_t* staged_bytes) {
   std::vector<LookupOut> out(keys.size());
   auto names = LiveNames();
   absl::Time now = clock_->Now();
@@ -664,7 +701,32 @@ std::vector<LookupOut> ObjectIndex::Impl::GetReplicas(const std::vector<std::str
     }
     Object& o = s.objects[slot];
     out[i].replicas = VisibleExtents(o, names, resolve_names);
-    if (out[i].replicas.empty()) {
+    std::vector<ExtentOut>& reps = out[i].replicas;
+    if (std::any_of(reps.begin(), reps.end(), [](const ExtentOut& e) { return !e.ssd; })) {
+      // DRAM first: an SSD replica is named only when none is left.
+      reps.erase(std::remove_if(reps.begin(), reps.end(), [](const ExtentOut& e) { return e.ssd; }), reps.end());
+    } else if (!reps.empty()) {
+      // Stage the value into an extent of the daemon holding it. The
+      // extent stays with the object as its DRAM copy (every reader fills
+      // it from the record first), so it is evicted like any object, not
+      // pinned per read.
+      const ExtentOut on_ssd = reps.front();
+      reps.clear();
+      if (std::optional<Replica> staging = registry_->AllocateIn(on_ssd.segment_id, o.size)) {
+        reps.push_back({on_ssd.segment, staging->offset, o.size, on_ssd.segment_id, false, true});
+        o.replicas.push_back(*staging);
+        if (o.children == 0 && o.list == ListId::kNone && !o.moving) ListAtHead(s, slot);
+        staged_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        out[i].status = absl::NotFoundError(absl::StrCat(keys[i], ": no room to stage it from SSD"));
+        if (no_room != nullptr) {
+          no_room->push_back(i);
+          *staged_bytes += o.size;
+        }
+        continue;
+      }
+    }
+    if (reps.empty()) {
       out[i].status = absl::NotFoundError(absl::StrCat(keys[i], ": no live replica"));
       continue;
     }
@@ -797,6 +859,9 @@ IndexStats ObjectIndex::Impl::Stats() const {
   st.evictions = evictions_.load();
   st.evicted_bytes = evicted_bytes_.load();
   st.pinned = pinned_.load();
+  st.offloaded = offloaded_.load();
+  st.offload_failed = offload_failed_.load();
+  st.staged = staged_.load();
   // No shard lock and no object visited: a scrape costs the same at any
   // object count and never stalls a request.
   st.leased = leases_.Count(NowMs());

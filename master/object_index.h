@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +70,20 @@ enum class EvictionPolicy : uint8_t {
 absl::StatusOr<EvictionPolicy> ParseEvictionPolicy(absl::string_view name);
 absl::string_view EvictionPolicyName(EvictionPolicy policy);
 
+// One object the evictor asks a daemon to copy from its DRAM extent to its
+// SSD tier (the daemon's /tier/offload; store/daemon.h).
+struct TierOrder {
+  std::string key;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+// Sends the orders to the daemon whose tier answers at `tier_http`; one
+// status per order, in order (a short answer fails the rest). Blocking,
+// and bounded by `timeout`.
+using OffloadFn = std::function<std::vector<absl::Status>(const std::string& tier_http,
+                                                          const std::vector<TierOrder>& orders,
+                                                          absl::Duration timeout)>;
+
 struct IndexOptions {
   EvictionPolicy eviction = EvictionPolicy::kChain;
   int shards = 16;
@@ -85,6 +100,16 @@ struct IndexOptions {
   size_t max_key_bytes = 4096;
   // Not owned; must outlive the index. Null: nobody listens.
   IndexListener* listener = nullptr;
+  // Offload on eviction (docs/eviction.md, "SSD tier"): an object the
+  // evictor picks that was read at least once since its put, has one
+  // replica, no group, and whose daemon reports an SSD tier with room is
+  // copied there instead of dropped, and stays readable as an SSD replica
+  // once the daemon confirms. Its extent is not reused until the daemon
+  // has answered (an object removed meanwhile frees it only
+  // 2 x offload_timeout after the order went out); an order that fails or
+  // does not answer within offload_timeout is a plain eviction. Empty: off.
+  OffloadFn offload;
+  absl::Duration offload_timeout = absl::Seconds(2);
 };
 
 struct PutItem {
@@ -104,6 +129,8 @@ struct ExtentOut {
   uint64_t offset = 0;
   uint64_t length = 0;
   uint32_t segment_id = 0;
+  bool ssd = false;    // a record on the segment's daemon's SSD tier (no offset)
+  bool stage = false;  // a staging extent: ask the daemon to fill it from SSD first
 };
 
 struct PutStartOut {
@@ -150,6 +177,9 @@ struct IndexStats {
   uint64_t leased = 0;
   uint64_t pinned = 0;
   uint64_t memory_bytes = 0;
+  uint64_t offloaded = 0;      // evictions that moved the object to an SSD tier
+  uint64_t offload_failed = 0; // offload orders that failed (those objects were dropped)
+  uint64_t staged = 0;         // reads of SSD replicas given a staging extent
 };
 
 class ObjectIndex {
@@ -177,7 +207,13 @@ class ObjectIndex {
   std::vector<absl::Status> PutRevoke(const std::vector<std::string>& keys);
 
   // Visible replicas and a read lease (lease_ttl) per key; NOT_FOUND on a
-  // miss. Counts as an access for LRU. With `resolve_names` false, extents
+  // miss. DRAM replicas when the object has any; otherwise (an object on an
+  // SSD tier) a staging extent allocated on the SSD replica's segment
+  // (ExtentOut::stage), which the reader asks the daemon to fill before
+  // reading it. The extent stays the object's DRAM copy, handed to later
+  // readers (stage set: each fills it again) and evicted like an object
+  // (the SSD record stays). When the segment has no room the index evicts
+  // as a put would and tries once more; NOT_FOUND if there is still none. Counts as an access for LRU. With `resolve_names` false, extents
   // carry only segment ids (SegmentRegistry::LiveNames maps them), which
   // saves a string per replica on the RPC fast path.
   std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys,

@@ -26,7 +26,8 @@ void SetExtent(v1::Extent* out, const ExtentOut& e) {
 }
 
 SegmentSpec FromProto(const v1::Segment& s) {
-  return {s.name(), s.host(), s.capacity(), s.incarnation(), s.endpoint()};
+  return {s.name(), s.host(), s.capacity(), s.incarnation(), s.endpoint(), s.tier_http(), s.ssd_capacity(),
+          s.ssd_used()};
 }
 
 std::vector<std::string> Keys(const google::protobuf::RepeatedPtrField<std::string>& keys) {
@@ -115,6 +116,16 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, v1::GetReplicasResponse*
         }
         resp->add_replica_segments(it->second);
         resp->add_replica_offsets(e.offset);
+        if (e.stage) {
+          // Only answers with an SSD hit carry the stage flags.
+          while (resp->replica_stage_size() + 1 < resp->replica_offsets_size()) resp->add_replica_stage(false);
+          resp->add_replica_stage(true);
+          auto& endpoints = *resp->mutable_stage_endpoints();
+          if (endpoints.find(it->second) == endpoints.end()) {
+            std::optional<std::string> tier = m->registry().TierFor(e.segment_id, 0);
+            endpoints[it->second] = tier.value_or("");
+          }
+        }
         ++count;
       }
     }
@@ -173,6 +184,9 @@ void Stats(Master* m, const v1::StatsRequest&, v1::StatsResponse* resp) {
     seg->set_capacity(s.spec.capacity);
     seg->set_incarnation(s.spec.incarnation);
     seg->set_endpoint(s.spec.endpoint);
+    seg->set_tier_http(s.spec.tier_http);
+    seg->set_ssd_capacity(s.spec.ssd_capacity);
+    seg->set_ssd_used(s.spec.ssd_used);
     info->set_used(s.used);
     info->set_state(s.recovering ? "recovering" : "live");
     info->set_last_heartbeat_unix_ms(absl::ToUnixMillis(s.last_heartbeat));

@@ -74,6 +74,26 @@ bool SegmentRegistry::Heartbeat(const std::string& name, const std::string& inca
   return true;
 }
 
+void SegmentRegistry::UpdateTier(const SegmentSpec& spec) {
+  MutexLock lock(&mu_);
+  auto it = by_name_.find(spec.name);
+  if (it == by_name_.end()) return;
+  Segment& seg = by_id_.at(it->second);
+  if (seg.spec.incarnation != spec.incarnation) return;
+  seg.spec.tier_http = spec.tier_http;
+  seg.spec.ssd_capacity = spec.ssd_capacity;
+  seg.spec.ssd_used = spec.ssd_used;
+}
+
+std::optional<std::string> SegmentRegistry::TierFor(uint32_t id, uint64_t size) const {
+  MutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end() || it->second.recovering) return std::nullopt;
+  const SegmentSpec& spec = it->second.spec;
+  if (spec.tier_http.empty() || spec.ssd_capacity < size) return std::nullopt;
+  return spec.tier_http;
+}
+
 std::vector<uint32_t> SegmentRegistry::Expire(absl::Time now, absl::Duration ttl) {
   std::vector<uint32_t> gone;
   MutexLock lock(&mu_);
@@ -135,7 +155,7 @@ absl::StatusOr<std::vector<Replica>> SegmentRegistry::Allocate(uint64_t size, in
       if (pass == 0 && hosts.contains(c.seg->spec.host)) continue;
       std::optional<uint64_t> off = c.seg->allocator->Allocate(size);
       if (!off) continue;
-      out.push_back({c.seg->id, *off});
+      out.push_back({c.seg->id, false, false, *off});
       hosts.insert(c.seg->spec.host);
       used.insert(c.seg->id);
     }
@@ -146,7 +166,17 @@ absl::StatusOr<std::vector<Replica>> SegmentRegistry::Allocate(uint64_t size, in
   return out;
 }
 
+std::optional<Replica> SegmentRegistry::AllocateIn(uint32_t id, uint64_t size) {
+  MutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end() || it->second.recovering) return std::nullopt;
+  std::optional<uint64_t> off = it->second.allocator->Allocate(size);
+  if (!off) return std::nullopt;
+  return Replica{id, false, true, *off};
+}
+
 void SegmentRegistry::Free(const Replica& r, uint64_t size) {
+  if (r.ssd) return;
   MutexLock lock(&mu_);
   auto it = by_id_.find(r.segment_id);
   if (it == by_id_.end()) return;
@@ -156,6 +186,7 @@ void SegmentRegistry::Free(const Replica& r, uint64_t size) {
 }
 
 absl::Status SegmentRegistry::Reserve(const Replica& r, uint64_t size) {
+  if (r.ssd) return absl::OkStatus();
   MutexLock lock(&mu_);
   auto it = by_id_.find(r.segment_id);
   if (it == by_id_.end()) return absl::NotFoundError("segment left");

@@ -33,10 +33,21 @@ struct SegmentSpec {
   uint64_t capacity = 0;
   std::string incarnation;
   std::string endpoint;
+  // The lending daemon's SSD tier (proto Segment fields 6-8): its HTTP
+  // address for tier moves, empty without a working tier.
+  std::string tier_http;
+  uint64_t ssd_capacity = 0;
+  uint64_t ssd_used = 0;
 };
 
+// An object's copy on a segment: an extent of its DRAM at `offset`, or
+// (ssd) a record on the lending daemon's SSD tier, which takes no extent.
+// A `stage` extent is a DRAM copy of an SSD record made on a read: every
+// reader asks the daemon to fill it from the record before reading it.
 struct Replica {
   uint32_t segment_id;
+  bool ssd = false;
+  bool stage = false;
   uint64_t offset;
 };
 
@@ -73,6 +84,11 @@ class SegmentRegistry {
   // Refreshes liveness. False when the segment must be mounted again
   // (unknown, recovering, or a different incarnation).
   bool Heartbeat(const std::string& name, const std::string& incarnation, absl::Time now);
+  // Takes a heartbeat's SSD figures for the segment (same incarnation only).
+  void UpdateTier(const SegmentSpec& spec);
+  // The segment's SSD tier, when its daemon has a working one with at
+  // least `size` bytes of capacity: its HTTP address for tier moves.
+  std::optional<std::string> TierFor(uint32_t id, uint64_t size) const;
 
   // Removes LIVE segments not heard from since `now - ttl` and RECOVERING
   // ones older than `now - ttl`; returns the removed ids.
@@ -89,7 +105,11 @@ class SegmentRegistry {
   // group then lives and dies on the same segments.
   absl::StatusOr<std::vector<Replica>> Allocate(uint64_t size, int count, const std::string& preferred,
                                                 absl::Span<const uint32_t> with = {});
-  // Returns an extent; a no-op for a segment that has left.
+  // A `stage` extent of `size` bytes in the LIVE segment `id` (a copy of
+  // an SSD record for a read), or nullopt when it has no room.
+  std::optional<Replica> AllocateIn(uint32_t id, uint64_t size);
+  // Returns an extent; a no-op for a segment that has left and for an SSD
+  // replica (Reserve too: an SSD record holds no extent).
   void Free(const Replica& r, uint64_t size);
   // Marks an extent used while rebuilding from persistence.
   absl::Status Reserve(const Replica& r, uint64_t size);

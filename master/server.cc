@@ -48,6 +48,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   options.index.lease_ttl = config.lease_ttl;
   options.index.put_timeout = config.put_timeout;
   options.index.revoke_grace = config.revoke_grace;
+  options.index.offload_timeout = config.ssd_offload_timeout;
   options.index.high_watermark = config.high_watermark;
   options.index.low_watermark = config.low_watermark;
   ASSIGN_OR_RETURN(options.index.eviction, master::ParseEvictionPolicy(config.eviction_policy));

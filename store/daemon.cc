@@ -83,6 +83,8 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   lo.mlock = config.mlock;
   lo.numa_node = static_cast<int>(config.numa_node);
   lo.heartbeat_interval = config.heartbeat_interval;
+  StoreDaemon* self = d.get();
+  lo.describe_tier = [self](v1::Segment* s) { self->DescribeTier(s); };
   absl::StatusOr<std::unique_ptr<client::SegmentLender>> lender =
       client::SegmentLender::Start(lo, d->engine_.get(), d->master_.get());
   if (!lender.ok()) {
@@ -116,12 +118,23 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   d->http_->Get("/metrics", [raw](const httplib::Request&, httplib::Response& res) {
     res.set_content(raw->metrics_.Serialize(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  d->http_->set_payload_max_length(1 << 16);
+  d->http_->Post("/tier/offload", [raw](const httplib::Request& req, httplib::Response& res) {
+    raw->ServeTierMove(req, res, /*offload=*/true);
+  });
+  d->http_->Post("/tier/stage", [raw](const httplib::Request& req, httplib::Response& res) {
+    raw->ServeTierMove(req, res, /*offload=*/false);
+  });
+  // Room for a batch of tier moves (keys up to 4 KiB each).
+  d->http_->set_payload_max_length(4 << 20);
   d->http_port_ = d->http_->Bind(config.listen, static_cast<int>(config.http_port));
   if (d->http_port_ <= 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", config.listen, ":", config.http_port));
   }
   d->http_->Start();
+  if (d->ssd_ != nullptr) {
+    d->tier_http_ = absl::StrCat(d->engine_->advertised_address(), ":", d->http_port_);
+    d->tier_ready_.store(true, std::memory_order_release);
+  }
   return d;
 }
 
@@ -236,6 +249,56 @@ std::vector<absl::StatusOr<uint64_t>> StoreDaemon::StageFromSsd(const std::vecto
   std::vector<absl::StatusOr<uint64_t>> got = ssd_->ReadBatch(reads);
   for (size_t j = 0; j < at.size(); ++j) out[at[j]] = got[j];
   return out;
+}
+
+void StoreDaemon::DescribeTier(v1::Segment* s) const {
+  if (!tier_ready_.load(std::memory_order_acquire)) return;
+  SsdStats st = ssd_->Stats();
+  s->set_tier_http(tier_http_);
+  s->set_ssd_capacity(st.failed ? 0 : st.capacity);
+  s->set_ssd_used(st.used);
+}
+
+void StoreDaemon::ServeTierMove(const httplib::Request& req, httplib::Response& res, bool offload) {
+  v1::TierMoveRequest in;
+  if (!in.ParseFromString(req.body)) {
+    res.status = 400;
+    res.set_content("not a TierMoveRequest\n", "text/plain");
+    return;
+  }
+  std::vector<TierMove> moves;
+  moves.reserve(in.items_size());
+  for (const v1::TierMoveItem& it : in.items()) moves.push_back({it.key(), it.offset(), it.length()});
+  v1::TierMoveResponse out;
+  auto put = [&out](const absl::Status& st) {
+    v1::ItemStatus* s = out.add_status();
+    if (st.ok()) return;
+    s->set_code(static_cast<int>(st.code()));
+    s->set_message(std::string(st.message()));
+  };
+  if (offload) {
+    // The master's order carries the key's current value: a record an
+    // earlier value of the key left behind gives way to it.
+    if (ssd_ != nullptr) {
+      for (const TierMove& m : moves) {
+        if (ssd_->SizeOf(m.key)) (void)ssd_->Erase(m.key);
+      }
+    }
+    for (const absl::Status& st : OffloadToSsd(moves)) put(st);
+  } else {
+    std::vector<absl::StatusOr<uint64_t>> got = StageFromSsd(moves);
+    for (size_t i = 0; i < got.size(); ++i) {
+      // The reader's extent is the object's size: a record of another
+      // size is not this object's value.
+      if (got[i].ok() && *got[i] != moves[i].length) {
+        put(absl::FailedPreconditionError(
+            absl::StrCat("the record of ", moves[i].key, " holds ", *got[i], " bytes, not ", moves[i].length)));
+      } else {
+        put(got[i].status());
+      }
+    }
+  }
+  res.set_content(out.SerializeAsString(), "application/x-protobuf");
 }
 
 std::string StoreDaemon::SsdHealth() const {

@@ -22,6 +22,7 @@
 // returns). Stop() unmounts, stops serving and joins everything.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <thread>
 
@@ -73,8 +74,12 @@ class StoreDaemon {
   // any replica. Per item: INVALID_ARGUMENT for an extent outside the
   // segment, OUT_OF_RANGE when a record does not fit its extent (Stage),
   // UNAVAILABLE without a working tier, and SsdTier's statuses otherwise.
-  // Who orders a move (the master, at eviction and on a hit) is not wired
-  // yet.
+  // The master orders offloads at eviction (POST /tier/offload) and a
+  // reader stages an SSD hit into the staging extent the master gave it
+  // (POST /tier/stage), each a v1::TierMoveRequest answered by a
+  // v1::TierMoveResponse; the daemon's heartbeat names that HTTP address
+  // and the tier's capacity and use (Segment.tier_http, ssd_*) once the
+  // tier is up.
   std::vector<absl::Status> OffloadToSsd(const std::vector<TierMove>& moves);
   std::vector<absl::StatusOr<uint64_t>> StageFromSsd(const std::vector<TierMove>& moves);
   // One line on the SSD tier: "off", "ok ..." or "failed: <why>".
@@ -85,6 +90,10 @@ class StoreDaemon {
   StoreDaemon() = default;
   void RegisterMetrics();
   void RegisterSsdMetrics();
+  // Fills the segment's tier fields for the heartbeat (LenderOptions::describe_tier).
+  void DescribeTier(v1::Segment* s) const;
+  // Serves POST /tier/offload and /tier/stage.
+  void ServeTierMove(const httplib::Request& req, httplib::Response& res, bool offload);
   // Opens --ssd-dir's tier. Errors only for what the operator must fix (a
   // directory that cannot be made or opened); a disk that fails leaves
   // ssd_ null and ssd_failure_ saying why.
@@ -99,6 +108,8 @@ class StoreDaemon {
   metrics::Registry metrics_;
   std::unique_ptr<HttpServer> http_;
   int http_port_ = 0;
+  std::string tier_http_;              // set before tier_ready_
+  std::atomic<bool> tier_ready_{false};  // the heartbeat may name the tier
   bool stopped_ = false;
 };
 

@@ -66,13 +66,16 @@ int Segments(const CtlConfig& c) {
     return 0;
   }
   int64_t now = absl::ToUnixMillis(absl::Now());
-  std::printf("%-28s %-16s %-10s %12s %12s %6s %10s\n", "SEGMENT", "HOST", "STATE", "CAPACITY", "USED", "USE%",
-              "HEARTBEAT");
+  std::printf("%-28s %-16s %-10s %12s %12s %6s %12s %12s %10s\n", "SEGMENT", "HOST", "STATE", "CAPACITY", "USED",
+              "USE%", "SSD", "SSD USED", "HEARTBEAT");
   for (const json& s : *segs) {
     uint64_t cap = s["capacity"], used = s["used"];
-    std::printf("%-28s %-16s %-10s %12s %12s %5.1f%% %8.1fs\n", s["name"].get<std::string>().c_str(),
+    // Masters that predate the SSD tier send no ssd_* fields.
+    uint64_t ssd_cap = s.value("ssd_capacity", uint64_t{0}), ssd_used = s.value("ssd_used", uint64_t{0});
+    std::printf("%-28s %-16s %-10s %12s %12s %5.1f%% %12s %12s %8.1fs\n", s["name"].get<std::string>().c_str(),
                 s["host"].get<std::string>().c_str(), s["state"].get<std::string>().c_str(),
                 FormatSize(cap).c_str(), FormatSize(used).c_str(), cap ? 100.0 * used / cap : 0.0,
+                ssd_cap ? FormatSize(ssd_cap).c_str() : "-", ssd_cap ? FormatSize(ssd_used).c_str() : "-",
                 (now - s["last_heartbeat_unix_ms"].get<int64_t>()) / 1000.0);
   }
   return 0;

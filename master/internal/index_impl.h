@@ -57,6 +57,8 @@ struct Object {
   // the list (CLOCK-style approximate LRU). Bit fields keep the slot at
   // 112 bytes.
   bool referenced : 1 = false;
+  bool read : 1 = false;    // read since its put: admitted to an SSD tier on eviction
+  bool moving : 1 = false;  // an offload order is out: off the eviction lists, its extent held
 };
 static_assert(sizeof(Object) <= 112, "an index slot grew: check tierkv-bench master's bytes per object");
 
@@ -207,6 +209,12 @@ class ObjectIndex::Impl {
   IndexStats Stats() const;
   uint64_t PendingOf(const std::string& client);
 
+  // GetReplicas' lookups. Keys of SSD hits that found no room for a
+  // staging extent go to *no_room, their bytes to *staged_bytes; both
+  // null: none is collected.
+  std::vector<LookupOut> Lookup(const std::vector<std::string>& keys, bool resolve_names,
+                                std::vector<size_t>* no_room, uint64_t* staged_bytes);
+
   // --- eviction.cc
   uint64_t EvictTo(uint64_t target_used);
   void MaybeEvict();
@@ -242,6 +250,25 @@ class ObjectIndex::Impl {
     return {true, o.size, tick > o.access ? tick - o.access : 0};
   }
   bool Leased(const Object& o, int64_t now_ms) const;
+  // True while some replica is a DRAM extent (only those are evicted).
+  static bool InDram(const Object& o) {
+    for (const Replica& r : o.replicas) {
+      if (!r.ssd) return true;
+    }
+    return false;
+  }
+  // An offload order out for the object in `slot` (EvictTo).
+  struct Move {
+    size_t shard;
+    uint32_t slot;
+    uint32_t gen;
+    std::string tier_http;
+    TierOrder order;
+  };
+  // Sends the orders and applies the answers: a confirmed object keeps an
+  // SSD replica in place of its extent, the others are evicted.
+  void FinishMoves(std::vector<Move> moves);
+
   // Removes the object in `slot`: frees its live extents, deletes its
   // record (into *mutations), and records parent/group follow-ups. Extents
   // of a leased object wait for the lease; those of a pending one wait
@@ -313,6 +340,7 @@ class ObjectIndex::Impl {
   size_t evict_cursor_ ABSL_GUARDED_BY(evict_mu_) = 0;
   std::atomic<uint64_t> objects_{0}, pending_{0}, evictions_{0}, evicted_bytes_{0};
   std::atomic<uint64_t> pinned_{0}, key_bytes_{0};
+  std::atomic<uint64_t> offloaded_{0}, offload_failed_{0}, staged_{0};
   LeaseWheel leases_;
 
   friend class ObjectIndex;
