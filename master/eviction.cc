@@ -87,7 +87,7 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
           // round on; it may be older than this shard's next tail.
           if (!follow.parents.empty()) break;
         }
-        Persist(&mutations);
+        Persist(&mutations, &follow);
       }
       RunFollowUps(std::move(follow));
       if (progressed) {
@@ -234,7 +234,7 @@ uint64_t ObjectIndex::Impl::DropSegments(const std::vector<uint32_t>& ids) {
         mutations.push_back({absl::StrCat("o/", o.key), EncodeRecord(o, parent), false});
       }
     }
-    Persist(&mutations);
+    Persist(&mutations, &follow);
   }
   RunFollowUps(std::move(follow));
   return dropped;
@@ -404,6 +404,9 @@ absl::Status ObjectIndex::Impl::CheckInvariants() {
     MutexLock lock(&deferred_mu_);
     for (const DeferredFree& d : deferred_) {
       for (const Replica& r : d.replicas) used_by_objects[r.segment_id] += registry_->Rounded(d.size);
+    }
+    for (const FollowUp::Extents& e : stranded_) {
+      for (const Replica& r : e.replicas) used_by_objects[r.segment_id] += registry_->Rounded(e.size);
     }
   }
   if (complete != objects_.load() || pending != pending_.load()) {

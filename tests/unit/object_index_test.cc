@@ -675,6 +675,51 @@ TEST_F(IndexTest, AFailedBatchWriteCommitsNothing) {
   EXPECT_OK(index_->CheckInvariants());
 }
 
+// A removed object's space is reused only once the deletion of its record
+// is durable. When that write fails the record survives in the store, so
+// the space must stay allocated: a put reusing it would be overwritten by
+// nothing, but after a restart the surviving record would read the new
+// put's bytes as its own.
+TEST_F(IndexTest, ARemovedObjectsSpaceIsNotReusedUntilItsDeletionIsDurable) {
+  class FlakyStore final : public IndexStore {
+   public:
+    absl::Status Write(const std::vector<Mutation>& m) override {
+      if (fail.load()) return absl::UnavailableError("disk gone");
+      return base_->Write(m);
+    }
+    absl::StatusOr<std::string> Get(const std::string& k) override { return base_->Get(k); }
+    absl::Status Scan(const std::string& p,
+                      const std::function<bool(absl::string_view, absl::string_view)>& fn) override {
+      return base_->Scan(p, fn);
+    }
+    absl::Status Flush() override { return base_->Flush(); }
+    std::atomic<bool> fail{false};
+
+   private:
+    std::unique_ptr<IndexStore> base_ = NewMemStore();
+  };
+  auto flaky = std::make_unique<FlakyStore>();
+  FlakyStore* store = flaky.get();
+  index_.reset();
+  store_ = std::move(flaky);
+  index_ = std::make_unique<ObjectIndex>(options_, registry_.get(), store_.get(), &clock_);
+  Mount("seg-a", 4096);  // room for exactly one object
+  ASSERT_OK(Put("a", 4096));
+  store->fail.store(true);
+  (void)index_->Remove({"a"}, false);
+  store->fail.store(false);
+  EXPECT_FALSE(Present("a"));
+  EXPECT_THAT(index_->PutStart({{"b", 4096}})[0].status, StatusIs(absl::StatusCode::kResourceExhausted))
+      << "the space of a whose record is still in the store was handed out again";
+  EXPECT_OK(index_->CheckInvariants());
+  // With the store writable a removal frees the space for the next put.
+  Mount("seg-b", 4096);
+  ASSERT_OK(Put("c", 4096));
+  EXPECT_OK(index_->Remove({"c"}, false)[0]);
+  EXPECT_OK(index_->PutStart({{"d", 4096}})[0].status);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
 // Records which threads eviction ran on.
 class EvictionWatcher final : public IndexListener {
  public:
