@@ -237,6 +237,7 @@ void Master::RegisterMetrics() {
   auto& objects = metrics::BuildGauge().Name("tierkv_master_objects").Help("Objects in the index by state").Register(metrics_);
   auto& evictions = metrics::BuildCounter().Name("tierkv_master_evictions_total").Help("Objects evicted").Register(metrics_);
   auto& evicted_bytes = metrics::BuildCounter().Name("tierkv_master_evicted_bytes_total").Help("Bytes evicted").Register(metrics_);
+  auto& evictor_passes = metrics::BuildCounter().Name("tierkv_master_evictor_passes_total").Help("Passes of the background evictor above the high watermark").Register(metrics_);
   auto& leases = metrics::BuildGauge().Name("tierkv_master_leased_objects").Help("Objects under a read lease").Register(metrics_);
   auto& pinned = metrics::BuildGauge().Name("tierkv_master_pinned_objects").Help("Pinned objects, soft or hard").Register(metrics_);
   auto& groups = metrics::BuildGauge().Name("tierkv_master_groups").Help("Groups in the index").Register(metrics_);
@@ -244,7 +245,7 @@ void Master::RegisterMetrics() {
   auto& used = metrics::BuildGauge().Name("tierkv_segment_used_bytes").Help("Bytes allocated per segment").Register(metrics_);
   auto& capacity = metrics::BuildGauge().Name("tierkv_segment_capacity_bytes").Help("Bytes lent per segment").Register(metrics_);
   auto& clients = metrics::BuildGauge().Name("tierkv_master_clients").Help("Clients heard from within the TTL").Register(metrics_);
-  metrics_.AddCollectHook([this, &objects, &evictions, &evicted_bytes, &leases, &pinned, &groups,
+  metrics_.AddCollectHook([this, &objects, &evictions, &evicted_bytes, &evictor_passes, &leases, &pinned, &groups,
                            &memory, &used, &capacity, &clients] {
     IndexStats st = index_->Stats();
     objects.Add({{"state", "complete"}}).Set(static_cast<double>(st.objects));
@@ -255,6 +256,7 @@ void Master::RegisterMetrics() {
     };
     catch_up(evictions.Add({}), st.evictions);
     catch_up(evicted_bytes.Add({}), st.evicted_bytes);
+    catch_up(evictor_passes.Add({}), st.evictor_passes);
     leases.Add({}).Set(static_cast<double>(st.leased));
     pinned.Add({}).Set(static_cast<double>(st.pinned));
     groups.Add({}).Set(static_cast<double>(st.groups));

@@ -819,6 +819,7 @@ IndexStats ObjectIndex::Impl::Stats() const {
   st.objects = objects_.load();
   st.pending = pending_.load();
   st.evictions = evictions_.load();
+  st.evictor_passes = evictor_passes_.load();
   st.evicted_bytes = evicted_bytes_.load();
   st.pinned = pinned_.load();
   // No shard lock and no object visited: a scrape costs the same at any

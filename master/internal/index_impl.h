@@ -217,7 +217,9 @@ class ObjectIndex::Impl {
 
   // --- eviction.cc
   uint64_t EvictTo(uint64_t target_used);
-  void MaybeEvict();
+  // Evicts down to the low watermark when above the high one; false when
+  // it had nothing to do, or found nothing it could evict.
+  bool MaybeEvict();
   void RunEvictor();
   void StopEvictor();
   void Tick();
@@ -326,6 +328,7 @@ class ObjectIndex::Impl {
   Mutex evict_mu_;  // one evictor at a time
   size_t evict_cursor_ ABSL_GUARDED_BY(evict_mu_) = 0;
   std::atomic<uint64_t> objects_{0}, pending_{0}, evictions_{0}, evicted_bytes_{0};
+  std::atomic<uint64_t> evictor_passes_{0};
   std::atomic<uint64_t> pinned_{0}, key_bytes_{0};
   LeaseWheel leases_;
 

@@ -775,6 +775,42 @@ TEST_F(IndexTest, BackgroundEvictorKeepsHeadroomOffTheRequestPath) {
   index_.reset();  // before the watcher it reports to
 }
 
+// Above the high watermark with nothing evictable (every object leased),
+// puts keep waking the evictor; it backs off instead of running a whole
+// pass for each of them.
+TEST_F(IndexTest, AnEvictorThatFindsNothingToEvictBacksOff) {
+  IndexOptions o;
+  o.high_watermark = 0.5;
+  o.low_watermark = 0.3;
+  Build(o);
+  Mount("seg-a", 100 * 1024);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 45; ++i) {
+    keys.push_back(absl::StrCat("k", i));
+    ASSERT_OK(Put(keys.back(), 1024));
+  }
+  for (const LookupOut& r : index_->GetReplicas(keys)) ASSERT_OK(r.status);  // all leased (the clock stands still)
+  // Puts still being written take it past the high watermark (50 KiB).
+  for (int i = 0; i < 10; ++i) ASSERT_OK(index_->PutStart({{absl::StrCat("p", i), 1024}})[0].status);
+  ASSERT_GT(registry_->used(), 50u * 1024);
+  std::thread evictor([this] { index_->RunEvictor(); });
+  const absl::Time up = absl::Now() + absl::Seconds(10);
+  while (!index_->EvictorRunning() && absl::Now() < up) std::this_thread::yield();
+  ASSERT_TRUE(index_->EvictorRunning());
+  // 300 puts over about 300 ms, each past the high watermark.
+  for (int i = 0; i < 300; ++i) {
+    (void)index_->PutStart({{"k0", 1024}});  // exists: refused, but still a wake
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  index_->StopEvictor();
+  evictor.join();
+  const IndexStats st = index_->Stats();
+  EXPECT_EQ(st.evictions, 0u);
+  EXPECT_GE(st.evictor_passes, 1u);
+  EXPECT_LE(st.evictor_passes, 12u) << "a fruitless pass per put";
+  EXPECT_OK(index_->CheckInvariants());
+}
+
 // The last resort: with the evictor running but no watermark crossed (a
 // high watermark of 1), a PutStart into a full store still evicts inline
 // for itself rather than failing.
