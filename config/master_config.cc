@@ -62,7 +62,7 @@ const FlagTable<MasterConfig>& MasterFlags() {
                      "gRPC threads, each polling its own completion queue and running the handlers "
                      "it takes inline; one has no hand-off between threads per RPC (the lowest "
                      "latency), more serve many clients and long batches side by side; 0: a quarter "
-                     "of the cores, at least 1 and at most 16 (docs/performance.md)"),
+                     "of the usable cores (affinity, cgroup CPU quota), at least 1 and at most 16 (docs/performance.md)"),
           IntFlag<C>("http-threads", &C::http_threads, "8", 1, 256,
                      "HTTP worker threads (a connection holds one only while a request is in it)"),
           IntFlag<C>("http-max-connections", &C::http_max_connections, "8192", 1, 1 << 20,

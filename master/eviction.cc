@@ -124,7 +124,7 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
           // round on; it may be older than this shard's next tail.
           if (!follow.parents.empty()) break;
         }
-        Persist(&mutations);
+        Persist(&mutations, &follow);
       }
       RunFollowUps(std::move(follow));
       if (!moves.empty()) FinishMoves(std::move(moves));
@@ -204,9 +204,9 @@ bool ObjectIndex::Impl::AboveHighWatermark() const {
   return capacity > 0 && registry_->used() > static_cast<uint64_t>(options_.high_watermark * capacity);
 }
 
-void ObjectIndex::Impl::MaybeEvict() {
-  if (!AboveHighWatermark()) return;
-  EvictTo(static_cast<uint64_t>(options_.low_watermark * registry_->capacity()));
+bool ObjectIndex::Impl::MaybeEvict() {
+  if (!AboveHighWatermark()) return false;
+  return EvictTo(static_cast<uint64_t>(options_.low_watermark * registry_->capacity())) > 0;
 }
 
 void ObjectIndex::Impl::WakeEvictor() {
@@ -221,15 +221,35 @@ void ObjectIndex::Impl::RunEvictor() {
   MutexLock lock(&evictor_mu_);
   if (evictor_stopped_) return;
   evictor_running_.store(true);
+  // After a pass above the high watermark that freed nothing (all leased,
+  // or still being written), the next waits, doubling up to a second, and
+  // wakes by PutStart are folded into it: otherwise every put would run a
+  // whole fruitless pass, which burns CPU and requeues the leased tails.
+  auto backoff = std::chrono::milliseconds(0);
   while (!evictor_stopped_) {
     // Woken by a PutStart past the high watermark; the timeout is a net
     // under a lost wake-up (frees by leases ending and Tick also pass here).
-    if (!evictor_wanted_) evictor_cv_.WaitFor(&evictor_mu_, std::chrono::milliseconds(100));
+    if (backoff.count() > 0) {
+      const auto until = std::chrono::steady_clock::now() + backoff;
+      while (!evictor_stopped_ && std::chrono::steady_clock::now() < until) {
+        evictor_cv_.WaitFor(&evictor_mu_, until - std::chrono::steady_clock::now());
+      }
+    } else if (!evictor_wanted_) {
+      evictor_cv_.WaitFor(&evictor_mu_, std::chrono::milliseconds(100));
+    }
     if (evictor_stopped_) break;
     evictor_wanted_ = false;
     evictor_mu_.Unlock();
-    MaybeEvict();
+    const bool above = AboveHighWatermark();
+    const bool freed = above && MaybeEvict();
+    if (above) evictor_passes_.fetch_add(1);
     evictor_mu_.Lock();
+    if (!above || freed) {
+      backoff = std::chrono::milliseconds(0);
+    } else {
+      backoff = std::min<std::chrono::milliseconds>(std::chrono::milliseconds(1000),
+                                                    std::max(std::chrono::milliseconds(50), backoff * 2));
+    }
   }
   evictor_running_.store(false);
 }
@@ -333,7 +353,7 @@ uint64_t ObjectIndex::Impl::DropSegments(const std::vector<uint32_t>& ids) {
         mutations.push_back({absl::StrCat("o/", o.key), EncodeRecord(o, parent), false});
       }
     }
-    Persist(&mutations);
+    Persist(&mutations, &follow);
   }
   RunFollowUps(std::move(follow));
   return dropped;
@@ -507,6 +527,9 @@ absl::Status ObjectIndex::Impl::CheckInvariants() {
       for (const Replica& r : d.replicas) {
         if (!r.ssd) used_by_objects[r.segment_id] += registry_->Rounded(d.size);
       }
+    }
+    for (const FollowUp::Extents& e : stranded_) {
+      for (const Replica& r : e.replicas) used_by_objects[r.segment_id] += registry_->Rounded(e.size);
     }
   }
   if (complete != objects_.load() || pending != pending_.load()) {

@@ -125,6 +125,12 @@ class Call final : public CallBase {
 
   void Proceed(bool ok) override {
     if (!ok || answered_) {
+      if (on_slow_lane_) {
+        // The slow lane's thread may still be returning from Finish; its
+        // unlock orders its last touch of this call before the delete (and
+        // shows TSan the order gRPC's own hand-off keeps out of its sight).
+        MutexLock lock(&finish_mu_);
+      }
       delete this;  // finished, or the queue is going away
       return;
     }
@@ -159,7 +165,11 @@ class Call final : public CallBase {
     }
     st.items->Increment(items);
     if (method_->slow || items > kInlineItems) {
-      state_->slow.Post([this] { Answer(); });
+      on_slow_lane_ = true;
+      state_->slow.Post([this] {
+        MutexLock lock(&finish_mu_);
+        Answer();
+      });
     } else {
       Answer();
     }
@@ -197,6 +207,8 @@ class Call final : public CallBase {
   Resp resp_;
   grpc::ServerAsyncResponseWriter<Resp> responder_;
   bool answered_ = false;
+  bool on_slow_lane_ = false;  // set before the hand-off, read by the poller after
+  Mutex finish_mu_;            // held by the slow lane across the handler and Finish
 };
 
 // Binds a method's request function, handler and item count.

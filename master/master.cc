@@ -282,6 +282,7 @@ void Master::RegisterMetrics() {
   auto& objects = metrics::BuildGauge().Name("tierkv_master_objects").Help("Objects in the index by state").Register(metrics_);
   auto& evictions = metrics::BuildCounter().Name("tierkv_master_evictions_total").Help("Objects evicted").Register(metrics_);
   auto& evicted_bytes = metrics::BuildCounter().Name("tierkv_master_evicted_bytes_total").Help("Bytes evicted").Register(metrics_);
+  auto& evictor_passes = metrics::BuildCounter().Name("tierkv_master_evictor_passes_total").Help("Passes of the background evictor above the high watermark").Register(metrics_);
   auto& leases = metrics::BuildGauge().Name("tierkv_master_leased_objects").Help("Objects under a read lease").Register(metrics_);
   auto& pinned = metrics::BuildGauge().Name("tierkv_master_pinned_objects").Help("Pinned objects, soft or hard").Register(metrics_);
   auto& groups = metrics::BuildGauge().Name("tierkv_master_groups").Help("Groups in the index").Register(metrics_);
@@ -292,7 +293,7 @@ void Master::RegisterMetrics() {
   auto& ssd_used = metrics::BuildGauge().Name("tierkv_segment_ssd_used_bytes").Help("Bytes on the SSD tier of each segment's daemon, as its heartbeat reports").Register(metrics_);
   auto& ssd_capacity = metrics::BuildGauge().Name("tierkv_segment_ssd_capacity_bytes").Help("SSD tier capacity of each segment's daemon (0: none or down)").Register(metrics_);
   auto& tier_moves = metrics::BuildCounter().Name("tierkv_master_ssd_moves_total").Help("Objects moved by the SSD tier, by kind (offloaded, offload_failed, staged)").Register(metrics_);
-  metrics_.AddCollectHook([this, &objects, &evictions, &evicted_bytes, &leases, &pinned, &groups,
+  metrics_.AddCollectHook([this, &objects, &evictions, &evicted_bytes, &evictor_passes, &leases, &pinned, &groups,
                            &memory, &used, &capacity, &clients, &ssd_used, &ssd_capacity, &tier_moves] {
     IndexStats st = index_->Stats();
     objects.Add({{"state", "complete"}}).Set(static_cast<double>(st.objects));
@@ -306,6 +307,7 @@ void Master::RegisterMetrics() {
     catch_up(tier_moves.Add({{"kind", "offloaded"}}), st.offloaded);
     catch_up(tier_moves.Add({{"kind", "offload_failed"}}), st.offload_failed);
     catch_up(tier_moves.Add({{"kind", "staged"}}), st.staged);
+    catch_up(evictor_passes.Add({}), st.evictor_passes);
     leases.Add({}).Set(static_cast<double>(st.leased));
     pinned.Add({}).Set(static_cast<double>(st.pinned));
     groups.Add({}).Set(static_cast<double>(st.groups));

@@ -268,12 +268,28 @@ std::string ObjectIndex::Impl::EncodeRecord(const Object& o, const std::string& 
   return rec.SerializeAsString();
 }
 
-void ObjectIndex::Impl::Persist(std::vector<Mutation>* mutations) {
-  if (mutations->empty()) return;
-  if (absl::Status s = store_->Write(*mutations); !s.ok()) {
-    TKV_LOG(ERROR) << "persisting " << mutations->size() << " index changes failed: " << s;
+void ObjectIndex::Impl::Persist(std::vector<Mutation>* mutations, FollowUp* follow) {
+  bool written = true;
+  if (!mutations->empty()) {
+    if (absl::Status s = store_->Write(*mutations); !s.ok()) {
+      written = false;
+      TKV_LOG(ERROR) << "persisting " << mutations->size() << " index changes failed: " << s
+                     << (follow != nullptr && !follow->freed.empty()
+                             ? absl::StrCat("; ", follow->freed.size(), " removed objects' space stays allocated until a restart")
+                             : std::string());
+    }
+    mutations->clear();
   }
-  mutations->clear();
+  if (follow == nullptr) return;
+  if (written) {
+    for (const FollowUp::Extents& e : follow->freed) {
+      for (const Replica& r : e.replicas) registry_->Free(r, e.size);
+    }
+  } else {
+    MutexLock lock(&deferred_mu_);
+    for (FollowUp::Extents& e : follow->freed) stranded_.push_back(std::move(e));
+  }
+  follow->freed.clear();
 }
 
 void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mutations,
@@ -294,6 +310,8 @@ void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mu
     // A given-up writer may still have bytes on the way to these extents.
     MutexLock lock(&deferred_mu_);
     deferred_.push_back({o.replicas, o.size, now + absl::ToInt64Milliseconds(options_.revoke_grace)});
+  } else if (o.state == ObjState::kComplete) {
+    follow->freed.push_back({o.replicas, o.size});  // once its deletion is durable (Persist)
   } else {
     for (const Replica& r : o.replicas) registry_->Free(r, o.size);
   }
@@ -366,6 +384,12 @@ void ObjectIndex::Impl::DecrementParent(const FollowUp::ParentRef& ref) {
 }
 
 void ObjectIndex::Impl::RunFollowUps(FollowUp follow) {
+  // Extents no Persist took (an erase with nothing to delete): their
+  // records, if any, were written before this runs.
+  for (const FollowUp::Extents& e : follow.freed) {
+    for (const Replica& r : e.replicas) registry_->Free(r, e.size);
+  }
+  follow.freed.clear();
   // Parents first, then groups; a group kill may add more follow-ups.
   while (!follow.parents.empty() || !follow.groups.empty()) {
     std::vector<FollowUp::ParentRef> parents;
@@ -389,7 +413,7 @@ void ObjectIndex::Impl::EraseByKey(const std::string& key, Group* only_group, bo
     if (only_group != nullptr && o.group != only_group) return;
     if (!force && Leased(o, NowMs())) return;
     Erase(s, slot, &mutations, follow, never_written);
-    Persist(&mutations);
+    Persist(&mutations, follow);
   }
 }
 
@@ -804,7 +828,7 @@ std::vector<absl::Status> ObjectIndex::Impl::Remove(const std::vector<std::strin
       }
       Erase(s, slot, &mutations, &follow);
     }
-    Persist(&mutations);
+    Persist(&mutations, &follow);
   }
   RunFollowUps(std::move(follow));
   return out;
@@ -824,7 +848,7 @@ uint64_t ObjectIndex::Impl::RemoveAll(bool force) {
       Erase(s, slot, &mutations, &follow);
       ++removed;
     }
-    Persist(&mutations);
+    Persist(&mutations, &follow);
   }
   RunFollowUps(std::move(follow));
   return removed;
@@ -857,6 +881,7 @@ IndexStats ObjectIndex::Impl::Stats() const {
   st.objects = objects_.load();
   st.pending = pending_.load();
   st.evictions = evictions_.load();
+  st.evictor_passes = evictor_passes_.load();
   st.evicted_bytes = evicted_bytes_.load();
   st.pinned = pinned_.load();
   st.offloaded = offloaded_.load();

@@ -173,6 +173,7 @@ struct IndexStats {
   uint64_t pending = 0;
   uint64_t evictions = 0;
   uint64_t evicted_bytes = 0;
+  uint64_t evictor_passes = 0;  // the background evictor's passes over the lists
   uint64_t groups = 0;
   uint64_t leased = 0;
   uint64_t pinned = 0;

@@ -2,9 +2,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <sched.h>
+
 #include <algorithm>
+#include <fstream>
+#include <string>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "config/base/http_server.h"
@@ -18,13 +23,28 @@ namespace tierkv::master {
 
 namespace {
 
+// The cores this process may run on: its affinity mask, capped by a cgroup
+// v2 CPU quota (a container limited to 2 CPUs on a 64-core node has 2).
+unsigned UsableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  unsigned n = sched_getaffinity(0, sizeof(set), &set) == 0 ? static_cast<unsigned>(CPU_COUNT(&set))
+                                                            : std::thread::hardware_concurrency();
+  std::ifstream f("/sys/fs/cgroup/cpu.max");
+  std::string quota, period;
+  uint64_t q = 0, p = 0;
+  if (f >> quota >> period && absl::SimpleAtoi(quota, &q) && absl::SimpleAtoi(period, &p) && p > 0) {
+    n = std::min<unsigned>(n, static_cast<unsigned>(std::max<uint64_t>(1, q / p)));
+  }
+  return std::max(1u, n);
+}
+
 // A quarter of the cores: on a small host one thread avoids a hand-off per
 // RPC; on a large one the master serves many clients side by side without
 // taking the cores the daemons' and clients' threads need.
 int RpcThreads(int64_t flag) {
   if (flag > 0) return static_cast<int>(flag);
-  unsigned cores = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp(cores / 4, 1u, 16u));
+  return static_cast<int>(std::clamp(UsableCores() / 4, 1u, 16u));
 }
 
 }  // namespace

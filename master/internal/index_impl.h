@@ -189,6 +189,14 @@ struct FollowUp {
   };
   std::vector<ParentRef> parents;
   std::vector<Group*> groups;  // each holds a pin (see ReleaseGroupPin)
+  // Extents of erased complete objects, freed only once the deletion of
+  // their record is durable: freed earlier, a crash before the write would
+  // bring the record back over extents another put has since overwritten.
+  struct Extents {
+    absl::InlinedVector<Replica, 1> replicas;
+    uint64_t size;
+  };
+  std::vector<Extents> freed;
 };
 
 class ObjectIndex::Impl {
@@ -217,7 +225,9 @@ class ObjectIndex::Impl {
 
   // --- eviction.cc
   uint64_t EvictTo(uint64_t target_used);
-  void MaybeEvict();
+  // Evicts down to the low watermark when above the high one; false when
+  // it had nothing to do, or found nothing it could evict.
+  bool MaybeEvict();
   void RunEvictor();
   void StopEvictor();
   void Tick();
@@ -275,7 +285,10 @@ class ObjectIndex::Impl {
   // revoke_grace, unless `never_written` (no writer was ever given them).
   void Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mutations, FollowUp* follow,
              bool never_written = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
-  void Persist(std::vector<Mutation>* mutations);
+  // Writes and clears `mutations`; then frees `follow`'s extents if the
+  // write succeeded, or keeps them allocated if it failed (the record, still
+  // in the store, owns them again after a restart).
+  void Persist(std::vector<Mutation>* mutations, FollowUp* follow = nullptr);
   // Runs follow-ups with no shard lock held.
   void RunFollowUps(FollowUp follow);
   void DecrementParent(const FollowUp::ParentRef& ref);
@@ -315,6 +328,9 @@ class ObjectIndex::Impl {
   absl::flat_hash_map<std::string, uint64_t> pending_by_client_ ABSL_GUARDED_BY(clients_mu_);
   Mutex deferred_mu_;  // a leaf: taken under shard locks
   std::vector<DeferredFree> deferred_ ABSL_GUARDED_BY(deferred_mu_);
+  // Space of removed objects whose record deletion failed to persist: held
+  // until a restart, when the surviving record owns it again.
+  std::vector<FollowUp::Extents> stranded_ ABSL_GUARDED_BY(deferred_mu_);
 
   Mutex groups_mu_;
   // Groups by id, plus pins: a group is deleted when it has neither members
@@ -339,6 +355,7 @@ class ObjectIndex::Impl {
   Mutex evict_mu_;  // one evictor at a time
   size_t evict_cursor_ ABSL_GUARDED_BY(evict_mu_) = 0;
   std::atomic<uint64_t> objects_{0}, pending_{0}, evictions_{0}, evicted_bytes_{0};
+  std::atomic<uint64_t> evictor_passes_{0};
   std::atomic<uint64_t> pinned_{0}, key_bytes_{0};
   std::atomic<uint64_t> offloaded_{0}, offload_failed_{0}, staged_{0};
   LeaseWheel leases_;

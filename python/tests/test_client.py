@@ -169,9 +169,13 @@ def test_gil_is_released_during_calls(client):
     dead = tierkv.Client("127.0.0.1:1", "http://127.0.0.1:1", rpc_timeout=1.0)
     spinner = Spinner()
     try:
+        # The best of three: a held GIL caps every attempt, while other work
+        # on the machine (the copies now run on the calling thread, sharing
+        # the cores with the spinner) only lowers some of them.
         shares = {
-            "batch_put": spinner.share_during(lambda: client.batch_put(keys, values)),
-            "batch_get_into": spinner.share_during(lambda: client.batch_get_into(keys, outs)),
+            "batch_put": max(spinner.share_during(lambda: client.batch_put(keys, values)) for _ in range(3)),
+            "batch_get_into": max(spinner.share_during(lambda: client.batch_get_into(keys, outs))
+                                  for _ in range(3)),
             "blocked put": spinner.share_during(lambda: pytest.raises(tierkv.Error, dead.put, "k", b"v")),
         }
     finally:

@@ -675,6 +675,51 @@ TEST_F(IndexTest, AFailedBatchWriteCommitsNothing) {
   EXPECT_OK(index_->CheckInvariants());
 }
 
+// A removed object's space is reused only once the deletion of its record
+// is durable. When that write fails the record survives in the store, so
+// the space must stay allocated: a put reusing it would be overwritten by
+// nothing, but after a restart the surviving record would read the new
+// put's bytes as its own.
+TEST_F(IndexTest, ARemovedObjectsSpaceIsNotReusedUntilItsDeletionIsDurable) {
+  class FlakyStore final : public IndexStore {
+   public:
+    absl::Status Write(const std::vector<Mutation>& m) override {
+      if (fail.load()) return absl::UnavailableError("disk gone");
+      return base_->Write(m);
+    }
+    absl::StatusOr<std::string> Get(const std::string& k) override { return base_->Get(k); }
+    absl::Status Scan(const std::string& p,
+                      const std::function<bool(absl::string_view, absl::string_view)>& fn) override {
+      return base_->Scan(p, fn);
+    }
+    absl::Status Flush() override { return base_->Flush(); }
+    std::atomic<bool> fail{false};
+
+   private:
+    std::unique_ptr<IndexStore> base_ = NewMemStore();
+  };
+  auto flaky = std::make_unique<FlakyStore>();
+  FlakyStore* store = flaky.get();
+  index_.reset();
+  store_ = std::move(flaky);
+  index_ = std::make_unique<ObjectIndex>(options_, registry_.get(), store_.get(), &clock_);
+  Mount("seg-a", 4096);  // room for exactly one object
+  ASSERT_OK(Put("a", 4096));
+  store->fail.store(true);
+  (void)index_->Remove({"a"}, false);
+  store->fail.store(false);
+  EXPECT_FALSE(Present("a"));
+  EXPECT_THAT(index_->PutStart({{"b", 4096}})[0].status, StatusIs(absl::StatusCode::kResourceExhausted))
+      << "the space of a whose record is still in the store was handed out again";
+  EXPECT_OK(index_->CheckInvariants());
+  // With the store writable a removal frees the space for the next put.
+  Mount("seg-b", 4096);
+  ASSERT_OK(Put("c", 4096));
+  EXPECT_OK(index_->Remove({"c"}, false)[0]);
+  EXPECT_OK(index_->PutStart({{"d", 4096}})[0].status);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
 // Records which threads eviction ran on.
 class EvictionWatcher final : public IndexListener {
  public:
@@ -728,6 +773,42 @@ TEST_F(IndexTest, BackgroundEvictorKeepsHeadroomOffTheRequestPath) {
   EXPECT_FALSE(index_->EvictorRunning());
   EXPECT_OK(index_->CheckInvariants());
   index_.reset();  // before the watcher it reports to
+}
+
+// Above the high watermark with nothing evictable (every object leased),
+// puts keep waking the evictor; it backs off instead of running a whole
+// pass for each of them.
+TEST_F(IndexTest, AnEvictorThatFindsNothingToEvictBacksOff) {
+  IndexOptions o;
+  o.high_watermark = 0.5;
+  o.low_watermark = 0.3;
+  Build(o);
+  Mount("seg-a", 100 * 1024);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 45; ++i) {
+    keys.push_back(absl::StrCat("k", i));
+    ASSERT_OK(Put(keys.back(), 1024));
+  }
+  for (const LookupOut& r : index_->GetReplicas(keys)) ASSERT_OK(r.status);  // all leased (the clock stands still)
+  // Puts still being written take it past the high watermark (50 KiB).
+  for (int i = 0; i < 10; ++i) ASSERT_OK(index_->PutStart({{absl::StrCat("p", i), 1024}})[0].status);
+  ASSERT_GT(registry_->used(), 50u * 1024);
+  std::thread evictor([this] { index_->RunEvictor(); });
+  const absl::Time up = absl::Now() + absl::Seconds(10);
+  while (!index_->EvictorRunning() && absl::Now() < up) std::this_thread::yield();
+  ASSERT_TRUE(index_->EvictorRunning());
+  // 300 puts over about 300 ms, each past the high watermark.
+  for (int i = 0; i < 300; ++i) {
+    (void)index_->PutStart({{"k0", 1024}});  // exists: refused, but still a wake
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  index_->StopEvictor();
+  evictor.join();
+  const IndexStats st = index_->Stats();
+  EXPECT_EQ(st.evictions, 0u);
+  EXPECT_GE(st.evictor_passes, 1u);
+  EXPECT_LE(st.evictor_passes, 12u) << "a fruitless pass per put";
+  EXPECT_OK(index_->CheckInvariants());
 }
 
 // The last resort: with the evictor running but no watermark crossed (a
