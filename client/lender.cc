@@ -63,6 +63,7 @@ absl::Status SegmentLender::MountOnce() {
       TKV_LOG(INFO) << "segment " << options_.name << " mounted at " << master_->address();
     }
     mounts_.fetch_add(1);
+    if (options_.on_mounted) options_.on_mounted();
   }
   return s;
 }
@@ -109,7 +110,7 @@ void SegmentLender::Stop() {
   cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
   if (mounted_.exchange(false)) {
-    if (absl::Status s = master_->Unmount(options_.name); !s.ok()) {
+    if (absl::Status s = master_->Unmount(options_.name, options_.keep_ssd_on_stop); !s.ok()) {
       TKV_LOG(WARNING) << "unmounting " << options_.name << ": " << s;
     }
   }

@@ -44,6 +44,12 @@ struct LenderOptions {
   // ssd_capacity, ssd_used) before each mount and heartbeat; called on
   // the heartbeat thread. Empty: the segment has no tier.
   std::function<void(v1::Segment*)> describe_tier;
+  // Called on the heartbeat thread after each successful mount (first and
+  // re-mounts); must not block.
+  std::function<void()> on_mounted;
+  // Stop unmounts with keep_ssd (the lending daemon restarts with its SSD
+  // tier; the master keeps that tier's replicas for its grace).
+  bool keep_ssd_on_stop = false;
 };
 
 class SegmentLender {

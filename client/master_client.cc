@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "config/base/status.h"
 
 namespace tierkv::client {
 
@@ -68,14 +69,22 @@ absl::Status MasterClient::Mount(const v1::Segment& segment) {
   return FromItem(resp.status(0));
 }
 
-absl::Status MasterClient::Unmount(const std::string& name) {
+absl::Status MasterClient::Unmount(const std::string& name, bool keep_ssd) {
   v1::UnmountSegmentRequest req;
   req.add_names(name);
+  req.set_keep_ssd(keep_ssd);
   v1::UnmountSegmentResponse resp;
   absl::Status s = Invoke("UnmountSegment", req, &resp, true, TIERKV_CALL(UnmountSegment));
   if (!s.ok()) return s;
   if (resp.status_size() != 1) return absl::InternalError("malformed UnmountSegment reply");
   return FromItem(resp.status(0));
+}
+
+absl::StatusOr<v1::SsdRecordsResponse> MasterClient::SyncSsdRecords(const v1::SsdRecordsRequest& request) {
+  v1::SsdRecordsResponse resp;
+  // Idempotent: a listing batch sent twice confirms the same keys.
+  RETURN_IF_ERROR(Invoke("SyncSsdRecords", request, &resp, true, TIERKV_CALL(SyncSsdRecords)));
+  return resp;
 }
 
 absl::StatusOr<std::vector<std::string>> MasterClient::Heartbeat(

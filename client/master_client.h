@@ -34,7 +34,11 @@ class MasterClient {
                                                               MasterClientOptions options = {});
 
   absl::Status Mount(const v1::Segment& segment);
-  absl::Status Unmount(const std::string& name);
+  // keep_ssd: the daemon stops to restart (UnmountSegmentRequest).
+  absl::Status Unmount(const std::string& name, bool keep_ssd = false);
+  // A daemon's SSD listing or drops; the reply's status is FAILED_PRECONDITION
+  // when the segment must be mounted again first.
+  absl::StatusOr<v1::SsdRecordsResponse> SyncSsdRecords(const v1::SsdRecordsRequest& request);
   // The segments the master wants mounted again.
   absl::StatusOr<std::vector<std::string>> Heartbeat(const std::vector<v1::Segment>& segments,
                                                      const std::string& client_id);

@@ -18,6 +18,7 @@ struct MasterConfig {
   absl::Duration put_timeout;
   absl::Duration revoke_grace;
   absl::Duration ssd_offload_timeout;
+  absl::Duration ssd_grace;
   absl::Duration lease_ttl;
   absl::Duration check_interval;
   double high_watermark = 0;

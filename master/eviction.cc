@@ -324,7 +324,8 @@ void ObjectIndex::Impl::FreeDeferred(int64_t now_ms) {
   }
 }
 
-uint64_t ObjectIndex::Impl::DropSegments(const std::vector<uint32_t>& ids) {
+uint64_t ObjectIndex::Impl::DropSegments(const std::vector<uint32_t>& ids,
+                                         const absl::flat_hash_map<uint32_t, uint32_t>& keep_ssd) {
   if (ids.empty()) return 0;
   absl::flat_hash_set<uint32_t> gone(ids.begin(), ids.end());
   uint64_t dropped = 0;
@@ -338,13 +339,21 @@ uint64_t ObjectIndex::Impl::DropSegments(const std::vector<uint32_t>& ids) {
       if (o.state == ObjState::kFree) continue;
       size_t before = o.replicas.size();
       o.replicas.erase(std::remove_if(o.replicas.begin(), o.replicas.end(),
-                                      [&](const Replica& r) { return gone.contains(r.segment_id); }),
+                                      [&](Replica& r) {
+                                        if (!gone.contains(r.segment_id)) return false;
+                                        auto to = r.ssd ? keep_ssd.find(r.segment_id) : keep_ssd.end();
+                                        if (to == keep_ssd.end()) return true;
+                                        r.segment_id = to->second;
+                                        return false;
+                                      }),
                        o.replicas.end());
+      // A record names segments, not ids: a moved replica needs no write.
       if (o.replicas.size() == before) continue;
       if (o.replicas.empty()) {
         Erase(s, slot, &mutations, &follow);
         ++dropped;
       } else if (o.state == ObjState::kComplete) {
+        if (!InDram(o)) Unlist(s, slot);  // only its SSD record is left
         // Keep the surviving replicas durable; the parent link is rebuilt
         // only from records, so keep the record's parent key as it was.
         absl::StatusOr<std::string> old = store_->Get(absl::StrCat("o/", o.key));
@@ -352,6 +361,96 @@ uint64_t ObjectIndex::Impl::DropSegments(const std::vector<uint32_t>& ids) {
         std::string parent = old.ok() && rec.ParseFromString(*old) ? rec.parent_key() : "";
         mutations.push_back({absl::StrCat("o/", o.key), EncodeRecord(o, parent), false});
       }
+    }
+    Persist(&mutations, &follow);
+  }
+  RunFollowUps(std::move(follow));
+  return dropped;
+}
+
+bool ObjectIndex::Impl::DropSsdAt(Shard& s, uint32_t slot, uint32_t id, std::vector<Mutation>* mutations,
+                                  FollowUp* follow) {
+  Object& o = s.objects[slot];
+  if (o.state != ObjState::kComplete) return false;
+  auto on_ssd = [id](const Replica& r) { return r.segment_id == id && r.ssd; };
+  if (std::none_of(o.replicas.begin(), o.replicas.end(), on_ssd)) return false;
+  const int64_t now = NowMs();
+  for (const Replica& r : o.replicas) {
+    if (r.segment_id != id || !r.stage) continue;
+    // A copy staged from the record: a reader may hold it, or a stage may
+    // still land in it (as at eviction).
+    MutexLock dlock(&deferred_mu_);
+    deferred_.push_back({{r}, o.size, std::max(o.deadline_ms, now + absl::ToInt64Milliseconds(options_.revoke_grace))});
+  }
+  o.replicas.erase(std::remove_if(o.replicas.begin(), o.replicas.end(),
+                                  [id](const Replica& r) { return r.segment_id == id && (r.ssd || r.stage); }),
+                   o.replicas.end());
+  if (o.replicas.empty()) {
+    Erase(s, slot, mutations, follow);
+  } else {
+    if (!InDram(o)) Unlist(s, slot);
+    absl::StatusOr<std::string> old = store_->Get(absl::StrCat("o/", o.key));
+    v1::ObjectRecord rec;
+    std::string parent = old.ok() && rec.ParseFromString(*old) ? rec.parent_key() : "";
+    mutations->push_back({absl::StrCat("o/", o.key), EncodeRecord(o, parent), false});
+  }
+  return true;
+}
+
+std::vector<bool> ObjectIndex::Impl::ConfirmSsd(uint32_t id,
+                                                const std::vector<std::pair<std::string, uint64_t>>& records,
+                                                uint64_t* dropped) {
+  std::vector<bool> out(records.size(), false);
+  FollowUp follow;
+  for (size_t i = 0; i < records.size(); ++i) {
+    Shard& s = *shards_[ShardOf(records[i].first)];
+    MutexLock lock(&s.mu);
+    uint32_t slot = Find(s, records[i].first);
+    if (slot == kNil) continue;
+    Object& o = s.objects[slot];
+    if (o.state != ObjState::kComplete ||
+        std::none_of(o.replicas.begin(), o.replicas.end(),
+                     [id](const Replica& r) { return r.segment_id == id && r.ssd; })) {
+      continue;
+    }
+    if (o.size == records[i].second) {
+      out[i] = true;
+      continue;
+    }
+    std::vector<Mutation> mutations;
+    if (DropSsdAt(s, slot, id, &mutations, &follow)) ++*dropped;
+    Persist(&mutations, &follow);
+  }
+  RunFollowUps(std::move(follow));
+  return out;
+}
+
+uint64_t ObjectIndex::Impl::DropSsd(uint32_t id, const std::vector<std::string>& keys) {
+  uint64_t dropped = 0;
+  FollowUp follow;
+  for (const std::string& key : keys) {
+    Shard& s = *shards_[ShardOf(key)];
+    MutexLock lock(&s.mu);
+    uint32_t slot = Find(s, key);
+    if (slot == kNil) continue;
+    std::vector<Mutation> mutations;
+    if (DropSsdAt(s, slot, id, &mutations, &follow)) ++dropped;
+    Persist(&mutations, &follow);
+  }
+  RunFollowUps(std::move(follow));
+  return dropped;
+}
+
+uint64_t ObjectIndex::Impl::DropSsdExcept(uint32_t id, const absl::flat_hash_set<std::string>& keep) {
+  uint64_t dropped = 0;
+  FollowUp follow;
+  for (auto& sp : shards_) {
+    Shard& s = *sp;
+    MutexLock lock(&s.mu);
+    std::vector<Mutation> mutations;
+    for (uint32_t slot = 0; slot < s.objects.size(); ++slot) {
+      if (s.objects[slot].state != ObjState::kComplete || keep.contains(s.objects[slot].key)) continue;
+      if (DropSsdAt(s, slot, id, &mutations, &follow)) ++dropped;
     }
     Persist(&mutations, &follow);
   }

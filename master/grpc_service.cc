@@ -287,6 +287,10 @@ class MasterRpcService::Impl {
         "Stats", &S::RequestStats,
         [](Master* m, grpc::ServerContext*, const auto& req, auto* resp) { rpc::Stats(m, req, resp); },
         [](const auto&) { return 0; });
+    ssd_sync_ = MakeMethod<v1::SsdRecordsRequest, v1::SsdRecordsResponse>(
+        "SyncSsdRecords", &S::RequestSyncSsdRecords,
+        [](Master* m, grpc::ServerContext*, const auto& req, auto* resp) { rpc::SyncSsdRecords(m, req, resp); },
+        [](const auto& req) { return req.present_size() + req.gone_size(); });
     mount_.stats = stats("MountSegment");
     unmount_.stats = stats("UnmountSegment");
     heartbeat_.stats = stats("Heartbeat");
@@ -299,7 +303,9 @@ class MasterRpcService::Impl {
     remove_.stats = stats("Remove");
     remove_all_.stats = stats("RemoveAll");
     stats_.stats = stats("Stats");
+    ssd_sync_.stats = stats("SyncSsdRecords");
     unmount_.slow = true;
+    ssd_sync_.slow = true;  // a complete listing walks the index
     remove_all_.slow = true;
   }
 
@@ -319,6 +325,7 @@ class MasterRpcService::Impl {
         Arm(q, heartbeat_);
       } else {
         Arm(q, unmount_);
+        Arm(q, ssd_sync_);
         ArmData(q);
       }
       pollers_.emplace_back([q] {
@@ -389,6 +396,7 @@ class MasterRpcService::Impl {
   Call<v1::RemoveRequest, v1::KeysResponse>::Method remove_;
   Call<v1::RemoveAllRequest, v1::RemoveAllResponse>::Method remove_all_;
   Call<v1::StatsRequest, v1::StatsResponse>::Method stats_;
+  Call<v1::SsdRecordsRequest, v1::SsdRecordsResponse>::Method ssd_sync_;
 };
 
 MasterRpcService::MasterRpcService(Master* master, ServiceLimits limits, int threads)

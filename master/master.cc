@@ -62,6 +62,7 @@ std::string EncodeSegment(const SegmentSpec& spec) {
   s->set_incarnation(spec.incarnation);
   s->set_endpoint(spec.endpoint);
   s->set_tier_http(spec.tier_http);
+  s->set_ssd_id(spec.ssd_id);
   return rec.SerializeAsString();
 }
 
@@ -106,8 +107,9 @@ absl::Status Master::Recover() {
       return true;
     }
     const v1::Segment& s = rec.segment();
-    registry_.Recover({s.name(), s.host(), s.capacity(), s.incarnation(), s.endpoint()},
-                      clock_->Now());
+    SegmentSpec spec{s.name(), s.host(), s.capacity(), s.incarnation(), s.endpoint()};
+    spec.ssd_id = s.ssd_id();
+    registry_.Recover(spec, clock_->Now());
     ++segments;
     return true;
   }));
@@ -121,9 +123,10 @@ absl::Status Master::Recover() {
   return absl::OkStatus();
 }
 
-void Master::DropSegmentIds(const std::vector<uint32_t>& ids, absl::string_view why, bool expected) {
+void Master::DropSegmentIds(const std::vector<uint32_t>& ids, absl::string_view why, bool expected,
+                            const absl::flat_hash_map<uint32_t, uint32_t>& keep_ssd) {
   if (ids.empty()) return;
-  uint64_t dropped = index_->DropSegments(ids);
+  uint64_t dropped = index_->DropSegments(ids, keep_ssd);
   segments_dropped_->Increment(static_cast<double>(ids.size()));
   // An unmount is an operator's (or a daemon's) choice; a lost segment is news.
   if (expected) {
@@ -137,15 +140,21 @@ void Master::DropSegmentIds(const std::vector<uint32_t>& ids, absl::string_view 
 std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments) {
   std::vector<absl::Status> out;
   for (const SegmentSpec& spec : segments) {
-    bool restored = false;
+    bool restored = false, same_ssd = false;
     std::optional<uint32_t> replaced;
-    absl::StatusOr<uint32_t> id = registry_.Mount(spec, clock_->Now(), &restored, &replaced, options_.segment_ttl);
+    absl::StatusOr<uint32_t> id =
+        registry_.Mount(spec, clock_->Now(), &restored, &replaced, options_.segment_ttl, &same_ssd);
     if (!id.ok()) {
       out.push_back(id.status());
       continue;
     }
     if (replaced) {
-      DropSegmentIds({*replaced}, absl::StrCat(spec.name, " re-mounted as a new incarnation"), false);
+      absl::flat_hash_map<uint32_t, uint32_t> keep;
+      if (same_ssd) keep[*replaced] = *id;
+      DropSegmentIds({*replaced},
+                     absl::StrCat(spec.name, " re-mounted as a new incarnation",
+                                  same_ssd ? " (its SSD replicas kept, awaiting its listing)" : ""),
+                     false, keep);
     }
     absl::Status st = store_->Write({{absl::StrCat(kSegmentPrefix, spec.name), EncodeSegment(spec), false}});
     if (!st.ok()) TKV_LOG(ERROR) << "persisting segment " << spec.name << ": " << st;
@@ -156,9 +165,15 @@ std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments
   return out;
 }
 
-std::vector<absl::Status> Master::Unmount(const std::vector<std::string>& names) {
+std::vector<absl::Status> Master::Unmount(const std::vector<std::string>& names, bool keep_ssd) {
   std::vector<absl::Status> out;
   for (const std::string& name : names) {
+    if (keep_ssd && options_.ssd_grace > absl::ZeroDuration() && registry_.MakeDormant(name, clock_->Now())) {
+      uint32_t id = *registry_.IdOf(name);
+      DropSegmentIds({id}, absl::StrCat(name, " stopped to restart (its SSD replicas kept)"), true, {{id, id}});
+      out.push_back(absl::OkStatus());
+      continue;
+    }
     absl::StatusOr<uint32_t> id = registry_.Unmount(name);
     if (!id.ok()) {
       out.push_back(id.status());
@@ -192,7 +207,13 @@ HeartbeatResult Master::Heartbeat(const std::vector<SegmentSpec>& segments,
 
 void Master::Tick() {
   absl::Time now = clock_->Now();
-  std::vector<uint32_t> gone = registry_.Expire(now, options_.segment_ttl);
+  std::vector<uint32_t> dormant;
+  std::vector<uint32_t> gone = registry_.Expire(now, options_.segment_ttl, options_.ssd_grace, &dormant);
+  if (!dormant.empty()) {
+    absl::flat_hash_map<uint32_t, uint32_t> keep;
+    for (uint32_t id : dormant) keep[id] = id;
+    DropSegmentIds(dormant, "heartbeats stopped; SSD replicas kept for --ssd-grace", false, keep);
+  }
   if (!gone.empty()) {
     // Their names are no longer known to the registry; drop persisted
     // records that no live segment carries.
@@ -215,6 +236,49 @@ void Master::Tick() {
       ++it;
     }
   }
+}
+
+absl::StatusOr<SsdRecordsResult> Master::SyncSsd(const SsdRecords& in) {
+  std::optional<uint32_t> id = registry_.LiveId(in.segment, in.incarnation);
+  if (!id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("segment ", in.segment, " is not mounted with incarnation ", in.incarnation));
+  }
+  SsdRecordsResult out;
+  if (!in.gone.empty()) out.dropped += index_->DropSsd(*id, in.gone);
+  if (!in.present.empty() || in.complete) {
+    std::vector<bool> ok = index_->ConfirmSsd(*id, in.present, &out.dropped);
+    absl::flat_hash_set<std::string> confirmed;
+    {
+      MutexLock lock(&ssd_mu_);
+      SsdListing& l = listings_[in.segment];
+      if (l.id != *id || l.listing != in.listing) l = SsdListing{*id, in.listing, {}};
+      for (size_t i = 0; i < ok.size(); ++i) {
+        if (ok[i]) {
+          l.confirmed.insert(in.present[i].first);
+          ++out.confirmed;
+        } else {
+          out.unknown.push_back(in.present[i].first);
+        }
+      }
+      if (in.complete) {
+        confirmed = std::move(l.confirmed);
+        listings_.erase(in.segment);
+      }
+    }
+    if (in.complete) {
+      // The listing holds every record the tier had when it was taken,
+      // and no offload reached the segment since its mount (TierFor waits
+      // for this): a replica it does not name has no record.
+      out.dropped += index_->DropSsdExcept(*id, confirmed);
+      registry_.MarkSsdSynced(*id, in.tier_http);
+      TKV_LOG(INFO) << "segment " << in.segment << ": SSD listing in, " << confirmed.size()
+                    << " records confirmed, " << out.dropped << " replicas dropped";
+    }
+  }
+  ssd_confirmed_->Increment(static_cast<double>(out.confirmed));
+  ssd_dropped_->Increment(static_cast<double>(out.dropped));
+  return out;
 }
 
 std::vector<PutStartOut> Master::PutStart(std::vector<PutItem> items, const std::string& client) {
@@ -279,6 +343,12 @@ void Master::RegisterMetrics() {
                           .Help("PutStart items refused because their client had too many puts in flight")
                           .Register(metrics_)
                           .Add({});
+  auto& ssd_records = metrics::BuildCounter()
+                          .Name("tierkv_master_ssd_records_total")
+                          .Help("SSD records daemons listed after a mount (confirmed) and SSD replicas the master dropped for missing records (dropped)")
+                          .Register(metrics_);
+  ssd_confirmed_ = &ssd_records.Add({{"outcome", "confirmed"}});
+  ssd_dropped_ = &ssd_records.Add({{"outcome", "dropped"}});
   auto& objects = metrics::BuildGauge().Name("tierkv_master_objects").Help("Objects in the index by state").Register(metrics_);
   auto& evictions = metrics::BuildCounter().Name("tierkv_master_evictions_total").Help("Objects evicted").Register(metrics_);
   auto& evicted_bytes = metrics::BuildCounter().Name("tierkv_master_evicted_bytes_total").Help("Bytes evicted").Register(metrics_);

@@ -40,6 +40,27 @@ struct MasterOptions {
   QueryStatsOptions queries;
   // KV events for routers (master/kv_events.h); off while endpoint is empty.
   KvEventsOptions kv_events;
+  // How long a segment whose daemon has an SSD tier keeps its SSD replicas
+  // (not served) after the daemon stopped, for a restart with the same
+  // tier to take them over. 0: they leave with the segment.
+  absl::Duration ssd_grace = absl::Minutes(10);
+};
+
+// A batch of a daemon's SSD listing, or of the records its tier dropped
+// (SsdRecordsRequest in proto/master.proto).
+struct SsdRecords {
+  std::string segment;
+  std::string incarnation;
+  uint64_t listing = 0;
+  std::vector<std::pair<std::string, uint64_t>> present;
+  bool complete = false;
+  std::vector<std::string> gone;
+  std::string tier_http;
+};
+struct SsdRecordsResult {
+  std::vector<std::string> unknown;  // records with no SSD replica here: the daemon erases them
+  uint64_t confirmed = 0;
+  uint64_t dropped = 0;
 };
 
 struct HeartbeatResult {
@@ -59,10 +80,17 @@ class Master {
                                                         Clock* clock);
 
   // Per segment: OK, or INVALID_ARGUMENT. A re-mount with the segment's
-  // incarnation keeps its objects; a new incarnation drops them.
+  // incarnation keeps its objects; a new incarnation drops them, except
+  // the SSD replicas when it names the same SSD tier (ssd_id): those are
+  // kept, to be confirmed by the daemon's listing (SyncSsd).
   std::vector<absl::Status> Mount(const std::vector<SegmentSpec>& segments);
-  // Per name: OK or NOT_FOUND. The segment's objects leave the index.
-  std::vector<absl::Status> Unmount(const std::vector<std::string>& names);
+  // Per name: OK or NOT_FOUND. The segment's objects leave the index;
+  // with keep_ssd (a daemon stopping to restart) its SSD replicas stay
+  // for options.ssd_grace, unserved, and the segment turns dormant.
+  std::vector<absl::Status> Unmount(const std::vector<std::string>& names, bool keep_ssd = false);
+  // A daemon's SSD listing or drops; FAILED_PRECONDITION when the segment
+  // is not LIVE with that incarnation (mount first).
+  absl::StatusOr<SsdRecordsResult> SyncSsd(const SsdRecords& records);
   HeartbeatResult Heartbeat(const std::vector<SegmentSpec>& segments, const std::string& client_id);
 
   // The index's PutStart, with the per-client cap on puts in flight: a
@@ -108,7 +136,8 @@ class Master {
  private:
   Master(MasterOptions options, std::unique_ptr<IndexStore> store, Clock* clock);
   absl::Status Recover();
-  void DropSegmentIds(const std::vector<uint32_t>& ids, absl::string_view why, bool expected);
+  void DropSegmentIds(const std::vector<uint32_t>& ids, absl::string_view why, bool expected,
+                      const absl::flat_hash_map<uint32_t, uint32_t>& keep_ssd = {});
   void RegisterMetrics();
 
   const MasterOptions options_;
@@ -126,6 +155,16 @@ class Master {
   mutable Mutex clients_mu_;
   absl::flat_hash_map<std::string, absl::Time> clients_ ABSL_GUARDED_BY(clients_mu_);
   metrics::Counter* pending_refused_ = nullptr;
+  // SSD listings in progress, by segment name: the keys confirmed so far.
+  struct SsdListing {
+    uint32_t id = 0;
+    uint64_t listing = 0;
+    absl::flat_hash_set<std::string> confirmed;
+  };
+  Mutex ssd_mu_;
+  absl::flat_hash_map<std::string, SsdListing> listings_ ABSL_GUARDED_BY(ssd_mu_);
+  metrics::Counter* ssd_confirmed_ = nullptr;
+  metrics::Counter* ssd_dropped_ = nullptr;
   std::atomic<int> http_port_{0};
 };
 

@@ -486,6 +486,15 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
         if (o.state == ObjState::kPending && o.deadline_ms <= NowMs()) {
           std::vector<Mutation> none;
           Erase(s, slot, &none, &follow);  // a timed-out put: reclaim it now
+        } else if (o.state == ObjState::kComplete && !o.moving &&
+                   std::none_of(o.replicas.begin(), o.replicas.end(),
+                                [this](const Replica& r) { return registry_->IsLive(r.segment_id); })) {
+          // Its only copies wait on daemons that are away (the SSD record
+          // of a dormant segment, a segment recovering after a master
+          // restart): a new put of the key replaces them.
+          std::vector<Mutation> gone;
+          Erase(s, slot, &gone, &follow);
+          Persist(&gone, &follow);
         } else {
           res.status = absl::AlreadyExistsError(
               absl::StrCat(item.key, o.state == ObjState::kPending ? ": put in progress" : ": exists"));
@@ -935,8 +944,17 @@ void ObjectIndex::RunEvictor() { impl_->RunEvictor(); }
 void ObjectIndex::StopEvictor() { impl_->StopEvictor(); }
 bool ObjectIndex::EvictorRunning() const { return impl_->evictor_running_.load(); }
 void ObjectIndex::Tick() { impl_->Tick(); }
-uint64_t ObjectIndex::DropSegments(const std::vector<uint32_t>& ids) {
-  return impl_->DropSegments(ids);
+uint64_t ObjectIndex::DropSegments(const std::vector<uint32_t>& ids,
+                                   const absl::flat_hash_map<uint32_t, uint32_t>& keep_ssd) {
+  return impl_->DropSegments(ids, keep_ssd);
+}
+std::vector<bool> ObjectIndex::ConfirmSsd(uint32_t id, const std::vector<std::pair<std::string, uint64_t>>& records,
+                                          uint64_t* dropped) {
+  return impl_->ConfirmSsd(id, records, dropped);
+}
+uint64_t ObjectIndex::DropSsd(uint32_t id, const std::vector<std::string>& keys) { return impl_->DropSsd(id, keys); }
+uint64_t ObjectIndex::DropSsdExcept(uint32_t id, const absl::flat_hash_set<std::string>& keep) {
+  return impl_->DropSsdExcept(id, keep);
 }
 absl::StatusOr<uint64_t> ObjectIndex::Recover() { return impl_->Recover(); }
 absl::StatusOr<ObjectInfo> ObjectIndex::Describe(const std::string& key) {

@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -256,8 +258,23 @@ class ObjectIndex {
   void Tick();
 
   // Drops replicas on these (departed) segments; objects left with none
-  // leave the index. Returns the number of objects dropped.
-  uint64_t DropSegments(const std::vector<uint32_t>& ids);
+  // leave the index. Returns the number of objects dropped. An SSD replica
+  // on an id named in `keep_ssd` stays, moved to the id it maps to (the
+  // same id for a segment turned dormant, the new id for a daemon that
+  // re-mounted with the same SSD tier).
+  uint64_t DropSegments(const std::vector<uint32_t>& ids,
+                        const absl::flat_hash_map<uint32_t, uint32_t>& keep_ssd = {});
+
+  // A daemon's SSD listing against the index (SyncSsdRecords). Per record:
+  // true when the object has an SSD replica on segment `id` of that size; a
+  // replica there of another size is dropped (counted in *dropped).
+  std::vector<bool> ConfirmSsd(uint32_t id, const std::vector<std::pair<std::string, uint64_t>>& records,
+                               uint64_t* dropped);
+  // Drops the SSD replicas (and the copies staged from them) on segment
+  // `id` of these keys, or of every key not in `keep` (DropSsdExcept);
+  // objects left with no replica leave the index. Returns replicas dropped.
+  uint64_t DropSsd(uint32_t id, const std::vector<std::string>& keys);
+  uint64_t DropSsdExcept(uint32_t id, const absl::flat_hash_set<std::string>& keep);
 
   // Rebuilds from the store's "o/" records (segments must be recovered in
   // the registry first). Returns how many objects were restored.

@@ -27,7 +27,7 @@ void SetExtent(v1::Extent* out, const ExtentOut& e) {
 
 SegmentSpec FromProto(const v1::Segment& s) {
   return {s.name(), s.host(), s.capacity(), s.incarnation(), s.endpoint(), s.tier_http(), s.ssd_capacity(),
-          s.ssd_used()};
+          s.ssd_used(), s.ssd_id()};
 }
 
 std::vector<std::string> Keys(const google::protobuf::RepeatedPtrField<std::string>& keys) {
@@ -43,7 +43,27 @@ void MountSegment(Master* m, const v1::MountSegmentRequest& req, v1::MountSegmen
 }
 
 void UnmountSegment(Master* m, const v1::UnmountSegmentRequest& req, v1::UnmountSegmentResponse* resp) {
-  for (const absl::Status& s : m->Unmount(Keys(req.names()))) SetStatus(resp->add_status(), s);
+  for (const absl::Status& s : m->Unmount(Keys(req.names()), req.keep_ssd())) SetStatus(resp->add_status(), s);
+}
+
+void SyncSsdRecords(Master* m, const v1::SsdRecordsRequest& req, v1::SsdRecordsResponse* resp) {
+  SsdRecords in;
+  in.segment = req.segment();
+  in.incarnation = req.incarnation();
+  in.listing = req.listing();
+  in.complete = req.complete();
+  in.tier_http = req.tier_http();
+  in.present.reserve(req.present_size());
+  for (const v1::SsdRecord& r : req.present()) in.present.emplace_back(r.key(), r.size());
+  in.gone = Keys(req.gone());
+  absl::StatusOr<SsdRecordsResult> out = m->SyncSsd(in);
+  if (!out.ok()) {
+    SetStatus(resp->mutable_status(), out.status());
+    return;
+  }
+  for (std::string& k : out->unknown) resp->add_unknown(std::move(k));
+  resp->set_confirmed(out->confirmed);
+  resp->set_dropped(out->dropped);
 }
 
 void Heartbeat(Master* m, const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {

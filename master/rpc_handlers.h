@@ -28,6 +28,7 @@ void PrefixMatch(Master* m, const v1::KeysRequest& req, v1::PrefixMatchResponse*
 void Remove(Master* m, const v1::RemoveRequest& req, v1::KeysResponse* resp);
 void RemoveAll(Master* m, const v1::RemoveAllRequest& req, v1::RemoveAllResponse* resp);
 void Stats(Master* m, const v1::StatsRequest& req, v1::StatsResponse* resp);
+void SyncSsdRecords(Master* m, const v1::SsdRecordsRequest& req, v1::SsdRecordsResponse* resp);
 
 
 }  // namespace tierkv::master::rpc

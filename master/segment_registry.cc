@@ -10,7 +10,7 @@ namespace tierkv::master {
 uint32_t SegmentRegistry::AddLocked(const SegmentSpec& spec, absl::Time now, bool recovering) {
   uint32_t id = next_id_++;
   by_id_.emplace(id, Segment{id, spec, std::make_unique<ExtentAllocator>(spec.capacity, alignment_),
-                             now, recovering});
+                             now, recovering, false, spec.ssd_id.empty()});
   by_name_[spec.name] = id;
   return id;
 }
@@ -18,7 +18,7 @@ uint32_t SegmentRegistry::AddLocked(const SegmentSpec& spec, absl::Time now, boo
 absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::Time now,
                                                 bool* restored,
                                                 std::optional<uint32_t>* replaced_id,
-                                                absl::Duration live_within) {
+                                                absl::Duration live_within, bool* same_ssd) {
   if (spec.name.empty()) return absl::InvalidArgumentError("segment name is empty");
   if (spec.capacity < alignment_) {
     return absl::InvalidArgumentError(
@@ -26,13 +26,15 @@ absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::T
   }
   *restored = false;
   replaced_id->reset();
+  if (same_ssd != nullptr) *same_ssd = false;
   MutexLock lock(&mu_);
   if (auto it = by_name_.find(spec.name); it != by_name_.end()) {
     Segment& seg = by_id_.at(it->second);
-    if (seg.spec.incarnation == spec.incarnation && seg.spec.capacity == spec.capacity) {
+    if (seg.spec.incarnation == spec.incarnation && seg.spec.capacity == spec.capacity && !seg.dormant) {
       seg.recovering = false;
       seg.last_heartbeat = now;
       seg.spec = spec;
+      seg.ssd_synced = spec.ssd_id.empty();
       *restored = true;
       return seg.id;
     }
@@ -42,6 +44,7 @@ absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::T
           "; each daemon needs its own name (set --host or --name)"));
     }
     *replaced_id = seg.id;
+    if (same_ssd != nullptr) *same_ssd = !spec.ssd_id.empty() && seg.spec.ssd_id == spec.ssd_id;
     by_id_.erase(seg.id);
     by_name_.erase(it);
   }
@@ -88,17 +91,34 @@ void SegmentRegistry::UpdateTier(const SegmentSpec& spec) {
 std::optional<std::string> SegmentRegistry::TierFor(uint32_t id, uint64_t size) const {
   MutexLock lock(&mu_);
   auto it = by_id_.find(id);
-  if (it == by_id_.end() || it->second.recovering) return std::nullopt;
+  if (it == by_id_.end() || it->second.recovering || !it->second.ssd_synced) return std::nullopt;
   const SegmentSpec& spec = it->second.spec;
   if (spec.tier_http.empty() || spec.ssd_capacity < size) return std::nullopt;
   return spec.tier_http;
 }
 
-std::vector<uint32_t> SegmentRegistry::Expire(absl::Time now, absl::Duration ttl) {
+void SegmentRegistry::DormantLocked(Segment& seg) {
+  seg.recovering = true;
+  seg.dormant = true;
+  seg.ssd_synced = false;
+  // Its DRAM is gone with the process: the extents of the dropped
+  // objects go with the old allocator.
+  seg.allocator = std::make_unique<ExtentAllocator>(seg.spec.capacity, alignment_);
+}
+
+std::vector<uint32_t> SegmentRegistry::Expire(absl::Time now, absl::Duration ttl, absl::Duration ssd_grace,
+                                              std::vector<uint32_t>* dormant) {
   std::vector<uint32_t> gone;
   MutexLock lock(&mu_);
   for (auto& [id, seg] : by_id_) {
-    if (now - seg.last_heartbeat > ttl) gone.push_back(id);
+    const bool keeps_ssd = !seg.spec.ssd_id.empty() && ssd_grace > absl::ZeroDuration() && dormant != nullptr;
+    if (now - seg.last_heartbeat <= ttl) continue;
+    if (!keeps_ssd || (seg.dormant && now - seg.last_heartbeat > std::max(ttl, ssd_grace))) {
+      gone.push_back(id);
+    } else if (!seg.dormant) {
+      DormantLocked(seg);
+      dormant->push_back(id);
+    }
   }
   for (uint32_t id : gone) {
     by_name_.erase(by_id_.at(id).spec.name);
@@ -193,6 +213,34 @@ absl::Status SegmentRegistry::Reserve(const Replica& r, uint64_t size) {
   return it->second.allocator->Reserve(r.offset, size);
 }
 
+bool SegmentRegistry::MakeDormant(const std::string& name, absl::Time now) {
+  MutexLock lock(&mu_);
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return false;
+  Segment& seg = by_id_.at(it->second);
+  if (seg.spec.ssd_id.empty()) return false;
+  DormantLocked(seg);
+  seg.last_heartbeat = now;  // the grace counts from the stop
+  return true;
+}
+
+std::optional<uint32_t> SegmentRegistry::LiveId(const std::string& name, const std::string& incarnation) const {
+  MutexLock lock(&mu_);
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return std::nullopt;
+  const Segment& seg = by_id_.at(it->second);
+  if (seg.recovering || seg.spec.incarnation != incarnation) return std::nullopt;
+  return seg.id;
+}
+
+void SegmentRegistry::MarkSsdSynced(uint32_t id, const std::string& tier_http) {
+  MutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end() || it->second.recovering) return;
+  it->second.ssd_synced = true;
+  if (!tier_http.empty()) it->second.spec.tier_http = tier_http;
+}
+
 bool SegmentRegistry::IsLive(uint32_t id) const {
   MutexLock lock(&mu_);
   auto it = by_id_.find(id);
@@ -255,7 +303,9 @@ uint64_t SegmentRegistry::used() const {
 uint64_t SegmentRegistry::capacity() const {
   MutexLock lock(&mu_);
   uint64_t n = 0;
-  for (const auto& [id, seg] : by_id_) n += seg.allocator->capacity();
+  for (const auto& [id, seg] : by_id_) {
+    if (!seg.dormant) n += seg.allocator->capacity();
+  }
   return n;
 }
 

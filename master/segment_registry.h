@@ -8,7 +8,13 @@
 // States: LIVE (mounted, heartbeating) and RECOVERING (read back from the
 // persisted registry after a master restart; its objects are not served
 // until the daemon re-mounts with the same incarnation, and it is dropped
-// if it does not come back within the TTL).
+// if it does not come back within the TTL). A segment whose daemon has an
+// SSD tier (ssd_id) turns DORMANT instead of leaving when it stops
+// heartbeating or unmounts to restart: RECOVERING with its DRAM gone,
+// holding only its SSD replicas' place, for the SSD grace; a mount with
+// the same ssd_id (any incarnation) takes those replicas over. Offloads to
+// such a segment wait until its daemon has listed its records
+// (MarkSsdSynced).
 //
 // Thread-safe; its lock is the innermost in the master's lock order.
 #pragma once
@@ -38,6 +44,7 @@ struct SegmentSpec {
   std::string tier_http;
   uint64_t ssd_capacity = 0;
   uint64_t ssd_used = 0;
+  std::string ssd_id;  // names the tier's file; empty without a tier
 };
 
 // An object's copy on a segment: an extent of its DRAM at `offset`, or
@@ -71,9 +78,11 @@ class SegmentRegistry {
   // segment (heard from within `live_within`) of another host: two daemons
   // that chose one name must not drop each other's objects.
   // INVALID_ARGUMENT for an empty name or zero capacity.
+  // *same_ssd (when given) says whether the replaced segment had the same
+  // non-empty ssd_id: its SSD replicas belong to the new id.
   absl::StatusOr<uint32_t> Mount(const SegmentSpec& spec, absl::Time now, bool* restored,
                                  std::optional<uint32_t>* replaced_id,
-                                 absl::Duration live_within = absl::ZeroDuration());
+                                 absl::Duration live_within = absl::ZeroDuration(), bool* same_ssd = nullptr);
 
   // Adds a segment read back from persistence in RECOVERING state.
   uint32_t Recover(const SegmentSpec& spec, absl::Time now);
@@ -91,8 +100,21 @@ class SegmentRegistry {
   std::optional<std::string> TierFor(uint32_t id, uint64_t size) const;
 
   // Removes LIVE segments not heard from since `now - ttl` and RECOVERING
-  // ones older than `now - ttl`; returns the removed ids.
-  std::vector<uint32_t> Expire(absl::Time now, absl::Duration ttl);
+  // ones older than `now - ttl`; returns the removed ids. With an SSD
+  // tier (ssd_id) a LIVE segment turns DORMANT instead (its id appended to
+  // *dormant: its DRAM replicas must be dropped, as must a RECOVERING
+  // one's) and stays for `ssd_grace` from its last heartbeat.
+  std::vector<uint32_t> Expire(absl::Time now, absl::Duration ttl, absl::Duration ssd_grace = absl::ZeroDuration(),
+                               std::vector<uint32_t>* dormant = nullptr);
+  // Turns the segment DORMANT now (its daemon stops to restart). False, and
+  // no change, when it is unknown or has no SSD tier.
+  bool MakeDormant(const std::string& name, absl::Time now);
+  // The LIVE segment's id when it is mounted with that incarnation.
+  std::optional<uint32_t> LiveId(const std::string& name, const std::string& incarnation) const;
+  // Its daemon has listed its SSD records: offloads may go to it, and
+  // readers may stage from `tier_http` (when given) before a heartbeat
+  // names it.
+  void MarkSsdSynced(uint32_t id, const std::string& tier_http = "");
 
   // Picks `count` LIVE segments with room for `size` bytes and allocates an
   // extent in each: the preferred segment first when named and able, then
@@ -138,9 +160,12 @@ class SegmentRegistry {
     std::unique_ptr<ExtentAllocator> allocator;
     absl::Time last_heartbeat;
     bool recovering;
+    bool dormant = false;     // DRAM gone; counts no capacity
+    bool ssd_synced = true;   // false from a mount with ssd_id until its listing is in
   };
   uint32_t AddLocked(const SegmentSpec& spec, absl::Time now, bool recovering)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DormantLocked(Segment& seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t alignment_;
   mutable Mutex mu_;

@@ -84,7 +84,18 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   lo.numa_node = static_cast<int>(config.numa_node);
   lo.heartbeat_interval = config.heartbeat_interval;
   StoreDaemon* self = d.get();
+  // The tier first: the first mount must name it, or the master would
+  // drop the replicas it kept for this tier.
+  RETURN_IF_ERROR(d->OpenSsd(config));
   lo.describe_tier = [self](v1::Segment* s) { self->DescribeTier(s); };
+  if (d->ssd_ != nullptr) {
+    lo.keep_ssd_on_stop = true;
+    lo.on_mounted = [self] {
+      MutexLock lock(&self->sync_mu_);
+      self->list_pending_ = true;
+      self->sync_cv_.Signal();
+    };
+  }
   absl::StatusOr<std::unique_ptr<client::SegmentLender>> lender =
       client::SegmentLender::Start(lo, d->engine_.get(), d->master_.get());
   if (!lender.ok()) {
@@ -100,7 +111,7 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
     return st;
   }
   d->lender_ = std::move(*lender);
-  RETURN_IF_ERROR(d->OpenSsd(config));
+  if (d->ssd_ != nullptr) d->sync_thread_ = std::thread([self] { self->SyncLoop(); });
 
   d->RegisterMetrics();
   d->http_ = std::make_unique<HttpServer>(HttpServer::Options{.threads = 2, .max_connections = 1024});
@@ -151,26 +162,36 @@ absl::Status StoreDaemon::OpenSsd(const StoreConfig& config) {
   // flag.
   uint64_t region_size = config.ssd_region_size;
   std::filesystem::path layout = std::filesystem::path(config.ssd_dir) / "tierkv-ssd.layout";
+  std::filesystem::path data = std::filesystem::path(config.ssd_dir) / "tierkv-ssd.dat";
+  std::string id;
+  bool have_layout = false;
   if (std::ifstream in(layout); in) {
-    std::string line;
-    std::getline(in, line);
-    absl::string_view value = line;
-    uint64_t stored = 0;
-    if (absl::ConsumePrefix(&value, "region_size=") && absl::SimpleAtoi(value, &stored) &&
-        stored >= kIoAlign && stored % kIoAlign == 0) {
-      if (stored != region_size) {
-        TKV_LOG(WARNING) << "--ssd-region-size " << region_size << " ignored: " << config.ssd_dir
-                         << " was made with regions of " << stored << " bytes";
+    have_layout = true;
+    for (std::string line; std::getline(in, line);) {
+      absl::string_view value = line;
+      uint64_t stored = 0;
+      if (absl::ConsumePrefix(&value, "region_size=") && absl::SimpleAtoi(value, &stored) &&
+          stored >= kIoAlign && stored % kIoAlign == 0) {
+        if (stored != region_size) {
+          TKV_LOG(WARNING) << "--ssd-region-size " << region_size << " ignored: " << config.ssd_dir
+                           << " was made with regions of " << stored << " bytes";
+        }
+        region_size = stored;
+      } else if (absl::ConsumePrefix(&value, "ssd_id=")) {
+        id = std::string(value);
       }
-      region_size = stored;
     }
-  } else {
-    std::ofstream out(layout);
-    out << "region_size=" << region_size << "\n";
+  }
+  // A new file (or a layout from before ids) gets a new id: replicas the
+  // master holds for another file must not be taken for this one's.
+  if (!have_layout || id.empty() || !std::filesystem::exists(data, ec)) {
+    id = client::RandomId();
+    std::ofstream out(layout, std::ios::trunc);
+    out << "region_size=" << region_size << "\nssd_id=" << id << "\n";
     if (!out.flush()) return absl::FailedPreconditionError(absl::StrCat("--ssd-dir ", config.ssd_dir, ": cannot write ", layout.string()));
   }
   FileIoOptions fo;
-  fo.path = (std::filesystem::path(config.ssd_dir) / "tierkv-ssd.dat").string();
+  fo.path = data.string();
   fo.size = config.ssd_size / kIoAlign * kIoAlign;
   fo.direct = config.ssd_direct;
   absl::StatusOr<std::unique_ptr<FileIo>> file = OpenUringFile(fo);
@@ -183,9 +204,11 @@ absl::Status StoreDaemon::OpenSsd(const StoreConfig& config) {
     so.high_watermark = config.ssd_high_watermark;
     so.low_watermark = config.ssd_low_watermark;
     so.slow_io = config.ssd_slow_io;
+    so.on_drop = [this](const std::string& key) { OnSsdDrop(key); };
     absl::StatusOr<std::unique_ptr<SsdTier>> tier = SsdTier::Open(std::move(*file), so);
     if (tier.ok()) {
       ssd_ = std::move(*tier);
+      ssd_id_ = id;
       SsdStats st = ssd_->Stats();
       TKV_LOG(INFO) << "SSD tier at " << fo.path << ": " << FormatSize(st.capacity) << ", " << st.recovered
                     << " records found, " << st.torn << " torn skipped" << (st.direct ? "" : ", buffered I/O");
@@ -252,6 +275,8 @@ std::vector<absl::StatusOr<uint64_t>> StoreDaemon::StageFromSsd(const std::vecto
 }
 
 void StoreDaemon::DescribeTier(v1::Segment* s) const {
+  if (ssd_ == nullptr) return;
+  s->set_ssd_id(ssd_id_);
   if (!tier_ready_.load(std::memory_order_acquire)) return;
   SsdStats st = ssd_->Stats();
   s->set_tier_http(tier_http_);
@@ -290,6 +315,9 @@ void StoreDaemon::ServeTierMove(const httplib::Request& req, httplib::Response& 
     for (size_t i = 0; i < got.size(); ++i) {
       // The reader's extent is the object's size: a record of another
       // size is not this object's value.
+      // A record the master believes in but the tier lacks: tell it, so
+      // readers stop being sent here for it.
+      if (absl::IsNotFound(got[i].status()) && ssd_ != nullptr) OnSsdDrop(moves[i].key);
       if (got[i].ok() && *got[i] != moves[i].length) {
         put(absl::FailedPreconditionError(
             absl::StrCat("the record of ", moves[i].key, " holds ", *got[i], " bytes, not ", moves[i].length)));
@@ -373,9 +401,106 @@ void StoreDaemon::RegisterSsdMetrics() {
   });
 }
 
+void StoreDaemon::OnSsdDrop(const std::string& key) {
+  MutexLock lock(&sync_mu_);
+  // Past a bound a listing says it all at once.
+  if (gone_.size() >= (1u << 20)) {
+    gone_.clear();
+    list_pending_ = true;
+  } else {
+    gone_.push_back(key);
+  }
+  sync_cv_.Signal();
+}
+
+void StoreDaemon::SyncLoop() {
+  MutexLock lock(&sync_mu_);
+  while (!sync_stop_) {
+    // The listing names the tier's HTTP address, known once it serves.
+    const bool ready = tier_ready_.load(std::memory_order_acquire);
+    if (!ready || (!list_pending_ && gone_.empty())) {
+      sync_cv_.WaitFor(&sync_mu_, std::chrono::milliseconds(ready ? 1000 : 10));
+      continue;
+    }
+    const bool list = list_pending_;
+    list_pending_ = false;
+    std::vector<std::string> gone;
+    gone.swap(gone_);  // a listing taken after these drops supersedes them
+    sync_mu_.Unlock();
+    bool sent = list ? SendListing() : SendGone(gone);
+    sync_mu_.Lock();
+    if (!sent) {
+      if (list) {
+        list_pending_ = true;
+      } else if (gone_.size() + gone.size() <= (1u << 20)) {
+        gone_.insert(gone_.end(), gone.begin(), gone.end());
+      } else {
+        list_pending_ = true;
+      }
+      sync_cv_.WaitFor(&sync_mu_, std::chrono::seconds(1));  // the master is away: try once a second
+    }
+  }
+}
+
+bool StoreDaemon::SendListing() {
+  if (ssd_->failed()) return true;  // nothing to list; the heartbeat says the tier is down
+  std::vector<std::pair<std::string, uint64_t>> records = ssd_->Records();
+  v1::SsdRecordsRequest req;
+  req.set_segment(lender_->name());
+  req.set_incarnation(lender_->incarnation());
+  req.set_listing(++listing_seq_);
+  req.set_tier_http(tier_http_);
+  constexpr size_t kBatch = 8192;
+  uint64_t erased = 0, confirmed = 0;
+  size_t i = 0;
+  do {
+    req.clear_present();
+    for (size_t end = std::min(records.size(), i + kBatch); i < end; ++i) {
+      v1::SsdRecord* r = req.add_present();
+      r->set_key(records[i].first);
+      r->set_size(records[i].second);
+    }
+    req.set_complete(i == records.size());
+    absl::StatusOr<v1::SsdRecordsResponse> resp = master_->SyncSsdRecords(req);
+    if (resp.ok() && resp->has_status()) resp = client::FromItem(resp->status());
+    if (!resp.ok()) {
+      TKV_LOG(WARNING) << "listing SSD records to the master: " << resp.status();
+      return false;
+    }
+    confirmed += resp->confirmed();
+    for (const std::string& k : resp->unknown()) erased += ssd_->Erase(k).ok() ? 1 : 0;
+  } while (i < records.size());
+  listings_done_.fetch_add(1);
+  TKV_LOG(INFO) << "SSD records listed to the master: " << confirmed << " kept, " << erased
+                << " erased (no replica in the index)";
+  return true;
+}
+
+bool StoreDaemon::SendGone(const std::vector<std::string>& gone) {
+  if (gone.empty()) return true;
+  v1::SsdRecordsRequest req;
+  req.set_segment(lender_->name());
+  req.set_incarnation(lender_->incarnation());
+  for (const std::string& k : gone) req.add_gone(k);
+  absl::StatusOr<v1::SsdRecordsResponse> resp = master_->SyncSsdRecords(req);
+  if (resp.ok() && resp->has_status()) resp = client::FromItem(resp->status());
+  if (resp.ok()) return true;
+  TKV_LOG(WARNING) << "reporting " << req.gone_size() << " dropped SSD records: " << resp.status();
+  // Not mounted so: the listing after the next mount covers them.
+  return absl::IsFailedPrecondition(resp.status());
+}
+
 void StoreDaemon::Stop() {
   if (stopped_) return;
   stopped_ = true;
+  if (sync_thread_.joinable()) {
+    {
+      MutexLock lock(&sync_mu_);
+      sync_stop_ = true;
+    }
+    sync_cv_.SignalAll();
+    sync_thread_.join();
+  }
   if (lender_) lender_->Stop();  // unmount first: clients stop choosing us
   if (http_) http_->Stop();
   lender_.reset();

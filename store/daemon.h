@@ -15,8 +15,17 @@
 // reported, not fatal: the daemon serves its DRAM segment regardless, and
 // /health and /metrics say why the tier is down.
 //
+// The tier's file is named by a random id kept in --ssd-dir, sent with
+// every mount (Segment.ssd_id): a restarted daemon with the same file gets
+// back the SSD replicas the master kept for it. After each mount it lists
+// its records to the master (SyncSsdRecords, in batches, on its own
+// thread) and erases the records the master names unknown; between
+// listings it reports the records the tier drops on its own. A graceful
+// Stop unmounts with keep_ssd, so a rolling restart keeps the cache.
+//
 // Threads: the transfer engine's (tcp server, workers), the lender's
-// heartbeat thread, and cpp-httplib's pool for HTTP; prefault threads run
+// heartbeat thread, the SSD sync thread (with a tier), and cpp-httplib's
+// pool for HTTP; prefault threads run
 // inside Start. With --numa-node all of them are created pinned to that
 // node's CPUs (the caller's own affinity is restored before Start
 // returns). Stop() unmounts, stops serving and joins everything.
@@ -31,6 +40,7 @@
 #include "client/master_client.h"
 #include "config/base/http_server.h"
 #include "config/base/metrics.h"
+#include "config/base/mutex.h"
 #include "config/store_config.h"
 #include "store/ssd_tier.h"
 #include "transport/engine.h"
@@ -84,6 +94,10 @@ class StoreDaemon {
   std::vector<absl::StatusOr<uint64_t>> StageFromSsd(const std::vector<TierMove>& moves);
   // One line on the SSD tier: "off", "ok ..." or "failed: <why>".
   std::string SsdHealth() const;
+  // The id naming the tier's file ("" without a working tier).
+  const std::string& ssd_id() const { return ssd_id_; }
+  // Complete SSD listings the master has taken since start.
+  uint64_t ssd_listings() const { return listings_done_.load(); }
   void Stop();
 
  private:
@@ -98,6 +112,13 @@ class StoreDaemon {
   // directory that cannot be made or opened); a disk that fails leaves
   // ssd_ null and ssd_failure_ saying why.
   absl::Status OpenSsd(const StoreConfig& config);
+  // The SSD sync thread: a listing after each mount, drops in between.
+  void SyncLoop();
+  // Sends every record in batches; false when the master did not take it all.
+  bool SendListing();
+  // False when it should be sent again (the master is unreachable).
+  bool SendGone(const std::vector<std::string>& gone);
+  void OnSsdDrop(const std::string& key);
 
   std::unique_ptr<client::MasterClient> master_;
   std::unique_ptr<transport::TransferEngine> engine_;
@@ -110,6 +131,15 @@ class StoreDaemon {
   int http_port_ = 0;
   std::string tier_http_;              // set before tier_ready_
   std::atomic<bool> tier_ready_{false};  // the heartbeat may name the tier
+  std::string ssd_id_;
+  Mutex sync_mu_;
+  CondVar sync_cv_;
+  bool list_pending_ ABSL_GUARDED_BY(sync_mu_) = false;
+  bool sync_stop_ ABSL_GUARDED_BY(sync_mu_) = false;
+  std::vector<std::string> gone_ ABSL_GUARDED_BY(sync_mu_);
+  uint64_t listing_seq_ = 0;  // sync thread only
+  std::atomic<uint64_t> listings_done_{0};
+  std::thread sync_thread_;
   bool stopped_ = false;
 };
 

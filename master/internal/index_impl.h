@@ -231,7 +231,15 @@ class ObjectIndex::Impl {
   void RunEvictor();
   void StopEvictor();
   void Tick();
-  uint64_t DropSegments(const std::vector<uint32_t>& ids);
+  uint64_t DropSegments(const std::vector<uint32_t>& ids, const absl::flat_hash_map<uint32_t, uint32_t>& keep_ssd);
+  std::vector<bool> ConfirmSsd(uint32_t id, const std::vector<std::pair<std::string, uint64_t>>& records,
+                               uint64_t* dropped);
+  uint64_t DropSsd(uint32_t id, const std::vector<std::string>& keys);
+  uint64_t DropSsdExcept(uint32_t id, const absl::flat_hash_set<std::string>& keep);
+  // Drops the object's SSD replica on `id` and the copies staged from it;
+  // false when it has none there. Erases an object left with no replica.
+  bool DropSsdAt(Shard& s, uint32_t slot, uint32_t id, std::vector<Mutation>* mutations, FollowUp* follow)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   absl::StatusOr<uint64_t> Recover();
   absl::Status CheckInvariants();
 

@@ -120,6 +120,188 @@ TEST_F(MasterTest, RecoveringSegmentThatNeverReturnsIsDropped) {
   EXPECT_EQ(again->index().Stats().objects, 0u);
 }
 
+// SSD replicas across a daemon restart: a segment whose daemon names its
+// tier (ssd_id) keeps its SSD replicas through a new incarnation, a
+// stop to restart and missed heartbeats, for the grace; the daemon's
+// listing confirms them and drops what the tier lacks.
+class MasterSsdTest : public MasterTest {
+ protected:
+  std::unique_ptr<Master> NewSsdMaster() {
+    MasterOptions o;
+    o.segment_ttl = absl::Seconds(10);
+    o.ssd_grace = absl::Minutes(5);
+    o.index.offload = [this](const std::string&, const std::vector<TierOrder>& orders, absl::Duration) {
+      offloads_ += orders.size();
+      return std::vector<absl::Status>(orders.size(), absl::OkStatus());
+    };
+    auto m = Master::Create(o, std::make_unique<SharedStore>(store_.get()), &clock_);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return std::move(*m);
+  }
+  static SegmentSpec Tiered(const std::string& inc, const std::string& ssd_id = "tier-1") {
+    SegmentSpec s{"a", "host-a", 64 * 1024, inc, "tcp://a", "127.0.0.1:9", 1 << 20, 0};
+    s.ssd_id = ssd_id;
+    return s;
+  }
+  static SsdRecords Listing(const std::string& inc, uint64_t listing,
+                            std::vector<std::pair<std::string, uint64_t>> present, bool complete = true) {
+    SsdRecords r;
+    r.segment = "a";
+    r.incarnation = inc;
+    r.listing = listing;
+    r.present = std::move(present);
+    r.complete = complete;
+    return r;
+  }
+  // k0..k9 (1 KiB each, read once) offloaded to segment a's SSD tier.
+  void OffloadTen(Master& m, const std::string& inc) {
+    offloads_ = 0;
+    ASSERT_OK(m.Mount({Tiered(inc)})[0]);
+    ASSERT_OK(m.SyncSsd(Listing(inc, 1, {})).status());  // an empty tier: offloads may start
+    for (int i = 0; i < 10; ++i) {
+      std::string k = absl::StrCat("k", i);
+      auto s = m.index().PutStart({{k, 1024}});
+      ASSERT_OK(s[0].status);
+      ASSERT_OK(m.index().PutEnd({k})[0]);
+      ASSERT_OK(m.index().GetReplicas({k})[0].status);
+    }
+    clock_.Advance(absl::Seconds(6));  // past the read leases
+    m.index().EvictTo(0);
+    ASSERT_EQ(offloads_, 10u);
+    ASSERT_EQ(m.registry().used(), 0u);
+  }
+  bool Held(Master& m, const std::string& key) { return m.index().Describe(key).ok(); }
+  std::vector<std::pair<std::string, uint64_t>> AllTen() {
+    std::vector<std::pair<std::string, uint64_t>> out;
+    for (int i = 0; i < 10; ++i) out.emplace_back(absl::StrCat("k", i), 1024);
+    return out;
+  }
+
+  size_t offloads_ = 0;
+};
+
+TEST_F(MasterSsdTest, ANewIncarnationWithTheSameTierKeepsItsSsdReplicasAsItsListingSays) {
+  auto m = NewSsdMaster();
+  OffloadTen(*m, "i1");
+  // The daemon restarts: a new incarnation naming the same tier.
+  ASSERT_OK(m->Mount({Tiered("i2")})[0]);
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(Present(*m, absl::StrCat("k", i))) << i;
+  uint32_t id = *m->registry().IdOf("a");
+  EXPECT_FALSE(m->registry().TierFor(id, 1).has_value());  // no offloads before the listing
+  // A listing from an old incarnation is refused.
+  EXPECT_THAT(m->SyncSsd(Listing("i1", 7, AllTen())).status(), StatusIs(absl::StatusCode::kFailedPrecondition));
+
+  // The listing, in two batches: k0..k7 as they were, k8 with another
+  // size, k9 missing, and a record the index never had.
+  const std::vector<std::pair<std::string, uint64_t>> all = AllTen();
+  std::vector<std::pair<std::string, uint64_t>> first(all.begin(), all.begin() + 4);
+  ASSERT_OK_AND_ASSIGN(SsdRecordsResult r1, m->SyncSsd(Listing("i2", 2, first, /*complete=*/false)));
+  EXPECT_EQ(r1.confirmed, 4u);
+  EXPECT_TRUE(r1.unknown.empty());
+  std::vector<std::pair<std::string, uint64_t>> rest = {{"k4", 1024}, {"k5", 1024}, {"k6", 1024},
+                                                        {"k7", 1024}, {"k8", 999},  {"stray", 1024}};
+  ASSERT_OK_AND_ASSIGN(SsdRecordsResult r2, m->SyncSsd(Listing("i2", 2, rest)));
+  EXPECT_EQ(r2.confirmed, 4u);
+  EXPECT_EQ(r2.dropped, 2u);  // k8 (its size), k9 (not listed)
+  std::sort(r2.unknown.begin(), r2.unknown.end());
+  EXPECT_EQ(r2.unknown, (std::vector<std::string>{"k8", "stray"}));
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(Present(*m, absl::StrCat("k", i))) << i;
+  EXPECT_FALSE(Held(*m, "k8"));
+  EXPECT_FALSE(Held(*m, "k9"));
+  EXPECT_TRUE(m->registry().TierFor(id, 1).has_value());
+  // A read stages the record into the new segment's DRAM.
+  LookupOut got = m->index().GetReplicas({"k0"})[0];
+  ASSERT_OK(got.status);
+  ASSERT_EQ(got.replicas.size(), 1u);
+  EXPECT_TRUE(got.replicas[0].stage);
+  EXPECT_EQ(got.replicas[0].segment_id, id);
+
+  // Records the tier drops later are reported, and leave the index.
+  SsdRecords gone = Listing("i2", 0, {}, false);
+  gone.gone = {"k0", "k1", "nope"};
+  ASSERT_OK_AND_ASSIGN(SsdRecordsResult r3, m->SyncSsd(gone));
+  EXPECT_EQ(r3.dropped, 2u);
+  EXPECT_FALSE(Held(*m, "k0"));  // its staged copy went with it
+  EXPECT_FALSE(Held(*m, "k1"));
+  clock_.Advance(absl::Seconds(10));
+  m->Tick();  // the staged copy's extent comes back after the grace
+  EXPECT_EQ(m->registry().used(), 0u);
+  EXPECT_OK(m->index().CheckInvariants());
+}
+
+TEST_F(MasterSsdTest, AnotherTierOrNoneDropsTheReplicas) {
+  auto m = NewSsdMaster();
+  OffloadTen(*m, "i1");
+  ASSERT_OK(m->Mount({Tiered("i2", "tier-2")})[0]);  // the disk was replaced
+  EXPECT_EQ(m->index().Stats().objects, 0u);
+  OffloadTen(*m, "i3");
+  ASSERT_OK(m->Mount({Tiered("i4", "")})[0]);  // the tier failed to open
+  EXPECT_EQ(m->index().Stats().objects, 0u);
+  EXPECT_OK(m->index().CheckInvariants());
+}
+
+TEST_F(MasterSsdTest, StoppedOrSilentDaemonsKeepTheirSsdReplicasForTheGrace) {
+  auto m = NewSsdMaster();
+  OffloadTen(*m, "i1");
+  // A DRAM object besides: it leaves with the process.
+  ASSERT_OK(m->index().PutStart({{"dram", 1024}})[0].status);
+  ASSERT_OK(m->index().PutEnd({"dram"})[0]);
+
+  // A graceful stop to restart: held, not served.
+  ASSERT_OK(m->Unmount({"a"}, /*keep_ssd=*/true)[0]);
+  EXPECT_FALSE(Held(*m, "dram"));
+  EXPECT_TRUE(Held(*m, "k0"));
+  EXPECT_FALSE(Present(*m, "k0"));
+  EXPECT_THAT(m->index().GetReplicas({"k0"})[0].status, StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(m->registry().capacity(), 0u);  // a dormant segment lends nothing
+  // A put of a held key replaces what the absent daemon holds.
+  ASSERT_OK(m->Mount({SegmentSpec{"b", "host-b", 64 * 1024, "j1", "tcp://b"}})[0]);
+  ASSERT_OK(m->index().PutStart({{"k9", 2048}})[0].status);
+  ASSERT_OK(m->index().PutEnd({"k9"})[0]);
+  ASSERT_OK(m->Mount({Tiered("i2")})[0]);
+  ASSERT_OK(m->SyncSsd(Listing("i2", 1, AllTen())).status());
+  for (int i = 0; i < 9; ++i) EXPECT_TRUE(Present(*m, absl::StrCat("k", i))) << i;
+  ASSERT_OK_AND_ASSIGN(ObjectInfo k9, m->index().Describe("k9"));
+  EXPECT_EQ(k9.size, 2048u);
+  EXPECT_EQ(k9.replicas[0].segment, "b");
+
+  // Heartbeats stop: past the TTL the segment turns dormant, its SSD
+  // replicas held; a restart within the grace takes them back.
+  for (int i = 0; i < 3; ++i) {
+    clock_.Advance(absl::Seconds(6));
+    (void)m->Heartbeat({SegmentSpec{"b", "host-b", 64 * 1024, "j1", "tcp://b"}}, "");
+    m->Tick();
+  }
+  EXPECT_TRUE(Held(*m, "k0"));
+  EXPECT_FALSE(Present(*m, "k0"));
+  EXPECT_EQ(m->Heartbeat({Tiered("i2")}, "").remount, std::vector<std::string>{"a"});
+  ASSERT_OK(m->Mount({Tiered("i3")})[0]);
+  EXPECT_TRUE(Present(*m, "k0"));
+
+  // Past the grace they leave.
+  for (int i = 0; i < 60; ++i) {
+    clock_.Advance(absl::Seconds(6));
+    (void)m->Heartbeat({SegmentSpec{"b", "host-b", 64 * 1024, "j1", "tcp://b"}}, "");
+    m->Tick();
+  }
+  EXPECT_FALSE(Held(*m, "k0"));
+  EXPECT_FALSE(m->registry().IdOf("a").has_value());
+  EXPECT_TRUE(Present(*m, "k9"));
+  EXPECT_OK(m->index().CheckInvariants());
+}
+
+TEST_F(MasterSsdTest, SsdReplicasOfADaemonThatRestartedWhileTheMasterWasDownComeBack) {
+  {
+    auto m = NewSsdMaster();
+    OffloadTen(*m, "i1");
+  }
+  auto m = NewSsdMaster();  // the segment is back as RECOVERING, with its tier's id
+  ASSERT_OK(m->Mount({Tiered("i2")})[0]);
+  ASSERT_OK(m->SyncSsd(Listing("i2", 1, AllTen())).status());
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(Present(*m, absl::StrCat("k", i))) << i;
+  EXPECT_OK(m->index().CheckInvariants());
+}
+
 TEST_F(MasterTest, MetadataKeyspace) {
   auto m = NewMaster();
   EXPECT_THAT(m->GetMetadata("x"), StatusIs(absl::StatusCode::kNotFound));
