@@ -63,6 +63,7 @@ std::vector<absl::Status> StageSsdHits(const v1::GetReplicasResponse& resp, cons
     }
   }
   const auto us = std::chrono::microseconds(std::max<int64_t>(absl::ToInt64Microseconds(timeout), 1000));
+  const absl::Time start = absl::Now();
   for (const auto& [segment, b] : by_segment) {
     auto endpoint = resp.stage_endpoints().find(segment);
     absl::Status failed;
@@ -74,7 +75,12 @@ std::vector<absl::Status> StageSsdHits(const v1::GetReplicasResponse& resp, cons
       cli.set_connection_timeout(us);
       cli.set_read_timeout(us);
       cli.set_write_timeout(us);
-      httplib::Result res = cli.Post("/tier/stage", b.req.SerializeAsString(), "application/x-protobuf");
+      // What is left of the lease bounds the daemon's writes into our
+      // extents, measured from here so no clocks need agree.
+      const int64_t within = std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout - (absl::Now() - start)));
+      httplib::Headers headers{{"X-Tierkv-Stage-Within-Ms", absl::StrCat(within)}};
+      httplib::Result res =
+          cli.Post("/tier/stage", headers, b.req.SerializeAsString(), "application/x-protobuf");
       if (!res) {
         failed = absl::UnavailableError(absl::StrCat(endpoint->second, ": ", httplib::to_string(res.error())));
       } else if (res->status != 200 || !answer.ParseFromString(res->body)) {

@@ -30,6 +30,9 @@ const FlagTable<MasterConfig>& MasterFlags() {
           DurationFlag<C>("ssd-offload-timeout", &C::ssd_offload_timeout, "2s", 0.01, 600,
                           "how long the evictor waits for a daemon to copy evicted objects to its SSD "
                           "tier; objects it has not confirmed by then are dropped"),
+          ChoiceFlag<C>("ssd-admission", &C::ssd_admission, "read", {"read", "all"},
+                        "which evicted objects move to their daemon's SSD tier: read (read at least once "
+                        "since their put) or all; docs/eviction.md"),
           DurationFlag<C>("ssd-grace", &C::ssd_grace, "10m", 0, 86400 * 7,
                           "how long the SSD replicas of a daemon that stopped stay indexed (not served) "
                           "for a restart with the same --ssd-dir to take over; 0: they leave with the "

@@ -19,6 +19,7 @@ struct MasterConfig {
   absl::Duration revoke_grace;
   absl::Duration ssd_offload_timeout;
   absl::Duration ssd_grace;
+  std::string ssd_admission;  // read | all
   absl::Duration lease_ttl;
   absl::Duration check_interval;
   double high_watermark = 0;

@@ -47,6 +47,11 @@ const FlagTable<TierkvConfig>& TierkvFlags() {
                         "store capacity as a share of the bytes the trace writes (0.1 = 10 %); sim: a list "
                         "(default 0.05,0.1,0.25,0.5); replay: one value, sizing the embedded cluster (overrides "
                         "--store-size)"),
+          StringFlag<C>("ssd-capacity", &C::ssd_capacity, "",
+                        "replay: give each embedded daemon an SSD tier (in a temporary directory) holding "
+                        "this share of the bytes the trace writes, split over the daemons; empty: none"),
+          ChoiceFlag<C>("ssd-admission", &C::ssd_admission, "read", {"read", "all"},
+                        "the embedded master's --ssd-admission: which evicted pages move to SSD"),
           IntFlag<C>("daemons", &C::daemons, "2", 1, 64, "embedded cluster: store daemons"),
           SizeFlag<C>("store-size", &C::store_size, "1gib", 1 << 20, 1e13, "embedded cluster: DRAM per daemon"),
           StringFlag<C>("transport", &C::transport, "", "transport preference (tcp,shm); empty = auto"),

@@ -35,6 +35,8 @@ struct TierkvConfig {
   std::string capacity;         // sim (a list) and replay: shares of the bytes the trace writes
   int64_t daemons = 0;
   uint64_t store_size = 0;
+  std::string ssd_capacity;   // replay: the embedded daemons' SSD tiers, as a share like capacity
+  std::string ssd_admission;  // the embedded master's --ssd-admission
   std::string transport;
   bool json = false;
   bool progress = true;

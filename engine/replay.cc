@@ -107,6 +107,8 @@ nlohmann::json ReplayReport::ToJson() const {
           {"store_reput_pages", reput_pages},
           {"store_reput_bytes", reput_bytes},
           {"store_evicted_pages", store_evicted_pages},
+          {"store_offloaded_pages", store_offloaded_pages},
+          {"store_ssd_reads", store_ssd_reads},
           {"evicted_needed_again", store_evicted_pages ? double(reput_pages) / store_evicted_pages : 0.0},
           {"store_errors", store_errors},
           {"corrupt_pages", corrupt_pages},
@@ -137,6 +139,9 @@ std::string ReplayReport::Table() const {
   if (store_evicted_pages > 0) {
     row("evicted pages needed again", absl::StrFormat("%.1f%% of %d", 100.0 * reput_pages / store_evicted_pages,
                                                       store_evicted_pages));
+  }
+  if (store_offloaded_pages > 0) {
+    row("moved to SSD / staged back", absl::StrCat(store_offloaded_pages, " / ", store_ssd_reads, " pages"));
   }
   row("store errors (recomputed)", absl::StrCat(store_errors));
   if (corrupt_pages > 0) row("corrupt pages (recomputed)", absl::StrCat(corrupt_pages));

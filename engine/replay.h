@@ -49,6 +49,10 @@ struct ReplayReport {
   uint64_t fetched_bytes = 0, put_bytes = 0, put_failures = 0;
   uint64_t reput_pages = 0, reput_bytes = 0;  // written again after the store evicted them
   uint64_t store_evicted_pages = 0;  // set by the caller when it can see the store (0: unknown)
+  // Likewise: evicted pages moved to the daemons' SSD tiers, and reads
+  // staged back from them.
+  uint64_t store_offloaded_pages = 0;
+  uint64_t store_ssd_reads = 0;
   double wall_s = 0;
   double tokens_per_s = 0;  // the cost model in effect
   std::vector<WindowPoint> window;

@@ -83,16 +83,17 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
           used = used > bytes ? used - bytes : 0;
           if (in_dram < o.replicas.size()) {
             // A copy staged from its SSD record: drop the copy, keep the
-            // record. A stage still on its way may land after the lease,
-            // so the extent waits out revoke_grace too.
+            // record. A stage still in transit when the lease ended may
+            // land a little after, so the extent waits out stage_grace.
+            const absl::Duration hold = std::min(options_.revoke_grace, options_.stage_grace);
             for (const Replica& r : o.replicas) {
               if (r.ssd) continue;
-              if (options_.revoke_grace <= absl::ZeroDuration()) {
+              if (hold <= absl::ZeroDuration()) {
                 registry_->Free(r, o.size);
                 continue;
               }
               MutexLock dlock(&deferred_mu_);
-              deferred_.push_back({{r}, o.size, now + absl::ToInt64Milliseconds(options_.revoke_grace)});
+              deferred_.push_back({{r}, o.size, std::max(now, o.deadline_ms) + absl::ToInt64Milliseconds(hold)});
             }
             o.replicas.erase(std::remove_if(o.replicas.begin(), o.replicas.end(), [](const Replica& r) { return !r.ssd; }),
                              o.replicas.end());
@@ -104,7 +105,7 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
             continue;
           }
           std::optional<std::string> tier;
-          if (options_.offload && o.read && o.group == nullptr && o.replicas.size() == 1 && !o.replicas[0].ssd) {
+          if (options_.offload && (o.read || options_.offload_unread) && o.group == nullptr && o.replicas.size() == 1 && !o.replicas[0].ssd) {
             tier = registry_->TierFor(o.replicas[0].segment_id, o.size);
           }
           if (tier) {

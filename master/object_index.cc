@@ -724,6 +724,7 @@ std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>&
   absl::Time now = clock_->Now();
   const int64_t now_ms = absl::ToUnixMillis(now);
   int64_t lease_until = absl::ToUnixMillis(now + options_.lease_ttl);
+  int64_t stage_until = absl::ToUnixMillis(now + std::min(options_.lease_ttl, options_.stage_lease));
   for (size_t i = 0; i < keys.size(); ++i) {
     Shard& s = *shards_[ShardOf(keys[i])];
     MutexLock lock(&s.mu);
@@ -765,7 +766,7 @@ std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>&
     }
     out[i].size = o.size;
     const int64_t old_deadline = o.deadline_ms;
-    o.deadline_ms = std::max(old_deadline, lease_until);
+    o.deadline_ms = std::max(old_deadline, reps.front().stage ? stage_until : lease_until);
     if (o.deadline_ms != old_deadline) MoveLease(o, old_deadline, now_ms);
     out[i].lease_expiry = absl::FromUnixMillis(o.deadline_ms);
     out[i].idle_s = HitOf(o).idle_s;

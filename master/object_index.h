@@ -112,6 +112,21 @@ struct IndexOptions {
   // does not answer within offload_timeout is a plain eviction. Empty: off.
   OffloadFn offload;
   absl::Duration offload_timeout = absl::Seconds(2);
+  // Admission to the SSD tier: also objects never read since their put
+  // (--ssd-admission=all), for a tier large enough that keeping every
+  // evicted page beats keeping the pages proven reused (docs/eviction.md).
+  bool offload_unread = false;
+  // The read lease of a copy staged from SSD (at most lease_ttl): staged
+  // copies take DRAM of their own, and a long prefix read from SSD must not
+  // keep the next one's pages out of DRAM for a whole lease. A reader whose
+  // copy is evicted under it fails its trailer check: a miss, never wrong
+  // bytes.
+  absl::Duration stage_lease = absl::Seconds(1);
+  // An evicted staged copy's extent is reused this long after its lease
+  // ends (at most revoke_grace): daemons write no staged bytes past the
+  // reader's lease (X-Tierkv-Stage-Within-Ms), so this covers only the
+  // reader's request still in transit.
+  absl::Duration stage_grace = absl::Seconds(1);
 };
 
 struct PutItem {

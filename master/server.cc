@@ -70,6 +70,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   options.index.put_timeout = config.put_timeout;
   options.index.revoke_grace = config.revoke_grace;
   options.index.offload_timeout = config.ssd_offload_timeout;
+  options.index.offload_unread = config.ssd_admission == "all";
   options.index.high_watermark = config.high_watermark;
   options.index.low_watermark = config.low_watermark;
   ASSIGN_OR_RETURN(options.index.eviction, master::ParseEvictionPolicy(config.eviction_policy));

@@ -254,7 +254,8 @@ std::vector<absl::Status> StoreDaemon::OffloadToSsd(const std::vector<TierMove>&
   return out;
 }
 
-std::vector<absl::StatusOr<uint64_t>> StoreDaemon::StageFromSsd(const std::vector<TierMove>& moves) {
+std::vector<absl::StatusOr<uint64_t>> StoreDaemon::StageFromSsd(const std::vector<TierMove>& moves,
+                                                                 std::chrono::steady_clock::time_point deadline) {
   std::vector<absl::StatusOr<uint64_t>> out(moves.size(), uint64_t{0});
   if (ssd_ == nullptr) {
     return std::vector<absl::StatusOr<uint64_t>>(moves.size(), NoTier(ssd_configured_, ssd_failure_));
@@ -266,7 +267,7 @@ std::vector<absl::StatusOr<uint64_t>> StoreDaemon::StageFromSsd(const std::vecto
       out[i] = s;
       continue;
     }
-    reads.push_back({moves[i].key, lender_->data() + moves[i].offset, moves[i].length});
+    reads.push_back({moves[i].key, lender_->data() + moves[i].offset, moves[i].length, deadline});
     at.push_back(i);
   }
   std::vector<absl::StatusOr<uint64_t>> got = ssd_->ReadBatch(reads);
@@ -311,7 +312,15 @@ void StoreDaemon::ServeTierMove(const httplib::Request& req, httplib::Response& 
     }
     for (const absl::Status& st : OffloadToSsd(moves)) put(st);
   } else {
-    std::vector<absl::StatusOr<uint64_t>> got = StageFromSsd(moves);
+    // The reader says how long its extent stays its own (the rest of its
+    // lease, header X-Tierkv-Stage-Within-Ms); past that the extent is
+    // left alone, so the master may reuse it soon after the lease.
+    auto deadline = std::chrono::steady_clock::time_point::max();
+    int64_t within_ms = 0;
+    if (absl::SimpleAtoi(req.get_header_value("X-Tierkv-Stage-Within-Ms"), &within_ms) && within_ms >= 0) {
+      deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(within_ms);
+    }
+    std::vector<absl::StatusOr<uint64_t>> got = StageFromSsd(moves, deadline);
     for (size_t i = 0; i < got.size(); ++i) {
       // The reader's extent is the object's size: a record of another
       // size is not this object's value.

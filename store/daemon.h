@@ -91,7 +91,10 @@ class StoreDaemon {
   // and the tier's capacity and use (Segment.tier_http, ssd_*) once the
   // tier is up.
   std::vector<absl::Status> OffloadToSsd(const std::vector<TierMove>& moves);
-  std::vector<absl::StatusOr<uint64_t>> StageFromSsd(const std::vector<TierMove>& moves);
+  // `deadline`: Stage writes no extent after it (the reader's lease).
+  std::vector<absl::StatusOr<uint64_t>> StageFromSsd(
+      const std::vector<TierMove>& moves,
+      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
   // One line on the SSD tier: "off", "ok ..." or "failed: <why>".
   std::string SsdHealth() const;
   // The id naming the tier's file ("" without a working tier).

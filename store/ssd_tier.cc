@@ -429,6 +429,10 @@ std::vector<absl::StatusOr<uint64_t>> SsdTier::ReadBatch(absl::Span<const SsdRea
       out[p.item] = absl::DataLossError("SSD record failed its checksum; dropped");
       continue;
     }
+    if (std::chrono::steady_clock::now() > rd.deadline) {
+      out[p.item] = absl::DeadlineExceededError("SSD read finished after its reader's deadline");
+      continue;
+    }
     std::memcpy(rd.dst, value, h.value_len);
     stats_.bytes_read += h.value_len;
     out[p.item] = h.value_len;

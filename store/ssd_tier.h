@@ -35,6 +35,7 @@
 // I/O in flight is never reclaimed under it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -77,6 +78,9 @@ struct SsdRead {
   std::string key;
   void* dst = nullptr;   // receives the value
   uint64_t capacity = 0; // bytes at dst
+  // Past this (monotonic clock) dst is left untouched: DEADLINE_EXCEEDED.
+  // A reader's staging extent is its only while its lease lasts.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 
 struct SsdStats {
@@ -114,7 +118,9 @@ class SsdTier {
   // Reads each key's value into its dst (one submission for the batch);
   // per item the value's size, or NOT_FOUND, OUT_OF_RANGE (capacity below
   // the value's size), DATA_LOSS (the record failed its checks and was
-  // dropped), UNAVAILABLE (the tier failed).
+  // dropped), DEADLINE_EXCEEDED (read after the item's deadline; dst not
+  // written), UNAVAILABLE (the tier failed). Each value is copied into its
+  // dst in one memcpy after its I/O, under the tier's lock.
   std::vector<absl::StatusOr<uint64_t>> ReadBatch(absl::Span<const SsdRead> items);
   // Forgets the key and marks its record dead on disk, so a restart does
   // not bring it back. NOT_FOUND when absent.

@@ -36,12 +36,12 @@ struct Session {
   std::unique_ptr<engine::TierkvL3> l3;
 };
 
-absl::StatusOr<Session> Connect(const TierkvConfig& c) {
+absl::StatusOr<Session> Connect(const TierkvConfig& c, const tools::EmbeddedSsd& ssd = {}) {
   Session s;
   client::ClientOptions o;
   if (c.master.empty()) {
     auto cluster = tools::EmbeddedCluster::Start(static_cast<int>(c.daemons), c.store_size, c.transport,
-                                                 c.eviction_policy);
+                                                 c.eviction_policy, ssd);
     if (!cluster.ok()) return cluster.status();
     s.cluster = std::move(*cluster);
     o.master = s.cluster->master_address();
@@ -142,6 +142,20 @@ int Replay(const TierkvConfig& c) {
   if (!trace.ok()) return Fail(std::string(trace.status().message()));
   const size_t max_prompt = c.max_prompt_tokens > 0 ? c.max_prompt_tokens : (synthetic ? 0 : 1536);
   TierkvConfig sized = c;
+  tools::EmbeddedSsd ssd;
+  ssd.admission = c.ssd_admission;
+  if (!c.ssd_capacity.empty()) {
+    auto caps = engine::ParseCapacities(c.ssd_capacity);
+    if (!caps.ok() || caps->size() != 1) ExitWithUsageError("tierkv", "--ssd-capacity: one share, e.g. 1.0");
+    if (!c.master.empty() || !synthetic) {
+      ExitWithUsageError("tierkv", "--ssd-capacity sizes the embedded cluster in synthetic mode (no --master)");
+    }
+    engine::PageTrace pages = engine::BuildPageTrace(*trace, static_cast<int>(c.page_tokens), max_prompt);
+    // A page on disk takes its record: a 64-byte header, the key (page
+    // keys are under 128 bytes) and the value, padded to 4 KiB.
+    const uint64_t record = (64 + 128 + SyntheticPageBytes(c) + 4095) / 4096 * 4096;
+    ssd.size = static_cast<uint64_t>((*caps)[0] * pages.unique_pages * record / c.daemons);
+  }
   if (!c.capacity.empty()) {
     // The embedded store holds this share of what the trace writes, the
     // same measure `tierkv sim` uses.
@@ -154,7 +168,7 @@ int Replay(const TierkvConfig& c) {
     double total = (*caps)[0] * pages.unique_pages * SyntheticPageBytes(c);
     sized.store_size = std::max<uint64_t>(1 << 20, static_cast<uint64_t>(total / c.daemons));
   }
-  auto session = Connect(sized);
+  auto session = Connect(sized, ssd);
   if (!session.ok()) return Fail(session.status().ToString());
   engine::InferenceEngine eng(*ecfg, session->l3.get());
   MetricsServer metrics(static_cast<int>(c.metrics_port));
@@ -170,7 +184,10 @@ int Replay(const TierkvConfig& c) {
   engine::ReplayReport r = engine::Replay(*trace, eng, opts);
   if (session->cluster) {
     // The embedded store was this replay's alone: its evictions are ours.
-    r.store_evicted_pages = session->cluster->master().master().index().Stats().evictions / c.tp;
+    master::IndexStats st = session->cluster->master().master().index().Stats();
+    r.store_evicted_pages = st.evictions / c.tp;
+    r.store_offloaded_pages = st.offloaded / c.tp;
+    r.store_ssd_reads = st.staged / c.tp;
   }
   WriteOutputs(c, r);
   if (c.json) {

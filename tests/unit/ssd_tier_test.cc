@@ -286,6 +286,22 @@ TEST_F(SsdTierTest, ReadErrorFailsTheTierAndReturnsNoBytes) {
   EXPECT_TRUE(tier->failed());
 }
 
+// A read that completes after its reader's deadline writes nothing: the
+// reader's staging extent may already belong to another object.
+TEST_F(SsdTierTest, AReadPastItsDeadlineLeavesTheBufferAlone) {
+  auto tier = Open();
+  ASSERT_OK(Put(*tier, "k", "value"));
+  std::string out(16, '#');
+  SsdRead late{"k", out.data(), out.size(), std::chrono::steady_clock::now() - std::chrono::milliseconds(1)};
+  EXPECT_THAT(tier->ReadBatch(absl::MakeConstSpan(&late, 1))[0].status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(out, std::string(16, '#'));
+  EXPECT_FALSE(tier->failed());
+  SsdRead in_time{"k", out.data(), out.size(), std::chrono::steady_clock::now() + std::chrono::seconds(10)};
+  ASSERT_OK_AND_ASSIGN(uint64_t n, tier->ReadBatch(absl::MakeConstSpan(&in_time, 1))[0]);
+  EXPECT_EQ(out.substr(0, n), "value");
+}
+
 TEST_F(SsdTierTest, ASlowDiskFailsTheTier) {
   SsdTierOptions o;
   o.slow_io = absl::Milliseconds(20);
