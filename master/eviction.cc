@@ -401,6 +401,21 @@ bool ObjectIndex::Impl::DropSsdAt(Shard& s, uint32_t slot, uint32_t id, std::vec
 std::vector<bool> ObjectIndex::Impl::ConfirmSsd(uint32_t id,
                                                 const std::vector<std::pair<std::string, uint64_t>>& records,
                                                 uint64_t* dropped) {
+  return MatchSsd(id, records, /*drop_all=*/false, dropped);
+}
+
+uint64_t ObjectIndex::Impl::DropSsd(uint32_t id, const std::vector<std::string>& keys) {
+  std::vector<std::pair<std::string, uint64_t>> records;
+  records.reserve(keys.size());
+  for (const std::string& k : keys) records.emplace_back(k, 0);
+  uint64_t dropped = 0;
+  MatchSsd(id, records, /*drop_all=*/true, &dropped);
+  return dropped;
+}
+
+std::vector<bool> ObjectIndex::Impl::MatchSsd(uint32_t id,
+                                              const std::vector<std::pair<std::string, uint64_t>>& records,
+                                              bool drop_all, uint64_t* dropped) {
   std::vector<bool> out(records.size(), false);
   FollowUp follow;
   for (size_t i = 0; i < records.size(); ++i) {
@@ -408,14 +423,11 @@ std::vector<bool> ObjectIndex::Impl::ConfirmSsd(uint32_t id,
     MutexLock lock(&s.mu);
     uint32_t slot = Find(s, records[i].first);
     if (slot == kNil) continue;
-    Object& o = s.objects[slot];
-    if (o.state != ObjState::kComplete ||
-        std::none_of(o.replicas.begin(), o.replicas.end(),
-                     [id](const Replica& r) { return r.segment_id == id && r.ssd; })) {
-      continue;
-    }
-    if (o.size == records[i].second) {
-      out[i] = true;
+    if (!drop_all && s.objects[slot].size == records[i].second) {
+      const Object& o = s.objects[slot];
+      out[i] = o.state == ObjState::kComplete &&
+               std::any_of(o.replicas.begin(), o.replicas.end(),
+                           [id](const Replica& r) { return r.segment_id == id && r.ssd; });
       continue;
     }
     std::vector<Mutation> mutations;
@@ -424,22 +436,6 @@ std::vector<bool> ObjectIndex::Impl::ConfirmSsd(uint32_t id,
   }
   RunFollowUps(std::move(follow));
   return out;
-}
-
-uint64_t ObjectIndex::Impl::DropSsd(uint32_t id, const std::vector<std::string>& keys) {
-  uint64_t dropped = 0;
-  FollowUp follow;
-  for (const std::string& key : keys) {
-    Shard& s = *shards_[ShardOf(key)];
-    MutexLock lock(&s.mu);
-    uint32_t slot = Find(s, key);
-    if (slot == kNil) continue;
-    std::vector<Mutation> mutations;
-    if (DropSsdAt(s, slot, id, &mutations, &follow)) ++dropped;
-    Persist(&mutations, &follow);
-  }
-  RunFollowUps(std::move(follow));
-  return dropped;
 }
 
 uint64_t ObjectIndex::Impl::DropSsdExcept(uint32_t id, const absl::flat_hash_set<std::string>& keep) {

@@ -236,6 +236,11 @@ class ObjectIndex::Impl {
                                uint64_t* dropped);
   uint64_t DropSsd(uint32_t id, const std::vector<std::string>& keys);
   uint64_t DropSsdExcept(uint32_t id, const absl::flat_hash_set<std::string>& keep);
+  // Per record: whether the object has an SSD replica on `id` of the
+  // record's size; one of another size (every one, with drop_all) is
+  // dropped, counted in *dropped.
+  std::vector<bool> MatchSsd(uint32_t id, const std::vector<std::pair<std::string, uint64_t>>& records,
+                             bool drop_all, uint64_t* dropped);
   // Drops the object's SSD replica on `id` and the copies staged from it;
   // false when it has none there. Erases an object left with no replica.
   bool DropSsdAt(Shard& s, uint32_t slot, uint32_t id, std::vector<Mutation>* mutations, FollowUp* follow)

@@ -95,6 +95,29 @@ class SsdDaemonTest : public ::testing::Test {
     close(fd);
   }
 
+  // Puts 384 pages of 64 KiB (24 MiB into the 16 MiB DRAM of a daemon
+  // started with it), each found once by a lookup: read once, so eviction
+  // keeps it on SSD (the admission rule).
+  void PutReadPages(client::Client& client, std::vector<std::string>* keys, std::vector<std::string>* values) {
+    // The master learns of the tier from a heartbeat; before that an
+    // eviction drops.
+    bool known = false;
+    for (int i = 0; i < 200 && !known; ++i) {
+      absl::StatusOr<std::string> segs = cluster_.HttpGet("/v1/segments");
+      ASSERT_OK(segs.status());
+      known = segs->find(absl::StrCat("\"ssd_capacity\":", kSize)) != std::string::npos;
+      if (!known) absl::SleepFor(absl::Milliseconds(50));
+    }
+    ASSERT_TRUE(known) << *cluster_.HttpGet("/v1/segments");
+    for (int i = 0; i < 384; ++i) {
+      keys->push_back(absl::StrCat("page-", i));
+      values->push_back(testing::Payload(keys->back(), (64 << 10) - 8));
+      ASSERT_OK(client.Put(keys->back(), values->back())) << i;
+      ASSERT_OK_AND_ASSIGN(size_t matched, client.PrefixMatch({keys->back()}));
+      ASSERT_EQ(matched, 1u) << i;
+    }
+  }
+
   TestCluster cluster_;
   std::string dir_;
   std::unique_ptr<ChildProcess> daemon_;
@@ -182,15 +205,9 @@ TEST_F(SsdDaemonTest, ARestartedDaemonServesItsSsdPagesAgain) {
   ASSERT_OK(StartDaemon(dir_, {}, kRegion, "16mib"));
   auto client = cluster_.NewClient();
   ASSERT_OK(client.status());
-  constexpr int kPages = 384;  // of 64 KiB: 24 MiB into 16 MiB of DRAM
   std::vector<std::string> keys, values;
-  for (int i = 0; i < kPages; ++i) {
-    keys.push_back(absl::StrCat("page-", i));
-    values.push_back(testing::Payload(keys.back(), (64 << 10) - 8));
-    ASSERT_OK((*client)->Put(keys.back(), values.back())) << i;
-    ASSERT_OK_AND_ASSIGN(size_t matched, (*client)->PrefixMatch({keys.back()}));
-    ASSERT_EQ(matched, 1u) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(PutReadPages(**client, &keys, &values));
+  const int kPages = static_cast<int>(keys.size());
   // Wait until the evictor is done moving pages.
   double records = -1;
   for (int i = 0; i < 100; ++i) {
@@ -243,27 +260,11 @@ namespace {
 // SSD through a staging extent and the usual trailer check.
 TEST_F(SsdDaemonTest, PagesEvictedFromDramAreServedFromSsd) {
   ASSERT_OK(StartDaemon(dir_, {}, kRegion, "16mib"));
-  // The master learns of the tier from a heartbeat.
-  bool known = false;
-  for (int i = 0; i < 200 && !known; ++i) {
-    absl::StatusOr<std::string> segs = cluster_.HttpGet("/v1/segments");
-    ASSERT_OK(segs.status());
-    known = segs->find(absl::StrCat("\"ssd_capacity\":", kSize)) != std::string::npos;
-    if (!known) absl::SleepFor(absl::Milliseconds(50));  // the next heartbeat
-  }
-  ASSERT_TRUE(known) << *cluster_.HttpGet("/v1/segments");
   auto client = cluster_.NewClient();
   ASSERT_OK(client.status());
-  constexpr int kPages = 384;  // of 64 KiB: 24 MiB into 16 MiB of DRAM
   std::vector<std::string> keys, values;
-  for (int i = 0; i < kPages; ++i) {
-    keys.push_back(absl::StrCat("page-", i));
-    values.push_back(testing::Payload(keys.back(), (64 << 10) - 8));
-    ASSERT_OK((*client)->Put(keys.back(), values.back())) << i;
-    // A lookup that finds it: read once, so eviction keeps it on SSD.
-    ASSERT_OK_AND_ASSIGN(size_t matched, (*client)->PrefixMatch({keys.back()}));
-    ASSERT_EQ(matched, 1u) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(PutReadPages(**client, &keys, &values));
+  const int kPages = static_cast<int>(keys.size());
   std::string metrics = Get("/metrics");
   EXPECT_GT(Metric(metrics, "tierkv_store_ssd_records"), 100);
   absl::StatusOr<std::string> master_metrics = cluster_.HttpGet("/metrics");
