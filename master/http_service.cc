@@ -47,7 +47,7 @@ json SegmentJson(const SegmentSnapshot& s) {
           {"endpoint", s.spec.endpoint},
           {"ssd_capacity", s.spec.ssd_capacity},
           {"ssd_used", s.spec.ssd_used},
-          {"state", s.recovering ? "recovering" : "live"},
+          {"state", s.state()},
           {"last_heartbeat_unix_ms", absl::ToUnixMillis(s.last_heartbeat)}};
 }
 

@@ -208,7 +208,7 @@ void Stats(Master* m, const v1::StatsRequest&, v1::StatsResponse* resp) {
     seg->set_ssd_capacity(s.spec.ssd_capacity);
     seg->set_ssd_used(s.spec.ssd_used);
     info->set_used(s.used);
-    info->set_state(s.recovering ? "recovering" : "live");
+    info->set_state(s.state());
     info->set_last_heartbeat_unix_ms(absl::ToUnixMillis(s.last_heartbeat));
   }
   resp->set_used_bytes(used);

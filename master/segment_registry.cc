@@ -286,7 +286,7 @@ std::vector<SegmentSnapshot> SegmentRegistry::Snapshot() const {
   MutexLock lock(&mu_);
   std::vector<SegmentSnapshot> out;
   for (const auto& [id, seg] : by_id_) {
-    out.push_back({id, seg.spec, seg.allocator->used(), seg.recovering, seg.last_heartbeat});
+    out.push_back({id, seg.spec, seg.allocator->used(), seg.recovering, seg.last_heartbeat, seg.dormant});
   }
   std::sort(out.begin(), out.end(),
             [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.spec.name < b.spec.name; });

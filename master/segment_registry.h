@@ -64,6 +64,9 @@ struct SegmentSnapshot {
   uint64_t used;
   bool recovering;
   absl::Time last_heartbeat;
+  bool dormant = false;  // RECOVERING with only its SSD replicas held
+  // "live", "recovering" or "dormant", as /v1/segments and tierkvctl say.
+  const char* state() const { return dormant ? "dormant" : recovering ? "recovering" : "live"; }
 };
 
 class SegmentRegistry {

@@ -254,6 +254,8 @@ TEST_F(MasterSsdTest, StoppedOrSilentDaemonsKeepTheirSsdReplicasForTheGrace) {
   EXPECT_FALSE(Present(*m, "k0"));
   EXPECT_THAT(m->index().GetReplicas({"k0"})[0].status, StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(m->registry().capacity(), 0u);  // a dormant segment lends nothing
+  ASSERT_EQ(m->registry().Snapshot().size(), 1u);
+  EXPECT_STREQ(m->registry().Snapshot()[0].state(), "dormant");
   // A put of a held key replaces what the absent daemon holds.
   ASSERT_OK(m->Mount({SegmentSpec{"b", "host-b", 64 * 1024, "j1", "tcp://b"}})[0]);
   ASSERT_OK(m->index().PutStart({{"k9", 2048}})[0].status);
