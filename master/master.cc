@@ -249,11 +249,15 @@ absl::StatusOr<SsdRecordsResult> Master::SyncSsd(const SsdRecords& in) {
   if (!in.present.empty() || in.complete) {
     std::vector<bool> ok = index_->ConfirmSsd(*id, in.present, &out.dropped);
     absl::flat_hash_set<std::string> confirmed;
+    bool repeat = false;
     {
       MutexLock lock(&ssd_mu_);
       SsdListing& l = listings_[in.segment];
-      if (l.id != *id || l.listing != in.listing) l = SsdListing{*id, in.listing, {}};
-      for (size_t i = 0; i < ok.size(); ++i) {
+      if (l.id != *id || l.listing != in.listing) l = SsdListing{*id, in.listing, false, {}};
+      // A batch of a listing already taken, sent again (its answer was
+      // lost): sweeping again with nothing confirmed would drop it all.
+      repeat = l.done;
+      for (size_t i = 0; i < ok.size() && !repeat; ++i) {
         if (ok[i]) {
           l.confirmed.insert(in.present[i].first);
           ++out.confirmed;
@@ -261,12 +265,13 @@ absl::StatusOr<SsdRecordsResult> Master::SyncSsd(const SsdRecords& in) {
           out.unknown.push_back(in.present[i].first);
         }
       }
-      if (in.complete) {
+      if (in.complete && !repeat) {
         confirmed = std::move(l.confirmed);
-        listings_.erase(in.segment);
+        l.confirmed.clear();
+        l.done = true;
       }
     }
-    if (in.complete) {
+    if (in.complete && !repeat) {
       // The listing holds every record the tier had when it was taken,
       // and no offload reached the segment since its mount (TierFor waits
       // for this): a replica it does not name has no record.

@@ -159,6 +159,7 @@ class Master {
   struct SsdListing {
     uint32_t id = 0;
     uint64_t listing = 0;
+    bool done = false;  // complete: later batches of it are repeats
     absl::flat_hash_set<std::string> confirmed;
   };
   Mutex ssd_mu_;

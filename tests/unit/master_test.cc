@@ -209,6 +209,10 @@ TEST_F(MasterSsdTest, ANewIncarnationWithTheSameTierKeepsItsSsdReplicasAsItsList
   EXPECT_FALSE(Held(*m, "k8"));
   EXPECT_FALSE(Held(*m, "k9"));
   EXPECT_TRUE(m->registry().TierFor(id, 1).has_value());
+  // The last batch sent again (its answer lost) changes nothing.
+  ASSERT_OK_AND_ASSIGN(SsdRecordsResult again, m->SyncSsd(Listing("i2", 2, rest)));
+  EXPECT_EQ(again.dropped, 0u);
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(Present(*m, absl::StrCat("k", i))) << i;
   // A read stages the record into the new segment's DRAM.
   LookupOut got = m->index().GetReplicas({"k0"})[0];
   ASSERT_OK(got.status);
