@@ -74,8 +74,9 @@ def test_daemon_killed_mid_run(fresh_cluster, short_timeouts):
     deadline = time.monotonic() + 30
     while len(results) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
-    fresh_cluster.daemons[0].kill(signal.SIGKILL)
+    # Set first: a read recorded as "before" must have ended before the kill.
     killed.set()
+    fresh_cluster.daemons[0].kill(signal.SIGKILL)
     # Until the reader has seen the loss: some key negative and absent.
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not any(
