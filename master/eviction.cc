@@ -83,17 +83,9 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
           used = used > bytes ? used - bytes : 0;
           if (in_dram < o.replicas.size()) {
             // A copy staged from its SSD record: drop the copy, keep the
-            // record. A stage still in transit when the lease ended may
-            // land a little after, so the extent waits out stage_grace.
-            const absl::Duration hold = std::min(options_.revoke_grace, options_.stage_grace);
+            // record.
             for (const Replica& r : o.replicas) {
-              if (r.ssd) continue;
-              if (hold <= absl::ZeroDuration()) {
-                registry_->Free(r, o.size);
-                continue;
-              }
-              MutexLock dlock(&deferred_mu_);
-              deferred_.push_back({{r}, o.size, std::max(now, o.deadline_ms) + absl::ToInt64Milliseconds(hold)});
+              if (!r.ssd) HoldStagedCopy(r, o, now);
             }
             o.replicas.erase(std::remove_if(o.replicas.begin(), o.replicas.end(), [](const Replica& r) { return !r.ssd; }),
                              o.replicas.end());
@@ -354,13 +346,7 @@ uint64_t ObjectIndex::Impl::DropSegments(const std::vector<uint32_t>& ids,
         Erase(s, slot, &mutations, &follow);
         ++dropped;
       } else if (o.state == ObjState::kComplete) {
-        if (!InDram(o)) Unlist(s, slot);  // only its SSD record is left
-        // Keep the surviving replicas durable; the parent link is rebuilt
-        // only from records, so keep the record's parent key as it was.
-        absl::StatusOr<std::string> old = store_->Get(absl::StrCat("o/", o.key));
-        v1::ObjectRecord rec;
-        std::string parent = old.ok() && rec.ParseFromString(*old) ? rec.parent_key() : "";
-        mutations.push_back({absl::StrCat("o/", o.key), EncodeRecord(o, parent), false});
+        KeepSurvivor(s, slot, &mutations);
       }
     }
     Persist(&mutations, &follow);
@@ -377,11 +363,7 @@ bool ObjectIndex::Impl::DropSsdAt(Shard& s, uint32_t slot, uint32_t id, std::vec
   if (std::none_of(o.replicas.begin(), o.replicas.end(), on_ssd)) return false;
   const int64_t now = NowMs();
   for (const Replica& r : o.replicas) {
-    if (r.segment_id != id || !r.stage) continue;
-    // A copy staged from the record: a reader may hold it, or a stage may
-    // still land in it (as at eviction).
-    MutexLock dlock(&deferred_mu_);
-    deferred_.push_back({{r}, o.size, std::max(o.deadline_ms, now + absl::ToInt64Milliseconds(options_.revoke_grace))});
+    if (r.segment_id == id && r.stage) HoldStagedCopy(r, o, now);
   }
   o.replicas.erase(std::remove_if(o.replicas.begin(), o.replicas.end(),
                                   [id](const Replica& r) { return r.segment_id == id && (r.ssd || r.stage); }),
@@ -389,13 +371,32 @@ bool ObjectIndex::Impl::DropSsdAt(Shard& s, uint32_t slot, uint32_t id, std::vec
   if (o.replicas.empty()) {
     Erase(s, slot, mutations, follow);
   } else {
-    if (!InDram(o)) Unlist(s, slot);
-    absl::StatusOr<std::string> old = store_->Get(absl::StrCat("o/", o.key));
-    v1::ObjectRecord rec;
-    std::string parent = old.ok() && rec.ParseFromString(*old) ? rec.parent_key() : "";
-    mutations->push_back({absl::StrCat("o/", o.key), EncodeRecord(o, parent), false});
+    KeepSurvivor(s, slot, mutations);
   }
   return true;
+}
+
+void ObjectIndex::Impl::KeepSurvivor(Shard& s, uint32_t slot, std::vector<Mutation>* mutations) {
+  const Object& o = s.objects[slot];
+  if (!InDram(o)) Unlist(s, slot);  // only its SSD record is left
+  // The parent link is rebuilt only from records, so keep the record's
+  // parent key as it was.
+  absl::StatusOr<std::string> old = store_->Get(absl::StrCat("o/", o.key));
+  v1::ObjectRecord rec;
+  std::string parent = old.ok() && rec.ParseFromString(*old) ? rec.parent_key() : "";
+  mutations->push_back({absl::StrCat("o/", o.key), EncodeRecord(o, parent), false});
+}
+
+void ObjectIndex::Impl::HoldStagedCopy(const Replica& r, const Object& o, int64_t now_ms) {
+  // A reader may hold the copy until its lease ends, and a stage in transit
+  // then may land a little after (daemons write none past the lease).
+  const absl::Duration hold = std::min(options_.revoke_grace, options_.stage_grace);
+  if (hold <= absl::ZeroDuration() && !Leased(o, now_ms)) {
+    registry_->Free(r, o.size);
+    return;
+  }
+  MutexLock lock(&deferred_mu_);
+  deferred_.push_back({{r}, o.size, std::max(now_ms, o.deadline_ms) + absl::ToInt64Milliseconds(hold)});
 }
 
 std::vector<bool> ObjectIndex::Impl::ConfirmSsd(uint32_t id,

@@ -245,6 +245,12 @@ class ObjectIndex::Impl {
   // false when it has none there. Erases an object left with no replica.
   bool DropSsdAt(Shard& s, uint32_t slot, uint32_t id, std::vector<Mutation>* mutations, FollowUp* follow)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // A complete object that lost some replicas and keeps others: off the
+  // candidate lists once no DRAM copy is left, its record rewritten.
+  void KeepSurvivor(Shard& s, uint32_t slot, std::vector<Mutation>* mutations) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Frees the extent of a dropped copy staged from SSD once no reader or
+  // stage can reach it: stage_grace after the object's lease.
+  void HoldStagedCopy(const Replica& r, const Object& o, int64_t now_ms);
   absl::StatusOr<uint64_t> Recover();
   absl::Status CheckInvariants();
 

@@ -47,6 +47,7 @@ class SsdDaemonTest : public ::testing::Test {
       std::cerr << cluster_.Logs();
       if (daemon_) std::cerr << daemon_->Stderr();
     }
+    client_.reset();
     daemon_.reset();
     std::filesystem::remove_all(dir_);
   }
@@ -95,10 +96,14 @@ class SsdDaemonTest : public ::testing::Test {
     close(fd);
   }
 
-  // Puts 384 pages of 64 KiB (24 MiB into the 16 MiB DRAM of a daemon
-  // started with it), each found once by a lookup: read once, so eviction
-  // keeps it on SSD (the admission rule).
-  void PutReadPages(client::Client& client, std::vector<std::string>* keys, std::vector<std::string>* values) {
+  // Starts a daemon with 16 MiB of DRAM and a client (client_), and puts
+  // 384 pages of 64 KiB, each found once by a lookup: read once, so
+  // eviction keeps it on SSD (the admission rule).
+  void StartAndFill(std::vector<std::string>* keys, std::vector<std::string>* values) {
+    ASSERT_OK(StartDaemon(dir_, {}, kRegion, "16mib"));
+    auto client = cluster_.NewClient();
+    ASSERT_OK(client.status());
+    client_ = std::move(*client);
     // The master learns of the tier from a heartbeat; before that an
     // eviction drops.
     bool known = false;
@@ -112,8 +117,8 @@ class SsdDaemonTest : public ::testing::Test {
     for (int i = 0; i < 384; ++i) {
       keys->push_back(absl::StrCat("page-", i));
       values->push_back(testing::Payload(keys->back(), (64 << 10) - 8));
-      ASSERT_OK(client.Put(keys->back(), values->back())) << i;
-      ASSERT_OK_AND_ASSIGN(size_t matched, client.PrefixMatch({keys->back()}));
+      ASSERT_OK(client_->Put(keys->back(), values->back())) << i;
+      ASSERT_OK_AND_ASSIGN(size_t matched, client_->PrefixMatch({keys->back()}));
       ASSERT_EQ(matched, 1u) << i;
     }
   }
@@ -121,6 +126,7 @@ class SsdDaemonTest : public ::testing::Test {
   TestCluster cluster_;
   std::string dir_;
   std::unique_ptr<ChildProcess> daemon_;
+  std::unique_ptr<client::Client> client_;
 };
 
 TEST_F(SsdDaemonTest, ReportsItsTierInHealthAndMetrics) {
@@ -202,11 +208,8 @@ TEST_F(SsdDaemonTest, SsdDirWithoutSizeIsRefused) {
 // only in DRAM are gone with the process and read as misses, never as
 // other bytes.
 TEST_F(SsdDaemonTest, ARestartedDaemonServesItsSsdPagesAgain) {
-  ASSERT_OK(StartDaemon(dir_, {}, kRegion, "16mib"));
-  auto client = cluster_.NewClient();
-  ASSERT_OK(client.status());
   std::vector<std::string> keys, values;
-  ASSERT_NO_FATAL_FAILURE(PutReadPages(**client, &keys, &values));
+  ASSERT_NO_FATAL_FAILURE(StartAndFill(&keys, &values));
   const int kPages = static_cast<int>(keys.size());
   // Wait until the evictor is done moving pages.
   double records = -1;
@@ -234,7 +237,7 @@ TEST_F(SsdDaemonTest, ARestartedDaemonServesItsSsdPagesAgain) {
     ASSERT_EQ(got, confirmed_before + records) << "signal " << sig;
     int served = 0;
     for (int i = 0; i < kPages; ++i) {
-      absl::StatusOr<std::string> v = (*client)->Get(keys[i]);
+      absl::StatusOr<std::string> v = client_->Get(keys[i]);
       if (v.ok()) {
         ASSERT_EQ(*v, values[i]) << keys[i];
         ++served;
@@ -259,11 +262,8 @@ namespace {
 // the admission rule), and every page reads back byte-identical, those on
 // SSD through a staging extent and the usual trailer check.
 TEST_F(SsdDaemonTest, PagesEvictedFromDramAreServedFromSsd) {
-  ASSERT_OK(StartDaemon(dir_, {}, kRegion, "16mib"));
-  auto client = cluster_.NewClient();
-  ASSERT_OK(client.status());
   std::vector<std::string> keys, values;
-  ASSERT_NO_FATAL_FAILURE(PutReadPages(**client, &keys, &values));
+  ASSERT_NO_FATAL_FAILURE(StartAndFill(&keys, &values));
   const int kPages = static_cast<int>(keys.size());
   std::string metrics = Get("/metrics");
   EXPECT_GT(Metric(metrics, "tierkv_store_ssd_records"), 100);
@@ -272,13 +272,13 @@ TEST_F(SsdDaemonTest, PagesEvictedFromDramAreServedFromSsd) {
   EXPECT_THAT(*master_metrics, ::testing::HasSubstr("tierkv_master_ssd_moves_total{kind=\"offloaded\"}"));
   EXPECT_THAT(*master_metrics, ::testing::HasSubstr("tierkv_segment_ssd_used_bytes{"));
   for (int i = 0; i < kPages; ++i) {
-    absl::StatusOr<std::string> got = (*client)->Get(keys[i]);
+    absl::StatusOr<std::string> got = client_->Get(keys[i]);
     if (absl::IsNotFound(got.status())) {
       // DRAM can be full of copies staged for reads still under their
       // 200 ms lease (reads here are faster than that): a miss until the
       // leases end, then the page stages again.
       absl::SleepFor(absl::Milliseconds(300));
-      got = (*client)->Get(keys[i]);
+      got = client_->Get(keys[i]);
     }
     ASSERT_OK(got.status()) << keys[i];
     ASSERT_EQ(*got, values[i]) << keys[i];
