@@ -379,17 +379,23 @@ void StoreDaemon::RegisterSsdMetrics() {
   auto& regions = gauge("tierkv_store_ssd_regions_in_use", "SSD regions holding records");
   auto& direct = gauge("tierkv_store_ssd_direct_io", "1 when the SSD file is read and written with O_DIRECT");
   auto& recovered = gauge("tierkv_store_ssd_recovered_records", "Records the start-up scan found");
-  auto& torn = gauge("tierkv_store_ssd_torn_records", "Torn records the start-up scan skipped");
+  auto& torn = gauge("tierkv_store_ssd_torn_records",
+                     "Torn group blocks (each a batch of records) the start-up scan skipped");
   auto& events = metrics::BuildCounter()
                      .Name("tierkv_store_ssd_records_dropped_total")
                      .Help("SSD records dropped by the tier, by reason (reclaim, corrupt)")
                      .Register(metrics_);
+  auto& refreshed = metrics::BuildCounter()
+                        .Name("tierkv_store_ssd_records_refreshed_total")
+                        .Help("SSD records read in a region soon to be reclaimed, and re-appended")
+                        .Register(metrics_)
+                        .Add({});
   auto& bytes = metrics::BuildCounter()
                     .Name("tierkv_store_ssd_bytes_total")
                     .Help("Value bytes moved to and from the SSD tier, by direction")
                     .Register(metrics_);
   metrics_.AddCollectHook([this, &failed, &capacity, &used, &records, &regions, &direct, &recovered, &torn,
-                           &events, &bytes] {
+                           &events, &refreshed, &bytes] {
     auto catch_up = [](metrics::Counter& c, uint64_t v) {
       if (static_cast<double>(v) > c.Value()) c.Increment(static_cast<double>(v) - c.Value());
     };
@@ -405,6 +411,7 @@ void StoreDaemon::RegisterSsdMetrics() {
     torn.Set(static_cast<double>(st.torn));
     catch_up(events.Add({{"reason", "reclaim"}}), st.reclaimed);
     catch_up(events.Add({{"reason", "corrupt"}}), st.corrupt);
+    catch_up(refreshed, st.refreshed);
     catch_up(bytes.Add({{"direction", "read"}}), st.bytes_read);
     catch_up(bytes.Add({{"direction", "write"}}), st.bytes_written);
   });

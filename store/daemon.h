@@ -9,7 +9,7 @@
 // sees a daemon whose memory is still a promise.
 //
 // With --ssd-dir the daemon also keeps an SSD tier (store/ssd_tier.h): at
-// start it reserves the file and scans its record headers, so records a
+// start it reserves the file and scans its group blocks, so records a
 // previous run left are found again. A tier that cannot be had for reasons
 // of the disk (no room, an I/O error in the scan) or that fails later is
 // reported, not fatal: the daemon serves its DRAM segment regardless, and

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <random>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "config/base/crc32c.h"
@@ -14,63 +15,101 @@
 namespace tierkv::store {
 namespace {
 
-constexpr uint32_t kMagic = 0x52564b54;  // "TKVR"
-constexpr uint16_t kVersion = 1;
+constexpr uint32_t kMagic = 0x47564b54;  // "TKVG": a group block
+constexpr uint16_t kVersion = 2;
 constexpr uint16_t kLive = 1;
 constexpr uint16_t kDead = 2;
 // Regions scanned at once: bounds the scan's buffers (4 KiB each) and
 // its submission size.
 constexpr size_t kScanWave = 256;
+// A value this large from 4 KiB-aligned memory is written without a copy
+// (it starts on a 4 KiB boundary, so up to 4 KiB of padding: under 1/8).
+constexpr uint64_t kDirectMin = 32 << 10;
 
-struct RecordHeader {
+struct GroupHeader {
   uint32_t magic;
   uint16_t version;
-  uint16_t flags;
+  uint16_t count;       // entries that follow
   uint64_t seq;
   uint64_t nonce;
-  uint64_t record_len;
-  uint64_t value_len;
-  uint32_t key_len;
-  uint32_t value_crc;
-  uint32_t header_crc;  // CRC32C of this header (header_crc = 0), then the key
-  uint8_t reserved[12];
+  uint64_t group_len;   // the group's bytes on disk, this block included
+  uint32_t used;        // bytes of the block in use: this header and the entries
+  uint32_t header_crc;  // CRC32C of those bytes, header_crc = 0
+  uint8_t reserved[24];
 };
-static_assert(sizeof(RecordHeader) == 64);
+static_assert(sizeof(GroupHeader) == 64);
 
-uint32_t HeaderCrc(RecordHeader h, const char* key) {
-  h.header_crc = 0;
-  return Crc32cExtend(Crc32c(&h, sizeof h), key, h.key_len);
+struct EntryHeader {
+  uint64_t value_offset;  // from the group's start
+  uint64_t value_len;
+  uint32_t value_crc;     // CRC32C of key then value
+  uint16_t key_len;
+  uint16_t flags;
+};
+static_assert(sizeof(EntryHeader) == 24);
+static_assert(sizeof(GroupHeader) + sizeof(EntryHeader) + kSsdMaxKey == kIoAlign);
+
+// An entry and its key, padded to 8 bytes.
+uint32_t EntrySize(size_t key_len) { return static_cast<uint32_t>((sizeof(EntryHeader) + key_len + 7) / 8 * 8); }
+
+uint32_t ValueCrc(const std::string& key, const void* value, uint64_t len) {
+  return Crc32cExtend(Crc32c(key.data(), key.size()), value, len);
 }
 
-// Writes header and key at `block` (at least kIoAlign bytes).
-void EncodeHeader(char* block, uint16_t flags, uint64_t seq, uint64_t nonce, uint64_t record_len,
-                  const std::string& key, uint64_t value_len, uint32_t value_crc) {
-  RecordHeader h{};
-  h.magic = kMagic;
-  h.version = kVersion;
-  h.flags = flags;
-  h.seq = seq;
-  h.nonce = nonce;
-  h.record_len = record_len;
-  h.value_len = value_len;
-  h.key_len = static_cast<uint32_t>(key.size());
-  h.value_crc = value_crc;
-  std::memcpy(block + sizeof h, key.data(), key.size());
-  h.header_crc = HeaderCrc(h, key.data());
-  std::memcpy(block, &h, sizeof h);
+uint32_t BlockCrc(const char* block, uint32_t used) {
+  GroupHeader g;
+  std::memcpy(&g, block, sizeof g);
+  g.header_crc = 0;
+  return Crc32cExtend(Crc32c(&g, sizeof g), block + sizeof g, used - sizeof g);
 }
+
+// Seals a group block whose entries are in place: writes its header.
+void SealBlock(char* block, uint16_t count, uint64_t seq, uint64_t nonce, uint64_t group_len, uint32_t used) {
+  GroupHeader g{};
+  g.magic = kMagic;
+  g.version = kVersion;
+  g.count = count;
+  g.seq = seq;
+  g.nonce = nonce;
+  g.group_len = group_len;
+  g.used = used;
+  std::memcpy(block, &g, sizeof g);
+  g.header_crc = BlockCrc(block, used);
+  std::memcpy(block, &g, sizeof g);
+}
+
+struct Entry {
+  EntryHeader h;
+  std::string_view key;
+  uint32_t at;  // offset in the block
+};
 
 enum class HeaderCheck { kOk, kNoRecord, kTorn };
 
-// Checks the header at `block` (kIoAlign bytes) for a record that must fit
-// in `room` bytes.
-HeaderCheck DecodeHeader(const char* block, uint64_t room, RecordHeader* h) {
-  std::memcpy(h, block, sizeof *h);
-  if (h->magic != kMagic) return HeaderCheck::kNoRecord;
-  if (h->version != kVersion || h->key_len > kSsdMaxKey || (h->flags != kLive && h->flags != kDead) ||
-      h->record_len % kIoAlign != 0 || h->record_len < AlignUp(sizeof *h + h->key_len + h->value_len) ||
-      h->record_len > room || HeaderCrc(*h, block + sizeof *h) != h->header_crc) {
+// Checks the group block at `block` (kIoAlign bytes) for a group that must
+// fit in `room` bytes, and lists its entries.
+HeaderCheck DecodeBlock(const char* block, uint64_t room, GroupHeader* g, std::vector<Entry>* entries) {
+  std::memcpy(g, block, sizeof *g);
+  if (g->magic != kMagic) return HeaderCheck::kNoRecord;
+  if (g->version != kVersion || g->used < sizeof *g || g->used > kIoAlign || g->group_len < kIoAlign ||
+      g->group_len % kIoAlign != 0 || g->group_len > room || BlockCrc(block, g->used) != g->header_crc) {
     return HeaderCheck::kTorn;
+  }
+  entries->clear();
+  uint32_t at = sizeof *g;
+  for (uint16_t i = 0; i < g->count; ++i) {
+    Entry e;
+    if (at + sizeof e.h > g->used) return HeaderCheck::kTorn;
+    std::memcpy(&e.h, block + at, sizeof e.h);
+    if (e.h.key_len == 0 || e.h.key_len > kSsdMaxKey || at + EntrySize(e.h.key_len) > g->used ||
+        (e.h.flags != kLive && e.h.flags != kDead) || e.h.value_offset < g->used ||
+        e.h.value_offset > g->group_len || e.h.value_len > g->group_len - e.h.value_offset) {
+      return HeaderCheck::kTorn;
+    }
+    e.key = std::string_view(block + at + sizeof e.h, e.h.key_len);
+    e.at = at;
+    entries->push_back(e);
+    at += EntrySize(e.h.key_len);
   }
   return HeaderCheck::kOk;
 }
@@ -132,30 +171,33 @@ absl::Status SsdTier::Scan() {
       return FailedStatus();
     }
     std::vector<Cursor> next;
+    std::vector<Entry> entries;
     for (size_t i = 0; i < active.size(); ++i) {
       Cursor c = active[i];
       Region& r = regions[c.region];
-      RecordHeader h;
-      HeaderCheck check = DecodeHeader(bufs[i].data(), options_.region_size - c.pos, &h);
+      GroupHeader g;
+      HeaderCheck check = DecodeBlock(bufs[i].data(), options_.region_size - c.pos, &g, &entries);
       bool more = false;
       if (check == HeaderCheck::kTorn) {
         ++torn;
-      } else if (check == HeaderCheck::kOk && (!c.started || h.nonce == r.nonce)) {
+      } else if (check == HeaderCheck::kOk && (!c.started || g.nonce == r.nonce)) {
         if (!c.started) {
-          r.seq = h.seq;
-          r.nonce = h.nonce;
+          r.seq = g.seq;
+          r.nonce = g.nonce;
           c.started = true;
         }
-        max_seq = std::max(max_seq, h.seq);
-        if (h.flags == kLive) {
-          std::string key(bufs[i].data() + sizeof h, h.key_len);
-          Record rec{c.region, uint64_t{c.region} * options_.region_size + c.pos, h.record_len, h.value_len};
+        max_seq = std::max(max_seq, g.seq);
+        uint64_t base = uint64_t{c.region} * options_.region_size + c.pos;
+        for (const Entry& e : entries) {
+          if (e.h.flags != kLive) continue;
+          std::string key(e.key);
+          Record rec{c.region, base + e.h.value_offset, e.h.value_len, e.h.value_crc, base, e.at};
           auto [it, inserted] = index.try_emplace(key, rec);
           // The same key in two regions: the newer record wins.
           if (!inserted && regions[it->second.region].seq < r.seq) it->second = rec;
           r.keys.push_back(std::move(key));
         }
-        c.pos += h.record_len;
+        c.pos += g.group_len;
         more = c.pos + kIoAlign <= options_.region_size;
       }
       if (more) {
@@ -178,6 +220,7 @@ absl::Status SsdTier::Scan() {
   }
   for (const auto& [key, rec] : index_) stats_.used += rec.value_len;
   next_seq_ = max_seq + 1;
+  FindOldest();
   stats_.recovered = index_.size();
   stats_.torn = torn;
   if (torn > 0) TKV_LOG(WARNING) << "SSD tier: skipped " << torn << " torn record(s)";
@@ -249,7 +292,21 @@ bool SsdTier::ReclaimOldest(std::vector<std::string>* dropped) {
   r = Region{};
   free_.push_back(static_cast<uint32_t>(oldest));
   --in_use_;
+  FindOldest();
   return true;
+}
+
+void SsdTier::FindOldest() {
+  oldest_seq_ = 0;
+  for (const Region& r : regions_) {
+    if (r.seq != 0 && (oldest_seq_ == 0 || r.seq < oldest_seq_)) oldest_seq_ = r.seq;
+  }
+}
+
+bool SsdTier::Aging(uint32_t region) const {
+  const Region& r = regions_[region];
+  return 2 * in_use_ > num_regions_ && static_cast<int64_t>(region) != open_region_ && r.seq != 0 &&
+         r.seq - oldest_seq_ < (next_seq_ - oldest_seq_) / 2;
 }
 
 void SsdTier::MaybeReclaim(std::vector<std::string>* dropped) {
@@ -281,7 +338,7 @@ absl::StatusOr<std::pair<uint32_t, uint64_t>> SsdTier::Allocate(uint64_t len, st
   r.nonce = rng() | 1;
   r.write_ptr = len;
   r.pins = 1;
-  ++in_use_;
+  if (in_use_++ == 0) oldest_seq_ = r.seq;
   open_region_ = id;
   return std::make_pair(id, uint64_t{0});
 }
@@ -300,22 +357,102 @@ void SsdTier::Notify(const std::vector<std::string>& dropped) {
 
 std::vector<absl::Status> SsdTier::WriteBatch(absl::Span<const SsdWrite> items) {
   std::vector<absl::Status> out(items.size());
-  struct Pending {
-    size_t item;
-    uint32_t region;
-    uint64_t offset;
-    uint64_t record_len;
-    AlignedBuffer buf;
+  // What one record of the batch writes: a caller's value or a kept read.
+  struct Planned {
+    const std::string* key;
+    const char* data;
+    uint64_t size;
+    size_t item;          // in `items`; SIZE_MAX for a refresh
+    size_t group;
+    uint64_t at;          // the value's offset in its group
+    bool direct;          // body written from `data`, not copied
+    Record old;           // a refresh's record, to replace
   };
-  std::vector<Pending> pending;
+  struct Group {
+    uint32_t region;
+    uint64_t start;       // in the region
+    uint64_t len;         // aligned
+    uint32_t used;        // of its block
+    uint64_t seq, nonce;
+    uint16_t count;
+    size_t first;         // its first record in `planned`
+  };
+  std::vector<Planned> planned;
+  std::vector<Group> groups;
+  std::vector<Refresh> refreshes;
   std::vector<std::string> dropped;
   {
     MutexLock lock(&mu_);
     if (stats_.failed) return std::vector<absl::Status>(items.size(), FailedStatus());
+    // Values follow the block's entries (so they move as entries are
+    // added): sets each record's offset from `g.first` to `end` and
+    // returns the group's aligned length.
+    auto layout = [&](const Group& g, uint32_t used, size_t end) {
+      uint64_t pos = (used + 7) / 8 * 8;
+      for (size_t p = g.first; p < end; ++p) {
+        planned[p].at = planned[p].direct ? AlignUp(pos) : pos;
+        pos = planned[p].at + planned[p].size;
+      }
+      return AlignUp(pos);
+    };
+    // Places a value in the open group, or opens a group for it.
+    auto place = [&](const std::string& key, const char* data, uint64_t size) -> absl::Status {
+      bool direct = size >= kDirectMin && reinterpret_cast<uintptr_t>(data) % kIoAlign == 0;
+      planned.push_back({&key, data, size, 0, groups.size(), 0, direct, {}});
+      if (!groups.empty()) {
+        Group& g = groups.back();
+        Region& r = regions_[g.region];
+        uint32_t used = g.used + EntrySize(key.size());
+        if (used <= kIoAlign && static_cast<int64_t>(g.region) == open_region_ && r.write_ptr == g.start + g.len) {
+          uint64_t len = layout(g, used, planned.size());
+          if (g.start + len <= options_.region_size) {
+            planned.back().group = groups.size() - 1;
+            r.write_ptr = g.start + len;
+            g.len = len;
+            g.used = used;
+            ++g.count;
+            return absl::OkStatus();
+          }
+          layout(g, g.used, planned.size() - 1);  // as it was
+        }
+      }
+      Group g{0, 0, 0, static_cast<uint32_t>(sizeof(GroupHeader) + EntrySize(key.size())), 0, 0, 1, planned.size() - 1};
+      uint64_t len = layout(g, g.used, planned.size());
+      absl::StatusOr<std::pair<uint32_t, uint64_t>> where = Allocate(len, &dropped);
+      if (!where.ok()) {
+        planned.pop_back();
+        return where.status();
+      }
+      const Region& r = regions_[where->first];
+      g.region = where->first;
+      g.start = where->second;
+      g.len = len;
+      g.seq = r.seq;
+      g.nonce = r.nonce;
+      groups.push_back(g);
+      return absl::OkStatus();
+    };
+    // Kept reads first: their regions are pinned before anything is
+    // reclaimed for this batch.
+    refreshes = std::move(refresh_);
+    refresh_.clear();
+    refresh_bytes_ = 0;
+    for (size_t i = 0; i < refreshes.size(); ++i) {
+      Refresh& f = refreshes[i];
+      auto it = index_.find(f.key);
+      if (it == index_.end() || it->second.offset != f.old.offset || writing_.contains(f.key)) continue;
+      ++regions_[f.old.region].pins;
+      if (!place(f.key, f.buf.data() + f.skip, f.old.value_len).ok()) {
+        --regions_[f.old.region].pins;
+        continue;
+      }
+      writing_.insert(f.key);
+      planned.back().item = SIZE_MAX;
+      planned.back().old = f.old;
+    }
     for (size_t i = 0; i < items.size(); ++i) {
       const SsdWrite& w = items[i];
-      uint64_t len = AlignUp(sizeof(RecordHeader) + w.key.size() + w.size);
-      if (w.key.empty() || w.key.size() > kSsdMaxKey || len > options_.region_size) {
+      if (w.key.empty() || w.key.size() > kSsdMaxKey || AlignUp(kIoAlign + w.size) > options_.region_size) {
         out[i] = absl::InvalidArgumentError(absl::StrCat("SSD tier: key of ", w.key.size(), " bytes and value of ",
                                                          w.size, " bytes do not fit a record"));
         continue;
@@ -324,45 +461,105 @@ std::vector<absl::Status> SsdTier::WriteBatch(absl::Span<const SsdWrite> items) 
         out[i] = absl::AlreadyExistsError("on SSD already");
         continue;
       }
-      absl::StatusOr<std::pair<uint32_t, uint64_t>> at = Allocate(len, &dropped);
-      if (!at.ok()) {
+      if (absl::Status st = place(w.key, static_cast<const char*>(w.data), w.size); !st.ok()) {
         writing_.erase(w.key);
-        out[i] = at.status();
+        out[i] = st;
         continue;
       }
-      const Region& r = regions_[at->first];
-      AlignedBuffer buf(len, /*zero=*/false);
-      size_t body = sizeof(RecordHeader) + w.key.size() + w.size;
-      std::memcpy(buf.data() + sizeof(RecordHeader) + w.key.size(), w.data, w.size);
-      std::memset(buf.data() + body, 0, len - body);
-      EncodeHeader(buf.data(), kLive, r.seq, r.nonce, len, w.key, w.size, Crc32c(w.data, w.size));
-      pending.push_back({i, at->first, uint64_t{at->first} * options_.region_size + at->second, len, std::move(buf)});
+      planned.back().item = i;
     }
   }
   Notify(dropped);
   dropped.clear();
-  std::vector<IoOp> ops(pending.size());
-  for (size_t i = 0; i < pending.size(); ++i) {
-    ops[i] = {IoOp::kWrite, pending[i].offset, pending[i].buf.data(), pending[i].record_len};
+
+  // Outside the lock: checksums, copies into each group's staging buffer
+  // (the block, small values, the partial last block of direct values), and
+  // the ops in disk order.
+  std::vector<AlignedBuffer> stage(groups.size());
+  std::vector<uint32_t> crcs(planned.size());
+  std::vector<IoOp> ops;
+  for (size_t gi = 0, p = 0; gi < groups.size(); ++gi) {
+    const Group& g = groups[gi];
+    stage[gi] = AlignedBuffer(g.len, /*zero=*/false);
+    char* buf = stage[gi].data();
+    uint64_t file_at = uint64_t{g.region} * options_.region_size + g.start;
+    std::memset(buf, 0, kIoAlign);
+    uint32_t entry_at = sizeof(GroupHeader);
+    uint64_t end = g.used;        // of the bytes placed so far
+    uint64_t staged_from = 0;     // start of the staged run not yet in an op
+    for (; p < planned.size() && planned[p].group == gi; ++p) {
+      Planned& v = planned[p];
+      crcs[p] = ValueCrc(*v.key, v.data, v.size);
+      EntryHeader e{v.at, v.size, crcs[p], static_cast<uint16_t>(v.key->size()), kLive};
+      std::memcpy(buf + entry_at, &e, sizeof e);
+      std::memcpy(buf + entry_at + sizeof e, v.key->data(), v.key->size());
+      entry_at += EntrySize(v.key->size());
+      std::memset(buf + end, 0, v.at - end);  // the entries' padding, or a direct value's
+      uint64_t body = v.direct ? v.size / kIoAlign * kIoAlign : 0;
+      if (body > 0) {
+        if (v.at > staged_from) ops.push_back({IoOp::kWrite, file_at + staged_from, buf + staged_from, v.at - staged_from});
+        ops.push_back({IoOp::kWrite, file_at + v.at, const_cast<char*>(v.data), body});
+        staged_from = v.at + body;
+      }
+      std::memcpy(buf + v.at + body, v.data + body, v.size - body);
+      end = v.at + v.size;
+    }
+    std::memset(buf + end, 0, g.len - end);
+    if (g.len > staged_from) ops.push_back({IoOp::kWrite, file_at + staged_from, buf + staged_from, g.len - staged_from});
+    SealBlock(buf, g.count, g.seq, g.nonce, g.len, g.used);
   }
   absl::Status run = RunBatch(absl::MakeSpan(ops), "store.ssd.write", EIO, "write");
+
+  std::vector<std::pair<Record, std::string>> orphans;  // refreshed while erased
   {
     MutexLock lock(&mu_);
-    for (size_t i = 0; i < pending.size(); ++i) {
-      Pending& p = pending[i];
-      --regions_[p.region].pins;
-      writing_.erase(items[p.item].key);
-      if (!run.ok() || stats_.failed) {
-        out[p.item] = run.ok() ? FailedStatus() : run;
+    bool broken = !run.ok() || stats_.failed;
+    for (const Group& g : groups) --regions_[g.region].pins;
+    uint32_t entry_at = sizeof(GroupHeader);
+    for (size_t p = 0; p < planned.size(); ++p) {
+      const Planned& v = planned[p];
+      const Group& g = groups[v.group];
+      if (p == 0 || planned[p - 1].group != v.group) entry_at = sizeof(GroupHeader);
+      uint64_t base = uint64_t{g.region} * options_.region_size + g.start;
+      Record rec{g.region, base + v.at, v.size, crcs[p], base, entry_at};
+      entry_at += EntrySize(v.key->size());
+      writing_.erase(*v.key);
+      if (v.item == SIZE_MAX) {
+        --regions_[v.old.region].pins;
+        if (broken) continue;
+        auto it = index_.find(*v.key);
+        if (it == index_.end() || it->second.offset != v.old.offset) {
+          orphans.emplace_back(rec, *v.key);
+          continue;
+        }
+        it->second = rec;
+        regions_[g.region].keys.push_back(*v.key);
+        ++stats_.refreshed;
         continue;
       }
-      const SsdWrite& w = items[p.item];
-      index_.try_emplace(w.key, Record{p.region, p.offset, p.record_len, w.size});
-      regions_[p.region].keys.push_back(w.key);
-      stats_.used += w.size;
-      stats_.bytes_written += w.size;
+      if (broken) {
+        out[v.item] = run.ok() ? FailedStatus() : run;
+        continue;
+      }
+      index_.try_emplace(*v.key, rec);
+      regions_[g.region].keys.push_back(*v.key);
+      stats_.used += v.size;
+      stats_.bytes_written += v.size;
     }
+    for (auto& [rec, key] : orphans) ++regions_[rec.region].pins;
     MaybeReclaim(&dropped);
+  }
+  // A record erased while its refresh was written: the new copy must not
+  // come back at a restart either.
+  for (auto& [rec, key] : orphans) {
+    uint64_t nonce;
+    {
+      MutexLock lock(&mu_);
+      nonce = regions_[rec.region].nonce;
+    }
+    (void)MarkDead(rec, key, nonce);
+    MutexLock lock(&mu_);
+    --regions_[rec.region].pins;
   }
   Notify(dropped);
   return out;
@@ -373,7 +570,8 @@ std::vector<absl::StatusOr<uint64_t>> SsdTier::ReadBatch(absl::Span<const SsdRea
   struct Pending {
     size_t item;
     Record rec;
-    uint64_t nonce;
+    uint64_t begin;  // aligned start of the read
+    bool aging;
     AlignedBuffer buf;
   };
   std::vector<Pending> pending;
@@ -383,60 +581,68 @@ std::vector<absl::StatusOr<uint64_t>> SsdTier::ReadBatch(absl::Span<const SsdRea
     for (size_t i = 0; i < items.size(); ++i) {
       auto it = index_.find(items[i].key);
       if (it == index_.end()) continue;
-      if (it->second.value_len > items[i].capacity) {
-        out[i] = absl::OutOfRangeError(absl::StrCat("value of ", it->second.value_len, " bytes; room for ",
-                                                    items[i].capacity));
+      const Record& rec = it->second;
+      if (rec.value_len > items[i].capacity) {
+        out[i] = absl::OutOfRangeError(absl::StrCat("value of ", rec.value_len, " bytes; room for ", items[i].capacity));
         continue;
       }
-      Region& r = regions_[it->second.region];
-      ++r.pins;
-      pending.push_back({i, it->second, r.nonce, AlignedBuffer(it->second.record_len, /*zero=*/false)});
+      ++regions_[rec.region].pins;
+      pending.push_back({i, rec, rec.offset / kIoAlign * kIoAlign, Aging(rec.region), {}});
     }
   }
   std::vector<IoOp> ops(pending.size());
   for (size_t i = 0; i < pending.size(); ++i) {
-    ops[i] = {IoOp::kRead, pending[i].rec.offset, pending[i].buf.data(), pending[i].rec.record_len};
+    Pending& p = pending[i];
+    p.buf = AlignedBuffer(AlignUp(p.rec.offset + p.rec.value_len) - p.begin, /*zero=*/false);
+    ops[i] = {IoOp::kRead, p.begin, p.buf.data(), p.buf.size()};
   }
   absl::Status run = RunBatch(absl::MakeSpan(ops), "store.ssd.read", EIO, "read");
+  bool broken = !run.ok() || failed();
+  // Checks and copies outside the lock: the buffers are this call's own.
+  std::vector<bool> good(pending.size(), false);
+  if (!broken) {
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = pending[i];
+      const SsdRead& rd = items[p.item];
+      const char* value = p.buf.data() + (p.rec.offset - p.begin);
+      good[i] = ValueCrc(rd.key, value, p.rec.value_len) == p.rec.crc;
+      if (!good[i]) {
+        out[p.item] = absl::DataLossError("SSD record failed its checksum; dropped");
+      } else if (std::chrono::steady_clock::now() > rd.deadline) {
+        out[p.item] = absl::DeadlineExceededError("SSD read finished after its reader's deadline");
+      } else {
+        std::memcpy(rd.dst, value, p.rec.value_len);
+        out[p.item] = p.rec.value_len;
+      }
+    }
+  }
   std::vector<std::string> dropped;
   {
-  MutexLock lock(&mu_);
-  for (Pending& p : pending) {
-    --regions_[p.rec.region].pins;
-    const SsdRead& rd = items[p.item];
-    if (!run.ok() || stats_.failed) {
-      out[p.item] = run.ok() ? FailedStatus() : run;
-      continue;
-    }
-    RecordHeader h;
-    const char* block = p.buf.data();
-    HeaderCheck check = DecodeHeader(block, p.rec.record_len, &h);
-    bool good = check == HeaderCheck::kOk && h.nonce == p.nonce && h.record_len == p.rec.record_len &&
-                h.value_len == p.rec.value_len && h.key_len == rd.key.size() &&
-                std::memcmp(block + sizeof h, rd.key.data(), rd.key.size()) == 0;
-    if (good && h.flags == kDead) {
-      out[p.item] = absl::NotFoundError("erased while being read");
-      continue;
-    }
-    const char* value = block + sizeof h + h.key_len;
-    if (!good || Crc32c(value, h.value_len) != h.value_crc) {
-      ++stats_.corrupt;
-      auto it = index_.find(rd.key);
-      if (it != index_.end() && it->second.offset == p.rec.offset) {
-        DropLocked(rd.key);
-        dropped.push_back(rd.key);
+    MutexLock lock(&mu_);
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = pending[i];
+      --regions_[p.rec.region].pins;
+      const std::string& key = items[p.item].key;
+      if (broken) {
+        out[p.item] = run.ok() ? FailedStatus() : run;
+        continue;
       }
-      out[p.item] = absl::DataLossError("SSD record failed its checksum; dropped");
-      continue;
+      auto it = index_.find(key);
+      bool current = it != index_.end() && it->second.offset == p.rec.offset;
+      if (!good[i]) {
+        ++stats_.corrupt;
+        if (current) {
+          DropLocked(key);
+          dropped.push_back(key);
+        }
+        continue;
+      }
+      if (out[p.item].ok()) stats_.bytes_read += p.rec.value_len;
+      if (p.aging && current && refresh_bytes_ + p.buf.size() <= 4 * options_.region_size) {
+        refresh_bytes_ += p.buf.size();
+        refresh_.push_back({key, p.rec, std::move(p.buf), p.rec.offset - p.begin});
+      }
     }
-    if (std::chrono::steady_clock::now() > rd.deadline) {
-      out[p.item] = absl::DeadlineExceededError("SSD read finished after its reader's deadline");
-      continue;
-    }
-    std::memcpy(rd.dst, value, h.value_len);
-    stats_.bytes_read += h.value_len;
-    out[p.item] = h.value_len;
-  }
   }
   Notify(dropped);
   return out;
@@ -444,7 +650,7 @@ std::vector<absl::StatusOr<uint64_t>> SsdTier::ReadBatch(absl::Span<const SsdRea
 
 absl::Status SsdTier::Erase(const std::string& key) {
   Record rec;
-  uint64_t seq, nonce;
+  uint64_t nonce;
   {
     MutexLock lock(&mu_);
     if (stats_.failed) return FailedStatus();
@@ -453,18 +659,39 @@ absl::Status SsdTier::Erase(const std::string& key) {
     rec = it->second;
     DropLocked(key);
     Region& r = regions_[rec.region];
-    seq = r.seq;
     nonce = r.nonce;
     ++r.pins;
   }
-  // The dead header keeps the record's length, so a scan still steps over it.
-  AlignedBuffer block(kIoAlign);
-  EncodeHeader(block.data(), kDead, seq, nonce, rec.record_len, key, rec.value_len, 0);
-  IoOp op{IoOp::kWrite, rec.offset, block.data(), kIoAlign};
-  absl::Status run = RunBatch(absl::MakeSpan(&op, 1), "store.ssd.write", EIO, "erase");
+  absl::Status st = MarkDead(rec, key, nonce);
   MutexLock lock(&mu_);
   --regions_[rec.region].pins;
+  return st;
+}
+
+absl::Status SsdTier::MarkDead(const Record& rec, const std::string& key, uint64_t nonce) {
+  // Read, change one entry's flags, write back: erases of one group must
+  // not interleave.
+  MutexLock erase_lock(&erase_mu_);
+  AlignedBuffer block(kIoAlign);
+  IoOp op{IoOp::kRead, rec.group, block.data(), kIoAlign};
+  absl::Status run = RunBatch(absl::MakeSpan(&op, 1), "store.ssd.read", EIO, "erase");
+  if (run.ok() && !failed()) {
+    GroupHeader g;
+    std::vector<Entry> entries;
+    uint64_t room = options_.region_size - rec.group % options_.region_size;
+    // A block that no longer decodes holds nothing a restart would find.
+    if (DecodeBlock(block.data(), room, &g, &entries) != HeaderCheck::kOk || g.nonce != nonce) return absl::OkStatus();
+    auto e = std::find_if(entries.begin(), entries.end(), [&](const Entry& e) { return e.at == rec.entry; });
+    if (e == entries.end() || e->key != key) return absl::OkStatus();
+    EntryHeader h = e->h;
+    h.flags = kDead;
+    std::memcpy(block.data() + e->at, &h, sizeof h);
+    SealBlock(block.data(), g.count, g.seq, g.nonce, g.group_len, g.used);
+    op = {IoOp::kWrite, rec.group, block.data(), kIoAlign};
+    run = RunBatch(absl::MakeSpan(&op, 1), "store.ssd.write", EIO, "erase");
+  }
   if (!run.ok()) return run;
+  MutexLock lock(&mu_);
   if (stats_.failed) return FailedStatus();
   return absl::OkStatus();
 }

@@ -5,24 +5,35 @@
 // another key's bytes or a torn value.
 //
 // Layout. The file is cut into regions (--ssd-region-size, 16 MiB by
-// default). Records are appended to the open region; a record is
-//   [header 64 B][key][value][zero pad to 4 KiB]
-// written with one aligned write. The header holds a magic, the region's
-// sequence number and nonce, the key and value lengths, the record length,
-// CRC32C of the value and CRC32C of header+key. Space is reclaimed a whole
-// region at a time, oldest first (FIFO), once the regions in use pass the
-// high watermark, down to the low one; the records of a reclaimed region
-// are dropped (Stats::reclaimed, and the drop listener is told).
+// default). Each WriteBatch appends groups of records to the open region; a
+// group is
+//   [block: header 64 B, then per record an entry of 24 B + key][values]
+// padded to 4 KiB, and its block names every record in it: its key, the
+// value's place in the group, its length and flags, and CRC32C of key and
+// value (so bytes read for one key can only pass as that key's). Values are
+// packed back to back, so a 4 KiB page with its 8-byte trailer takes a
+// little over 4 KiB, not two blocks. A value of 32 KiB or more whose memory
+// is 4 KiB-aligned starts on a 4 KiB boundary and is written straight from
+// that memory (no copy); its last partial block is copied. The group block
+// carries the region's sequence number and nonce and its own CRC32C. A group
+// holds as many records as its block has room for and lies in one region.
+// Space is reclaimed a whole region at a time, oldest first (FIFO), once the
+// regions in use pass the high watermark, down to the low one; the records
+// of a reclaimed region are dropped (Stats::reclaimed, and the drop listener
+// is told), except those read since they were written into one of the
+// older half of the regions: a read re-appends such a record (its bytes are
+// in hand), so a cache that is read keeps what it reads (Stats::refreshed).
 //
-// Restart. Open reads only headers: per region, the first 4 KiB of each
-// record, following record lengths while headers carry the region's nonce
+// Restart. Open reads only group blocks: per region, the first 4 KiB of
+// each group, following group lengths while blocks carry the region's nonce
 // (one read per region per step, all regions' reads in one submission).
-// A header with the magic but a bad CRC is a record torn by a crash: it is
-// skipped and counted (Stats::torn), and the region's chain stops there. A
-// region with records is sealed (never appended to again) so a new record
-// cannot meet a stale header at its end. Values are verified lazily, when
-// read: a value whose CRC fails (its write torn after the header landed)
-// answers DATA_LOSS, is dropped and counted (Stats::corrupt).
+// A block with the magic but a bad CRC is a group torn by a crash: its
+// records are skipped, it is counted (Stats::torn), and the region's chain
+// stops there. A region with records is sealed (never appended to again) so
+// a new group cannot meet a stale block at its end. Values are verified
+// lazily, when read: a value whose CRC fails (its write torn after the block
+// landed) answers DATA_LOSS, is dropped and counted (Stats::corrupt). Erase
+// rewrites the record's entry in its group block as dead.
 //
 // Faults. An I/O error (EIO, ENOSPC, a short transfer) or a batch slower
 // than Options::slow_io marks the tier failed: every later call answers
@@ -54,9 +65,9 @@
 
 namespace tierkv::store {
 
-// Keys longer than this are not kept on disk (the header block must hold
-// the key, so a scan reads one block per record).
-inline constexpr size_t kSsdMaxKey = kIoAlign - 64;
+// Keys longer than this are not kept on disk (a group block must hold the
+// key, so a scan reads one block per group).
+inline constexpr size_t kSsdMaxKey = kIoAlign - 64 - 24;
 
 struct SsdTierOptions {
   uint64_t region_size = 16ull << 20;  // multiple of 4 KiB; the largest record
@@ -90,9 +101,10 @@ struct SsdStats {
   uint64_t regions = 0;
   uint64_t records = 0;
   uint64_t recovered = 0;   // records found by the scan at Open
-  uint64_t torn = 0;        // torn headers skipped by the scan
+  uint64_t torn = 0;        // torn group blocks skipped by the scan
   uint64_t corrupt = 0;     // values that failed their CRC on read
   uint64_t reclaimed = 0;   // records dropped by region reclaim
+  uint64_t refreshed = 0;   // records re-appended after a read (see Layout)
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
   uint64_t submissions = 0;
@@ -109,8 +121,8 @@ class SsdTier {
   static absl::StatusOr<std::unique_ptr<SsdTier>> Open(std::unique_ptr<FileIo> file, SsdTierOptions options);
   ~SsdTier();
 
-  // Writes each value as a record (one submission for the batch); per
-  // item: OK, ALREADY_EXISTS (the key is on disk; the old record stays),
+  // Writes each value as a record (one submission for the batch, which
+  // also re-appends the records ReadBatch kept); per item: OK, ALREADY_EXISTS (the key is on disk; the old record stays),
   // INVALID_ARGUMENT (key too long, value larger than a region),
   // RESOURCE_EXHAUSTED (no region can be reclaimed: all have I/O in
   // flight), UNAVAILABLE (the tier failed).
@@ -119,8 +131,11 @@ class SsdTier {
   // per item the value's size, or NOT_FOUND, OUT_OF_RANGE (capacity below
   // the value's size), DATA_LOSS (the record failed its checks and was
   // dropped), DEADLINE_EXCEEDED (read after the item's deadline; dst not
-  // written), UNAVAILABLE (the tier failed). Each value is copied into its
-  // dst in one memcpy after its I/O, under the tier's lock.
+  // written), UNAVAILABLE (the tier failed). Each value is checked, then
+  // copied into its dst in one memcpy after its I/O, outside the tier's
+  // lock. A value read from the older half of the regions is kept (up to
+  // four regions' worth) and re-appended by the next WriteBatch, which is
+  // the only call that reclaims.
   std::vector<absl::StatusOr<uint64_t>> ReadBatch(absl::Span<const SsdRead> items);
   // Forgets the key and marks its record dead on disk, so a restart does
   // not bring it back. NOT_FOUND when absent.
@@ -136,9 +151,18 @@ class SsdTier {
  private:
   struct Record {
     uint32_t region = 0;
-    uint64_t offset = 0;      // in the file
-    uint64_t record_len = 0;  // aligned
+    uint64_t offset = 0;      // the value's, in the file
     uint64_t value_len = 0;
+    uint32_t crc = 0;         // CRC32C of key then value
+    uint64_t group = 0;       // the group block's offset in the file
+    uint32_t entry = 0;       // the entry's offset in that block
+  };
+  // A record read from an aging region, to re-append (see Layout).
+  struct Refresh {
+    std::string key;
+    Record old;
+    AlignedBuffer buf;
+    uint64_t skip = 0;  // the value's offset in buf
   };
   struct Region {
     uint64_t seq = 0;     // 0: free
@@ -160,13 +184,21 @@ class SsdTier {
   absl::StatusOr<std::pair<uint32_t, uint64_t>> Allocate(uint64_t len, std::vector<std::string>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ReclaimOldest(std::vector<std::string>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FindOldest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeReclaim(std::vector<std::string>* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when `region` is in the older half of the regions in use, is not
+  // the open one, and the tier is more than half full: its records are the
+  // next to be reclaimed.
+  bool Aging(uint32_t region) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rewrites the record's entry in its group block as dead.
+  absl::Status MarkDead(const Record& rec, const std::string& key, uint64_t nonce) ABSL_LOCKS_EXCLUDED(mu_);
   void Notify(const std::vector<std::string>& dropped);
 
   const std::unique_ptr<FileIo> file_;
   const SsdTierOptions options_;
   const uint32_t num_regions_;
+  Mutex erase_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one group block rewrite at a time
   mutable Mutex mu_;
   absl::flat_hash_map<std::string, Record> index_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> writing_ ABSL_GUARDED_BY(mu_);  // keys with a write in flight
@@ -175,6 +207,9 @@ class SsdTier {
   int64_t open_region_ ABSL_GUARDED_BY(mu_) = -1;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t oldest_seq_ ABSL_GUARDED_BY(mu_) = 0;  // of the regions in use
+  std::vector<Refresh> refresh_ ABSL_GUARDED_BY(mu_);
+  uint64_t refresh_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   SsdStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
