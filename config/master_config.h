@@ -21,6 +21,7 @@ struct MasterConfig {
   absl::Duration ssd_grace;
   std::string ssd_admission;  // read | all
   absl::Duration lease_ttl;
+  absl::Duration pressure_lease;
   absl::Duration check_interval;
   double high_watermark = 0;
   double low_watermark = 0;

@@ -109,6 +109,9 @@ nlohmann::json ReplayReport::ToJson() const {
           {"store_evicted_pages", store_evicted_pages},
           {"store_offloaded_pages", store_offloaded_pages},
           {"store_ssd_reads", store_ssd_reads},
+          {"store_offload_failed", store_offload_failed},
+          {"store_ssd_dropped", store_ssd_dropped},
+          {"store_stage_no_room", store_stage_no_room},
           {"evicted_needed_again", store_evicted_pages ? double(reput_pages) / store_evicted_pages : 0.0},
           {"store_errors", store_errors},
           {"corrupt_pages", corrupt_pages},
@@ -142,7 +145,10 @@ std::string ReplayReport::Table() const {
   }
   if (store_offloaded_pages > 0) {
     row("moved to SSD / staged back", absl::StrCat(store_offloaded_pages, " / ", store_ssd_reads, " pages"));
+    row("SSD moves failed / records lost", absl::StrCat(store_offload_failed, " / ", store_ssd_dropped, " pages"));
+    row("SSD hits missed (no DRAM to stage)", absl::StrCat(store_stage_no_room, " pages"));
   }
+  row("puts failed (not stored)", absl::StrCat(put_failures));
   row("store errors (recomputed)", absl::StrCat(store_errors));
   if (corrupt_pages > 0) row("corrupt pages (recomputed)", absl::StrCat(corrupt_pages));
   if (failed > 0) row("failed requests (device)", absl::StrCat(failed, ", first: ", first_failure));

@@ -53,6 +53,11 @@ struct ReplayReport {
   // staged back from them.
   uint64_t store_offloaded_pages = 0;
   uint64_t store_ssd_reads = 0;
+  // Evicted pages whose move to SSD failed (dropped instead), and SSD
+  // replicas the master dropped because their daemon's record was gone.
+  uint64_t store_offload_failed = 0;
+  uint64_t store_ssd_dropped = 0;
+  uint64_t store_stage_no_room = 0;  // SSD hits missed for want of DRAM to stage them
   double wall_s = 0;
   double tokens_per_s = 0;  // the cost model in effect
   std::vector<WindowPoint> window;

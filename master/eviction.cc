@@ -11,15 +11,27 @@
 
 namespace tierkv::master {
 
-uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
+uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves) {
   MutexLock evicting(&evict_mu_);
   uint64_t freed = 0;
   int64_t now = NowMs();
+  // With batch_moves, offload orders wait for up to kMoveBatch objects (or
+  // the pass's end), so a daemon gets one order, and its SSD tier one group
+  // of records, for many objects rather than one per round: a 4 KiB page
+  // then takes a little over 4 KiB on SSD, not 8. Their DRAM counts as
+  // freed meanwhile, so the pass does not evict more for them. Only the
+  // watermark passes batch; a pass making room for a request sends each
+  // round's orders at once, since the request waits for that room.
+  constexpr size_t kMoveBatch = 64;
+  const size_t flush_at = batch_moves ? kMoveBatch : 1;
+  std::vector<Move> batch;
+  uint64_t batch_bytes = 0;
   // Unpinned leaves first; soft-pinned leaves only when those run out.
   for (ListId list : {ListId::kLeaf, ListId::kPinnedLeaf}) {
     int idle_rounds = 0;
     for (;;) {
       uint64_t used = registry_->used();
+      used = used > batch_bytes ? used - batch_bytes : 0;
       if (used <= target_used) break;
       // The shard whose least recent candidate is oldest goes next, and it
       // evicts only while its tail stays no newer than the runner-up's, so
@@ -120,7 +132,15 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
         Persist(&mutations, &follow);
       }
       RunFollowUps(std::move(follow));
-      if (!moves.empty()) FinishMoves(std::move(moves));
+      for (Move& m : moves) {
+        batch_bytes += registry_->Rounded(m.order.length);
+        batch.push_back(std::move(m));
+      }
+      if (batch.size() >= flush_at) {
+        FinishMoves(std::move(batch));
+        batch.clear();
+        batch_bytes = 0;
+      }
       if (progressed) {
         idle_rounds = 0;
       } else if (++idle_rounds > static_cast<int>(shards_.size()) * 2) {
@@ -128,6 +148,8 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used) {
       }
     }
   }
+  if (!batch.empty()) FinishMoves(std::move(batch));
+  if (registry_->used() > target_used) NotePressure();  // what is left is leased, filling or pinned
   return freed;
 }
 
@@ -199,7 +221,7 @@ bool ObjectIndex::Impl::AboveHighWatermark() const {
 
 bool ObjectIndex::Impl::MaybeEvict() {
   if (!AboveHighWatermark()) return false;
-  return EvictTo(static_cast<uint64_t>(options_.low_watermark * registry_->capacity())) > 0;
+  return EvictTo(static_cast<uint64_t>(options_.low_watermark * registry_->capacity()), /*batch_moves=*/true) > 0;
 }
 
 void ObjectIndex::Impl::WakeEvictor() {

@@ -367,7 +367,7 @@ void Master::RegisterMetrics() {
   auto& clients = metrics::BuildGauge().Name("tierkv_master_clients").Help("Clients heard from within the TTL").Register(metrics_);
   auto& ssd_used = metrics::BuildGauge().Name("tierkv_segment_ssd_used_bytes").Help("Bytes on the SSD tier of each segment's daemon, as its heartbeat reports").Register(metrics_);
   auto& ssd_capacity = metrics::BuildGauge().Name("tierkv_segment_ssd_capacity_bytes").Help("SSD tier capacity of each segment's daemon (0: none or down)").Register(metrics_);
-  auto& tier_moves = metrics::BuildCounter().Name("tierkv_master_ssd_moves_total").Help("Objects moved by the SSD tier, by kind (offloaded, offload_failed, staged)").Register(metrics_);
+  auto& tier_moves = metrics::BuildCounter().Name("tierkv_master_ssd_moves_total").Help("Objects moved by the SSD tier, by kind (offloaded, offload_failed, staged; stage_no_room: reads of SSD replicas that missed for want of DRAM to stage them)").Register(metrics_);
   metrics_.AddCollectHook([this, &objects, &evictions, &evicted_bytes, &evictor_passes, &leases, &pinned, &groups,
                            &memory, &used, &capacity, &clients, &ssd_used, &ssd_capacity, &tier_moves] {
     IndexStats st = index_->Stats();
@@ -382,6 +382,7 @@ void Master::RegisterMetrics() {
     catch_up(tier_moves.Add({{"kind", "offloaded"}}), st.offloaded);
     catch_up(tier_moves.Add({{"kind", "offload_failed"}}), st.offload_failed);
     catch_up(tier_moves.Add({{"kind", "staged"}}), st.staged);
+    catch_up(tier_moves.Add({{"kind", "stage_no_room"}}), st.stage_no_room);
     catch_up(evictor_passes.Add({}), st.evictor_passes);
     leases.Add({}).Set(static_cast<double>(st.leased));
     pinned.Add({}).Set(static_cast<double>(st.pinned));

@@ -119,6 +119,9 @@ class Master {
   absl::Status Flush();
 
   ObjectIndex& index() { return *index_; }
+  // SSD replicas dropped because their daemon no longer had the record
+  // (reported drops and listing sweeps).
+  uint64_t ssd_replicas_dropped() const { return static_cast<uint64_t>(ssd_dropped_->Value()); }
   SegmentRegistry& registry() { return registry_; }
   metrics::Registry& metrics() { return metrics_; }
   // Pages each client asked about and found (PrefixMatch, Exists, GetReplicas).

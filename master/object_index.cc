@@ -723,8 +723,10 @@ std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>&
   auto names = LiveNames();
   absl::Time now = clock_->Now();
   const int64_t now_ms = absl::ToUnixMillis(now);
-  int64_t lease_until = absl::ToUnixMillis(now + options_.lease_ttl);
-  int64_t stage_until = absl::ToUnixMillis(now + std::min(options_.lease_ttl, options_.stage_lease));
+  const bool pressed = now_ms < pressure_until_ms_.load(std::memory_order_relaxed);
+  const absl::Duration stage_lease = std::min(options_.lease_ttl, pressed ? options_.pressure_lease : options_.stage_lease);
+  int64_t stage_until = absl::ToUnixMillis(now + stage_lease);
+  int64_t lease_until = pressed ? stage_until : absl::ToUnixMillis(now + options_.lease_ttl);
   for (size_t i = 0; i < keys.size(); ++i) {
     Shard& s = *shards_[ShardOf(keys[i])];
     MutexLock lock(&s.mu);
@@ -756,6 +758,9 @@ std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>&
         if (no_room != nullptr) {
           no_room->push_back(i);
           *staged_bytes += o.size;
+        } else {
+          stage_no_room_.fetch_add(1, std::memory_order_relaxed);
+          NotePressure();
         }
         continue;
       }
@@ -897,6 +902,7 @@ IndexStats ObjectIndex::Impl::Stats() const {
   st.offloaded = offloaded_.load();
   st.offload_failed = offload_failed_.load();
   st.staged = staged_.load();
+  st.stage_no_room = stage_no_room_.load();
   // No shard lock and no object visited: a scrape costs the same at any
   // object count and never stalls a request.
   st.leased = leases_.Count(NowMs());

@@ -127,6 +127,15 @@ struct IndexOptions {
   // reader's lease (X-Tierkv-Stage-Within-Ms), so this covers only the
   // reader's request still in transit.
   absl::Duration stage_grace = absl::Seconds(1);
+  // Memory pressure: when the evictor cannot reach its target (what is
+  // left is leased or still being written) or an SSD hit finds no DRAM to
+  // stage in, every read (from DRAM or staged) is leased for
+  // pressure_lease, for pressure_window after. Leases of seconds taken by
+  // fast readers otherwise hold more DRAM than a small tier has; a reader
+  // slower than its lease fails its trailer check (a miss, never wrong
+  // bytes), and a daemon writes no staged bytes past it.
+  absl::Duration pressure_lease = absl::Milliseconds(500);
+  absl::Duration pressure_window = absl::Seconds(10);
 };
 
 struct PutItem {
@@ -198,6 +207,7 @@ struct IndexStats {
   uint64_t offloaded = 0;      // evictions that moved the object to an SSD tier
   uint64_t offload_failed = 0; // offload orders that failed (those objects were dropped)
   uint64_t staged = 0;         // reads of SSD replicas given a staging extent
+  uint64_t stage_no_room = 0;  // reads of SSD replicas that missed: no DRAM to stage them
 };
 
 class ObjectIndex {

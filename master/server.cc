@@ -67,6 +67,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   options.queries.sketch_bytes = static_cast<size_t>(config.hit_bound_sketch_bytes);
   options.index.shards = static_cast<int>(config.shards);
   options.index.lease_ttl = config.lease_ttl;
+  options.index.pressure_lease = config.pressure_lease;
   options.index.put_timeout = config.put_timeout;
   options.index.revoke_grace = config.revoke_grace;
   options.index.offload_timeout = config.ssd_offload_timeout;

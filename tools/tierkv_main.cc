@@ -188,6 +188,9 @@ int Replay(const TierkvConfig& c) {
     r.store_evicted_pages = st.evictions / c.tp;
     r.store_offloaded_pages = st.offloaded / c.tp;
     r.store_ssd_reads = st.staged / c.tp;
+    r.store_offload_failed = st.offload_failed / c.tp;
+    r.store_stage_no_room = st.stage_no_room / c.tp;
+    r.store_ssd_dropped = session->cluster->master().master().ssd_replicas_dropped() / c.tp;
   }
   WriteOutputs(c, r);
   if (c.json) {

@@ -224,7 +224,7 @@ class ObjectIndex::Impl {
                                 std::vector<size_t>* no_room, uint64_t* staged_bytes);
 
   // --- eviction.cc
-  uint64_t EvictTo(uint64_t target_used);
+  uint64_t EvictTo(uint64_t target_used, bool batch_moves = false);
   // Evicts down to the low watermark when above the high one; false when
   // it had nothing to do, or found nothing it could evict.
   bool MaybeEvict();
@@ -376,7 +376,12 @@ class ObjectIndex::Impl {
   std::atomic<uint64_t> objects_{0}, pending_{0}, evictions_{0}, evicted_bytes_{0};
   std::atomic<uint64_t> evictor_passes_{0};
   std::atomic<uint64_t> pinned_{0}, key_bytes_{0};
-  std::atomic<uint64_t> offloaded_{0}, offload_failed_{0}, staged_{0};
+  std::atomic<uint64_t> offloaded_{0}, offload_failed_{0}, staged_{0}, stage_no_room_{0};
+  // Until then (ms), DRAM reads get the short lease (IndexOptions::pressure_window).
+  std::atomic<int64_t> pressure_until_ms_{0};
+  void NotePressure() {
+    pressure_until_ms_.store(NowMs() + absl::ToInt64Milliseconds(options_.pressure_window), std::memory_order_relaxed);
+  }
   LeaseWheel leases_;
 
   friend class ObjectIndex;

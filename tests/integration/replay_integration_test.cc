@@ -92,7 +92,9 @@ TEST_P(ReplayTraceTest, TenPercentDramOverAnSsdTierKeepsWhatDramLoses) {
     if (with_ssd) {
       absl::StatusOr<std::string> m = cluster.HttpGet("/metrics");
       EXPECT_OK(m.status());
-      if (m.ok()) EXPECT_THAT(*m, ::testing::Not(::testing::HasSubstr("tierkv_master_ssd_moves_total{kind=\"offloaded\"} 0\n")));
+      if (m.ok()) {
+        EXPECT_THAT(*m, ::testing::Not(::testing::HasSubstr("tierkv_master_ssd_moves_total{kind=\"offloaded\"} 0\n")));
+      }
     }
     if (::testing::Test::HasFailure()) std::cerr << cluster.Logs();
     return r;

@@ -265,6 +265,31 @@ TEST_F(IndexTest, LeasedAndPinnedObjectsGoLast) {
   EXPECT_OK(index_->CheckInvariants());
 }
 
+// When leases hold the DRAM the evictor needs, later reads are leased for
+// pressure_lease only, until pressure_window passes without pressure.
+TEST_F(IndexTest, ReadsUnderMemoryPressureGetTheShortLease) {
+  Mount("seg-a", 20 * 1024);  // headroom: no watermark eviction while filling
+  for (int i = 0; i < 8; ++i) ASSERT_OK(Put(absl::StrCat("k", i), 1024));
+  auto lease = [&](const std::string& key) {
+    LookupOut got = index_->GetReplicas({key})[0];
+    EXPECT_OK(got.status) << key;
+    return got.lease_expiry - clock_.Now();
+  };
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(lease(absl::StrCat("k", i)), options_.lease_ttl);
+  index_->EvictTo(0);  // every object is leased: nothing goes
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(Present(absl::StrCat("k", i)));
+  ASSERT_OK(Put("fresh", 1024));
+  EXPECT_EQ(lease("fresh"), options_.pressure_lease);
+  clock_.Advance(options_.lease_ttl);
+  index_->EvictTo(4 * 1024);  // the leases ended: this pass reaches its target
+  ASSERT_OK(Put("later", 1024));
+  EXPECT_EQ(lease("later"), options_.pressure_lease);  // still inside the window
+  clock_.Advance(options_.pressure_window);
+  ASSERT_OK(Put("calm", 1024));
+  EXPECT_EQ(lease("calm"), options_.lease_ttl);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
 TEST_F(IndexTest, HardPinnedObjectsAreNeverEvictedAndSurviveARestart) {
   Mount("seg-a", 8 * 1024);
   ASSERT_OK(Put("hard", 1024, {.hard_pin = true}));
@@ -941,7 +966,9 @@ class OffloadTest : public IndexTest {
   void FillAndEvict(bool read) {
     for (int i = 0; i < 95; ++i) {
       ASSERT_OK(Put(absl::StrCat("k", i), 1024));
-      if (read) ASSERT_OK(index_->GetReplicas({absl::StrCat("k", i)})[0].status);
+      if (read) {
+        ASSERT_OK(index_->GetReplicas({absl::StrCat("k", i)})[0].status);
+      }
       clock_.Advance(absl::Seconds(1));
     }
     clock_.Advance(options_.lease_ttl + absl::Seconds(1));
