@@ -50,6 +50,16 @@ class SsdTierTest : public ::testing::Test {
     return tier.ok() ? std::move(*tier) : nullptr;
   }
 
+  // A tier that reclaims above 75 % of its regions down to 50 %, telling
+  // `dropped` (when given) of every record it drops.
+  std::unique_ptr<SsdTier> OpenReclaiming(std::vector<std::string>* dropped) {
+    SsdTierOptions o;
+    o.high_watermark = 0.75;
+    o.low_watermark = 0.5;
+    if (dropped != nullptr) o.on_drop = [dropped](const std::string& key) { dropped->push_back(key); };
+    return Open(std::move(o));
+  }
+
   absl::Status Put(SsdTier& tier, const std::string& key, const std::string& value) {
     SsdWrite w{key, value.data(), value.size()};
     return tier.WriteBatch(absl::MakeConstSpan(&w, 1))[0];
@@ -309,11 +319,7 @@ TEST_F(SsdTierTest, AnotherKeysBytesReadAsLossNotAsAValue) {
 
 TEST_F(SsdTierTest, ReclaimsTheOldestRegionsPastTheHighWatermark) {
   std::vector<std::string> dropped;
-  SsdTierOptions o;
-  o.high_watermark = 0.75;
-  o.low_watermark = 0.5;
-  o.on_drop = [&dropped](const std::string& key) { dropped.push_back(key); };
-  auto tier = Open(std::move(o));
+  auto tier = OpenReclaiming(&dropped);
   // 60 000-byte values: one per 64 KiB region; 40 of them into 16 regions.
   for (int i = 0; i < 40; ++i) ASSERT_OK(Put(*tier, absl::StrCat("k", i), Value(absl::StrCat("k", i), 60000)));
   SsdStats s = tier->Stats();
@@ -335,11 +341,7 @@ TEST_F(SsdTierTest, ReclaimsTheOldestRegionsPastTheHighWatermark) {
 // next write, so reclaim takes the unread records and keeps the read one.
 TEST_F(SsdTierTest, AReadRecordOutlivesTheReclaimOfItsRegion) {
   std::vector<std::string> dropped;
-  SsdTierOptions o;
-  o.high_watermark = 0.75;
-  o.low_watermark = 0.5;
-  o.on_drop = [&dropped](const std::string& key) { dropped.push_back(key); };
-  auto tier = Open(std::move(o));
+  auto tier = OpenReclaiming(&dropped);
   auto key = [](int i) { return absl::StrCat("k", i); };
   // One 60 000-byte value fills a 64 KiB region: ten regions of sixteen.
   for (int i = 0; i < 10; ++i) ASSERT_OK(Put(*tier, key(i), Value(key(i), 60000)));
@@ -374,10 +376,7 @@ TEST_F(SsdTierTest, AReadRecordOutlivesTheReclaimOfItsRegion) {
 // records re-appended under them: every value read is the one its key was
 // written with, and every call answers one of the statuses it documents.
 TEST_F(SsdTierTest, ConcurrentCallsUnderReclaimNeverReturnAnotherValue) {
-  SsdTierOptions o;
-  o.high_watermark = 0.75;
-  o.low_watermark = 0.5;
-  auto tier = Open(std::move(o));
+  auto tier = OpenReclaiming(nullptr);
   constexpr int kKeys = 400;
   auto key = [](int i) { return absl::StrCat("page/", i); };
   std::vector<std::string> values;
