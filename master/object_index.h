@@ -234,16 +234,17 @@ class ObjectIndex {
   // Drops PENDING keys and frees their space. NOT_FOUND if not pending.
   std::vector<absl::Status> PutRevoke(const std::vector<std::string>& keys);
 
-  // Visible replicas and a read lease (lease_ttl) per key; NOT_FOUND on a
-  // miss. DRAM replicas when the object has any; otherwise (an object on an
-  // SSD tier) a staging extent allocated on the SSD replica's segment
-  // (ExtentOut::stage), which the reader asks the daemon to fill before
-  // reading it. The extent stays the object's DRAM copy, handed to later
-  // readers (stage set: each fills it again) and evicted like an object
-  // (the SSD record stays). When the segment has no room the index evicts
-  // as a put would and tries once more; NOT_FOUND if there is still none. Counts as an access for LRU. With `resolve_names` false, extents
-  // carry only segment ids (SegmentRegistry::LiveNames maps them), which
-  // saves a string per replica on the RPC fast path.
+  // Visible replicas and a read lease (lease_ttl; pressure_lease while DRAM runs
+  // short) per key; NOT_FOUND on a miss. DRAM replicas when the object has any;
+  // otherwise (an object on an SSD tier) a staging extent allocated on the SSD
+  // replica's segment (ExtentOut::stage), which the reader asks the daemon to
+  // fill before reading it. The extent stays the object's DRAM copy, handed to
+  // later readers (stage set: each fills it again) and evicted like an object
+  // (the SSD record stays). When the segment has no room the index evicts as a
+  // put would and tries once more; NOT_FOUND if there is still none. Counts as
+  // an access for LRU. With `resolve_names` false, extents carry only segment
+  // ids (SegmentRegistry::LiveNames maps them), which saves a string per replica
+  // on the RPC fast path.
   std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys,
                                      bool resolve_names = true);
 

@@ -440,7 +440,9 @@ std::vector<absl::Status> SsdTier::WriteBatch(absl::Span<const SsdWrite> items) 
     for (size_t i = 0; i < refreshes.size(); ++i) {
       Refresh& f = refreshes[i];
       auto it = index_.find(f.key);
-      if (it == index_.end() || it->second.offset != f.old.offset || writing_.contains(f.key)) continue;
+      if (it == index_.end() || it->second.offset != f.old.offset) continue;
+      it->second.refresh_queued = false;
+      if (writing_.contains(f.key)) continue;
       ++regions_[f.old.region].pins;
       if (!place(f.key, f.buf.data() + f.skip, f.old.value_len).ok()) {
         --regions_[f.old.region].pins;
@@ -476,7 +478,7 @@ std::vector<absl::Status> SsdTier::WriteBatch(absl::Span<const SsdWrite> items) 
   // (the block, small values, the partial last block of direct values), and
   // the ops in disk order.
   std::vector<AlignedBuffer> stage(groups.size());
-  std::vector<uint32_t> crcs(planned.size());
+  std::vector<Record> records(planned.size());  // what the index learns of each, once written
   std::vector<IoOp> ops;
   for (size_t gi = 0, p = 0; gi < groups.size(); ++gi) {
     const Group& g = groups[gi];
@@ -489,8 +491,9 @@ std::vector<absl::Status> SsdTier::WriteBatch(absl::Span<const SsdWrite> items) 
     uint64_t staged_from = 0;     // start of the staged run not yet in an op
     for (; p < planned.size() && planned[p].group == gi; ++p) {
       Planned& v = planned[p];
-      crcs[p] = ValueCrc(*v.key, v.data, v.size);
-      EntryHeader e{v.at, v.size, crcs[p], static_cast<uint16_t>(v.key->size()), kLive};
+      const uint32_t crc = ValueCrc(*v.key, v.data, v.size);
+      records[p] = Record{g.region, file_at + v.at, v.size, crc, file_at, entry_at};
+      EntryHeader e{v.at, v.size, crc, static_cast<uint16_t>(v.key->size()), kLive};
       std::memcpy(buf + entry_at, &e, sizeof e);
       std::memcpy(buf + entry_at + sizeof e, v.key->data(), v.key->size());
       entry_at += EntrySize(v.key->size());
@@ -510,26 +513,27 @@ std::vector<absl::Status> SsdTier::WriteBatch(absl::Span<const SsdWrite> items) 
   }
   absl::Status run = RunBatch(absl::MakeSpan(ops), "store.ssd.write", EIO, "write");
 
-  std::vector<std::pair<Record, std::string>> orphans;  // refreshed while erased
+  struct Orphan {
+    Record rec;
+    std::string key;
+    uint64_t nonce;
+  };
+  std::vector<Orphan> orphans;  // refreshed while erased
   {
     MutexLock lock(&mu_);
     bool broken = !run.ok() || stats_.failed;
     for (const Group& g : groups) --regions_[g.region].pins;
-    uint32_t entry_at = sizeof(GroupHeader);
     for (size_t p = 0; p < planned.size(); ++p) {
       const Planned& v = planned[p];
       const Group& g = groups[v.group];
-      if (p == 0 || planned[p - 1].group != v.group) entry_at = sizeof(GroupHeader);
-      uint64_t base = uint64_t{g.region} * options_.region_size + g.start;
-      Record rec{g.region, base + v.at, v.size, crcs[p], base, entry_at};
-      entry_at += EntrySize(v.key->size());
+      const Record& rec = records[p];
       writing_.erase(*v.key);
       if (v.item == SIZE_MAX) {
         --regions_[v.old.region].pins;
         if (broken) continue;
         auto it = index_.find(*v.key);
         if (it == index_.end() || it->second.offset != v.old.offset) {
-          orphans.emplace_back(rec, *v.key);
+          orphans.push_back({rec, *v.key, g.nonce});
           continue;
         }
         it->second = rec;
@@ -546,20 +550,15 @@ std::vector<absl::Status> SsdTier::WriteBatch(absl::Span<const SsdWrite> items) 
       stats_.used += v.size;
       stats_.bytes_written += v.size;
     }
-    for (auto& [rec, key] : orphans) ++regions_[rec.region].pins;
+    for (const Orphan& o : orphans) ++regions_[o.rec.region].pins;
     MaybeReclaim(&dropped);
   }
   // A record erased while its refresh was written: the new copy must not
   // come back at a restart either.
-  for (auto& [rec, key] : orphans) {
-    uint64_t nonce;
-    {
-      MutexLock lock(&mu_);
-      nonce = regions_[rec.region].nonce;
-    }
-    (void)MarkDead(rec, key, nonce);
+  for (const Orphan& o : orphans) {
+    (void)MarkDead(o.rec, o.key, o.nonce);
     MutexLock lock(&mu_);
-    --regions_[rec.region].pins;
+    --regions_[o.rec.region].pins;
   }
   Notify(dropped);
   return out;
@@ -638,7 +637,9 @@ std::vector<absl::StatusOr<uint64_t>> SsdTier::ReadBatch(absl::Span<const SsdRea
         continue;
       }
       if (out[p.item].ok()) stats_.bytes_read += p.rec.value_len;
-      if (p.aging && current && refresh_bytes_ + p.buf.size() <= 4 * options_.region_size) {
+      if (p.aging && current && !it->second.refresh_queued &&
+          refresh_bytes_ + p.buf.size() <= 4 * options_.region_size) {
+        it->second.refresh_queued = true;  // a hot record read again before the next write is kept once
         refresh_bytes_ += p.buf.size();
         refresh_.push_back({key, p.rec, std::move(p.buf), p.rec.offset - p.begin});
       }

@@ -156,6 +156,7 @@ class SsdTier {
     uint32_t crc = 0;         // CRC32C of key then value
     uint64_t group = 0;       // the group block's offset in the file
     uint32_t entry = 0;       // the entry's offset in that block
+    bool refresh_queued = false;  // in refresh_ (so a record read often is kept once)
   };
   // A record read from an aging region, to re-append (see Layout).
   struct Refresh {

@@ -377,7 +377,7 @@ class ObjectIndex::Impl {
   std::atomic<uint64_t> evictor_passes_{0};
   std::atomic<uint64_t> pinned_{0}, key_bytes_{0};
   std::atomic<uint64_t> offloaded_{0}, offload_failed_{0}, staged_{0}, stage_no_room_{0};
-  // Until then (ms), DRAM reads get the short lease (IndexOptions::pressure_window).
+  // Until then (ms), every read is leased for pressure_lease (IndexOptions::pressure_window).
   std::atomic<int64_t> pressure_until_ms_{0};
   void NotePressure() {
     pressure_until_ms_.store(NowMs() + absl::ToInt64Milliseconds(options_.pressure_window), std::memory_order_relaxed);

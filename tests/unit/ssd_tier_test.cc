@@ -346,6 +346,7 @@ TEST_F(SsdTierTest, AReadRecordOutlivesTheReclaimOfItsRegion) {
   // One 60 000-byte value fills a 64 KiB region: ten regions of sixteen.
   for (int i = 0; i < 10; ++i) ASSERT_OK(Put(*tier, key(i), Value(key(i), 60000)));
   EXPECT_EQ(Get(*tier, "k0").value(), Value("k0", 60000));  // the oldest region: kept for re-append
+  EXPECT_EQ(Get(*tier, "k0").value(), Value("k0", 60000));  // read again: still kept once
   EXPECT_EQ(Get(*tier, "k9").value(), Value("k9", 60000));  // the open region: not
   // k0 is re-appended with k10; k11 passes the high watermark (13 > 12)
   // and the five oldest regions go, down to eight: k0's old one and k1 .. k4's.
