@@ -27,6 +27,14 @@ double Mean(const std::vector<double>& v) {
   return v.empty() ? 0 : s / v.size();
 }
 
+nlohmann::json ShortJson(const std::array<uint64_t, kStopReasons>& by) {
+  nlohmann::json out = nlohmann::json::object();
+  for (int i = 0; i < kStopReasons; ++i) {
+    if (by[i] > 0) out[StopReasonName(static_cast<StopReason>(i))] = by[i];
+  }
+  return out;
+}
+
 }  // namespace
 
 ReplayReport Replay(const std::vector<TraceRequest>& trace, InferenceEngine& engine, const ReplayOptions& options) {
@@ -58,6 +66,7 @@ ReplayReport Replay(const std::vector<TraceRequest>& trace, InferenceEngine& eng
     rep.l2_tokens += r.l2_tokens;
     rep.l3_tokens += r.l3_tokens;
     rep.bound_tokens += bound * P;
+    if (bound * P > r.cached_tokens) rep.short_tokens[static_cast<int>(r.stop)] += bound * P - r.cached_tokens;
     rep.store_errors += r.store_error;
     rep.corrupt_pages += r.corrupt_pages;
     if (!r.status.ok()) {
@@ -113,6 +122,7 @@ nlohmann::json ReplayReport::ToJson() const {
           {"store_ssd_dropped", store_ssd_dropped},
           {"store_stage_no_room", store_stage_no_room},
           {"evicted_needed_again", store_evicted_pages ? double(reput_pages) / store_evicted_pages : 0.0},
+          {"short_of_bound_tokens", ShortJson(short_tokens)},
           {"store_errors", store_errors},
           {"corrupt_pages", corrupt_pages},
           {"failed_requests", failed},
@@ -133,6 +143,13 @@ std::string ReplayReport::Table() const {
   row("  L3 (tierkv)", pct(tokens ? double(l3_tokens) / tokens : 0));
   row("infinite-cache bound", pct(bound_rate()));
   row("ratio to the bound", absl::StrFormat("%.3f", bound_tokens ? double(cached_tokens) / bound_tokens : 1.0));
+  std::string why;
+  for (int i = 0; i < kStopReasons; ++i) {
+    if (short_tokens[i] == 0) continue;
+    absl::StrAppend(&why, why.empty() ? "" : ", ", StopReasonName(static_cast<StopReason>(i)), " ",
+                    absl::StrFormat("%.2f%%", bound_tokens ? 100.0 * short_tokens[i] / bound_tokens : 0.0));
+  }
+  if (!why.empty()) row("short of the bound, by why", why);
   row("TTFT mean / p50 / p99", absl::StrFormat("%.1f / %.1f / %.1f ms", 1e3 * Mean(ttft), 1e3 * Percentile(ttft, 0.5),
                                                1e3 * Percentile(ttft, 0.99)));
   row("TTFT without cache (estimated)", absl::StrFormat("%.1f / %.1f / %.1f ms", 1e3 * Mean(ttft_nocache),

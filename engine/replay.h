@@ -4,6 +4,8 @@
 // traffic, and the windowed hit rate over time (CSV and SVG).
 #pragma once
 
+#include <array>
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -58,6 +60,9 @@ struct ReplayReport {
   uint64_t store_offload_failed = 0;
   uint64_t store_ssd_dropped = 0;
   uint64_t store_stage_no_room = 0;  // SSD hits missed for want of DRAM to stage them
+  // Tokens short of the bound, by why each request's cached prefix ended
+  // (indexed by StopReason): where a hit rate under the bound went.
+  std::array<uint64_t, kStopReasons> short_tokens{};
   double wall_s = 0;
   double tokens_per_s = 0;  // the cost model in effect
   std::vector<WindowPoint> window;
