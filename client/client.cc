@@ -484,6 +484,10 @@ struct Client::Impl {
                                                  : absl::FromUnixMillis(expiry);
       absl::Duration margin = std::min(absl::Milliseconds(500), std::max(until - asked, absl::ZeroDuration()) / 10);
       w.lease_end = until - margin;
+      if (i < resp.lease_tokens_size()) {
+        w.lease_token = resp.lease_tokens(i);
+        w.lease_expiry_ms = expiry;
+      }
       const int count = i < resp.replica_counts_size() ? static_cast<int>(resp.replica_counts(i)) : 0;
       for (int k = 0; k < count && r < resp.replica_offsets_size() && r < resp.replica_segments_size(); ++k, ++r) {
         const uint32_t seg = resp.replica_segments(r);
@@ -594,9 +598,17 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
     read(again);
   }
   for (size_t i = 0; i < n; ++i) {
+    if (where[i].lease_token != 0) {
+      // A counted read gives its lease back unless a transfer or stage may
+      // still be moving bytes (timed out, or its peer did not answer).
+      if (!absl::IsDeadlineExceeded(st[i]) && !absl::IsUnavailable(st[i])) {
+        master_->ReleaseLease(keys[i], where[i].lease_token, where[i].lease_expiry_ms);
+      }
+    } else if (st[i].ok() && !where[i].cached) {
+      replicas_->Insert(keys[i], where[i], generation);
+    }
     if (st[i].ok()) {
       result[i] = where[i].stored_size - kTrailer;
-      if (!where[i].cached) replicas_->Insert(keys[i], where[i], generation);
     } else {
       result[i] = st[i];
     }

@@ -98,12 +98,47 @@ absl::StatusOr<std::vector<std::string>> MasterClient::Heartbeat(
   return std::vector<std::string>(resp.remount().begin(), resp.remount().end());
 }
 
+void MasterClient::ReleaseLease(std::string key, uint64_t token, int64_t expiry_unix_ms) {
+  if (token == 0) return;
+  MutexLock lock(&release_mu_);
+  // The oldest are nearest their expiry anyway: drop them first.
+  if (releases_.size() >= kMaxQueuedReleases) releases_.erase(releases_.begin());
+  releases_.push_back({std::move(key), token, expiry_unix_ms});
+}
+
+size_t MasterClient::queued_releases() const {
+  MutexLock lock(&release_mu_);
+  return releases_.size();
+}
+
+template <class Req>
+void MasterClient::AttachReleases(Req* req) {
+  std::vector<Release> out;
+  {
+    MutexLock lock(&release_mu_);
+    if (releases_.empty()) return;
+    out.swap(releases_);
+  }
+  req->mutable_released_keys()->Reserve(static_cast<int>(out.size()));
+  for (Release& r : out) {
+    req->add_released_keys(std::move(r.key));
+    req->add_released_tokens(r.token);
+    req->add_released_expiry_unix_ms(r.expiry_ms);
+  }
+}
+
 absl::StatusOr<v1::PutStartResponse> MasterClient::PutStart(const v1::PutStartRequest& request) {
   v1::PutStartResponse resp;
   absl::Status s;
-  if (request.client_id().empty() && !options_.client_id.empty()) {
+  bool queued;
+  {
+    MutexLock lock(&release_mu_);
+    queued = !releases_.empty();
+  }
+  if ((request.client_id().empty() && !options_.client_id.empty()) || queued) {
     v1::PutStartRequest named = request;
-    named.set_client_id(options_.client_id);
+    if (named.client_id().empty()) named.set_client_id(options_.client_id);
+    AttachReleases(&named);
     s = Invoke("PutStart", named, &resp, false, TIERKV_CALL(PutStart));
   } else {
     s = Invoke("PutStart", request, &resp, false, TIERKV_CALL(PutStart));
@@ -122,10 +157,16 @@ v1::KeysRequest KeysOf(const std::vector<std::string>& keys, const std::string& 
 }
 }  // namespace
 
+v1::KeysRequest MasterClient::KeysWithReleases(const std::vector<std::string>& keys) {
+  v1::KeysRequest req = KeysOf(keys, options_.client_id);
+  AttachReleases(&req);
+  return req;
+}
+
 absl::StatusOr<v1::KeysResponse> MasterClient::PutEnd(const std::vector<std::string>& keys) {
   v1::KeysResponse resp;
   // A retried PutEnd is harmless: the master answers OK for a committed key.
-  absl::Status s = Invoke("PutEnd", KeysOf(keys, options_.client_id), &resp, true, TIERKV_CALL(PutEnd));
+  absl::Status s = Invoke("PutEnd", KeysWithReleases(keys), &resp, true, TIERKV_CALL(PutEnd));
   if (!s.ok()) return s;
   if (resp.status_size() != static_cast<int>(keys.size())) return absl::InternalError("malformed PutEnd reply");
   return resp;
@@ -133,14 +174,14 @@ absl::StatusOr<v1::KeysResponse> MasterClient::PutEnd(const std::vector<std::str
 
 absl::StatusOr<v1::KeysResponse> MasterClient::PutRevoke(const std::vector<std::string>& keys) {
   v1::KeysResponse resp;
-  absl::Status s = Invoke("PutRevoke", KeysOf(keys, options_.client_id), &resp, true, TIERKV_CALL(PutRevoke));
+  absl::Status s = Invoke("PutRevoke", KeysWithReleases(keys), &resp, true, TIERKV_CALL(PutRevoke));
   if (!s.ok()) return s;
   return resp;
 }
 
 absl::StatusOr<v1::GetReplicasResponse> MasterClient::GetReplicas(const std::vector<std::string>& keys) {
   v1::GetReplicasResponse resp;
-  absl::Status s = Invoke("GetReplicas", KeysOf(keys, options_.client_id), &resp, true, TIERKV_CALL(GetReplicas));
+  absl::Status s = Invoke("GetReplicas", KeysWithReleases(keys), &resp, true, TIERKV_CALL(GetReplicas));
   if (!s.ok()) return s;
   if (resp.sizes_size() != static_cast<int>(keys.size()) ||
       resp.replica_counts_size() != static_cast<int>(keys.size()) ||
@@ -152,7 +193,7 @@ absl::StatusOr<v1::GetReplicasResponse> MasterClient::GetReplicas(const std::vec
 
 absl::StatusOr<std::vector<bool>> MasterClient::Exists(const std::vector<std::string>& keys) {
   v1::ExistsResponse resp;
-  absl::Status s = Invoke("Exists", KeysOf(keys, options_.client_id), &resp, true, TIERKV_CALL(Exists));
+  absl::Status s = Invoke("Exists", KeysWithReleases(keys), &resp, true, TIERKV_CALL(Exists));
   if (!s.ok()) return s;
   if (resp.present_size() != static_cast<int>(keys.size())) return absl::InternalError("malformed Exists reply");
   return std::vector<bool>(resp.present().begin(), resp.present().end());
@@ -160,7 +201,7 @@ absl::StatusOr<std::vector<bool>> MasterClient::Exists(const std::vector<std::st
 
 absl::StatusOr<uint32_t> MasterClient::PrefixMatch(const std::vector<std::string>& keys) {
   v1::PrefixMatchResponse resp;
-  absl::Status s = Invoke("PrefixMatch", KeysOf(keys, options_.client_id), &resp, true, TIERKV_CALL(PrefixMatch));
+  absl::Status s = Invoke("PrefixMatch", KeysWithReleases(keys), &resp, true, TIERKV_CALL(PrefixMatch));
   if (!s.ok()) return s;
   return std::min<uint32_t>(resp.matched(), static_cast<uint32_t>(keys.size()));
 }

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "config/base/mutex.h"
 #include "proto/master.grpc.pb.h"
 
 namespace tierkv::client {
@@ -53,9 +54,28 @@ class MasterClient {
   absl::StatusOr<uint64_t> RemoveAll(bool force);
   absl::StatusOr<v1::StatsResponse> Stats();
 
+  // Queues a counted read lease to give back (GetReplicasResponse.lease_tokens:
+  // the key, its token and the lease_expiry_unix_ms it came with). It rides
+  // on this client's next PutStart, PutEnd, PutRevoke, GetReplicas, Exists
+  // or PrefixMatch, so giving it back costs no call of its own; one the
+  // master never gets simply runs out. At most kMaxQueuedReleases wait.
+  void ReleaseLease(std::string key, uint64_t token, int64_t expiry_unix_ms);
+  static constexpr size_t kMaxQueuedReleases = 65536;
+  size_t queued_releases() const;
+
   const std::string& address() const { return address_; }
 
  private:
+  struct Release {
+    std::string key;
+    uint64_t token;
+    int64_t expiry_ms;
+  };
+  // Moves the queued releases into `req` (KeysRequest, PutStartRequest).
+  template <class Req>
+  void AttachReleases(Req* req);
+  v1::KeysRequest KeysWithReleases(const std::vector<std::string>& keys);
+
   MasterClient(std::string address, MasterClientOptions options,
                std::unique_ptr<v1::Master::Stub> stub)
       : address_(std::move(address)), options_(options), stub_(std::move(stub)) {}
@@ -65,6 +85,8 @@ class MasterClient {
   std::string address_;
   MasterClientOptions options_;
   std::unique_ptr<v1::Master::Stub> stub_;
+  mutable Mutex release_mu_;
+  std::vector<Release> releases_ ABSL_GUARDED_BY(release_mu_);
 };
 
 // An ItemStatus from the wire as an absl::Status.

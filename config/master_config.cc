@@ -27,9 +27,9 @@ const FlagTable<MasterConfig>& MasterFlags() {
                           "(bytes still in flight from its writer must not land on a new object)"),
           DurationFlag<C>("lease-ttl", &C::lease_ttl, "5s", 0.001, 3600,
                           "how long a read lease keeps an object from eviction"),
-          DurationFlag<C>("pressure-lease", &C::pressure_lease, "500ms", 0.001, 3600,
-                          "the read lease (at most --lease-ttl) for 10 s after DRAM ran short: the evictor "
-                          "found only leased objects, or an SSD hit had no room to stage; docs/eviction.md"),
+          DurationFlag<C>("pressure-lease", &C::pressure_lease, "2s", 0.001, 3600,
+                          "the read lease (at most --lease-ttl) for 10 s after DRAM was evicted or ran short; "
+                          "such reads are given back by their readers when done; docs/eviction.md"),
           DurationFlag<C>("ssd-offload-timeout", &C::ssd_offload_timeout, "2s", 0.01, 600,
                           "how long the evictor waits for a daemon to copy evicted objects to its SSD "
                           "tier; objects it has not confirmed by then are dropped"),

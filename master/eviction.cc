@@ -221,6 +221,9 @@ bool ObjectIndex::Impl::AboveHighWatermark() const {
 
 bool ObjectIndex::Impl::MaybeEvict() {
   if (!AboveHighWatermark()) return false;
+  // Evicting at all means DRAM is contended: long leases now would keep
+  // what eviction wants (and, with the window, flip back and forth).
+  NotePressure();
   return EvictTo(static_cast<uint64_t>(options_.low_watermark * registry_->capacity()), /*batch_moves=*/true) > 0;
 }
 
@@ -412,8 +415,9 @@ void ObjectIndex::Impl::KeepSurvivor(Shard& s, uint32_t slot, std::vector<Mutati
 void ObjectIndex::Impl::HoldStagedCopy(const Replica& r, const Object& o, int64_t now_ms) {
   // A reader may hold the copy until its lease ends, and a stage in transit
   // then may land a little after (daemons write none past the lease).
+  // A copy whose readers all gave their leases back has neither.
   const absl::Duration hold = std::min(options_.revoke_grace, options_.stage_grace);
-  if (hold <= absl::ZeroDuration() && !Leased(o, now_ms)) {
+  if ((hold <= absl::ZeroDuration() || o.released) && !Leased(o, now_ms)) {
     registry_->Free(r, o.size);
     return;
   }

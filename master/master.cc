@@ -276,7 +276,7 @@ absl::StatusOr<SsdRecordsResult> Master::SyncSsd(const SsdRecords& in) {
       // and no offload reached the segment since its mount (TierFor waits
       // for this): a replica it does not name has no record.
       out.dropped += index_->DropSsdExcept(*id, confirmed);
-      registry_.MarkSsdSynced(*id, in.tier_http);
+      registry_.MarkSsdSynced(*id, in.tier_http, in.ssd_capacity, in.ssd_used);
       TKV_LOG(INFO) << "segment " << in.segment << ": SSD listing in, " << confirmed.size()
                     << " records confirmed, " << out.dropped << " replicas dropped";
     }
@@ -359,6 +359,7 @@ void Master::RegisterMetrics() {
   auto& evicted_bytes = metrics::BuildCounter().Name("tierkv_master_evicted_bytes_total").Help("Bytes evicted").Register(metrics_);
   auto& evictor_passes = metrics::BuildCounter().Name("tierkv_master_evictor_passes_total").Help("Passes of the background evictor above the high watermark").Register(metrics_);
   auto& leases = metrics::BuildGauge().Name("tierkv_master_leased_objects").Help("Objects under a read lease").Register(metrics_);
+  auto& released = metrics::BuildCounter().Name("tierkv_master_leases_released_total").Help("Counted read leases (under memory pressure, or staged from SSD) their readers gave back before expiry").Register(metrics_);
   auto& pinned = metrics::BuildGauge().Name("tierkv_master_pinned_objects").Help("Pinned objects, soft or hard").Register(metrics_);
   auto& groups = metrics::BuildGauge().Name("tierkv_master_groups").Help("Groups in the index").Register(metrics_);
   auto& memory = metrics::BuildGauge().Name("tierkv_master_index_memory_bytes").Help("Approximate memory held by the object index").Register(metrics_);
@@ -369,7 +370,7 @@ void Master::RegisterMetrics() {
   auto& ssd_capacity = metrics::BuildGauge().Name("tierkv_segment_ssd_capacity_bytes").Help("SSD tier capacity of each segment's daemon (0: none or down)").Register(metrics_);
   auto& tier_moves = metrics::BuildCounter().Name("tierkv_master_ssd_moves_total").Help("Objects moved by the SSD tier, by kind (offloaded, offload_failed, staged; stage_no_room: reads of SSD replicas that missed for want of DRAM to stage them)").Register(metrics_);
   metrics_.AddCollectHook([this, &objects, &evictions, &evicted_bytes, &evictor_passes, &leases, &pinned, &groups,
-                           &memory, &used, &capacity, &clients, &ssd_used, &ssd_capacity, &tier_moves] {
+                           &memory, &used, &capacity, &clients, &ssd_used, &ssd_capacity, &tier_moves, &released] {
     IndexStats st = index_->Stats();
     objects.Add({{"state", "complete"}}).Set(static_cast<double>(st.objects));
     objects.Add({{"state", "pending"}}).Set(static_cast<double>(st.pending));
@@ -384,6 +385,7 @@ void Master::RegisterMetrics() {
     catch_up(tier_moves.Add({{"kind", "staged"}}), st.staged);
     catch_up(tier_moves.Add({{"kind", "stage_no_room"}}), st.stage_no_room);
     catch_up(evictor_passes.Add({}), st.evictor_passes);
+    catch_up(released.Add({}), st.leases_released);
     leases.Add({}).Set(static_cast<double>(st.leased));
     pinned.Add({}).Set(static_cast<double>(st.pinned));
     groups.Add({}).Set(static_cast<double>(st.groups));

@@ -56,6 +56,8 @@ struct SsdRecords {
   bool complete = false;
   std::vector<std::string> gone;
   std::string tier_http;
+  uint64_t ssd_capacity = 0;  // with tier_http, as in SegmentSpec
+  uint64_t ssd_used = 0;
 };
 struct SsdRecordsResult {
   std::vector<std::string> unknown;  // records with no SSD replica here: the daemon erases them

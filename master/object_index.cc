@@ -771,6 +771,20 @@ std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>&
     }
     out[i].size = o.size;
     const int64_t old_deadline = o.deadline_ms;
+    if (old_deadline <= now_ms) {
+      // The last lease is over, and every count it had with it.
+      o.readers = 0;
+      o.hard_lease = false;
+    }
+    // A read under pressure or from SSD is counted, so its reader can give
+    // the DRAM back the moment it is done instead of at the deadline.
+    const bool counted = pressed || reps.front().stage;
+    if (counted && o.readers < kStickyReaders) {
+      if (++o.readers < kStickyReaders) out[i].lease_token = LeaseToken(slot, o.gen);
+    } else if (!counted) {
+      o.hard_lease = true;
+    }
+    o.released = false;
     o.deadline_ms = std::max(old_deadline, reps.front().stage ? stage_until : lease_until);
     if (o.deadline_ms != old_deadline) MoveLease(o, old_deadline, now_ms);
     out[i].lease_expiry = absl::FromUnixMillis(o.deadline_ms);
@@ -778,6 +792,32 @@ std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>&
     Touch(s, slot);
   }
   return out;
+}
+
+size_t ObjectIndex::Impl::ReleaseLeases(const std::vector<LeaseRelease>& releases) {
+  size_t applied = 0;
+  const int64_t now_ms = NowMs();
+  for (const LeaseRelease& r : releases) {
+    // At or past its expiry the lease ended by itself: a later reader's
+    // count may have replaced it.
+    if (r.token == 0 || r.expiry_ms <= now_ms) continue;
+    Shard& s = *shards_[ShardOf(r.key)];
+    MutexLock lock(&s.mu);
+    uint32_t slot = Find(s, r.key);
+    if (slot == kNil) continue;
+    Object& o = s.objects[slot];
+    if (LeaseToken(slot, o.gen) != r.token || o.state != ObjState::kComplete || o.deadline_ms <= now_ms ||
+        o.readers == 0 || o.readers == kStickyReaders) {
+      continue;
+    }
+    ++applied;
+    if (--o.readers > 0 || o.hard_lease) continue;
+    if (leases_.Counted(o.deadline_ms, now_ms)) leases_.Remove(leases_.TickOf(o.deadline_ms));
+    o.deadline_ms = 0;
+    o.released = true;
+  }
+  leases_released_.fetch_add(applied, std::memory_order_relaxed);
+  return applied;
 }
 
 std::vector<bool> ObjectIndex::Impl::Exists(const std::vector<std::string>& keys,
@@ -903,6 +943,7 @@ IndexStats ObjectIndex::Impl::Stats() const {
   st.offload_failed = offload_failed_.load();
   st.staged = staged_.load();
   st.stage_no_room = stage_no_room_.load();
+  st.leases_released = leases_released_.load();
   // No shard lock and no object visited: a scrape costs the same at any
   // object count and never stalls a request.
   st.leased = leases_.Count(NowMs());
@@ -934,6 +975,9 @@ std::vector<absl::Status> ObjectIndex::PutRevoke(const std::vector<std::string>&
 std::vector<LookupOut> ObjectIndex::GetReplicas(const std::vector<std::string>& keys,
                                                 bool resolve_names) {
   return impl_->GetReplicas(keys, resolve_names);
+}
+size_t ObjectIndex::ReleaseLeases(const std::vector<LeaseRelease>& releases) {
+  return impl_->ReleaseLeases(releases);
 }
 std::vector<bool> ObjectIndex::Exists(const std::vector<std::string>& keys, std::vector<KeyHit>* hits) {
   return impl_->Exists(keys, hits);

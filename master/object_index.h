@@ -116,25 +116,26 @@ struct IndexOptions {
   // (--ssd-admission=all), for a tier large enough that keeping every
   // evicted page beats keeping the pages proven reused (docs/eviction.md).
   bool offload_unread = false;
-  // The read lease of a copy staged from SSD (at most lease_ttl): staged
-  // copies take DRAM of their own, and a long prefix read from SSD must not
-  // keep the next one's pages out of DRAM for a whole lease. A reader whose
-  // copy is evicted under it fails its trailer check: a miss, never wrong
-  // bytes.
-  absl::Duration stage_lease = absl::Seconds(1);
+  // The read lease of a copy staged from SSD (at most lease_ttl). Staged
+  // reads are counted (LookupOut::lease_token): a reader gives its lease
+  // back when done, so this bounds only readers that never do (dead, or an
+  // older client), whose copies must not keep the next prefix's pages out
+  // of DRAM for a whole lease_ttl. A reader slower than its lease misses;
+  // never wrong bytes (its trailer check, and no staged byte lands past it).
+  absl::Duration stage_lease = absl::Seconds(2);
   // An evicted staged copy's extent is reused this long after its lease
   // ends (at most revoke_grace): daemons write no staged bytes past the
   // reader's lease (X-Tierkv-Stage-Within-Ms), so this covers only the
   // reader's request still in transit.
   absl::Duration stage_grace = absl::Seconds(1);
-  // Memory pressure: when the evictor cannot reach its target (what is
-  // left is leased or still being written) or an SSD hit finds no DRAM to
-  // stage in, every read (from DRAM or staged) is leased for
+  // Memory pressure: while DRAM is evicted (past the high watermark), or
+  // when the evictor cannot reach its target or an SSD hit finds no DRAM to
+  // stage in, every read (from DRAM or staged) is counted and leased for
   // pressure_lease, for pressure_window after. Leases of seconds taken by
-  // fast readers otherwise hold more DRAM than a small tier has; a reader
-  // slower than its lease fails its trailer check (a miss, never wrong
-  // bytes), and a daemon writes no staged bytes past it.
-  absl::Duration pressure_lease = absl::Milliseconds(500);
+  // fast readers would otherwise hold more DRAM than a small tier has:
+  // counted readers give theirs back when done, and the lease bounds the
+  // rest. A reader slower than its lease misses, never gets wrong bytes.
+  absl::Duration pressure_lease = absl::Seconds(2);
   absl::Duration pressure_window = absl::Seconds(10);
 };
 
@@ -180,6 +181,19 @@ struct LookupOut {
   std::vector<ExtentOut> replicas;
   absl::Time lease_expiry;
   uint32_t idle_s = 0;  // as KeyHit::idle_s, read before this lookup's access
+  // Non-zero for a counted read (under memory pressure, or staged from
+  // SSD): the reader gives the lease back with this token once it is done
+  // with the extent (ReleaseLeases), so the DRAM is evictable at once
+  // rather than at lease_expiry.
+  uint64_t lease_token = 0;
+};
+
+// A reader done with what GetReplicas gave it: the key, its lease_token
+// and the lease_expiry it was given (unix ms, the master's clock).
+struct LeaseRelease {
+  std::string key;
+  uint64_t token = 0;
+  int64_t expiry_ms = 0;
 };
 
 struct ObjectInfo {
@@ -208,6 +222,7 @@ struct IndexStats {
   uint64_t offload_failed = 0; // offload orders that failed (those objects were dropped)
   uint64_t staged = 0;         // reads of SSD replicas given a staging extent
   uint64_t stage_no_room = 0;  // reads of SSD replicas that missed: no DRAM to stage them
+  uint64_t leases_released = 0;  // counted read leases given back by their readers (ReleaseLeases)
 };
 
 class ObjectIndex {
@@ -234,8 +249,9 @@ class ObjectIndex {
   // Drops PENDING keys and frees their space. NOT_FOUND if not pending.
   std::vector<absl::Status> PutRevoke(const std::vector<std::string>& keys);
 
-  // Visible replicas and a read lease (lease_ttl; pressure_lease while DRAM runs
-  // short) per key; NOT_FOUND on a miss. DRAM replicas when the object has any;
+  // Visible replicas and a read lease (lease_ttl; pressure_lease while DRAM is
+  // contended, stage_lease for a staged copy; those reads are counted, see
+  // LookupOut::lease_token) per key; NOT_FOUND on a miss. DRAM replicas when the object has any;
   // otherwise (an object on an SSD tier) a staging extent allocated on the SSD
   // replica's segment (ExtentOut::stage), which the reader asks the daemon to
   // fill before reading it. The extent stays the object's DRAM copy, handed to
@@ -247,6 +263,14 @@ class ObjectIndex {
   // on the RPC fast path.
   std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys,
                                      bool resolve_names = true);
+
+  // Gives counted read leases back. A release whose token names an older
+  // incarnation of the key, or that arrives at or after the expiry it
+  // names, is ignored: that lease ended by itself, and its count with it.
+  // When an object's last counted reader gives its lease back (and no
+  // uncounted read holds it), the lease ends now and a staged copy of it
+  // is freed on eviction without stage_grace. Returns releases applied.
+  size_t ReleaseLeases(const std::vector<LeaseRelease>& releases);
 
   // With `hits`, also what was seen of each key (one per key).
   std::vector<bool> Exists(const std::vector<std::string>& keys, std::vector<KeyHit>* hits = nullptr);

@@ -1,5 +1,7 @@
 #include "master/rpc_handlers.h"
 
+#include <algorithm>
+
 #include "absl/container/flat_hash_map.h"
 #include "config/base/failpoint.h"
 
@@ -34,6 +36,20 @@ std::vector<std::string> Keys(const google::protobuf::RepeatedPtrField<std::stri
   return {keys.begin(), keys.end()};
 }
 
+// The leases a request gives back, applied before its own work so a put
+// or stage in the same call finds the DRAM they held.
+template <class Request>
+void ApplyReleases(Master* m, const Request& req) {
+  const int n = std::min({req.released_keys_size(), req.released_tokens_size(), req.released_expiry_unix_ms_size()});
+  if (n == 0) return;
+  std::vector<LeaseRelease> releases;
+  releases.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    releases.push_back({req.released_keys(i), req.released_tokens(i), req.released_expiry_unix_ms(i)});
+  }
+  m->index().ReleaseLeases(releases);
+}
+
 }  // namespace
 
 void MountSegment(Master* m, const v1::MountSegmentRequest& req, v1::MountSegmentResponse* resp) {
@@ -53,6 +69,8 @@ void SyncSsdRecords(Master* m, const v1::SsdRecordsRequest& req, v1::SsdRecordsR
   in.listing = req.listing();
   in.complete = req.complete();
   in.tier_http = req.tier_http();
+  in.ssd_capacity = req.ssd_capacity();
+  in.ssd_used = req.ssd_used();
   in.present.reserve(req.present_size());
   for (const v1::SsdRecord& r : req.present()) in.present.emplace_back(r.key(), r.size());
   in.gone = Keys(req.gone());
@@ -76,6 +94,7 @@ void Heartbeat(Master* m, const v1::HeartbeatRequest& req, v1::HeartbeatResponse
 
 void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& client,
               v1::PutStartResponse* resp) {
+  ApplyReleases(m, req);
   std::vector<PutItem> items;
   items.reserve(req.items_size());
   for (const auto& it : req.items()) {
@@ -94,6 +113,7 @@ void PutEnd(Master* m, const v1::KeysRequest& req, v1::KeysResponse* resp) {
   // sleep:<ms> makes this a long handler that holds no index lock (as a
   // huge batch's decoding would), for the tests of what waits behind it.
   (void)TIERKV_FAILPOINT("master.rpc.put_end");
+  ApplyReleases(m, req);
   std::vector<std::string> keys = Keys(req.keys());
   std::vector<absl::Status> done = m->index().PutEnd(keys);
   std::vector<std::string> stored;
@@ -106,10 +126,12 @@ void PutEnd(Master* m, const v1::KeysRequest& req, v1::KeysResponse* resp) {
 }
 
 void PutRevoke(Master* m, const v1::KeysRequest& req, v1::KeysResponse* resp) {
+  ApplyReleases(m, req);
   for (const absl::Status& s : m->index().PutRevoke(Keys(req.keys()))) SetStatus(resp->add_status(), s);
 }
 
 void GetReplicas(Master* m, const v1::KeysRequest& req, v1::GetReplicasResponse* resp) {
+  ApplyReleases(m, req);
   std::vector<std::string> keys = Keys(req.keys());
   std::vector<LookupOut> found = m->index().GetReplicas(keys, false);
   int n = static_cast<int>(found.size());
@@ -152,6 +174,12 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, v1::GetReplicasResponse*
     resp->add_sizes(count > 0 ? r.size : 0);
     resp->add_lease_expiry_unix_ms(count > 0 ? absl::ToUnixMillis(r.lease_expiry) : 0);
     resp->add_replica_counts(count);
+    if (r.lease_token != 0 && count > 0) {
+      // Only answers with a counted read carry tokens.
+      const int at = resp->sizes_size() - 1;
+      while (resp->lease_tokens_size() < at) resp->add_lease_tokens(0);
+      resp->add_lease_tokens(r.lease_token);
+    }
   }
   // Read after the leases were granted, so a client's view of what is left
   // errs short.
@@ -164,6 +192,7 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, v1::GetReplicasResponse*
 }
 
 void Exists(Master* m, const v1::KeysRequest& req, v1::ExistsResponse* resp) {
+  ApplyReleases(m, req);
   std::vector<std::string> keys = Keys(req.keys());
   std::vector<KeyHit> hits;
   for (bool b : m->index().Exists(keys, &hits)) resp->add_present(b);
@@ -171,6 +200,7 @@ void Exists(Master* m, const v1::KeysRequest& req, v1::ExistsResponse* resp) {
 }
 
 void PrefixMatch(Master* m, const v1::KeysRequest& req, v1::PrefixMatchResponse* resp) {
+  ApplyReleases(m, req);
   std::vector<std::string> keys = Keys(req.keys());
   std::vector<KeyHit> hits;
   const size_t matched = m->index().PrefixMatch(keys, &hits);

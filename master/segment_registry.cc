@@ -233,12 +233,19 @@ std::optional<uint32_t> SegmentRegistry::LiveId(const std::string& name, const s
   return seg.id;
 }
 
-void SegmentRegistry::MarkSsdSynced(uint32_t id, const std::string& tier_http) {
+void SegmentRegistry::MarkSsdSynced(uint32_t id, const std::string& tier_http, uint64_t ssd_capacity,
+                                    uint64_t ssd_used) {
   MutexLock lock(&mu_);
   auto it = by_id_.find(id);
   if (it == by_id_.end() || it->second.recovering) return;
   it->second.ssd_synced = true;
-  if (!tier_http.empty()) it->second.spec.tier_http = tier_http;
+  if (tier_http.empty()) return;
+  it->second.spec.tier_http = tier_http;
+  // A daemon that lists before it has heartbeated its tier's size.
+  if (ssd_capacity > 0) {
+    it->second.spec.ssd_capacity = ssd_capacity;
+    it->second.spec.ssd_used = ssd_used;
+  }
 }
 
 bool SegmentRegistry::IsLive(uint32_t id) const {

@@ -115,9 +115,10 @@ class SegmentRegistry {
   // The LIVE segment's id when it is mounted with that incarnation.
   std::optional<uint32_t> LiveId(const std::string& name, const std::string& incarnation) const;
   // Its daemon has listed its SSD records: offloads may go to it, and
-  // readers may stage from `tier_http` (when given) before a heartbeat
-  // names it.
-  void MarkSsdSynced(uint32_t id, const std::string& tier_http = "");
+  // readers may stage from `tier_http` (when given, with the tier's size
+  // and use) before a heartbeat names it.
+  void MarkSsdSynced(uint32_t id, const std::string& tier_http = "", uint64_t ssd_capacity = 0,
+                     uint64_t ssd_used = 0);
 
   // Picks `count` LIVE segments with room for `size` bytes and allocates an
   // extent in each: the preferred segment first when named and able, then

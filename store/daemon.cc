@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
     lo.on_mounted = [self] {
       MutexLock lock(&self->sync_mu_);
       self->list_pending_ = true;
+      self->ssd_listed_.store(false, std::memory_order_release);
       self->sync_cv_.Signal();
     };
   }
@@ -119,7 +120,10 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   d->http_->Get("/ready", [raw](const httplib::Request&, httplib::Response& res) {
     bool ready = raw->ready();
     res.status = ready ? 200 : 503;
-    res.set_content(ready ? "ready\n" : "not mounted\n", "text/plain");
+    res.set_content(ready ? "ready\n"
+                          : raw->lender_->mounted() ? "mounted; SSD records not yet listed to the master\n"
+                                                    : "not mounted\n",
+                    "text/plain");
   });
   // 200 while the daemon serves (its DRAM at least); the body's second
   // line says whether the SSD tier is with it.
@@ -445,6 +449,8 @@ void StoreDaemon::SyncLoop() {
     sync_mu_.Unlock();
     bool sent = list ? SendListing() : SendGone(gone);
     sync_mu_.Lock();
+    // Not if a mount came meanwhile: that one wants a listing of its own.
+    if (sent && list && !list_pending_) ssd_listed_.store(true, std::memory_order_release);
     if (!sent) {
       if (list) {
         list_pending_ = true;
@@ -466,6 +472,9 @@ bool StoreDaemon::SendListing() {
   req.set_incarnation(lender_->incarnation());
   req.set_listing(++listing_seq_);
   req.set_tier_http(tier_http_);
+  const SsdStats st = ssd_->Stats();
+  req.set_ssd_capacity(st.failed ? 0 : st.capacity);
+  req.set_ssd_used(st.used);
   constexpr size_t kBatch = 8192;
   uint64_t erased = 0, confirmed = 0;
   size_t i = 0;

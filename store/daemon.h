@@ -70,7 +70,13 @@ class StoreDaemon {
 
   int port() const { return engine_->port(); }
   int http_port() const { return http_port_; }
-  bool ready() const { return lender_->mounted(); }
+  // Mounted, and (with an SSD tier that works) the tier's records listed
+  // to the master since that mount: until then the master sends no
+  // offloads, so an eviction would drop what it could have kept.
+  bool ready() const {
+    return lender_->mounted() &&
+           (ssd_ == nullptr || ssd_->failed() || ssd_listed_.load(std::memory_order_acquire));
+  }
   const std::string& segment() const { return lender_->name(); }
   // Where the segment's memory is ("cpu:0"), as its descriptor says.
   std::string location() const { return lender_->location(); }
@@ -142,6 +148,7 @@ class StoreDaemon {
   std::vector<std::string> gone_ ABSL_GUARDED_BY(sync_mu_);
   uint64_t listing_seq_ = 0;  // sync thread only
   std::atomic<uint64_t> listings_done_{0};
+  std::atomic<bool> ssd_listed_{false};  // a listing went through since the last mount
   std::thread sync_thread_;
   bool stopped_ = false;
 };

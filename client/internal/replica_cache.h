@@ -35,6 +35,10 @@ struct Located {
   absl::Time lease_end;      // a read must finish before this
   absl::InlinedVector<std::pair<std::string, uint64_t>, 2> replicas;  // (segment, offset), in order
   bool cached = false;       // came from the cache, not the master
+  // A counted read (GetReplicasResponse.lease_tokens): never cached, its
+  // lease given back once the read is over, with the master's expiry.
+  uint64_t lease_token = 0;
+  int64_t lease_expiry_ms = 0;
 };
 
 class ReplicaCache {

@@ -48,8 +48,12 @@ struct Object {
   uint32_t gen = 0;     // bumped when the slot is freed, to detect stale refs
   uint32_t access = 0;  // seconds since index start of the last access
   uint8_t parent_shard = 0;
-  ObjState state = ObjState::kFree;
-  ListId list = ListId::kNone;
+  // Counted reads still under way (see LookupOut::lease_token): each
+  // reader gives its count back when done. kStickyReaders is too many to
+  // count; the lease then lasts to deadline_ms.
+  uint8_t readers = 0;
+  ObjState state : 2 = ObjState::kFree;
+  ListId list : 2 = ListId::kNone;
   bool soft_pin : 1 = false;
   bool hard_pin : 1 = false;  // never on an eviction list
   // Set by an access, cleared when the evictor gives the object a second
@@ -59,7 +63,15 @@ struct Object {
   bool referenced : 1 = false;
   bool read : 1 = false;    // read since its put: admitted to an SSD tier on eviction
   bool moving : 1 = false;  // an offload order is out: off the eviction lists, its extent held
+  bool hard_lease : 1 = false;  // a read not counted in `readers` holds the lease to deadline_ms
+  // Its last lease ended when its last counted reader gave it back, so no
+  // reader or stage can still reach a copy of it.
+  bool released : 1 = false;
 };
+inline constexpr uint8_t kStickyReaders = UINT8_MAX;
+// Names one incarnation of a key: its slot and the slot's generation
+// (never 0).
+inline uint64_t LeaseToken(uint32_t slot, uint32_t gen) { return (uint64_t{slot} + 1) << 32 | gen; }
 static_assert(sizeof(Object) <= 112, "an index slot grew: check tierkv-bench master's bytes per object");
 
 // Object slots in fixed chunks: references stay valid as it grows (the
@@ -209,6 +221,7 @@ class ObjectIndex::Impl {
   std::vector<absl::Status> PutEnd(const std::vector<std::string>& keys);
   std::vector<absl::Status> PutRevoke(const std::vector<std::string>& keys);
   std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys, bool resolve_names);
+  size_t ReleaseLeases(const std::vector<LeaseRelease>& releases);
   std::vector<bool> Exists(const std::vector<std::string>& keys, std::vector<KeyHit>* hits);
   size_t PrefixMatch(const std::vector<std::string>& keys, std::vector<KeyHit>* hits);
   std::vector<absl::Status> Remove(const std::vector<std::string>& keys, bool force);
@@ -377,6 +390,7 @@ class ObjectIndex::Impl {
   std::atomic<uint64_t> evictor_passes_{0};
   std::atomic<uint64_t> pinned_{0}, key_bytes_{0};
   std::atomic<uint64_t> offloaded_{0}, offload_failed_{0}, staged_{0}, stage_no_room_{0};
+  std::atomic<uint64_t> leases_released_{0};
   // Until then (ms), every read is leased for pressure_lease (IndexOptions::pressure_window).
   std::atomic<int64_t> pressure_until_ms_{0};
   void NotePressure() {

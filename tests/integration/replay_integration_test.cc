@@ -81,10 +81,6 @@ TEST_P(ReplayTraceTest, TenPercentDramOverAnSsdTierKeepsWhatDramLoses) {
     testing::ClusterOptions o{.daemons = 1, .segment_size = absl::StrCat(dram)};
     if (with_ssd) {
       o.master_flags = {"--ssd-admission=all"};
-      // A sanitized build reads several times slower: reads would outlive
-      // the short lease DRAM pressure brings (--pressure-lease, 500 ms) and
-      // miss, which is not what this test measures.
-      if (testing::kSanitized) o.master_flags.push_back("--pressure-lease=2s");
       o.daemon_flags = {"--ssd-dir=" + dir, absl::StrCat("--ssd-size=", ssd), "--ssd-region-size=1mib"};
     }
     EXPECT_OK(cluster.Start(o));

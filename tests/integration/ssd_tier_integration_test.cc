@@ -104,16 +104,17 @@ class SsdDaemonTest : public ::testing::Test {
     auto client = cluster_.NewClient();
     ASSERT_OK(client.status());
     client_ = std::move(*client);
-    // The master learns of the tier from a heartbeat; before that an
-    // eviction drops.
-    bool known = false;
-    for (int i = 0; i < 200 && !known; ++i) {
-      absl::StatusOr<std::string> segs = cluster_.HttpGet("/v1/segments");
-      ASSERT_OK(segs.status());
-      known = segs->find(absl::StrCat("\"ssd_capacity\":", kSize)) != std::string::npos;
-      if (!known) absl::SleepFor(absl::Milliseconds(50));
+    // Ready only once its records are listed to the master, with the
+    // tier's size: from then on an eviction moves to SSD, never drops.
+    bool ready = false;
+    for (int i = 0; i < 200 && !ready; ++i) {
+      ready = cluster_.HttpGet("/ready", daemon_->port("http")).ok();
+      if (!ready) absl::SleepFor(absl::Milliseconds(20));
     }
-    ASSERT_TRUE(known) << *cluster_.HttpGet("/v1/segments");
+    ASSERT_TRUE(ready);
+    absl::StatusOr<std::string> segs = cluster_.HttpGet("/v1/segments");
+    ASSERT_OK(segs.status());
+    EXPECT_NE(segs->find(absl::StrCat("\"ssd_capacity\":", kSize)), std::string::npos) << *segs;
     for (int i = 0; i < 384; ++i) {
       keys->push_back(absl::StrCat("page-", i));
       values->push_back(testing::Payload(keys->back(), (64 << 10) - 8));

@@ -172,6 +172,35 @@ TEST_F(StoreClusterTest, FillingPastCapacityEvicts) {
   EXPECT_EQ(*last, ValueFor("fill-149", 1 << 20));
 }
 
+// While DRAM is evicted, a read is counted: the client gives its lease
+// back on its next call to the master, so the object is free to go then
+// rather than at the lease's end.
+TEST_F(StoreClusterTest, ReadsUnderPressureGiveTheirLeasesBackOnTheNextCall) {
+  ASSERT_OK(cluster_.Start({.daemons = 1, .segment_size = "32mib"}));
+  auto client = Client();
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_OK(client->Put(absl::StrCat("fill-", i), ValueFor(absl::StrCat("fill-", i), 1 << 20))) << i;
+  }
+  ASSERT_GT(Stats()["evictions"].get<int>(), 0);
+  auto lease_of = [&](const std::string& key) {
+    absl::StatusOr<std::string> body = cluster_.HttpGet("/v1/objects/" + key);
+    EXPECT_OK(body.status());
+    return body.ok() ? nlohmann::json::parse(*body)["lease_expiry_unix_ms"] : nlohmann::json();
+  };
+  for (int round = 0; round < 2; ++round) {  // the second read is not served from a cached location
+    absl::StatusOr<std::string> got = client->Get("fill-39");
+    ASSERT_OK(got.status());
+    EXPECT_EQ(*got, ValueFor("fill-39", 1 << 20));
+    EXPECT_FALSE(lease_of("fill-39").is_null()) << "read, not yet given back";
+    ASSERT_OK(client->BatchExists({"fill-0"}).status());  // carries the give-back
+    EXPECT_TRUE(lease_of("fill-39").is_null());
+  }
+  absl::StatusOr<std::string> metrics = cluster_.HttpGet("/metrics");
+  ASSERT_OK(metrics.status());
+  EXPECT_THAT(*metrics, ::testing::HasSubstr("tierkv_master_leases_released_total 2\n"));
+  EXPECT_OK(client->Remove("fill-39"));  // no lease left to refuse it
+}
+
 TEST_F(StoreClusterTest, PrefixMatchAndGroups) {
   ASSERT_OK(cluster_.Start({.daemons = 2, .segment_size = "64mib"}));
   auto client = Client();

@@ -290,6 +290,78 @@ TEST_F(IndexTest, ReadsUnderMemoryPressureGetTheShortLease) {
   EXPECT_OK(index_->CheckInvariants());
 }
 
+// Under pressure a read is counted: its reader gives the lease back when
+// done, and the object is evictable then, not at the lease's end.
+TEST_F(IndexTest, CountedReadsEndTheirLeaseWhenGivenBack) {
+  Mount("seg-a", 20 * 1024);
+  ASSERT_OK(Put("plain", 1024));
+  LookupOut first = index_->GetReplicas({"plain"})[0];
+  ASSERT_OK(first.status);
+  EXPECT_EQ(first.lease_token, 0u);  // no pressure: an ordinary lease
+  index_->EvictTo(0);                // all leased: pressure
+  ASSERT_OK(Put("k", 1024));
+  LookupOut a = index_->GetReplicas({"k"})[0];
+  LookupOut b = index_->GetReplicas({"k"})[0];
+  ASSERT_NE(a.lease_token, 0u);
+  EXPECT_EQ(b.lease_token, a.lease_token);
+  auto give_back = [&](const std::string& key, const LookupOut& r, uint64_t token) {
+    return index_->ReleaseLeases({{key, token, absl::ToUnixMillis(r.lease_expiry)}});
+  };
+  EXPECT_EQ(give_back("k", a, a.lease_token + 1), 0u);  // not this incarnation's
+  EXPECT_EQ(give_back("k", a, a.lease_token), 1u);
+  index_->EvictTo(0);
+  EXPECT_TRUE(Present("k"));  // b still reads it
+  EXPECT_EQ(give_back("k", b, b.lease_token), 1u);
+  EXPECT_EQ(give_back("k", b, b.lease_token), 0u);  // nothing left to give back
+  ASSERT_OK_AND_ASSIGN(ObjectInfo info, index_->Describe("k"));
+  EXPECT_EQ(info.lease_expiry, absl::Time());
+  // A counted read on top of an ordinary lease does not end that lease.
+  LookupOut c = index_->GetReplicas({"plain"})[0];
+  ASSERT_NE(c.lease_token, 0u);
+  EXPECT_EQ(give_back("plain", c, c.lease_token), 1u);
+  index_->EvictTo(0);
+  EXPECT_FALSE(Present("k"));
+  EXPECT_TRUE(Present("plain"));
+  EXPECT_EQ(index_->Stats().leases_released, 3u);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+TEST_F(IndexTest, LateOrStaleGiveBacksAreIgnored) {
+  Mount("seg-a", 20 * 1024);
+  ASSERT_OK(Put("held", 1024));
+  ASSERT_OK(index_->GetReplicas({"held"})[0].status);
+  index_->EvictTo(0);  // pressure
+  auto give_back = [&](const std::string& key, const LookupOut& r) {
+    return index_->ReleaseLeases({{key, r.lease_token, absl::ToUnixMillis(r.lease_expiry)}});
+  };
+  // Past its expiry a lease ended by itself; a later reader's count stays.
+  ASSERT_OK(Put("late", 1024));
+  LookupOut old_read = index_->GetReplicas({"late"})[0];
+  ASSERT_NE(old_read.lease_token, 0u);
+  clock_.Advance(options_.pressure_lease);
+  LookupOut new_read = index_->GetReplicas({"late"})[0];
+  EXPECT_EQ(give_back("late", old_read), 0u);
+  index_->EvictTo(0);
+  EXPECT_TRUE(Present("late"));
+  EXPECT_EQ(give_back("late", new_read), 1u);
+  // A give-back for a removed and re-put key does not touch the new one.
+  LookupOut gone = index_->GetReplicas({"late"})[0];
+  ASSERT_OK(index_->Remove({"late"}, /*force=*/true)[0]);
+  ASSERT_OK(Put("late", 1024));
+  LookupOut fresh = index_->GetReplicas({"late"})[0];
+  ASSERT_NE(fresh.lease_token, 0u);
+  EXPECT_NE(fresh.lease_token, gone.lease_token);
+  EXPECT_EQ(give_back("late", gone), 0u);
+  index_->EvictTo(0);
+  EXPECT_TRUE(Present("late"));
+  // Past 254 readers the count sticks: no token, the lease runs its course.
+  uint64_t last = 0;
+  for (int i = 0; i < 300; ++i) last = index_->GetReplicas({"late"})[0].lease_token;
+  EXPECT_EQ(last, 0u);
+  EXPECT_EQ(give_back("late", fresh), 0u);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
 TEST_F(IndexTest, HardPinnedObjectsAreNeverEvictedAndSurviveARestart) {
   Mount("seg-a", 8 * 1024);
   ASSERT_OK(Put("hard", 1024, {.hard_pin = true}));
@@ -1037,6 +1109,40 @@ TEST_F(OffloadTest, ReadPagesMoveToSsdAndStayReadableThroughAStagingExtent) {
   ASSERT_OK_AND_ASSIGN(info, index_->Describe("k0"));
   ASSERT_EQ(info.replicas.size(), 1u);
   EXPECT_TRUE(info.replicas[0].ssd);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+// A staged copy whose readers all gave their leases back can be reached by
+// no reader and no stage in flight: its extent returns on eviction, with no
+// stage_grace.
+TEST_F(OffloadTest, AStagedCopyGivenBackReturnsItsExtentAtEviction) {
+  MountWithTier("seg-a", 100 * 1024, 1 << 20);
+  FillAndEvict(/*read=*/true);
+  ASSERT_OK_AND_ASSIGN(ObjectInfo info, index_->Describe("k0"));
+  ASSERT_TRUE(info.replicas[0].ssd);
+  clock_.Advance(options_.lease_ttl + absl::Seconds(1));
+  index_->EvictTo(0);
+  index_->Tick();
+  ASSERT_EQ(registry_->used(), 0u);
+  LookupOut a = index_->GetReplicas({"k0"})[0];
+  LookupOut b = index_->GetReplicas({"k1"})[0];
+  ASSERT_TRUE(a.replicas[0].stage);
+  ASSERT_NE(a.lease_token, 0u);  // staged reads are always counted
+  ASSERT_NE(b.lease_token, 0u);
+  ASSERT_EQ(registry_->used(), 2048u);
+  EXPECT_EQ(index_->ReleaseLeases({{"k0", a.lease_token, absl::ToUnixMillis(a.lease_expiry)}}), 1u);
+  clock_.Advance(absl::Milliseconds(10));
+  index_->EvictTo(0);
+  // k0's copy is free at once; k1's reader still holds its copy.
+  EXPECT_EQ(registry_->used(), 1024u);
+  clock_.Advance(options_.stage_lease);
+  index_->EvictTo(0);
+  EXPECT_EQ(registry_->used(), 1024u);  // k1's lease ran out unreturned: stage_grace first
+  clock_.Advance(options_.stage_grace + absl::Milliseconds(1));
+  index_->Tick();
+  EXPECT_EQ(registry_->used(), 0u);
+  EXPECT_TRUE(Present("k0"));
+  EXPECT_TRUE(Present("k1"));
   EXPECT_OK(index_->CheckInvariants());
 }
 
