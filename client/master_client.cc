@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <iterator>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -37,13 +39,15 @@ absl::Status MasterClient::Invoke(const char* method, const Req& req, Resp* resp
                                   Call call) {
   absl::Time deadline = absl::Now() + options_.rpc_timeout;
   absl::Duration backoff = absl::Milliseconds(50);
+  const Req* send = &req;
+  Req stripped;
   for (;;) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     // Queue the call while the channel (re)connects rather than failing at
     // once: a call that never left is safe to send even when not idempotent.
     ctx.set_wait_for_ready(true);
-    grpc::Status s = call(&ctx, req, resp);
+    grpc::Status s = call(&ctx, *send, resp);
     if (s.ok()) return absl::OkStatus();
     absl::Status st(static_cast<absl::StatusCode>(s.error_code()),
                     absl::StrCat("master ", address_, " ", method, ": ", s.error_message()));
@@ -53,6 +57,17 @@ absl::Status MasterClient::Invoke(const char* method, const Req& req, Resp* resp
     }
     std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
+    if constexpr (requires { req.released_keys_size(); }) {
+      if (send->released_keys_size() > 0) {
+        // The master may have applied them already: a second give-back
+        // would take another reader's count. Unsent, they just run out.
+        stripped = req;
+        stripped.clear_released_keys();
+        stripped.clear_released_tokens();
+        stripped.clear_released_expiry_unix_ms();
+        send = &stripped;
+      }
+    }
   }
 }
 
@@ -102,7 +117,7 @@ void MasterClient::ReleaseLease(std::string key, uint64_t token, int64_t expiry_
   if (token == 0) return;
   MutexLock lock(&release_mu_);
   // The oldest are nearest their expiry anyway: drop them first.
-  if (releases_.size() >= kMaxQueuedReleases) releases_.erase(releases_.begin());
+  if (releases_.size() >= kMaxQueuedReleases) releases_.pop_front();
   releases_.push_back({std::move(key), token, expiry_unix_ms});
 }
 
@@ -117,7 +132,9 @@ void MasterClient::AttachReleases(Req* req) {
   {
     MutexLock lock(&release_mu_);
     if (releases_.empty()) return;
-    out.swap(releases_);
+    const size_t n = std::min(releases_.size(), kMaxReleasesPerCall);
+    out.assign(std::make_move_iterator(releases_.begin()), std::make_move_iterator(releases_.begin() + n));
+    releases_.erase(releases_.begin(), releases_.begin() + n);
   }
   req->mutable_released_keys()->Reserve(static_cast<int>(out.size()));
   for (Release& r : out) {

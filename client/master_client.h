@@ -9,6 +9,7 @@
 // Thread-safe.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,9 @@ class MasterClient {
   // master never gets simply runs out. At most kMaxQueuedReleases wait.
   void ReleaseLease(std::string key, uint64_t token, int64_t expiry_unix_ms);
   static constexpr size_t kMaxQueuedReleases = 65536;
+  // At most this many ride on one request (the rest wait for the next), so
+  // they keep it far under the master's message size limit.
+  static constexpr size_t kMaxReleasesPerCall = 2048;
   size_t queued_releases() const;
 
   const std::string& address() const { return address_; }
@@ -86,7 +90,7 @@ class MasterClient {
   MasterClientOptions options_;
   std::unique_ptr<v1::Master::Stub> stub_;
   mutable Mutex release_mu_;
-  std::vector<Release> releases_ ABSL_GUARDED_BY(release_mu_);
+  std::deque<Release> releases_ ABSL_GUARDED_BY(release_mu_);
 };
 
 // An ItemStatus from the wire as an absl::Status.

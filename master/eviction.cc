@@ -417,7 +417,7 @@ void ObjectIndex::Impl::HoldStagedCopy(const Replica& r, const Object& o, int64_
   // then may land a little after (daemons write none past the lease).
   // A copy whose readers all gave their leases back has neither.
   const absl::Duration hold = std::min(options_.revoke_grace, options_.stage_grace);
-  if ((hold <= absl::ZeroDuration() || o.released) && !Leased(o, now_ms)) {
+  if ((hold <= absl::ZeroDuration() || (o.released && !o.unreturned)) && !Leased(o, now_ms)) {
     registry_->Free(r, o.size);
     return;
   }

@@ -751,6 +751,7 @@ std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>&
       if (std::optional<Replica> staging = registry_->AllocateIn(on_ssd.segment_id, o.size)) {
         reps.push_back({on_ssd.segment, staging->offset, o.size, on_ssd.segment_id, false, true});
         o.replicas.push_back(*staging);
+        o.unreturned = false;  // a new copy: no stage of an older one can reach it
         if (o.children == 0 && o.list == ListId::kNone && !o.moving) ListAtHead(s, slot);
         staged_.fetch_add(1, std::memory_order_relaxed);
       } else {
@@ -772,7 +773,9 @@ std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>&
     out[i].size = o.size;
     const int64_t old_deadline = o.deadline_ms;
     if (old_deadline <= now_ms) {
-      // The last lease is over, and every count it had with it.
+      // The last lease is over, and every count it had with it; one that
+      // ran out with counted readers left may still see their stages land.
+      if (o.readers > 0) o.unreturned = true;
       o.readers = 0;
       o.hard_lease = false;
     }
@@ -780,7 +783,7 @@ std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>&
     // the DRAM back the moment it is done instead of at the deadline.
     const bool counted = pressed || reps.front().stage;
     if (counted && o.readers < kStickyReaders) {
-      if (++o.readers < kStickyReaders) out[i].lease_token = LeaseToken(slot, o.gen);
+      if (++o.readers < kStickyReaders) out[i].lease_token = LeaseToken(slot, o.gen, lease_boot_);
     } else if (!counted) {
       o.hard_lease = true;
     }
@@ -806,7 +809,7 @@ size_t ObjectIndex::Impl::ReleaseLeases(const std::vector<LeaseRelease>& release
     uint32_t slot = Find(s, r.key);
     if (slot == kNil) continue;
     Object& o = s.objects[slot];
-    if (LeaseToken(slot, o.gen) != r.token || o.state != ObjState::kComplete || o.deadline_ms <= now_ms ||
+    if (LeaseToken(slot, o.gen, lease_boot_) != r.token || o.state != ObjState::kComplete || o.deadline_ms <= now_ms ||
         o.readers == 0 || o.readers == kStickyReaders) {
       continue;
     }

@@ -93,7 +93,7 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
     lo.on_mounted = [self] {
       MutexLock lock(&self->sync_mu_);
       self->list_pending_ = true;
-      self->ssd_listed_.store(false, std::memory_order_release);
+      ++self->mounts_seen_;  // the lender counted this mount just before
       self->sync_cv_.Signal();
     };
   }
@@ -443,14 +443,14 @@ void StoreDaemon::SyncLoop() {
       continue;
     }
     const bool list = list_pending_;
+    const uint64_t for_mount = mounts_seen_;
     list_pending_ = false;
     std::vector<std::string> gone;
     gone.swap(gone_);  // a listing taken after these drops supersedes them
     sync_mu_.Unlock();
     bool sent = list ? SendListing() : SendGone(gone);
     sync_mu_.Lock();
-    // Not if a mount came meanwhile: that one wants a listing of its own.
-    if (sent && list && !list_pending_) ssd_listed_.store(true, std::memory_order_release);
+    if (sent && list) listed_mount_.store(for_mount, std::memory_order_release);
     if (!sent) {
       if (list) {
         list_pending_ = true;

@@ -74,8 +74,8 @@ class StoreDaemon {
   // to the master since that mount: until then the master sends no
   // offloads, so an eviction would drop what it could have kept.
   bool ready() const {
-    return lender_->mounted() &&
-           (ssd_ == nullptr || ssd_->failed() || ssd_listed_.load(std::memory_order_acquire));
+    return lender_->mounted() && (ssd_ == nullptr || ssd_->failed() ||
+                                  listed_mount_.load(std::memory_order_acquire) == lender_->mounts());
   }
   const std::string& segment() const { return lender_->name(); }
   // Where the segment's memory is ("cpu:0"), as its descriptor says.
@@ -148,7 +148,10 @@ class StoreDaemon {
   std::vector<std::string> gone_ ABSL_GUARDED_BY(sync_mu_);
   uint64_t listing_seq_ = 0;  // sync thread only
   std::atomic<uint64_t> listings_done_{0};
-  std::atomic<bool> ssd_listed_{false};  // a listing went through since the last mount
+  // Mounts the lender made (on_mounted), and the one the last listing the
+  // master took was for: ready() wants the latest mount's.
+  uint64_t mounts_seen_ ABSL_GUARDED_BY(sync_mu_) = 0;
+  std::atomic<uint64_t> listed_mount_{0};
   std::thread sync_thread_;
   bool stopped_ = false;
 };

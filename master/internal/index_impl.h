@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -67,11 +68,19 @@ struct Object {
   // Its last lease ended when its last counted reader gave it back, so no
   // reader or stage can still reach a copy of it.
   bool released : 1 = false;
+  // A counted reader of this staged copy let its lease run out without
+  // giving it back: its stage may still land, so `released` never skips
+  // stage_grace for this copy.
+  bool unreturned : 1 = false;
 };
 inline constexpr uint8_t kStickyReaders = UINT8_MAX;
-// Names one incarnation of a key: its slot and the slot's generation
-// (never 0).
-inline uint64_t LeaseToken(uint32_t slot, uint32_t gen) { return (uint64_t{slot} + 1) << 32 | gen; }
+// Names one incarnation of a key: its slot and the slot's generation,
+// mixed with a number drawn at each start (`boot`), since a recovered index
+// numbers its slots afresh. 0 is no token.
+inline uint64_t LeaseToken(uint32_t slot, uint32_t gen, uint64_t boot) {
+  const uint64_t t = ((uint64_t{slot} + 1) << 32 | gen) ^ boot;
+  return t != 0 ? t : 1;
+}
 static_assert(sizeof(Object) <= 112, "an index slot grew: check tierkv-bench master's bytes per object");
 
 // Object slots in fixed chunks: references stay valid as it grows (the
@@ -391,6 +400,7 @@ class ObjectIndex::Impl {
   std::atomic<uint64_t> pinned_{0}, key_bytes_{0};
   std::atomic<uint64_t> offloaded_{0}, offload_failed_{0}, staged_{0}, stage_no_room_{0};
   std::atomic<uint64_t> leases_released_{0};
+  const uint64_t lease_boot_ = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();  // see LeaseToken
   // Until then (ms), every read is leased for pressure_lease (IndexOptions::pressure_window).
   std::atomic<int64_t> pressure_until_ms_{0};
   void NotePressure() {

@@ -1143,6 +1143,19 @@ TEST_F(OffloadTest, AStagedCopyGivenBackReturnsItsExtentAtEviction) {
   EXPECT_EQ(registry_->used(), 0u);
   EXPECT_TRUE(Present("k0"));
   EXPECT_TRUE(Present("k1"));
+  // A reader whose lease ran out unreturned may still have a stage on the
+  // way: a later reader's give-back does not skip stage_grace for it.
+  LookupOut x = index_->GetReplicas({"k2"})[0];
+  ASSERT_TRUE(x.replicas[0].stage);
+  clock_.Advance(options_.stage_lease);
+  LookupOut y = index_->GetReplicas({"k2"})[0];
+  ASSERT_EQ(y.replicas[0].offset, x.replicas[0].offset);  // the same copy
+  EXPECT_EQ(index_->ReleaseLeases({{"k2", y.lease_token, absl::ToUnixMillis(y.lease_expiry)}}), 1u);
+  index_->EvictTo(0);
+  EXPECT_EQ(registry_->used(), 1024u);
+  clock_.Advance(options_.stage_grace + absl::Milliseconds(1));
+  index_->Tick();
+  EXPECT_EQ(registry_->used(), 0u);
   EXPECT_OK(index_->CheckInvariants());
 }
 
