@@ -121,11 +121,6 @@ void MasterClient::ReleaseLease(std::string key, uint64_t token, int64_t expiry_
   releases_.push_back({std::move(key), token, expiry_unix_ms});
 }
 
-size_t MasterClient::queued_releases() const {
-  MutexLock lock(&release_mu_);
-  return releases_.size();
-}
-
 template <class Req>
 void MasterClient::AttachReleases(Req* req) {
   std::vector<Release> out;

@@ -65,7 +65,6 @@ class MasterClient {
   // At most this many ride on one request (the rest wait for the next), so
   // they keep it far under the master's message size limit.
   static constexpr size_t kMaxReleasesPerCall = 2048;
-  size_t queued_releases() const;
 
   const std::string& address() const { return address_; }
 
@@ -89,7 +88,7 @@ class MasterClient {
   std::string address_;
   MasterClientOptions options_;
   std::unique_ptr<v1::Master::Stub> stub_;
-  mutable Mutex release_mu_;
+  Mutex release_mu_;
   std::deque<Release> releases_ ABSL_GUARDED_BY(release_mu_);
 };
 

@@ -93,7 +93,6 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
     lo.on_mounted = [self] {
       MutexLock lock(&self->sync_mu_);
       self->list_pending_ = true;
-      ++self->mounts_seen_;  // the lender counted this mount just before
       self->sync_cv_.Signal();
     };
   }
@@ -283,10 +282,15 @@ void StoreDaemon::DescribeTier(v1::Segment* s) const {
   if (ssd_ == nullptr) return;
   s->set_ssd_id(ssd_id_);
   if (!tier_ready_.load(std::memory_order_acquire)) return;
-  SsdStats st = ssd_->Stats();
   s->set_tier_http(tier_http_);
-  s->set_ssd_capacity(st.failed ? 0 : st.capacity);
-  s->set_ssd_used(st.used);
+  TierSize(s);
+}
+
+template <class Message>
+void StoreDaemon::TierSize(Message* m) const {
+  const SsdStats st = ssd_->Stats();
+  m->set_ssd_capacity(st.failed ? 0 : st.capacity);  // a failed tier takes no offloads
+  m->set_ssd_used(st.used);
 }
 
 void StoreDaemon::ServeTierMove(const httplib::Request& req, httplib::Response& res, bool offload) {
@@ -443,7 +447,8 @@ void StoreDaemon::SyncLoop() {
       continue;
     }
     const bool list = list_pending_;
-    const uint64_t for_mount = mounts_seen_;
+    // The lender counts a mount before it asks for this listing.
+    const uint64_t for_mount = lender_->mounts();
     list_pending_ = false;
     std::vector<std::string> gone;
     gone.swap(gone_);  // a listing taken after these drops supersedes them
@@ -472,9 +477,7 @@ bool StoreDaemon::SendListing() {
   req.set_incarnation(lender_->incarnation());
   req.set_listing(++listing_seq_);
   req.set_tier_http(tier_http_);
-  const SsdStats st = ssd_->Stats();
-  req.set_ssd_capacity(st.failed ? 0 : st.capacity);
-  req.set_ssd_used(st.used);
+  TierSize(&req);
   constexpr size_t kBatch = 8192;
   uint64_t erased = 0, confirmed = 0;
   size_t i = 0;

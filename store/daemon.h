@@ -115,6 +115,9 @@ class StoreDaemon {
   void RegisterSsdMetrics();
   // Fills the segment's tier fields for the heartbeat (LenderOptions::describe_tier).
   void DescribeTier(v1::Segment* s) const;
+  // Sets the tier's ssd_capacity and ssd_used on a Segment or a listing.
+  template <class Message>
+  void TierSize(Message* m) const;
   // Serves POST /tier/offload and /tier/stage.
   void ServeTierMove(const httplib::Request& req, httplib::Response& res, bool offload);
   // Opens --ssd-dir's tier. Errors only for what the operator must fix (a
@@ -148,9 +151,8 @@ class StoreDaemon {
   std::vector<std::string> gone_ ABSL_GUARDED_BY(sync_mu_);
   uint64_t listing_seq_ = 0;  // sync thread only
   std::atomic<uint64_t> listings_done_{0};
-  // Mounts the lender made (on_mounted), and the one the last listing the
-  // master took was for: ready() wants the latest mount's.
-  uint64_t mounts_seen_ ABSL_GUARDED_BY(sync_mu_) = 0;
+  // The lender's mount count the last listing the master took was for:
+  // ready() wants the latest mount's.
   std::atomic<uint64_t> listed_mount_{0};
   std::thread sync_thread_;
   bool stopped_ = false;

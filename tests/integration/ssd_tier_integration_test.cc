@@ -69,6 +69,22 @@ class SsdDaemonTest : public ::testing::Test {
     return cluster_.WaitForLiveSegments(1);
   }
 
+  // The daemon says its tier is down (`why` in /health) and a client's put
+  // and get go through its DRAM.
+  void ExpectTierDownAndDramServing(const std::string& why) {
+    const std::string health = Get("/health");
+    EXPECT_THAT(health, ::testing::HasSubstr("ssd: failed: "));
+    EXPECT_THAT(health, ::testing::HasSubstr(why));
+    EXPECT_EQ(Metric(Get("/metrics"), "tierkv_store_ssd_failed"), 1);
+    auto client = cluster_.NewClient();
+    ASSERT_OK(client.status());
+    std::string v = testing::Payload("k", 50000);
+    ASSERT_OK((*client)->Put("k", v));
+    absl::StatusOr<std::string> out = (*client)->Get("k");
+    ASSERT_OK(out.status());
+    EXPECT_EQ(*out, v);
+  }
+
   // Ready: mounted, and its SSD records listed to the master.
   bool WaitUntilReady() {
     for (int i = 0; i < 250; ++i) {
@@ -179,15 +195,7 @@ TEST_F(SsdDaemonTest, RestartedDaemonFindsItsRecordsAndSkipsATornOne) {
 
 TEST_F(SsdDaemonTest, AFailedTierLeavesDramServing) {
   ASSERT_OK(StartDaemon(dir_, {{"TIERKV_FAILPOINTS", "store.ssd.scan=error"}}));
-  EXPECT_THAT(Get("/health"), ::testing::HasSubstr("ssd: failed: "));
-  EXPECT_EQ(Metric(Get("/metrics"), "tierkv_store_ssd_failed"), 1);
-  auto client = cluster_.NewClient();
-  ASSERT_OK(client.status());
-  std::string v = testing::Payload("k", 50000);
-  ASSERT_OK((*client)->Put("k", v));
-  absl::StatusOr<std::string> out = (*client)->Get("k");
-  ASSERT_OK(out.status());
-  EXPECT_EQ(*out, v);
+  ExpectTierDownAndDramServing("");
 }
 
 // A file system that refuses O_DIRECT (tmpfs before Linux 6.6), as the
@@ -310,16 +318,7 @@ TEST_F(SsdDaemonTest, ADiskWithoutRoomForTheTierLeavesDramServing) {
   daemon_ = std::move(*d);
   ASSERT_OK(cluster_.WaitForLiveSegments(1));
   ASSERT_TRUE(WaitUntilReady());
-  EXPECT_THAT(Get("/health"), ::testing::HasSubstr("ssd: failed: "));
-  EXPECT_THAT(Get("/health"), ::testing::HasSubstr("no room for"));
-  EXPECT_EQ(Metric(Get("/metrics"), "tierkv_store_ssd_failed"), 1);
-  auto client = cluster_.NewClient();
-  ASSERT_OK(client.status());
-  std::string v = testing::Payload("k", 50000);
-  ASSERT_OK((*client)->Put("k", v));
-  absl::StatusOr<std::string> out = (*client)->Get("k");
-  ASSERT_OK(out.status());
-  EXPECT_EQ(*out, v);
+  ExpectTierDownAndDramServing("no room for");
 }
 
 }  // namespace
