@@ -85,6 +85,22 @@ class SsdDaemonTest : public ::testing::Test {
     EXPECT_EQ(*out, v);
   }
 
+  // Reads every key through client_: each is its value, byte-identical, or
+  // NOT_FOUND. Returns how many were served.
+  int ReadBack(const std::vector<std::string>& keys, const std::vector<std::string>& values) {
+    int served = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      absl::StatusOr<std::string> v = client_->Get(keys[i]);
+      if (v.ok()) {
+        EXPECT_EQ(*v, values[i]) << keys[i];
+        ++served;
+      } else {
+        EXPECT_TRUE(absl::IsNotFound(v.status())) << keys[i] << ": " << v.status();
+      }
+    }
+    return served;
+  }
+
   // Ready: mounted, and its SSD records listed to the master.
   bool WaitUntilReady() {
     for (int i = 0; i < 250; ++i) {
@@ -226,7 +242,6 @@ TEST_F(SsdDaemonTest, SsdDirWithoutSizeIsRefused) {
 TEST_F(SsdDaemonTest, ARestartedDaemonServesItsSsdPagesAgain) {
   std::vector<std::string> keys, values;
   ASSERT_NO_FATAL_FAILURE(StartAndFill(&keys, &values));
-  const int kPages = static_cast<int>(keys.size());
   // Wait until the evictor is done moving pages.
   double records = -1;
   for (int i = 0; i < 100; ++i) {
@@ -251,17 +266,7 @@ TEST_F(SsdDaemonTest, ARestartedDaemonServesItsSsdPagesAgain) {
       absl::SleepFor(absl::Milliseconds(50));
     }
     ASSERT_EQ(got, confirmed_before + records) << "signal " << sig;
-    int served = 0;
-    for (int i = 0; i < kPages; ++i) {
-      absl::StatusOr<std::string> v = client_->Get(keys[i]);
-      if (v.ok()) {
-        ASSERT_EQ(*v, values[i]) << keys[i];
-        ++served;
-      } else {
-        EXPECT_TRUE(absl::IsNotFound(v.status())) << keys[i] << ": " << v.status();
-      }
-    }
-    EXPECT_EQ(served, static_cast<int>(records)) << "signal " << sig;
+    EXPECT_EQ(ReadBack(keys, values), static_cast<int>(records)) << "signal " << sig;
   };
   restart_and_read(SIGKILL, 0);
   restart_and_read(SIGTERM, records);
@@ -288,16 +293,7 @@ TEST_F(SsdDaemonTest, KilledMidOffloadServesWhatWasWrittenAndNothingElse) {
   ASSERT_TRUE(WaitUntilReady());
   const double recovered = Metric(Get("/metrics"), "tierkv_store_ssd_recovered_records");
   EXPECT_GE(recovered, written);  // what was written before the kill survived it
-  int served = 0;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    absl::StatusOr<std::string> v = client_->Get(keys[i]);
-    if (v.ok()) {
-      ASSERT_EQ(*v, values[i]) << keys[i];
-      ++served;
-    } else {
-      EXPECT_TRUE(absl::IsNotFound(v.status())) << keys[i] << ": " << v.status();
-    }
-  }
+  const int served = ReadBack(keys, values);
   // DRAM went with the process: what is served came from the SSD records.
   EXPECT_GE(served, static_cast<int>(written));
   EXPECT_LE(served, static_cast<int>(recovered));
