@@ -99,6 +99,18 @@ def test_daemon_killed_mid_run(fresh_cluster, short_timeouts):
     s.close()
 
 
+def process_halted(proc):
+    """True once the process is stopped (SIGSTOP) or gone (SIGKILL)."""
+    if proc.poll() is not None:
+        return True
+    try:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("T", "t", "Z")
+
+
 @pytest.mark.parametrize("how", ["SIGSTOP", "SIGKILL"])
 def test_master_stopped_gives_negative_codes(fresh_cluster, short_timeouts, how):
     s = open_store(fresh_cluster)
@@ -110,6 +122,12 @@ def test_master_stopped_gives_negative_codes(fresh_cluster, short_timeouts, how)
     assert s.batch_put_from(keys, ptrs, [4096] * 8) == [0] * 8
     master = fresh_cluster.master
     master.proc.send_signal(getattr(signal, how))
+    # The signal is delivered asynchronously: a call made before it lands
+    # would still be answered.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not process_halted(master.proc):
+        time.sleep(0.01)
+    assert process_halted(master.proc), f"the master did not take {how}"
     try:
         checks = {
             "put": lambda: [s.put(p + "new", b"v")],
