@@ -34,27 +34,50 @@ absl::StatusOr<std::unique_ptr<MasterClient>> MasterClient::Create(const std::st
       new MasterClient(address, options, v1::Master::NewStub(channel)));
 }
 
+MasterClient::MasterClient(std::string address, MasterClientOptions options,
+                           std::unique_ptr<v1::Master::Stub> stub)
+    : address_(std::move(address)), options_(options), stub_(std::move(stub)) {
+  if (options_.direct) {
+    direct_ = std::make_unique<internal::DirectChannel>(address_, static_cast<uint32_t>(options_.max_message_size));
+  }
+}
+
+namespace {
+// No direct id: the call always goes over gRPC.
+constexpr auto kGrpcOnly = static_cast<direct::DirectMethod>(0);
+}  // namespace
+
 template <class Req, class Resp, class Call>
-absl::Status MasterClient::Invoke(const char* method, const Req& req, Resp* resp, bool idempotent,
-                                  Call call) {
+absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direct, const Req& req, Resp* resp,
+                                  bool idempotent, Call call) {
   absl::Time deadline = absl::Now() + options_.rpc_timeout;
   absl::Duration backoff = absl::Milliseconds(50);
   const Req* send = &req;
   Req stripped;
   for (;;) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    // Queue the call while the channel (re)connects rather than failing at
-    // once: a call that never left is safe to send even when not idempotent.
-    ctx.set_wait_for_ready(true);
-    grpc::Status s = call(&ctx, *send, resp);
-    if (s.ok()) return absl::OkStatus();
-    absl::Status st(static_cast<absl::StatusCode>(s.error_code()),
-                    absl::StrCat("master ", address_, " ", method, ": ", s.error_message()));
-    if (!idempotent || s.error_code() != grpc::StatusCode::UNAVAILABLE ||
-        absl::Now() + backoff >= deadline) {
-      return st;
+    absl::Status st;
+    bool sent = true;
+    if (direct != kGrpcOnly && direct_ != nullptr && direct_->usable()) {
+      internal::DirectChannel::Result r = direct_->Call(direct, *send, resp, deadline);
+      if (r.outcome == internal::DirectChannel::Outcome::kAnswered && r.status.ok()) return absl::OkStatus();
+      sent = r.outcome != internal::DirectChannel::Outcome::kNotSent;
+      if (sent) st = absl::Status(r.status.code(), absl::StrCat("master ", address_, " ", method, ": ", r.status.message()));
+    } else {
+      sent = false;
     }
+    if (!sent) {
+      // Over gRPC: the lane is not there, or could not take this call.
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(deadline));
+      // Queue the call while the channel (re)connects rather than failing at
+      // once: a call that never left is safe to send even when not idempotent.
+      ctx.set_wait_for_ready(true);
+      grpc::Status s = call(&ctx, *send, resp);
+      if (s.ok()) return absl::OkStatus();
+      st = absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("master ", address_, " ", method, ": ", s.error_message()));
+    }
+    if (!idempotent || !absl::IsUnavailable(st) || absl::Now() + backoff >= deadline) return st;
     std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
     backoff = std::min(backoff * 2, absl::Milliseconds(500));
     if constexpr (requires { req.released_keys_size(); }) {
@@ -78,7 +101,7 @@ absl::Status MasterClient::Mount(const v1::Segment& segment) {
   v1::MountSegmentRequest req;
   *req.add_segments() = segment;
   v1::MountSegmentResponse resp;
-  absl::Status s = Invoke("MountSegment", req, &resp, true, TIERKV_CALL(MountSegment));
+  absl::Status s = Invoke("MountSegment", kGrpcOnly, req, &resp, true, TIERKV_CALL(MountSegment));
   if (!s.ok()) return s;
   if (resp.status_size() != 1) return absl::InternalError("malformed MountSegment reply");
   return FromItem(resp.status(0));
@@ -89,7 +112,7 @@ absl::Status MasterClient::Unmount(const std::string& name, bool keep_ssd) {
   req.add_names(name);
   req.set_keep_ssd(keep_ssd);
   v1::UnmountSegmentResponse resp;
-  absl::Status s = Invoke("UnmountSegment", req, &resp, true, TIERKV_CALL(UnmountSegment));
+  absl::Status s = Invoke("UnmountSegment", kGrpcOnly, req, &resp, true, TIERKV_CALL(UnmountSegment));
   if (!s.ok()) return s;
   if (resp.status_size() != 1) return absl::InternalError("malformed UnmountSegment reply");
   return FromItem(resp.status(0));
@@ -98,7 +121,7 @@ absl::Status MasterClient::Unmount(const std::string& name, bool keep_ssd) {
 absl::StatusOr<v1::SsdRecordsResponse> MasterClient::SyncSsdRecords(const v1::SsdRecordsRequest& request) {
   v1::SsdRecordsResponse resp;
   // Idempotent: a listing batch sent twice confirms the same keys.
-  RETURN_IF_ERROR(Invoke("SyncSsdRecords", request, &resp, true, TIERKV_CALL(SyncSsdRecords)));
+  RETURN_IF_ERROR(Invoke("SyncSsdRecords", kGrpcOnly, request, &resp, true, TIERKV_CALL(SyncSsdRecords)));
   return resp;
 }
 
@@ -108,7 +131,7 @@ absl::StatusOr<std::vector<std::string>> MasterClient::Heartbeat(
   for (const auto& s : segments) *req.add_segments() = s;
   req.set_client_id(client_id);
   v1::HeartbeatResponse resp;
-  absl::Status s = Invoke("Heartbeat", req, &resp, true, TIERKV_CALL(Heartbeat));
+  absl::Status s = Invoke("Heartbeat", kGrpcOnly, req, &resp, true, TIERKV_CALL(Heartbeat));
   if (!s.ok()) return s;
   return std::vector<std::string>(resp.remount().begin(), resp.remount().end());
 }
@@ -151,9 +174,9 @@ absl::StatusOr<v1::PutStartResponse> MasterClient::PutStart(const v1::PutStartRe
     v1::PutStartRequest named = request;
     if (named.client_id().empty()) named.set_client_id(options_.client_id);
     AttachReleases(&named);
-    s = Invoke("PutStart", named, &resp, false, TIERKV_CALL(PutStart));
+    s = Invoke("PutStart", direct::DirectMethod::kPutStart, named, &resp, false, TIERKV_CALL(PutStart));
   } else {
-    s = Invoke("PutStart", request, &resp, false, TIERKV_CALL(PutStart));
+    s = Invoke("PutStart", direct::DirectMethod::kPutStart, request, &resp, false, TIERKV_CALL(PutStart));
   }
   if (!s.ok()) return s;
   if (resp.results_size() != request.items_size()) return absl::InternalError("malformed PutStart reply");
@@ -178,7 +201,7 @@ v1::KeysRequest MasterClient::KeysWithReleases(const std::vector<std::string>& k
 absl::StatusOr<v1::KeysResponse> MasterClient::PutEnd(const std::vector<std::string>& keys) {
   v1::KeysResponse resp;
   // A retried PutEnd is harmless: the master answers OK for a committed key.
-  absl::Status s = Invoke("PutEnd", KeysWithReleases(keys), &resp, true, TIERKV_CALL(PutEnd));
+  absl::Status s = Invoke("PutEnd", direct::DirectMethod::kPutEnd, KeysWithReleases(keys), &resp, true, TIERKV_CALL(PutEnd));
   if (!s.ok()) return s;
   if (resp.status_size() != static_cast<int>(keys.size())) return absl::InternalError("malformed PutEnd reply");
   return resp;
@@ -186,14 +209,14 @@ absl::StatusOr<v1::KeysResponse> MasterClient::PutEnd(const std::vector<std::str
 
 absl::StatusOr<v1::KeysResponse> MasterClient::PutRevoke(const std::vector<std::string>& keys) {
   v1::KeysResponse resp;
-  absl::Status s = Invoke("PutRevoke", KeysWithReleases(keys), &resp, true, TIERKV_CALL(PutRevoke));
+  absl::Status s = Invoke("PutRevoke", direct::DirectMethod::kPutRevoke, KeysWithReleases(keys), &resp, true, TIERKV_CALL(PutRevoke));
   if (!s.ok()) return s;
   return resp;
 }
 
 absl::StatusOr<v1::GetReplicasResponse> MasterClient::GetReplicas(const std::vector<std::string>& keys) {
   v1::GetReplicasResponse resp;
-  absl::Status s = Invoke("GetReplicas", KeysWithReleases(keys), &resp, true, TIERKV_CALL(GetReplicas));
+  absl::Status s = Invoke("GetReplicas", direct::DirectMethod::kGetReplicas, KeysWithReleases(keys), &resp, true, TIERKV_CALL(GetReplicas));
   if (!s.ok()) return s;
   if (resp.sizes_size() != static_cast<int>(keys.size()) ||
       resp.replica_counts_size() != static_cast<int>(keys.size()) ||
@@ -205,7 +228,7 @@ absl::StatusOr<v1::GetReplicasResponse> MasterClient::GetReplicas(const std::vec
 
 absl::StatusOr<std::vector<bool>> MasterClient::Exists(const std::vector<std::string>& keys) {
   v1::ExistsResponse resp;
-  absl::Status s = Invoke("Exists", KeysWithReleases(keys), &resp, true, TIERKV_CALL(Exists));
+  absl::Status s = Invoke("Exists", direct::DirectMethod::kExists, KeysWithReleases(keys), &resp, true, TIERKV_CALL(Exists));
   if (!s.ok()) return s;
   if (resp.present_size() != static_cast<int>(keys.size())) return absl::InternalError("malformed Exists reply");
   return std::vector<bool>(resp.present().begin(), resp.present().end());
@@ -213,7 +236,7 @@ absl::StatusOr<std::vector<bool>> MasterClient::Exists(const std::vector<std::st
 
 absl::StatusOr<uint32_t> MasterClient::PrefixMatch(const std::vector<std::string>& keys) {
   v1::PrefixMatchResponse resp;
-  absl::Status s = Invoke("PrefixMatch", KeysWithReleases(keys), &resp, true, TIERKV_CALL(PrefixMatch));
+  absl::Status s = Invoke("PrefixMatch", direct::DirectMethod::kPrefixMatch, KeysWithReleases(keys), &resp, true, TIERKV_CALL(PrefixMatch));
   if (!s.ok()) return s;
   return std::min<uint32_t>(resp.matched(), static_cast<uint32_t>(keys.size()));
 }
@@ -223,7 +246,7 @@ absl::StatusOr<v1::KeysResponse> MasterClient::Remove(const std::vector<std::str
   for (const auto& k : keys) req.add_keys(k);
   req.set_force(force);
   v1::KeysResponse resp;
-  absl::Status s = Invoke("Remove", req, &resp, false, TIERKV_CALL(Remove));
+  absl::Status s = Invoke("Remove", direct::DirectMethod::kRemove, req, &resp, false, TIERKV_CALL(Remove));
   if (!s.ok()) return s;
   if (resp.status_size() != static_cast<int>(keys.size())) return absl::InternalError("malformed Remove reply");
   return resp;
@@ -233,14 +256,14 @@ absl::StatusOr<uint64_t> MasterClient::RemoveAll(bool force) {
   v1::RemoveAllRequest req;
   req.set_force(force);
   v1::RemoveAllResponse resp;
-  absl::Status s = Invoke("RemoveAll", req, &resp, false, TIERKV_CALL(RemoveAll));
+  absl::Status s = Invoke("RemoveAll", kGrpcOnly, req, &resp, false, TIERKV_CALL(RemoveAll));
   if (!s.ok()) return s;
   return resp.removed();
 }
 
 absl::StatusOr<v1::StatsResponse> MasterClient::Stats() {
   v1::StatsResponse resp;
-  absl::Status s = Invoke("Stats", v1::StatsRequest(), &resp, true, TIERKV_CALL(Stats));
+  absl::Status s = Invoke("Stats", direct::DirectMethod::kStats, v1::StatsRequest(), &resp, true, TIERKV_CALL(Stats));
   if (!s.ok()) return s;
   return resp;
 }

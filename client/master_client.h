@@ -1,10 +1,15 @@
-// MasterClient: the typed, deadline-bound gRPC client of the master, used
-// by the client library, store daemons and tools.
+// MasterClient: the typed, deadline-bound client of the master, used by
+// the client library, store daemons and tools.
+//
+// Puts, lookups, removes and stats travel on the master's direct lane
+// (client/internal/direct_channel.h) when `direct` is on and the master
+// has one; the rest, and every call the lane cannot carry (no connection,
+// a master without it), go over gRPC, on the same host:port.
 //
 // Every call has a deadline (rpc_timeout). Idempotent calls (lookups,
 // heartbeats, mounts, stats) are retried with backoff on UNAVAILABLE
-// within that budget; puts and removes are not. gRPC statuses are
-// converted to absl::Status with the master's address in the message.
+// within that budget; puts and removes are not. Statuses come back as
+// absl::Status with the master's address and the method in the message.
 //
 // Thread-safe.
 #pragma once
@@ -16,7 +21,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/internal/direct_channel.h"
 #include "config/base/mutex.h"
+#include "proto/direct_frame.h"
 #include "proto/master.grpc.pb.h"
 
 namespace tierkv::client {
@@ -26,6 +33,8 @@ struct MasterClientOptions {
   int max_message_size = 64 << 20;
   // Sent with puts so the master can cap this client's puts in flight.
   std::string client_id;
+  // Use the master's direct lane where it has one (off: gRPC only).
+  bool direct = true;
 };
 
 class MasterClient {
@@ -80,14 +89,16 @@ class MasterClient {
   v1::KeysRequest KeysWithReleases(const std::vector<std::string>& keys);
 
   MasterClient(std::string address, MasterClientOptions options,
-               std::unique_ptr<v1::Master::Stub> stub)
-      : address_(std::move(address)), options_(options), stub_(std::move(stub)) {}
+               std::unique_ptr<v1::Master::Stub> stub);
+  // `direct`: the method's direct id, or 0 for gRPC only.
   template <class Req, class Resp, class Call>
-  absl::Status Invoke(const char* method, const Req& req, Resp* resp, bool idempotent, Call call);
+  absl::Status Invoke(const char* method, direct::DirectMethod direct, const Req& req, Resp* resp,
+                      bool idempotent, Call call);
 
   std::string address_;
   MasterClientOptions options_;
   std::unique_ptr<v1::Master::Stub> stub_;
+  std::unique_ptr<internal::DirectChannel> direct_;  // null when options_.direct is off
   Mutex release_mu_;
   std::deque<Release> releases_ ABSL_GUARDED_BY(release_mu_);
 };

@@ -12,7 +12,8 @@ const FlagTable<MasterConfig>& MasterFlags() {
       "(\"no segment mounted\"), so gate clients on /ready and launchers of daemons on /health.",
       {
           StringFlag<C>("listen", &C::listen, "127.0.0.1", "address the gRPC and HTTP servers bind"),
-          IntFlag<C>("rpc-port", &C::rpc_port, "50051", 0, 65535, "gRPC port; 0 picks a free one"),
+          IntFlag<C>("rpc-port", &C::rpc_port, "50051", 0, 65535,
+                     "RPC port (gRPC, and the clients' direct lane on the same port); 0 picks a free one"),
           IntFlag<C>("http-port", &C::http_port, "8080", 0, 65535,
                      "HTTP port (metadata, /v1 queries, /metrics, /health, /ready); 0 picks one"),
           StringFlag<C>("data-dir", &C::data_dir, "",
@@ -79,6 +80,12 @@ const FlagTable<MasterConfig>& MasterFlags() {
                      "open HTTP connections beyond this are answered 503 and closed"),
           DurationFlag<C>("http-idle-timeout", &C::http_idle_timeout, "60s", 0.01, 86400,
                           "an HTTP connection idle this long is closed"),
+          IntFlag<C>("direct-max-connections", &C::direct_max_connections, "4096", 1, 1 << 20,
+                     "clients' direct-lane connections (each served by a thread of its own) beyond this "
+                     "are refused, and those clients use gRPC; docs/wire-formats.md"),
+          DurationFlag<C>("direct-idle-timeout", &C::direct_idle_timeout, "5m", 0.01, 86400,
+                          "a direct-lane connection idle this long is closed (clients reuse theirs only "
+                          "within 60 s)"),
           StringFlag<C>("kv-events-endpoint", &C::kv_events_endpoint, "",
                         "ZeroMQ PUB endpoint for KV events in vLLM's layout (tcp://*:5557; a "
                         "port of * picks one, logged); empty: no events. docs/kv-events.md"),

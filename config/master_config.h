@@ -39,6 +39,8 @@ struct MasterConfig {
   int64_t rpc_threads = 0;
   int64_t http_max_connections = 0;
   absl::Duration http_idle_timeout;
+  int64_t direct_max_connections = 0;
+  absl::Duration direct_idle_timeout;
   std::string kv_events_endpoint;
   std::string kv_events_replay_endpoint;
   std::string kv_events_topic;

@@ -16,13 +16,7 @@
 namespace tierkv::master {
 namespace {
 
-// What each method's Proceed needs of the service.
-struct MethodStats {
-  metrics::Counter* calls;
-  metrics::Counter* errors;
-  metrics::Counter* items;
-  metrics::Histogram* latency;
-};
+using rpc::MethodStats;
 
 // A call with more items than this, or of a method marked slow, runs on the
 // slow lane instead of its poller, so a long batch never holds the queue it
@@ -225,18 +219,10 @@ using S = v1::Master::AsyncService;
 
 class MasterRpcService::Impl {
  public:
-  Impl(Master* master, ServiceLimits limits, int threads)
+  Impl(Master* master, rpc::RpcMetrics* rpc_metrics, ServiceLimits limits, int threads)
       : master_(master), threads_(std::max(1, threads)) {
     state_.limits = limits;
-    auto& calls = metrics::BuildCounter().Name("tierkv_master_rpc_total").Help("RPCs served").Register(master->metrics());
-    auto& errors = metrics::BuildCounter().Name("tierkv_master_rpc_errors_total").Help("RPCs refused whole").Register(master->metrics());
-    auto& items = metrics::BuildCounter().Name("tierkv_master_rpc_items_total").Help("Keys or segments carried by RPCs").Register(master->metrics());
-    auto& latency = metrics::BuildHistogram().Name("tierkv_master_rpc_seconds").Help("RPC handling time").Register(master->metrics());
-    auto stats = [&](const char* m) {
-      metrics::Labels l{{"method", m}};
-      return MethodStats{&calls.Add(l), &errors.Add(l), &items.Add(l),
-                         &latency.Add(l, metrics::ExponentialBuckets(1e-6, 4, 12))};
-    };
+    auto stats = [rpc_metrics](const char* m) { return rpc_metrics->For(m); };
     mount_ = MakeMethod<v1::MountSegmentRequest, v1::MountSegmentResponse>(
         "MountSegment", &S::RequestMountSegment,
         [](Master* m, grpc::ServerContext*, const auto& req, auto* resp) { rpc::MountSegment(m, req, resp); },
@@ -399,8 +385,9 @@ class MasterRpcService::Impl {
   Call<v1::SsdRecordsRequest, v1::SsdRecordsResponse>::Method ssd_sync_;
 };
 
-MasterRpcService::MasterRpcService(Master* master, ServiceLimits limits, int threads)
-    : impl_(std::make_unique<Impl>(master, limits, threads)) {}
+MasterRpcService::MasterRpcService(Master* master, rpc::RpcMetrics* metrics, ServiceLimits limits,
+                                   int threads)
+    : impl_(std::make_unique<Impl>(master, metrics, limits, threads)) {}
 MasterRpcService::~MasterRpcService() { Stop(); }
 void MasterRpcService::Register(grpc::ServerBuilder* builder) { impl_->Register(builder); }
 void MasterRpcService::Start() { impl_->Start(); }

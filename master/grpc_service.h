@@ -18,7 +18,8 @@
 // Stop waits for running handlers before it shuts the queues, so a
 // shutdown during a long RemoveAll finishes it rather than aborting.
 //
-//   MasterRpcService rpc(master, limits, /*threads=*/1);
+//   rpc::RpcMetrics metrics(master);
+//   MasterRpcService rpc(master, &metrics, limits, /*threads=*/1);
 //   grpc::ServerBuilder builder;
 //   rpc.Register(&builder);
 //   auto server = builder.BuildAndStart();
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "master/master.h"
+#include "master/rpc_handlers.h"
 #include "proto/master.grpc.pb.h"
 
 namespace tierkv::master {
@@ -43,9 +45,9 @@ struct ServiceLimits {
 
 class MasterRpcService {
  public:
-  // `master` must outlive it; `threads` >= 1 request queues (plus the
-  // heartbeat queue), each with a thread.
-  MasterRpcService(Master* master, ServiceLimits limits, int threads);
+  // `master` and `metrics` must outlive it; `threads` >= 1 request queues
+  // (plus the heartbeat queue), each with a thread.
+  MasterRpcService(Master* master, rpc::RpcMetrics* metrics, ServiceLimits limits, int threads);
   // Stops (if Start ran and Stop did not).
   ~MasterRpcService();
   MasterRpcService(const MasterRpcService&) = delete;

@@ -6,6 +6,18 @@
 #include "config/base/failpoint.h"
 
 namespace tierkv::master::rpc {
+
+RpcMetrics::RpcMetrics(Master* master)
+    : calls_(metrics::BuildCounter().Name("tierkv_master_rpc_total").Help("RPCs served").Register(master->metrics())),
+      errors_(metrics::BuildCounter().Name("tierkv_master_rpc_errors_total").Help("RPCs refused whole").Register(master->metrics())),
+      items_(metrics::BuildCounter().Name("tierkv_master_rpc_items_total").Help("Keys or segments carried by RPCs").Register(master->metrics())),
+      latency_(metrics::BuildHistogram().Name("tierkv_master_rpc_seconds").Help("RPC handling time").Register(master->metrics())) {}
+
+MethodStats RpcMetrics::For(const char* name) {
+  metrics::Labels l{{"method", name}};
+  return {&calls_.Add(l), &errors_.Add(l), &items_.Add(l), &latency_.Add(l, metrics::ExponentialBuckets(1e-6, 4, 12))};
+}
+
 namespace {
 
 void SetStatus(v1::ItemStatus* out, const absl::Status& s) {

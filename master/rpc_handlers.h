@@ -1,6 +1,7 @@
 // The master's RPC semantics on wire messages, without gRPC: the gRPC
-// service (grpc_service.cc) is a shell that checks limits, records metrics
-// and calls these; the fuzz targets call them directly with parsed bytes.
+// service (grpc_service.cc) and the direct lane (direct_lane.cc) are shells
+// that check limits, record metrics and call these; the fuzz targets call
+// them directly with parsed bytes.
 //
 // Each handler fills `resp` from `req` and never fails whole: per-item
 // problems come back as that item's status. PutStart's `client` names the
@@ -10,10 +11,35 @@
 
 #include <string>
 
+#include "config/base/metrics.h"
 #include "master/master.h"
 #include "proto/master.pb.h"
 
 namespace tierkv::master::rpc {
+
+// One method's series in the per-method RPC metrics.
+struct MethodStats {
+  metrics::Counter* calls;
+  metrics::Counter* errors;
+  metrics::Counter* items;
+  metrics::Histogram* latency;
+};
+
+// The tierkv_master_rpc_* families, registered once per master, which
+// both of its faces record into: a method's series count its calls over
+// gRPC and direct alike.
+class RpcMetrics {
+ public:
+  explicit RpcMetrics(Master* master);
+  // The series labelled method=`name`; the same ones on every call.
+  MethodStats For(const char* name);
+
+ private:
+  metrics::Family<metrics::Counter>& calls_;
+  metrics::Family<metrics::Counter>& errors_;
+  metrics::Family<metrics::Counter>& items_;
+  metrics::Family<metrics::Histogram>& latency_;
+};
 
 void MountSegment(Master* m, const v1::MountSegmentRequest& req, v1::MountSegmentResponse* resp);
 void UnmountSegment(Master* m, const v1::UnmountSegmentRequest& req, v1::UnmountSegmentResponse* resp);

@@ -16,6 +16,7 @@
 #include "config/base/log.h"
 #include "config/base/status.h"
 #include "httplib.h"
+#include "master/direct_lane.h"
 #include "master/grpc_service.h"
 #include "master/http_service.h"
 
@@ -91,24 +92,35 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   // detection: about a tenth of the server's CPU per lookup RPC
   // (docs/performance.md). tierkv's own locks are std::mutex (Mutex).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  s->rpc_ = std::make_unique<MasterRpcService>(s->master_.get(),
-                                               ServiceLimits{static_cast<size_t>(config.max_batch)},
+  s->rpc_metrics_ = std::make_unique<rpc::RpcMetrics>(s->master_.get());
+  const ServiceLimits limits{static_cast<size_t>(config.max_batch)};
+  s->rpc_ = std::make_unique<MasterRpcService>(s->master_.get(), s->rpc_metrics_.get(), limits,
                                                RpcThreads(config.rpc_threads));
+  // The port is ours: the direct lane reads each connection's first bytes
+  // and hands gRPC the ones that are not direct calls.
+  absl::StatusOr<transport::tcp::Fd> listener =
+      transport::tcp::Listen(config.listen, static_cast<int>(config.rpc_port), &s->rpc_port_);
+  if (!listener.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot serve RPCs on ", config.listen, ":", config.rpc_port, ": ",
+                                               listener.status().message()));
+  }
   grpc::ServerBuilder builder;
   // Bandwidth probing pings ride on data frames and cost a write and a
   // wake-up each; lookups are small, latency-bound messages.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  builder.AddListeningPort(absl::StrCat(config.listen, ":", config.rpc_port),
-                           grpc::InsecureServerCredentials(), &s->rpc_port_);
   s->rpc_->Register(&builder);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_size));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_size));
   s->grpc_ = builder.BuildAndStart();
-  if (s->grpc_ == nullptr || s->rpc_port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve gRPC on ", config.listen, ":", config.rpc_port));
-  }
+  if (s->grpc_ == nullptr) return absl::UnavailableError("cannot start the gRPC server");
   s->rpc_->Start();
+  DirectLane::Options direct;
+  direct.limits = limits;
+  direct.max_message = static_cast<uint32_t>(config.max_message_size);
+  direct.max_connections = static_cast<size_t>(config.direct_max_connections);
+  direct.idle_timeout = config.direct_idle_timeout;
+  s->direct_ = std::make_unique<DirectLane>(s->master_.get(), s->rpc_metrics_.get(), direct);
+  s->direct_->Start(std::move(*listener), s->grpc_.get());
 
   HttpServer::Options http;
   http.threads = static_cast<int>(config.http_threads);
@@ -119,6 +131,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
                     {static_cast<size_t>(config.max_http_body), static_cast<size_t>(config.max_key_bytes)});
   s->http_port_ = s->http_->Bind(config.listen, static_cast<int>(config.http_port));
   if (s->http_port_ <= 0) {
+    s->direct_->StopAccepting();
     s->grpc_->Shutdown();
     return absl::UnavailableError(
         absl::StrCat("cannot serve HTTP on ", config.listen, ":", config.http_port));
@@ -150,8 +163,11 @@ void MasterServer::Shutdown() {
   }
   stop_cv_.SignalAll();
   if (http_) http_->Stop();
+  // No connection reaches gRPC once it is shut down.
+  if (direct_) direct_->StopAccepting();
   if (grpc_) grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (rpc_) rpc_->Stop();
+  if (direct_) direct_->Stop();
   if (ticker_.joinable()) ticker_.join();
   if (master_) master_->index().StopEvictor();
   if (evictor_.joinable()) evictor_.join();

@@ -2,7 +2,9 @@
 // flags and calls Run), so tests and the demo can embed one.
 //
 // Threads:
-//   - --rpc-threads threads each poll a completion queue and run the RPC
+//   - one thread accepts on the RPC port; each direct connection has a
+//     thread that runs its calls inline (DirectLane, master/direct_lane.h);
+//   - --rpc-threads threads each poll a completion queue and run the gRPC
 //     handlers inline (MasterRpcService, master/grpc_service.h);
 //   - HttpServer's workers (--http-threads) run the HTTP handlers;
 //   - one ticker thread calls Master::Tick every --check-interval;
@@ -20,6 +22,7 @@
 #include "config/base/http_server.h"
 #include "config/base/mutex.h"
 #include "config/master_config.h"
+#include "master/direct_lane.h"
 #include "master/grpc_service.h"
 #include "master/master.h"
 
@@ -50,10 +53,14 @@ class MasterServer {
   void TickLoop(absl::Duration interval);
 
   std::unique_ptr<Master> master_;
+  std::unique_ptr<rpc::RpcMetrics> rpc_metrics_;
   // Declared before grpc_, so destroyed after it: a server is destroyed
   // before its completion queues.
   std::unique_ptr<MasterRpcService> rpc_;
   std::unique_ptr<grpc::Server> grpc_;
+  // Destroyed first: its connection threads call into master_, and it
+  // hands connections to grpc_.
+  std::unique_ptr<DirectLane> direct_;
   std::unique_ptr<HttpServer> http_;
   std::thread ticker_;
   std::thread evictor_;

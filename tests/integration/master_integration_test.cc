@@ -1,5 +1,5 @@
 // Starts the real tierkv-master binary on loopback ports and drives it over
-// gRPC and HTTP.
+// gRPC, its direct lane and HTTP.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
@@ -10,16 +10,21 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "httplib.h"
+#include "client/master_client.h"
+#include "config/base/status.h"
 #include "nlohmann/json.hpp"
+#include "proto/direct_frame.h"
 #include "proto/master.grpc.pb.h"
 #include "tests/support/process.h"
 #include "tests/support/promtool.h"
 #include "tests/support/status_matchers.h"
+#include "transport/tcp/socket.h"
 
 namespace tierkv {
 namespace {
@@ -116,6 +121,42 @@ class MasterProcessTest : public ::testing::Test {
       f.replicas.emplace_back(resp.segments(resp.replica_segments(i)), resp.replica_offsets(i));
     }
     return f;
+  }
+
+  // /metrics as sample -> value ("name{labels}" as exposed); fails the
+  // test on a line that is not a sample or a family without a TYPE line.
+  std::map<std::string, double> Metrics(std::string* text_out = nullptr) {
+    std::map<std::string, double> values;
+    auto res = http_->Get("/metrics");
+    EXPECT_TRUE(res);
+    if (!res) return values;
+    EXPECT_EQ(res->status, 200);
+    const std::string& text = res->body;
+    std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.e+-]+|\+Inf|NaN)$)");
+    std::set<std::string> typed;
+    for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+      std::string l(line);
+      if (l.rfind("# TYPE ", 0) == 0) {
+        typed.insert(std::string(absl::StrSplit(l.substr(7), ' ').begin()->data(),
+                                 l.substr(7).find(' ')));
+        continue;
+      }
+      if (l.rfind("# HELP ", 0) == 0) continue;
+      std::smatch m;
+      EXPECT_TRUE(std::regex_match(l, m, sample)) << "bad sample line: " << l;
+      if (m.empty()) continue;
+      std::string family = m[1];
+      for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+        if (!typed.contains(family) && family.size() > strlen(suffix) &&
+            family.compare(family.size() - strlen(suffix), strlen(suffix), suffix) == 0) {
+          family = family.substr(0, family.size() - strlen(suffix));
+        }
+      }
+      EXPECT_TRUE(typed.contains(family)) << "no TYPE line before " << l;
+      values[std::string(m[1]) + std::string(m[2].matched ? m[2].str() : "")] = std::stod(m[3]);
+    }
+    if (text_out != nullptr) *text_out = text;
+    return values;
   }
 
   std::string data_dir_;
@@ -401,32 +442,9 @@ TEST_F(MasterProcessTest, MetricsAreValidPrometheusText) {
   Get("k");
   auto res = http_->Get("/metrics");
   ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200);
   EXPECT_NE(res->get_header_value("Content-Type").find("version=0.0.4"), std::string::npos);
-  const std::string& text = res->body;
-  std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.e+-]+|\+Inf|NaN)$)");
-  std::set<std::string> typed;
-  std::map<std::string, double> values;
-  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    std::string l(line);
-    if (l.rfind("# TYPE ", 0) == 0) {
-      typed.insert(std::string(absl::StrSplit(l.substr(7), ' ').begin()->data(),
-                               l.substr(7).find(' ')));
-      continue;
-    }
-    if (l.rfind("# HELP ", 0) == 0) continue;
-    std::smatch m;
-    ASSERT_TRUE(std::regex_match(l, m, sample)) << "bad sample line: " << l;
-    std::string family = m[1];
-    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
-      if (!typed.contains(family) && family.size() > strlen(suffix) &&
-          family.compare(family.size() - strlen(suffix), strlen(suffix), suffix) == 0) {
-        family = family.substr(0, family.size() - strlen(suffix));
-      }
-    }
-    EXPECT_TRUE(typed.contains(family)) << "no TYPE line before " << l;
-    values[std::string(m[1]) + std::string(m[2].matched ? m[2].str() : "")] = std::stod(m[3]);
-  }
+  std::string text;
+  std::map<std::string, double> values = Metrics(&text);
   EXPECT_EQ(values["tierkv_master_objects{state=\"complete\"}"], 1);
   EXPECT_EQ(values["tierkv_master_rpc_total{method=\"PutStart\"}"], 1);
   EXPECT_EQ(values["tierkv_master_rpc_total{method=\"GetReplicas\"}"], 1);
@@ -448,6 +466,242 @@ TEST_F(MasterProcessTest, SigtermExitsCleanly) {
   StartMaster();
   master_->Kill(SIGTERM);
   EXPECT_EQ(master_->Wait(), 0);
+}
+
+
+// A raw connection to the master's RPC port, for frames no client sends.
+class RawDirect {
+ public:
+  explicit RawDirect(int port) {
+    auto fd = transport::tcp::Dial(absl::StrCat("127.0.0.1:", port), absl::Now() + absl::Seconds(5));
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    if (fd.ok()) fd_ = std::move(*fd);
+  }
+  void Send(const std::string& bytes) {
+    ASSERT_OK(transport::tcp::WriteFull(fd_.get(), bytes.data(), bytes.size(), absl::Now() + absl::Seconds(5)));
+  }
+  void Call(direct::DirectMethod m, const std::string& body) {
+    std::string frame(direct::kHeaderSize, '\0');
+    direct::EncodeCall({m, static_cast<uint32_t>(body.size())}, frame.data());
+    Send(frame + body);
+  }
+  // The reply's status (its message included), or the read's error.
+  absl::Status Reply(std::string* body = nullptr) {
+    char h[direct::kHeaderSize];
+    RETURN_IF_ERROR(transport::tcp::ReadFull(fd_.get(), h, sizeof h, absl::Now() + absl::Seconds(5)));
+    ASSIGN_OR_RETURN(direct::ReplyHeader reply, direct::DecodeReply(h, 64 << 20));
+    std::string message(reply.message_length, '\0'), payload(reply.length, '\0');
+    RETURN_IF_ERROR(transport::tcp::ReadFull(fd_.get(), message.data(), message.size(), absl::Now() + absl::Seconds(5)));
+    RETURN_IF_ERROR(transport::tcp::ReadFull(fd_.get(), payload.data(), payload.size(), absl::Now() + absl::Seconds(5)));
+    if (body != nullptr) *body = payload;
+    return reply.code == 0 ? absl::OkStatus() : absl::Status(static_cast<absl::StatusCode>(reply.code), message);
+  }
+  // True once the master has closed its end (EOF within 5 s; what it
+  // sends before, such as gRPC's GOAWAY, is skipped).
+  bool ClosedByMaster() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    for (;;) {
+      char c;
+      absl::Status s = transport::tcp::ReadFull(fd_.get(), &c, 1, deadline);
+      if (!s.ok()) return absl::IsUnavailable(s);
+    }
+  }
+
+ private:
+  transport::tcp::Fd fd_;
+};
+
+std::unique_ptr<client::MasterClient> NewMasterClient(int port, bool direct = true) {
+  client::MasterClientOptions o;
+  o.direct = direct;
+  o.rpc_timeout = absl::Seconds(3);
+  auto c = client::MasterClient::Create(absl::StrCat("127.0.0.1:", port), o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+// One port serves both: a client on the direct lane and one on gRPC see
+// each other's puts, and the per-method metrics count both.
+TEST_F(MasterProcessTest, DirectAndGrpcClientsShareTheRpcPort) {
+  StartMaster();
+  Mount("seg-a");
+  auto fast = NewMasterClient(master_->port("rpc"));
+  auto slow = NewMasterClient(master_->port("rpc"), /*direct=*/false);
+  v1::PutStartRequest req;
+  req.add_items()->set_key("via-direct");
+  req.mutable_items(0)->set_size(4096);
+  ASSERT_OK(fast->PutStart(req).status());
+  ASSERT_OK(fast->PutEnd({"via-direct"}).status());
+  EXPECT_TRUE(Get("via-direct").hit);  // the fixture's gRPC stub
+  auto present = slow->Exists({"via-direct", "absent"});
+  ASSERT_OK(present.status());
+  EXPECT_EQ(*present, (std::vector<bool>{true, false}));
+  Put("via-grpc", 8192);
+  auto found = fast->GetReplicas({"via-grpc"});
+  ASSERT_OK(found.status());
+  EXPECT_EQ(found->sizes(0), 8192u);
+  auto stats = fast->Stats();
+  ASSERT_OK(stats.status());
+  EXPECT_EQ(stats->http_port(), static_cast<uint32_t>(master_->port("http")));
+
+  std::map<std::string, double> m = Metrics();
+  EXPECT_EQ(m["tierkv_master_direct_connections"], 1);  // `fast` keeps its connection
+  EXPECT_EQ(m["tierkv_master_rpc_total{method=\"PutStart\"}"], 2);
+  EXPECT_EQ(m["tierkv_master_rpc_total{method=\"GetReplicas\"}"], 2);
+  EXPECT_EQ(m["tierkv_master_rpc_total{method=\"Exists\"}"], 1);
+  EXPECT_EQ(m["tierkv_master_direct_refused_total"], 0);
+  fast.reset();
+  for (int i = 0; i < 100 && Metrics()["tierkv_master_direct_connections"] != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(Metrics()["tierkv_master_direct_connections"], 0);
+}
+
+// Frames no client sends: each gets a status that says what is wrong, the
+// connection closes only where the frame's end cannot be found, and the
+// master keeps serving.
+TEST_F(MasterProcessTest, HostileDirectFramesGetAStatusAndTheMasterStaysUp) {
+  StartMaster({"--max-message-size=64kib", "--max-batch=4"});
+  Mount("seg-a");
+  {
+    // A request that does not parse: INVALID_ARGUMENT, the connection stays.
+    RawDirect raw(master_->port("rpc"));
+    raw.Call(direct::DirectMethod::kGetReplicas, std::string("\xff\xff\xff\xff\x0f", 5));
+    absl::Status s = raw.Reply();
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_NE(s.message().find("GetReplicas: the request does not parse"), std::string::npos) << s;
+    raw.Call(direct::DirectMethod::kPing, "");
+    EXPECT_OK(raw.Reply());
+    // More keys than --max-batch: refused whole, as over gRPC.
+    v1::KeysRequest many;
+    for (int i = 0; i < 5; ++i) many.add_keys(absl::StrCat("k", i));
+    raw.Call(direct::DirectMethod::kExists, many.SerializeAsString());
+    s = raw.Reply();
+    EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+    EXPECT_NE(s.message().find("5 items exceeds the batch limit of 4"), std::string::npos) << s;
+    // A good frame after them is answered.
+    v1::KeysRequest one;
+    one.add_keys("absent");
+    raw.Call(direct::DirectMethod::kExists, one.SerializeAsString());
+    std::string body;
+    ASSERT_OK(raw.Reply(&body));
+    v1::ExistsResponse present;
+    ASSERT_TRUE(present.ParseFromString(body));
+    ASSERT_EQ(present.present_size(), 1);
+    EXPECT_FALSE(present.present(0));
+  }
+  {
+    // Longer than --max-message-size: refused before it is read, closed.
+    RawDirect raw(master_->port("rpc"));
+    std::string frame(direct::kHeaderSize, '\0');
+    direct::EncodeCall({direct::DirectMethod::kPutStart, 1u << 20}, frame.data());
+    raw.Send(frame);
+    absl::Status s = raw.Reply();
+    EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+    EXPECT_NE(s.message().find("exceeds the master's limit of 65536"), std::string::npos) << s;
+    EXPECT_TRUE(raw.ClosedByMaster());
+  }
+  {
+    // An unknown method after a good first call.
+    RawDirect raw(master_->port("rpc"));
+    raw.Call(direct::DirectMethod::kPing, "");
+    EXPECT_OK(raw.Reply());
+    std::string frame(direct::kHeaderSize, '\0');
+    direct::EncodeCall({direct::DirectMethod::kPing, 0}, frame.data());
+    frame[4] = 77;
+    raw.Send(frame);
+    absl::Status s = raw.Reply();
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_NE(s.message().find("unknown direct method 77"), std::string::npos) << s;
+    EXPECT_TRUE(raw.ClosedByMaster());
+  }
+  {
+    // A frame cut short, then the connection dropped.
+    RawDirect raw(master_->port("rpc"));
+    std::string frame(direct::kHeaderSize, '\0');
+    direct::EncodeCall({direct::DirectMethod::kGetReplicas, 100}, frame.data());
+    raw.Send(frame + "abc");
+  }
+  {
+    // Bytes that are neither direct nor HTTP/2 go to gRPC, which drops them.
+    RawDirect raw(master_->port("rpc"));
+    raw.Send(std::string(64, 'x'));
+    EXPECT_TRUE(raw.ClosedByMaster());
+  }
+  auto c = NewMasterClient(master_->port("rpc"));
+  auto present = c->Exists({"k"});
+  ASSERT_OK(present.status());
+  EXPECT_FALSE((*present)[0]);
+  Put("still-serving", 4096);
+  EXPECT_TRUE(Get("still-serving").hit);
+  std::map<std::string, double> m = Metrics();
+  EXPECT_EQ(m["tierkv_master_direct_refused_total"], 2);  // the two frames whose end was lost
+  EXPECT_EQ(m["tierkv_master_rpc_errors_total{method=\"GetReplicas\"}"], 1);
+  EXPECT_EQ(m["tierkv_master_rpc_errors_total{method=\"Exists\"}"], 1);
+}
+
+// Past --direct-max-connections a client is told so on its first call and
+// uses gRPC; daemons' gRPC connections never count against the cap.
+TEST_F(MasterProcessTest, DirectConnectionsPastTheCapUseGrpc) {
+  StartMaster({"--direct-max-connections=1"});
+  RawDirect holder(master_->port("rpc"));
+  holder.Call(direct::DirectMethod::kPing, "");
+  ASSERT_OK(holder.Reply());
+  RawDirect over(master_->port("rpc"));
+  over.Call(direct::DirectMethod::kPing, "");
+  absl::Status s = over.Reply();
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_NE(s.message().find("at its cap of 1 connections"), std::string::npos) << s;
+  Mount("seg-a");  // gRPC, past the cap
+  auto c = NewMasterClient(master_->port("rpc"));
+  v1::PutStartRequest req;
+  req.add_items()->set_key("k");
+  req.mutable_items(0)->set_size(4096);
+  ASSERT_OK(c->PutStart(req).status());  // over gRPC
+  ASSERT_OK(c->PutEnd({"k"}).status());
+  EXPECT_TRUE(Get("k").hit);
+  std::map<std::string, double> m = Metrics();
+  EXPECT_EQ(m["tierkv_master_direct_connections"], 1);
+  EXPECT_EQ(m["tierkv_master_direct_refused_total"], 2);  // `over` and the client's own try
+}
+
+// The master closes direct connections idle past --direct-idle-timeout; a
+// client's next call redials instead of failing, puts included.
+TEST_F(MasterProcessTest, ADirectClientOutlivesTheIdleTimeout) {
+  StartMaster({"--direct-idle-timeout=200ms"});
+  Mount("seg-a");
+  auto c = NewMasterClient(master_->port("rpc"));
+  for (int round = 0; round < 3; ++round) {
+    v1::PutStartRequest req;
+    const std::string key = absl::StrCat("idle-", round);
+    req.add_items()->set_key(key);
+    req.mutable_items(0)->set_size(4096);
+    ASSERT_OK(c->PutStart(req).status()) << round;
+    ASSERT_OK(c->PutEnd({key}).status()) << round;
+    for (int i = 0; i < 100 && Metrics()["tierkv_master_direct_connections"] != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_EQ(Metrics()["tierkv_master_direct_connections"], 0) << "round " << round;
+  }
+  EXPECT_EQ(Metrics()["tierkv_master_rpc_total{method=\"PutStart\"}"], 3);  // none failed, none resent
+}
+
+// A reply lost after the master ran the call: lookups are retried, a put
+// is not (the master may hold its space), and neither hangs.
+TEST_F(MasterProcessTest, ALostDirectReplyRetriesLookupsButNotPuts) {
+  StartMaster({}, {{"TIERKV_FAILPOINTS", "master.direct.drop_reply=error"}});
+  Mount("seg-a");
+  auto c = NewMasterClient(master_->port("rpc"));
+  v1::PutStartRequest req;
+  req.add_items()->set_key("k");
+  req.mutable_items(0)->set_size(4096);
+  absl::StatusOr<v1::PutStartResponse> put = c->PutStart(req);
+  EXPECT_TRUE(absl::IsUnavailable(put.status())) << put.status();
+  EXPECT_EQ(Metrics()["tierkv_master_rpc_total{method=\"PutStart\"}"], 1);
+  absl::StatusOr<std::vector<bool>> present = c->Exists({"k"});
+  EXPECT_TRUE(absl::IsUnavailable(present.status())) << present.status();
+  EXPECT_GT(Metrics()["tierkv_master_rpc_total{method=\"Exists\"}"], 1);
+  EXPECT_TRUE(Get("absent").hit == false);  // gRPC still answers
 }
 
 }  // namespace

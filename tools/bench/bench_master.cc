@@ -1,6 +1,7 @@
-// tierkv-bench master: the master's RPC rates over loopback gRPC against an
-// in-process MasterServer (RocksDB in a temp dir, as in production), and
-// the index's memory per object measured from the heap.
+// tierkv-bench master: the master's RPC rates over loopback against an
+// in-process MasterServer (RocksDB in a temp dir, as in production), through
+// the client's MasterClient on the direct lane and on gRPC in the same run,
+// and the index's memory per object measured from the heap.
 #include <grpcpp/grpcpp.h>
 #include <malloc.h>
 
@@ -12,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/master_client.h"
 #include "config/base/mutex.h"
 #include "config/master_config.h"
 #include "master/server.h"
@@ -145,7 +147,10 @@ class MethodLatencies {
       if (v.empty()) continue;
       std::sort(v.begin(), v.end());
       auto at = [&v](double q) { return v[static_cast<size_t>(q * (v.size() - 1))]; };
-      out[entry.first] = {{"p50_us", at(0.5)}, {"p99_us", at(0.99)}, {"calls", v.size()}};
+      // "lane/Method" -> out[lane][Method]
+      const size_t slash = entry.first.find('/');
+      out[entry.first.substr(0, slash)][entry.first.substr(slash + 1)] = {
+          {"p50_us", at(0.5)}, {"p99_us", at(0.99)}, {"calls", v.size()}};
     }
     return out;
   }
@@ -155,9 +160,14 @@ class MethodLatencies {
   std::map<std::string, std::vector<double>> micros_ ABSL_GUARDED_BY(mu_);
 };
 
+// The single-operation cases run on each lane a client can use.
+constexpr int kLanes = 2;
+constexpr const char* kLaneNames[kLanes] = {"direct", "grpc"};
+
 struct Cluster {
   std::unique_ptr<master::MasterServer> server;
   std::unique_ptr<v1::Master::Stub> stub;
+  std::unique_ptr<client::MasterClient> lanes[kLanes];
   std::string data_dir;
   std::atomic<uint64_t> put_counter{0};
   MethodLatencies methods;
@@ -177,8 +187,16 @@ absl::Status StartCluster(Cluster* c) {
   c->server = std::move(*server);
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  c->stub = v1::Master::NewStub(grpc::CreateCustomChannel(
-      absl::StrCat("127.0.0.1:", c->server->rpc_port()), grpc::InsecureChannelCredentials(), args));
+  const std::string address = absl::StrCat("127.0.0.1:", c->server->rpc_port());
+  c->stub = v1::Master::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  for (int lane = 0; lane < kLanes; ++lane) {
+    client::MasterClientOptions o;
+    o.rpc_timeout = absl::Seconds(10);
+    o.direct = lane == 0;
+    auto mc = client::MasterClient::Create(address, o);
+    if (!mc.ok()) return mc.status();
+    c->lanes[lane] = std::move(*mc);
+  }
   v1::MountSegmentRequest mount;
   for (int i = 0; i < 4; ++i) {
     v1::Segment* s = mount.add_segments();
@@ -224,111 +242,105 @@ int RunMaster(const BenchConfig& config) {
   int threads = static_cast<int>(config.threads);
   int batch = static_cast<int>(config.batch);
 
-  // PutStart + PutEnd of one key; each RPC is also timed on its own, and
-  // every other put is removed again (timed too), so the index stays put.
-  benchmark::RegisterBenchmark("master/put_single", [cluster](benchmark::State& state) {
-    LatencyRecorder lat;
-    std::vector<double> starts, ends, removes;
-    uint64_t n = 0;
-    for (auto _ : state) {
-      std::string key = absl::StrCat("bench-put-", cluster->put_counter.fetch_add(1));
-      absl::Time start = absl::Now();
-      v1::PutStartRequest req;
-      auto* item = req.add_items();
-      item->set_key(key);
-      item->set_size(kValue);
-      v1::PutStartResponse r1;
-      grpc::ClientContext c1;
-      cluster->stub->PutStart(Deadline(&c1), req, &r1);
-      absl::Time started = absl::Now();
-      v1::KeysRequest end;
-      end.add_keys(key);
-      v1::KeysResponse r2;
-      grpc::ClientContext c2;
-      cluster->stub->PutEnd(Deadline(&c2), end, &r2);
-      absl::Time ended = absl::Now();
-      lat.Add(ended - start);
-      starts.push_back(absl::ToDoubleMicroseconds(started - start));
-      ends.push_back(absl::ToDoubleMicroseconds(ended - started));
-      if (r1.results(0).status().code() != 0 || r2.status(0).code() != 0) {
-        state.SkipWithError("put failed");
-        break;
+  for (int lane = 0; lane < kLanes; ++lane) {
+    const std::string suffix = absl::StrCat("_", kLaneNames[lane]);
+    const std::string tag = absl::StrCat(kLaneNames[lane], "/");
+    // PutStart + PutEnd of one key; each RPC is also timed on its own, and
+    // every other put is removed again (timed too), so the index stays put.
+    benchmark::RegisterBenchmark(("master/put_single" + suffix).c_str(), [cluster, lane, tag](benchmark::State& state) {
+      client::MasterClient* mc = cluster->lanes[lane].get();
+      LatencyRecorder lat;
+      std::vector<double> starts, ends, removes;
+      uint64_t n = 0;
+      for (auto _ : state) {
+        std::string key = absl::StrCat("bench-put-", cluster->put_counter.fetch_add(1));
+        absl::Time start = absl::Now();
+        v1::PutStartRequest req;
+        auto* item = req.add_items();
+        item->set_key(key);
+        item->set_size(kValue);
+        auto r1 = mc->PutStart(req);
+        absl::Time started = absl::Now();
+        auto r2 = mc->PutEnd({key});
+        absl::Time ended = absl::Now();
+        lat.Add(ended - start);
+        starts.push_back(absl::ToDoubleMicroseconds(started - start));
+        ends.push_back(absl::ToDoubleMicroseconds(ended - started));
+        if (!r1.ok() || !r2.ok() || r1->results(0).status().code() != 0 || r2->status(0).code() != 0) {
+          state.SkipWithError("put failed");
+          break;
+        }
+        if (++n % 2 == 0) {
+          absl::Time t = absl::Now();
+          auto r3 = mc->Remove({key}, false);
+          removes.push_back(absl::ToDoubleMicroseconds(absl::Now() - t));
+          if (!r3.ok()) {
+            state.SkipWithError("remove failed");
+            break;
+          }
+        }
       }
-      if (++n % 2 == 0) {
-        v1::RemoveRequest rm;
-        rm.add_keys(key);
-        v1::KeysResponse r3;
-        grpc::ClientContext c3;
-        absl::Time t = absl::Now();
-        cluster->stub->Remove(Deadline(&c3), rm, &r3);
-        removes.push_back(absl::ToDoubleMicroseconds(absl::Now() - t));
-      }
-    }
-    state.SetItemsProcessed(state.iterations());
-    lat.Publish(state);
-    cluster->methods.Add("PutStart", starts);
-    cluster->methods.Add("PutEnd", ends);
-    cluster->methods.Add("Remove", removes);
-  })->UseRealTime()->Threads(threads);
+      state.SetItemsProcessed(state.iterations());
+      lat.Publish(state);
+      cluster->methods.Add(tag + "PutStart", starts);
+      cluster->methods.Add(tag + "PutEnd", ends);
+      cluster->methods.Add(tag + "Remove", removes);
+    })->UseRealTime()->Threads(threads);
 
-  benchmark::RegisterBenchmark("master/get_single", [cluster](benchmark::State& state) {
-    LatencyRecorder lat;
-    std::vector<double> micros;
-    std::mt19937 rng(state.thread_index());
-    for (auto _ : state) {
-      v1::KeysRequest req;
-      req.add_keys(GetKeys()[rng() % kGetKeys]);
-      v1::GetReplicasResponse resp;
-      grpc::ClientContext ctx;
-      absl::Time start = absl::Now();
-      cluster->stub->GetReplicas(Deadline(&ctx), req, &resp);
-      absl::Duration took = absl::Now() - start;
-      lat.Add(took);
-      micros.push_back(absl::ToDoubleMicroseconds(took));
-      if (resp.sizes_size() != 1 || resp.sizes(0) == 0) {
-        state.SkipWithError("lookup missed");
-        break;
+    benchmark::RegisterBenchmark(("master/get_single" + suffix).c_str(), [cluster, lane, tag](benchmark::State& state) {
+      client::MasterClient* mc = cluster->lanes[lane].get();
+      LatencyRecorder lat;
+      std::vector<double> micros;
+      std::mt19937 rng(state.thread_index());
+      for (auto _ : state) {
+        std::vector<std::string> keys{GetKeys()[rng() % kGetKeys]};
+        absl::Time start = absl::Now();
+        auto resp = mc->GetReplicas(keys);
+        absl::Duration took = absl::Now() - start;
+        lat.Add(took);
+        micros.push_back(absl::ToDoubleMicroseconds(took));
+        if (!resp.ok() || resp->sizes(0) == 0) {
+          state.SkipWithError("lookup missed");
+          break;
+        }
       }
-    }
-    state.SetItemsProcessed(state.iterations());
-    lat.Publish(state);
-    cluster->methods.Add("GetReplicas", micros);
-  })->UseRealTime()->Threads(threads);
+      state.SetItemsProcessed(state.iterations());
+      lat.Publish(state);
+      cluster->methods.Add(tag + "GetReplicas", micros);
+    })->UseRealTime()->Threads(threads);
 
-  // Exists and PrefixMatch of one key, alternately.
-  benchmark::RegisterBenchmark("master/query_single", [cluster](benchmark::State& state) {
-    LatencyRecorder lat;
-    std::vector<double> exists, prefix;
-    std::mt19937 rng(state.thread_index() + 50);
-    uint64_t n = 0;
-    for (auto _ : state) {
-      v1::KeysRequest req;
-      req.add_keys(GetKeys()[rng() % kGetKeys]);
-      grpc::ClientContext ctx;
-      absl::Time start = absl::Now();
-      bool hit;
-      if (++n % 2 == 0) {
-        v1::ExistsResponse resp;
-        cluster->stub->Exists(Deadline(&ctx), req, &resp);
-        hit = resp.present_size() == 1 && resp.present(0);
-        exists.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
-      } else {
-        v1::PrefixMatchResponse resp;
-        cluster->stub->PrefixMatch(Deadline(&ctx), req, &resp);
-        hit = resp.matched() == 1;
-        prefix.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    // Exists and PrefixMatch of one key, alternately.
+    benchmark::RegisterBenchmark(("master/query_single" + suffix).c_str(), [cluster, lane, tag](benchmark::State& state) {
+      client::MasterClient* mc = cluster->lanes[lane].get();
+      LatencyRecorder lat;
+      std::vector<double> exists, prefix;
+      std::mt19937 rng(state.thread_index() + 50);
+      uint64_t n = 0;
+      for (auto _ : state) {
+        std::vector<std::string> keys{GetKeys()[rng() % kGetKeys]};
+        absl::Time start = absl::Now();
+        bool hit;
+        if (++n % 2 == 0) {
+          auto resp = mc->Exists(keys);
+          hit = resp.ok() && (*resp)[0];
+          exists.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+        } else {
+          auto resp = mc->PrefixMatch(keys);
+          hit = resp.ok() && *resp == 1;
+          prefix.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+        }
+        lat.Add(absl::Now() - start);
+        if (!hit) {
+          state.SkipWithError("query missed");
+          break;
+        }
       }
-      lat.Add(absl::Now() - start);
-      if (!hit) {
-        state.SkipWithError("query missed");
-        break;
-      }
-    }
-    state.SetItemsProcessed(state.iterations());
-    lat.Publish(state);
-    cluster->methods.Add("Exists", exists);
-    cluster->methods.Add("PrefixMatch", prefix);
-  })->UseRealTime()->Threads(threads);
+      state.SetItemsProcessed(state.iterations());
+      lat.Publish(state);
+      cluster->methods.Add(tag + "Exists", exists);
+      cluster->methods.Add(tag + "PrefixMatch", prefix);
+    })->UseRealTime()->Threads(threads);
+  }
 
   benchmark::RegisterBenchmark(absl::StrCat("master/get_batch", batch).c_str(), [cluster, batch](benchmark::State& state) {
     LatencyRecorder lat;
@@ -408,8 +420,13 @@ int RunMaster(const BenchConfig& config) {
     }
   }
   double per_object = out["memory"]["bytes_per_object_beyond_key"];
-  const double get_p50 = out["per_rpc"].contains("GetReplicas") ? out["per_rpc"]["GetReplicas"]["p50_us"].get<double>() : 0.0;
+  auto p50 = [&out](const char* lane, const char* method) {
+    const nlohmann::json& j = out["per_rpc"];
+    return j.contains(lane) && j[lane].contains(method) ? j[lane][method]["p50_us"].get<double>() : 0.0;
+  };
+  const double get_p50 = p50("direct", "GetReplicas");
   out["targets"] = {{"single_lookup_p50_us", get_p50},
+                    {"single_lookup_p50_grpc_us", p50("grpc", "GetReplicas")},
                     {"single_lookup_p50_target_us", 60},
                     {"single_lookup_p50_met", get_p50 > 0 && get_p50 <= 60},
                     {"batched_lookup_keys_per_s", batched},
@@ -422,12 +439,17 @@ int RunMaster(const BenchConfig& config) {
     std::printf("%s\n", out.dump().c_str());
   } else {
     for (const auto& [m, us] : handler_us) std::printf("server-side %s: %.1f us per RPC (mean)\n", m.c_str(), us);
-    std::printf("\n%-12s %10s %10s\n", "rpc", "p50 us", "p99 us");
-    for (const auto& [m, j] : out["per_rpc"].items()) {
-      std::printf("%-12s %10.1f %10.1f\n", m.c_str(), j["p50_us"].get<double>(), j["p99_us"].get<double>());
+    std::printf("\n%-12s %12s %12s %12s %12s\n", "rpc", "direct p50", "direct p99", "gRPC p50", "gRPC p99");
+    const nlohmann::json& per = out["per_rpc"];
+    for (const char* m : {"GetReplicas", "Exists", "PrefixMatch", "PutStart", "PutEnd", "Remove"}) {
+      auto at = [&](const char* lane, const char* q) {
+        return per.contains(lane) && per[lane].contains(m) ? per[lane][m][q].get<double>() : 0.0;
+      };
+      std::printf("%-12s %12.1f %12.1f %12.1f %12.1f\n", m, at("direct", "p50_us"), at("direct", "p99_us"),
+                  at("grpc", "p50_us"), at("grpc", "p99_us"));
     }
-    std::printf("\nsingle lookup p50: %.1f us (target <= 60: %s)\n", get_p50,
-                get_p50 > 0 && get_p50 <= 60 ? "met" : "MISSED");
+    std::printf("\nsingle lookup p50, direct lane: %.1f us (target <= 60: %s); gRPC: %.1f us\n", get_p50,
+                get_p50 > 0 && get_p50 <= 60 ? "met" : "MISSED", p50("grpc", "GetReplicas"));
     std::printf("/metrics scrape: %.1f us at %lld objects, %.1f us at %lld (ratio %.2f)\n", scrape_small,
                 static_cast<long long>(small), scrape_large, static_cast<long long>(config.objects),
                 scrape_small > 0 ? scrape_large / scrape_small : 0.0);

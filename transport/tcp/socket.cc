@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -123,20 +124,41 @@ absl::StatusOr<Fd> Dial(const std::string& endpoint, absl::Time deadline) {
 }
 
 absl::StatusOr<Fd> Listen(const std::string& address, int port, int* bound) {
-  sockaddr_in addr;
-  RETURN_IF_ERROR(ParseEndpoint(absl::StrCat(address, ":", port == 0 ? 1 : port), &addr));
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_storage storage{};
+  socklen_t addr_len;
+  // An IPv6 literal ("::", "[::1]") binds IPv6; "::" also takes IPv4, as
+  // gRPC's wildcard does.
+  std::string host = address;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const bool v6 = host.find(':') != std::string::npos;
+  if (v6) {
+    auto* a6 = reinterpret_cast<sockaddr_in6*>(&storage);
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons(static_cast<uint16_t>(port));
+    if (inet_pton(AF_INET6, host.c_str(), &a6->sin6_addr) != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not an IPv6 address"));
+    }
+    addr_len = sizeof(sockaddr_in6);
+  } else {
+    sockaddr_in addr;
+    RETURN_IF_ERROR(ParseEndpoint(absl::StrCat(address, ":", port == 0 ? 1 : port), &addr));
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    std::memcpy(&storage, &addr, sizeof addr);
+    addr_len = sizeof addr;
+  }
+  Fd fd(::socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return ErrnoToStatus(errno, "socket");
-  int one = 1;
+  int one = 1, zero = 0;
   setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+  if (v6) setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&storage), addr_len) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("bind ", address, ":", port));
   }
   if (::listen(fd.get(), SOMAXCONN) != 0) return ErrnoToStatus(errno, "listen");
-  socklen_t len = sizeof addr;
-  getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
-  *bound = ntohs(addr.sin_port);
+  socklen_t len = sizeof storage;
+  getsockname(fd.get(), reinterpret_cast<sockaddr*>(&storage), &len);
+  *bound = ntohs(v6 ? reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port
+                    : reinterpret_cast<sockaddr_in*>(&storage)->sin_port);
   return fd;
 }
 

@@ -31,7 +31,9 @@ class Fd {
 // DEADLINE_EXCEEDED when the deadline passes first.
 absl::StatusOr<Fd> Dial(const std::string& endpoint, absl::Time deadline);
 
-// A listening socket on `address`:`port` (0 picks one); *bound gets the port.
+// A listening socket on `address`:`port` (0 picks one); *bound gets the
+// port. `address` is an IPv4 address or host name, or an IPv6 literal
+// (bracketed or not; "::" takes IPv4 too).
 absl::StatusOr<Fd> Listen(const std::string& address, int port, int* bound);
 
 // Full reads and writes on a non-blocking socket, polling up to `deadline`.

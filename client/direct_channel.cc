@@ -1,0 +1,119 @@
+#include "client/internal/direct_channel.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "config/base/status.h"
+
+namespace tierkv::client::internal {
+namespace {
+
+using direct::DirectMethod;
+
+// A dial or ping never takes more than this of a call's budget, so a
+// master that swallows connections leaves the call time to try gRPC.
+constexpr absl::Duration kMaxConnect = absl::Seconds(1);
+
+// True when an idle connection can carry a call: nothing to read (a
+// closed one reads EOF; a live master never speaks unasked) and no error.
+bool StillOpen(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
+}
+
+}  // namespace
+
+bool DirectChannel::usable() {
+  MutexLock lock(&mu_);
+  return absl::Now() >= off_until_;
+}
+
+void DirectChannel::BackOff(absl::Duration d) {
+  MutexLock lock(&mu_);
+  off_until_ = std::max(off_until_, absl::Now() + d);
+}
+
+void DirectChannel::Give(transport::tcp::Fd fd) {
+  MutexLock lock(&mu_);
+  if (idle_.size() < kMaxIdleConnections) idle_.push_back({std::move(fd), absl::Now()});
+}
+
+absl::StatusOr<transport::tcp::Fd> DirectChannel::Take(absl::Time deadline, Outcome* failure) {
+  *failure = Outcome::kNotSent;
+  const absl::Time now = absl::Now();
+  {
+    MutexLock lock(&mu_);
+    while (!idle_.empty()) {
+      Idle idle = std::move(idle_.back());
+      idle_.pop_back();
+      if (now - idle.since < kMaxIdle && StillOpen(idle.fd.get())) return std::move(idle.fd);
+    }
+  }
+  const absl::Time connect_by = std::min(deadline, now + kMaxConnect);
+  absl::StatusOr<transport::tcp::Fd> fd = transport::tcp::Dial(address_, connect_by);
+  if (!fd.ok()) {
+    BackOff(kDialBackoff);
+    return fd.status();
+  }
+  std::string buf;
+  absl::Status answer;
+  absl::Status s = Exchange(fd->get(), DirectMethod::kPing, nullptr, connect_by, &buf, &answer);
+  if (!s.ok() || !answer.ok()) {
+    // A master without the lane hands the frame to gRPC, which closes.
+    BackOff(s.ok() || absl::IsUnavailable(s) ? kUnsupportedBackoff : kDialBackoff);
+    return absl::UnavailableError(
+        absl::StrCat("no direct lane at ", address_, ": ", !s.ok() ? s.message() : answer.message()));
+  }
+  return fd;
+}
+
+absl::Status DirectChannel::Exchange(int fd, DirectMethod method, const google::protobuf::MessageLite* req,
+                                     absl::Time deadline, std::string* buf, absl::Status* answer) {
+  const size_t body = req != nullptr ? req->ByteSizeLong() : 0;
+  if (body > max_message_) {
+    *answer = absl::ResourceExhaustedError(
+        absl::StrCat(direct::MethodName(method), ": a request of ", body, " bytes exceeds the limit of ", max_message_));
+    return absl::OkStatus();
+  }
+  buf->resize(direct::kHeaderSize + body);
+  direct::EncodeCall({method, static_cast<uint32_t>(body)}, buf->data());
+  if (body > 0) {
+    req->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(buf->data() + direct::kHeaderSize));
+  }
+  RETURN_IF_ERROR(transport::tcp::WriteFull(fd, buf->data(), buf->size(), deadline));
+  char header[direct::kHeaderSize];
+  RETURN_IF_ERROR(transport::tcp::ReadFull(fd, header, sizeof header, deadline));
+  absl::StatusOr<direct::ReplyHeader> h = direct::DecodeReply(header, max_message_);
+  if (!h.ok()) return absl::UnavailableError(absl::StrCat("reply: ", h.status().message()));
+  std::string message(h->message_length, '\0');
+  RETURN_IF_ERROR(transport::tcp::ReadFull(fd, message.data(), message.size(), deadline));
+  buf->resize(h->length);
+  RETURN_IF_ERROR(transport::tcp::ReadFull(fd, buf->data(), buf->size(), deadline));
+  *answer = h->code == 0 ? absl::OkStatus() : absl::Status(static_cast<absl::StatusCode>(h->code), message);
+  return absl::OkStatus();
+}
+
+DirectChannel::Result DirectChannel::Call(DirectMethod method, const google::protobuf::MessageLite& req,
+                                          google::protobuf::MessageLite* resp, absl::Time deadline) {
+  Outcome failure;
+  absl::StatusOr<transport::tcp::Fd> fd = Take(deadline, &failure);
+  if (!fd.ok()) return {failure, fd.status()};
+  std::string buf;
+  absl::Status answer;
+  absl::Status s = Exchange(fd->get(), method, &req, deadline, &buf, &answer);
+  if (!s.ok()) {
+    // Whether the master ran it is unknown; the connection's state too.
+    return {Outcome::kLost, absl::IsDeadlineExceeded(s) ? s : absl::UnavailableError(s.message())};
+  }
+  if (answer.ok() && !resp->ParseFromArray(buf.data(), static_cast<int>(buf.size()))) {
+    return {Outcome::kAnswered, absl::InternalError("the master's reply does not parse")};
+  }
+  Give(std::move(*fd));
+  return {Outcome::kAnswered, answer};
+}
+
+}  // namespace tierkv::client::internal

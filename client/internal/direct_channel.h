@@ -1,0 +1,76 @@
+// Private to client/. DirectChannel: a MasterClient's pooled connections to the master's
+// direct lane (master/direct_lane.h, proto/direct_frame.h), on the same
+// host:port as its gRPC channel.
+//
+// A connection carries one call at a time; a caller takes an idle one or
+// dials, and puts it back after a whole reply. A new connection is pinged
+// first, so a master that does not speak direct is found before any real
+// call is sent on it, and the lane is then left alone for a while
+// (`usable()` false; the caller uses gRPC). An idle connection is checked
+// (a non-blocking poll) before it carries a call, so one the master closed
+// (a restart) is redialed instead of failing a call; connections idle past
+// kMaxIdle are not reused (the master closes them after its idle timeout).
+//
+// Thread-safe.
+#pragma once
+
+#include <google/protobuf/message_lite.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "config/base/mutex.h"
+#include "proto/direct_frame.h"
+#include "transport/tcp/socket.h"
+
+namespace tierkv::client::internal {
+
+class DirectChannel {
+ public:
+  static constexpr size_t kMaxIdleConnections = 16;
+  static constexpr absl::Duration kMaxIdle = absl::Seconds(60);
+  // After a master closed a ping, or a dial failed: how long to use gRPC.
+  static constexpr absl::Duration kUnsupportedBackoff = absl::Seconds(30);
+  static constexpr absl::Duration kDialBackoff = absl::Milliseconds(500);
+
+  DirectChannel(std::string address, uint32_t max_message)
+      : address_(std::move(address)), max_message_(max_message) {}
+
+  enum class Outcome {
+    kAnswered,  // `status` is the master's answer; OK: *resp holds it
+    kNotSent,   // the call never reached the master (no connection, or no direct lane there)
+    kLost,      // sent, but no whole reply came: UNAVAILABLE or DEADLINE_EXCEEDED
+  };
+  struct Result {
+    Outcome outcome;
+    absl::Status status;
+  };
+  Result Call(direct::DirectMethod method, const google::protobuf::MessageLite& req,
+              google::protobuf::MessageLite* resp, absl::Time deadline);
+
+  // False while the lane is backed off (see above).
+  bool usable();
+
+ private:
+  struct Idle {
+    transport::tcp::Fd fd;
+    absl::Time since;
+  };
+  // An idle connection that is still open, or a new, pinged one.
+  absl::StatusOr<transport::tcp::Fd> Take(absl::Time deadline, Outcome* failure);
+  void Give(transport::tcp::Fd fd);
+  void BackOff(absl::Duration d);
+  // One frame out and its reply in; `buf` holds the reply's response bytes.
+  absl::Status Exchange(int fd, direct::DirectMethod method, const google::protobuf::MessageLite* req,
+                        absl::Time deadline, std::string* buf, absl::Status* answer);
+
+  const std::string address_;
+  const uint32_t max_message_;
+  Mutex mu_;
+  std::vector<Idle> idle_ ABSL_GUARDED_BY(mu_);
+  absl::Time off_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
+}  // namespace tierkv::client::internal

@@ -1,0 +1,359 @@
+#include "master/direct_lane.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "config/base/failpoint.h"
+#include "config/base/log.h"
+#include "proto/direct_frame.h"
+
+namespace tierkv::master {
+namespace {
+
+using direct::DirectMethod;
+
+// "ipv4:a.b.c.d:port" or "ipv6:[..]:port", as gRPC names a peer, so the
+// per-client put cap keys a client the same way on both faces.
+std::string PeerName(const sockaddr_storage& addr) {
+  char host[INET6_ADDRSTRLEN] = {0};
+  if (addr.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
+    inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+    return absl::StrCat("ipv4:", host, ":", ntohs(a->sin_port));
+  }
+  const auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
+  inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+  return absl::StrCat("ipv6:[", host, "]:", ntohs(a->sin6_port));
+}
+
+// Frames a reply in `buf`: header, status message, then `resp` if given.
+template <class Resp>
+void FrameReply(const absl::Status& status, const Resp* resp, std::string* buf) {
+  direct::ReplyHeader h;
+  h.code = static_cast<uint8_t>(status.code());
+  absl::string_view message = status.message().substr(0, direct::kMaxMessage);
+  h.message_length = static_cast<uint32_t>(message.size());
+  const size_t body = resp != nullptr && status.ok() ? resp->ByteSizeLong() : 0;
+  h.length = static_cast<uint32_t>(body);
+  buf->resize(direct::kHeaderSize + message.size() + body);
+  direct::EncodeReply(h, buf->data());
+  std::memcpy(buf->data() + direct::kHeaderSize, message.data(), message.size());
+  if (body > 0) {
+    resp->SerializeWithCachedSizesToArray(
+        reinterpret_cast<uint8_t*>(buf->data() + direct::kHeaderSize + message.size()));
+  }
+}
+
+absl::Status SendAll(int fd, const std::string& buf) {
+  iovec iov{const_cast<char*>(buf.data()), buf.size()};
+  return transport::tcp::SendVecAll(fd, &iov, 1);
+}
+
+// Closing with unread bytes sends a reset, which can reach the client
+// before the error reply it was sent after; so the write side closes
+// first and what the client still sends is read and dropped (up to 1 MiB,
+// for 200 ms), letting the reply arrive.
+void DrainBeforeClose(int fd) {
+  ::shutdown(fd, SHUT_WR);
+  transport::tcp::SetTimeouts(fd, absl::Milliseconds(200));
+  char sink[16 << 10];
+  for (size_t drained = 0; drained < (1u << 20);) {
+    ssize_t n = ::recv(fd, sink, sizeof sink, 0);
+    if (n <= 0) break;
+    drained += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+DirectLane::DirectLane(Master* master, rpc::RpcMetrics* metrics, Options options)
+    : master_(master), options_(options) {
+  // Pings are not RPCs of the master's: they count nowhere.
+  for (uint8_t m = 1; m < direct::kMaxMethod; ++m) {
+    stats_[m] = metrics->For(direct::MethodName(static_cast<DirectMethod>(m)));
+  }
+  connections_ = &metrics::BuildGauge()
+                      .Name("tierkv_master_direct_connections")
+                      .Help("Open direct RPC connections")
+                      .Register(master->metrics())
+                      .Add({});
+  refused_ = &metrics::BuildCounter()
+                  .Name("tierkv_master_direct_refused_total")
+                  .Help("Direct RPC connections closed for a malformed frame or at the connection cap")
+                  .Register(master->metrics())
+                  .Add({});
+}
+
+DirectLane::~DirectLane() { Stop(); }
+
+void DirectLane::Start(transport::tcp::Fd listener, grpc::Server* grpc) {
+  listener_ = std::move(listener);
+  grpc_ = grpc;
+  acceptor_ = std::thread([this] { AcceptLoop(); });
+}
+
+void DirectLane::StopAccepting() {
+  if (accepting_stopped_) return;
+  accepting_stopped_ = true;
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  // Wakes accept(): it returns EINVAL on a shut-down listener.
+  if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+}
+
+void DirectLane::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  StopAccepting();
+  std::list<std::unique_ptr<Conn>> conns;
+  {
+    MutexLock lock(&mu_);
+    // A blocked recv returns 0; a running handler finishes and its reply fails.
+    for (auto& c : conns_) {
+      if (c->fd >= 0) ::shutdown(c->fd, SHUT_RDWR);
+    }
+    conns.swap(conns_);
+  }
+  for (auto& c : conns) c->thread.join();
+}
+
+void DirectLane::Close(Conn* conn) {
+  MutexLock lock(&mu_);
+  if (conn->fd >= 0) {
+    ::close(conn->fd);
+    conn->fd = -1;
+  }
+}
+
+void DirectLane::AcceptLoop() {
+  for (;;) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors: wait for some to close instead of spinning.
+        TKV_LOG(WARNING) << "master rpc port: accept: " << strerror(errno);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      return;  // the listener was shut down
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    MutexLock lock(&mu_);
+    if (stopping_) {
+      ::close(fd);
+      return;
+    }
+    // Finished threads are joined here, so their number stays bounded.
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if ((*it)->done.load()) {
+        (*it)->thread.join();
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (unread_ >= options_.max_unread) {
+      refused_->Increment();
+      ::close(fd);
+      continue;
+    }
+    ++unread_;
+    auto conn = std::make_unique<Conn>();
+    conn->fd = fd;
+    Conn* c = conn.get();
+    c->thread = std::thread([this, c, peer = PeerName(addr)]() mutable {
+      Serve(c, std::move(peer));
+      c->done.store(true);
+    });
+    conns_.push_back(std::move(conn));
+  }
+}
+
+void DirectLane::Serve(Conn* conn, std::string peer) {
+  int fd;
+  {
+    MutexLock lock(&mu_);
+    fd = conn->fd;
+  }
+  // The first four bytes say which protocol this is; both kinds of client
+  // speak first (gRPC sends the HTTP/2 preface on connecting).
+  transport::tcp::SetTimeouts(fd, options_.first_bytes_timeout);
+  char magic[4];
+  ssize_t n;
+  do {
+    n = ::recv(fd, magic, sizeof magic, MSG_PEEK | MSG_WAITALL);
+  } while (n < 0 && errno == EINTR);
+  uint32_t first = 0;
+  if (n == sizeof magic) std::memcpy(&first, magic, 4);
+  enum { kDrop, kGrpc, kDirect, kOverCap } route = kDrop;
+  {
+    MutexLock lock(&mu_);
+    --unread_;
+    if (n != sizeof magic || stopping_) {
+      route = kDrop;
+    } else if (first != direct::kCallMagic) {
+      route = kGrpc;
+      // gRPC expects the socket as it would have accepted it.
+      transport::tcp::SetTimeouts(fd, absl::ZeroDuration());
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+      grpc::AddInsecureChannelFromFd(grpc_, fd);
+      conn->fd = -1;
+    } else if (direct_ < options_.max_connections) {
+      route = kDirect;
+      ++direct_;
+    } else {
+      route = kOverCap;
+    }
+  }
+  if (route == kGrpc) return;
+  if (route == kOverCap) {
+    refused_->Increment();
+    // The first call (a client's ping) is read before the answer, so the
+    // close that follows is a FIN the client reads after it, not a reset.
+    char header[direct::kHeaderSize];
+    if (transport::tcp::RecvAll(fd, header, sizeof header).ok()) {
+      std::string buf;
+      FrameReply<v1::StatsResponse>(
+          absl::ResourceExhaustedError(absl::StrCat("the master's direct lane is at its cap of ",
+                                                    options_.max_connections, " connections; use gRPC")),
+          nullptr, &buf);
+      (void)SendAll(fd, buf);
+    }
+  }
+  if (route != kDirect) {
+    Close(conn);
+    return;
+  }
+  connections_->Increment();
+  transport::tcp::SetTimeouts(fd, options_.idle_timeout);
+  std::string buf;
+  char header[direct::kHeaderSize];
+  while (transport::tcp::RecvAll(fd, header, sizeof header).ok() && Call(fd, peer, header, &buf)) {
+  }
+  connections_->Decrement();
+  {
+    MutexLock lock(&mu_);
+    --direct_;
+  }
+  Close(conn);
+}
+
+bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::string* buf) {
+  absl::StatusOr<direct::CallHeader> h = direct::DecodeCall(header, options_.max_message);
+  if (!h.ok()) {
+    // The rest of the frame cannot be found: answer, then close.
+    refused_->Increment();
+    FrameReply<v1::StatsResponse>(h.status(), nullptr, buf);
+    if (SendAll(fd, *buf).ok()) DrainBeforeClose(fd);
+    return false;
+  }
+  buf->resize(h->length);
+  if (!transport::tcp::RecvAll(fd, buf->data(), h->length).ok()) return false;
+  if (h->method == DirectMethod::kPing) {
+    FrameReply<v1::StatsResponse>(absl::OkStatus(), nullptr, buf);
+    return SendAll(fd, *buf).ok();
+  }
+  const rpc::MethodStats& st = stats_[static_cast<uint8_t>(h->method)];
+  const char* name = direct::MethodName(h->method);
+  st.calls->Increment();
+  // Parses, checks the item count, runs the handler and frames the reply.
+  auto run = [&]<class Req, class Resp>(Req* req, Resp* resp, auto items, auto handler) {
+    if (!req->ParseFromArray(buf->data(), static_cast<int>(buf->size()))) {
+      st.errors->Increment();
+      FrameReply<Resp>(absl::InvalidArgumentError(absl::StrCat(name, ": the request does not parse")), nullptr,
+                       buf);
+      return;
+    }
+    const int n = items(*req);
+    if (static_cast<size_t>(n) > options_.limits.max_batch) {
+      st.errors->Increment();
+      FrameReply<Resp>(absl::ResourceExhaustedError(absl::StrCat(name, ": ", n, " items exceeds the batch limit of ",
+                                                                 options_.limits.max_batch)),
+                       nullptr, buf);
+      return;
+    }
+    st.items->Increment(n);
+    absl::Time start = absl::Now();
+    handler(*req, resp);
+    st.latency->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+    FrameReply(absl::OkStatus(), resp, buf);
+  };
+  auto keys = [](const auto& r) { return r.keys_size(); };
+  Master* m = master_;
+  switch (h->method) {
+    case DirectMethod::kPutStart: {
+      v1::PutStartRequest req;
+      v1::PutStartResponse resp;
+      run(&req, &resp, [](const auto& r) { return r.items_size(); }, [&](const auto& r, auto* out) {
+        rpc::PutStart(m, r, r.client_id().empty() ? peer : r.client_id(), out);
+      });
+      break;
+    }
+    case DirectMethod::kPutEnd: {
+      v1::KeysRequest req;
+      v1::KeysResponse resp;
+      run(&req, &resp, keys, [m](const auto& r, auto* out) { rpc::PutEnd(m, r, out); });
+      break;
+    }
+    case DirectMethod::kPutRevoke: {
+      v1::KeysRequest req;
+      v1::KeysResponse resp;
+      run(&req, &resp, keys, [m](const auto& r, auto* out) { rpc::PutRevoke(m, r, out); });
+      break;
+    }
+    case DirectMethod::kGetReplicas: {
+      v1::KeysRequest req;
+      v1::GetReplicasResponse resp;
+      run(&req, &resp, keys, [m](const auto& r, auto* out) { rpc::GetReplicas(m, r, out); });
+      break;
+    }
+    case DirectMethod::kExists: {
+      v1::KeysRequest req;
+      v1::ExistsResponse resp;
+      run(&req, &resp, keys, [m](const auto& r, auto* out) { rpc::Exists(m, r, out); });
+      break;
+    }
+    case DirectMethod::kPrefixMatch: {
+      v1::KeysRequest req;
+      v1::PrefixMatchResponse resp;
+      run(&req, &resp, keys, [m](const auto& r, auto* out) { rpc::PrefixMatch(m, r, out); });
+      break;
+    }
+    case DirectMethod::kRemove: {
+      v1::RemoveRequest req;
+      v1::KeysResponse resp;
+      run(&req, &resp, keys, [m](const auto& r, auto* out) { rpc::Remove(m, r, out); });
+      break;
+    }
+    case DirectMethod::kStats: {
+      v1::StatsRequest req;
+      v1::StatsResponse resp;
+      run(&req, &resp, [](const auto&) { return 0; }, [m](const auto& r, auto* out) { rpc::Stats(m, r, out); });
+      break;
+    }
+    case DirectMethod::kPing:
+      break;  // answered above
+  }
+  // Lets a test lose a reply after its call ran, as a dying master would.
+  if (TIERKV_FAILPOINT("master.direct.drop_reply")) return false;
+  return SendAll(fd, *buf).ok();
+}
+
+}  // namespace tierkv::master

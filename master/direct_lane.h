@@ -1,0 +1,110 @@
+// DirectLane: the master's RPC port. It accepts every connection itself
+// and reads its first four bytes: a direct call frame
+// (proto/direct_frame.h) is served on a thread of the connection's own,
+// which runs each call's handler inline, so a lookup costs the master one
+// wake-up instead of gRPC's poller hand-offs (docs/performance.md);
+// anything else (an HTTP/2 preface) is handed to the gRPC server as it is.
+// One port for both means whatever reaches gRPC (a proxy, a firewall rule)
+// reaches the direct lane too, and a client needs no second address.
+//
+// Limits, each answered with a status and never a crash:
+//   - a request above `max_message` bytes: RESOURCE_EXHAUSTED, and the
+//     connection closes (the rest of the frame is not read);
+//   - a frame with a bad magic or unknown method: INVALID_ARGUMENT, closes;
+//   - a request that does not parse: INVALID_ARGUMENT, the connection stays;
+//   - more items than `limits.max_batch`: RESOURCE_EXHAUSTED, as over gRPC;
+//   - past `max_connections` direct connections, a new one's first call is
+//     answered RESOURCE_EXHAUSTED and it closes (its client uses gRPC);
+//     gRPC's connections never count;
+//   - past `max_unread` connections not yet past their first bytes, a new
+//     connection is closed at once (a flood of silent connections);
+//   - a connection that sends nothing for `first_bytes_timeout` after
+//     connecting, or is idle for `idle_timeout`, is closed.
+// Metrics: tierkv_master_rpc_* per method (shared with gRPC),
+// tierkv_master_direct_connections, tierkv_master_direct_refused_total.
+//
+//   DirectLane lane(master, &metrics, options);
+//   lane.Start(std::move(listener), grpc_server);  // after BuildAndStart
+//   ...
+//   lane.StopAccepting();  // before the gRPC server's Shutdown
+//   grpc_server->Shutdown();
+//   lane.Stop();           // joins every connection's thread
+#pragma once
+
+#include <atomic>
+#include <list>
+#include <memory>
+#include <thread>
+
+#include "absl/time/time.h"
+#include "config/base/mutex.h"
+#include "master/grpc_service.h"
+#include "master/master.h"
+#include "master/rpc_handlers.h"
+#include "proto/direct_frame.h"
+#include "transport/tcp/socket.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace tierkv::master {
+
+class DirectLane {
+ public:
+  struct Options {
+    ServiceLimits limits;
+    uint32_t max_message = 16 << 20;
+    size_t max_connections = 4096;
+    size_t max_unread = 1024;
+    absl::Duration idle_timeout = absl::Minutes(5);
+    absl::Duration first_bytes_timeout = absl::Seconds(10);
+  };
+
+  // `master` and `metrics` must outlive it.
+  DirectLane(Master* master, rpc::RpcMetrics* metrics, Options options);
+  ~DirectLane();
+  DirectLane(const DirectLane&) = delete;
+  DirectLane& operator=(const DirectLane&) = delete;
+
+  // Serves `listener` (bound and listening). `grpc` is started and takes
+  // every connection that is not direct; it must outlive Stop.
+  void Start(transport::tcp::Fd listener, grpc::Server* grpc);
+  // No new connections after it returns; idempotent.
+  void StopAccepting();
+  // StopAccepting, then shuts every direct connection down (a handler
+  // running finishes first) and joins the threads. Idempotent.
+  void Stop();
+
+ private:
+  struct Conn {
+    std::thread thread;
+    int fd = -1;  // guarded by mu_; -1 once the thread closed or handed it on
+    std::atomic<bool> done{false};
+  };
+
+  void AcceptLoop();
+  void Serve(Conn* conn, std::string peer);
+  // Closes conn->fd under mu_ (so Stop never shuts a reused number).
+  void Close(Conn* conn);
+  // Runs one call; false when the connection must close after the reply.
+  bool Call(int fd, const std::string& peer, const char* header, std::string* buf);
+
+  Master* const master_;
+  const Options options_;
+  rpc::MethodStats stats_[direct::kMaxMethod + 1];
+  metrics::Gauge* connections_;
+  metrics::Counter* refused_;
+  transport::tcp::Fd listener_;
+  grpc::Server* grpc_ = nullptr;
+  std::thread acceptor_;
+  Mutex mu_;
+  std::list<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  size_t unread_ ABSL_GUARDED_BY(mu_) = 0;  // connections before their first bytes
+  size_t direct_ ABSL_GUARDED_BY(mu_) = 0;  // connections identified as direct
+  bool accepting_stopped_ = false;
+  bool stopped_ = false;
+};
+
+}  // namespace tierkv::master
