@@ -47,7 +47,7 @@ void FrameReply(const absl::Status& status, const Resp* resp, std::string* buf) 
   h.length = static_cast<uint32_t>(body);
   buf->resize(direct::kHeaderSize + message.size() + body);
   direct::EncodeReply(h, buf->data());
-  std::memcpy(buf->data() + direct::kHeaderSize, message.data(), message.size());
+  if (!message.empty()) std::memcpy(buf->data() + direct::kHeaderSize, message.data(), message.size());
   if (body > 0) {
     resp->SerializeWithCachedSizesToArray(
         reinterpret_cast<uint8_t*>(buf->data() + direct::kHeaderSize + message.size()));

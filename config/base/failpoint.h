@@ -11,6 +11,7 @@
 //
 // The failpoints: client.put.after_start, client.put.before_end,
 // transport.tcp.serve, master.persist.write, master.rpc.put_end,
+// master.direct.drop_reply,
 // store.heartbeat,
 // store.ssd.direct, store.ssd.scan, store.ssd.write, store.ssd.write_full,
 // store.ssd.read (docs/faults.md says where each sits).
