@@ -14,6 +14,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "master/direct_lane.h"
 #include "proto/direct_frame.h"
+#include "proto/master.grpc.pb.h"
 #include "tests/fuzz/fuzz.h"
 #include "tests/fuzz/master_fixture.h"
 
@@ -25,11 +26,15 @@ struct Fixture {
   ManualClock clock;
   std::unique_ptr<master::Master> master = fuzz::NewFuzzMaster(&clock);
   master::rpc::RpcMetrics metrics{master.get()};
+  // Takes what is not direct; every method UNIMPLEMENTED (a gRPC server
+  // needs a service to start).
+  v1::Master::Service unimplemented;
   std::unique_ptr<grpc::Server> grpc;
   std::unique_ptr<master::DirectLane> lane;
   int port = 0;
   Fixture() {
     grpc::ServerBuilder builder;
+    builder.RegisterService(&unimplemented);
     grpc = builder.BuildAndStart();
     if (grpc == nullptr) std::abort();
     auto listener = transport::tcp::Listen("127.0.0.1", 0, &port);
