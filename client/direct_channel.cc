@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "config/base/status.h"
 
@@ -37,6 +38,11 @@ void DirectChannel::BackOff(absl::Duration d) {
   off_until_ = std::max(off_until_, absl::Now() + d);
 }
 
+void DirectChannel::DropIdle() {
+  MutexLock lock(&mu_);
+  idle_.clear();
+}
+
 void DirectChannel::Give(transport::tcp::Fd fd) {
   MutexLock lock(&mu_);
   if (idle_.size() < kMaxIdleConnections) idle_.push_back({std::move(fd), absl::Now()});
@@ -50,18 +56,24 @@ absl::StatusOr<transport::tcp::Fd> DirectChannel::Take(absl::Time deadline, Outc
     while (!idle_.empty()) {
       Idle idle = std::move(idle_.back());
       idle_.pop_back();
-      if (now - idle.since < kMaxIdle && StillOpen(idle.fd.get())) return std::move(idle.fd);
+      if (now - idle.since < max_idle_ && StillOpen(idle.fd.get())) return std::move(idle.fd);
     }
   }
   const absl::Time connect_by = std::min(deadline, now + kMaxConnect);
   absl::StatusOr<transport::tcp::Fd> fd = transport::tcp::Dial(address_, connect_by);
   if (!fd.ok()) {
-    BackOff(kDialBackoff);
+    // An address the lane cannot dial (a gRPC target URI, say) will not
+    // become dialable: gRPC alone serves it.
+    BackOff(absl::IsInvalidArgument(fd.status()) ? kUnsupportedBackoff : kDialBackoff);
     return fd.status();
   }
-  std::string buf;
+  std::string buf, idle;
   absl::Status answer;
-  absl::Status s = Exchange(fd->get(), DirectMethod::kPing, nullptr, connect_by, &buf, &answer);
+  absl::Status s = Exchange(fd->get(), DirectMethod::kPing, nullptr, connect_by, &buf, &answer, &idle);
+  if (int64_t ms = 0; s.ok() && answer.ok() && absl::SimpleAtoi(idle, &ms) && ms > 0) {
+    MutexLock lock(&mu_);
+    max_idle_ = std::min(kMaxIdle, absl::Milliseconds(ms) / 2);
+  }
   if (!s.ok() || !answer.ok()) {
     // A master without the lane hands the frame to gRPC, which closes.
     BackOff(s.ok() || absl::IsUnavailable(s) ? kUnsupportedBackoff : kDialBackoff);
@@ -72,7 +84,8 @@ absl::StatusOr<transport::tcp::Fd> DirectChannel::Take(absl::Time deadline, Outc
 }
 
 absl::Status DirectChannel::Exchange(int fd, DirectMethod method, const google::protobuf::MessageLite* req,
-                                     absl::Time deadline, std::string* buf, absl::Status* answer) {
+                                     absl::Time deadline, std::string* buf, absl::Status* answer,
+                                     std::string* message_out) {
   const size_t body = req != nullptr ? req->ByteSizeLong() : 0;
   if (body > max_message_) {
     *answer = absl::ResourceExhaustedError(
@@ -94,11 +107,15 @@ absl::Status DirectChannel::Exchange(int fd, DirectMethod method, const google::
   buf->resize(h->length);
   RETURN_IF_ERROR(transport::tcp::ReadFull(fd, buf->data(), buf->size(), deadline));
   *answer = h->code == 0 ? absl::OkStatus() : absl::Status(static_cast<absl::StatusCode>(h->code), message);
+  if (message_out != nullptr) *message_out = std::move(message);
   return absl::OkStatus();
 }
 
 DirectChannel::Result DirectChannel::Call(DirectMethod method, const google::protobuf::MessageLite& req,
                                           google::protobuf::MessageLite* resp, absl::Time deadline) {
+  if (req.ByteSizeLong() > kMaxRequest) {
+    return {Outcome::kNotSent, absl::ResourceExhaustedError("large requests go over gRPC")};
+  }
   Outcome failure;
   absl::StatusOr<transport::tcp::Fd> fd = Take(deadline, &failure);
   if (!fd.ok()) return {failure, fd.status()};
@@ -106,7 +123,9 @@ DirectChannel::Result DirectChannel::Call(DirectMethod method, const google::pro
   absl::Status answer;
   absl::Status s = Exchange(fd->get(), method, &req, deadline, &buf, &answer);
   if (!s.ok()) {
-    // Whether the master ran it is unknown; the connection's state too.
+    // Whether the master ran it is unknown; the connection's state too,
+    // and the pooled ones may be as dead.
+    DropIdle();
     return {Outcome::kLost, absl::IsDeadlineExceeded(s) ? s : absl::UnavailableError(s.message())};
   }
   if (answer.ok() && !resp->ParseFromArray(buf.data(), static_cast<int>(buf.size()))) {

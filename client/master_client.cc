@@ -37,7 +37,8 @@ absl::StatusOr<std::unique_ptr<MasterClient>> MasterClient::Create(const std::st
 MasterClient::MasterClient(std::string address, MasterClientOptions options,
                            std::unique_ptr<v1::Master::Stub> stub)
     : address_(std::move(address)), options_(options), stub_(std::move(stub)) {
-  if (options_.direct) {
+  // A gRPC target URI ("dns:///h:p", "unix:...") names nothing the lane can dial.
+  if (options_.direct && address_.find('/') == std::string::npos && address_.rfind("unix:", 0) != 0) {
     direct_ = std::make_unique<internal::DirectChannel>(address_, static_cast<uint32_t>(options_.max_message_size));
   }
 }

@@ -9,16 +9,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "config/base/failpoint.h"
 #include "config/base/log.h"
 #include "proto/direct_frame.h"
 
 namespace tierkv::master {
-namespace {
 
 using direct::DirectMethod;
 
@@ -32,9 +34,27 @@ std::string PeerName(const sockaddr_storage& addr) {
     return absl::StrCat("ipv4:", host, ":", ntohs(a->sin_port));
   }
   const auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
+  if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
+    // An IPv4 client of a dual-stack port is named as an IPv4 one.
+    inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], host, sizeof host);
+    return absl::StrCat("ipv4:", host, ":", ntohs(a->sin6_port));
+  }
   inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
   return absl::StrCat("ipv6:[", host, "]:", ntohs(a->sin6_port));
 }
+
+std::string GrpcPeerName(const std::string& peer) {
+  // Connections handed over by fd are named "fd:<n>" by gRPC; the socket
+  // itself knows its peer (the call holds the connection open).
+  int fd = -1;
+  if (peer.rfind("fd:", 0) != 0 || !absl::SimpleAtoi(peer.substr(3), &fd)) return peer;
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return peer;
+  return PeerName(addr);
+}
+
+namespace {
 
 // Frames a reply in `buf`: header, status message, then `resp` if given.
 template <class Resp>
@@ -144,14 +164,18 @@ void DirectLane::AcceptLoop() {
     socklen_t len = sizeof addr;
     int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        // Out of descriptors: wait for some to close instead of spinning.
-        TKV_LOG(WARNING) << "master rpc port: accept: " << strerror(errno);
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        continue;
+      const int err = errno;
+      if (err == EINVAL || err == EBADF) return;  // the listener was shut down
+      {
+        MutexLock lock(&mu_);
+        if (stopping_) return;
       }
-      return;  // the listener was shut down
+      if (err == EINTR || err == ECONNABORTED) continue;
+      // Out of descriptors or memory, or a network error accept(2) says to
+      // retry: the port must never stop for good, so wait and try again.
+      TKV_LOG(WARNING) << "master rpc port: accept: " << strerror(err);
+      std::this_thread::sleep_for(std::chrono::milliseconds(err == EMFILE || err == ENFILE ? 50 : 5));
+      continue;
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -170,18 +194,40 @@ void DirectLane::AcceptLoop() {
       }
     }
     if (unread_ >= options_.max_unread) {
+      // A flood of silent connections must not lock new ones (gRPC's
+      // included) out: the oldest still unread one goes instead.
+      bool evicted = false;
+      for (auto& c : conns_) {
+        if (c->unread && c->fd >= 0) {
+          ::shutdown(c->fd, SHUT_RDWR);
+          c->unread = false;  // its thread still counts it until it ends
+          evicted = true;
+          break;
+        }
+      }
+      refused_->Increment();
+      if (!evicted) {
+        ::close(fd);
+        continue;
+      }
+    }
+    auto conn = std::make_unique<Conn>();
+    conn->fd = fd;
+    conn->unread = true;
+    Conn* c = conn.get();
+    try {
+      c->thread = std::thread([this, c, peer = PeerName(addr)]() mutable {
+        Serve(c, std::move(peer));
+        c->done.store(true);
+      });
+    } catch (const std::system_error& e) {
+      // Out of threads (a pids cgroup, RLIMIT_NPROC): refuse this one.
+      TKV_LOG(WARNING) << "master rpc port: no thread for a connection: " << e.what();
       refused_->Increment();
       ::close(fd);
       continue;
     }
     ++unread_;
-    auto conn = std::make_unique<Conn>();
-    conn->fd = fd;
-    Conn* c = conn.get();
-    c->thread = std::thread([this, c, peer = PeerName(addr)]() mutable {
-      Serve(c, std::move(peer));
-      c->done.store(true);
-    });
     conns_.push_back(std::move(conn));
   }
 }
@@ -205,7 +251,6 @@ void DirectLane::Serve(Conn* conn, std::string peer) {
   enum { kDrop, kGrpc, kDirect, kOverCap } route = kDrop;
   {
     MutexLock lock(&mu_);
-    --unread_;
     if (n != sizeof magic || stopping_) {
       route = kDrop;
     } else if (first != direct::kCallMagic) {
@@ -219,7 +264,11 @@ void DirectLane::Serve(Conn* conn, std::string peer) {
       route = kDirect;
       ++direct_;
     } else {
-      route = kOverCap;
+      route = kOverCap;  // still unread (and evictable) until answered and closed
+    }
+    if (route != kOverCap) {
+      conn->unread = false;
+      --unread_;
     }
   }
   if (route == kGrpc) return;
@@ -239,6 +288,10 @@ void DirectLane::Serve(Conn* conn, std::string peer) {
   }
   if (route != kDirect) {
     Close(conn);
+    if (route == kOverCap) {
+      MutexLock lock(&mu_);
+      --unread_;
+    }
     return;
   }
   connections_->Increment();
@@ -247,12 +300,10 @@ void DirectLane::Serve(Conn* conn, std::string peer) {
   char header[direct::kHeaderSize];
   while (transport::tcp::RecvAll(fd, header, sizeof header).ok() && Call(fd, peer, header, &buf)) {
   }
-  connections_->Decrement();
-  {
-    MutexLock lock(&mu_);
-    --direct_;
-  }
   Close(conn);
+  connections_->Decrement();
+  MutexLock lock(&mu_);
+  --direct_;
 }
 
 bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::string* buf) {
@@ -264,10 +315,24 @@ bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::
     if (SendAll(fd, *buf).ok()) DrainBeforeClose(fd);
     return false;
   }
-  buf->resize(h->length);
-  if (!transport::tcp::RecvAll(fd, buf->data(), h->length).ok()) return false;
+  // The buffer grows with the bytes that arrive (at most doubling), so a
+  // header that claims a large request costs no memory until it is sent.
+  buf->clear();
+  while (buf->size() < h->length) {
+    const size_t have = buf->size();
+    const size_t next = std::min<size_t>(h->length, std::max<size_t>(have * 2, 64 << 10));
+    buf->resize(next);
+    if (!transport::tcp::RecvAll(fd, buf->data() + have, next - have).ok()) return false;
+  }
   if (h->method == DirectMethod::kPing) {
-    FrameReply<v1::StatsResponse>(absl::OkStatus(), nullptr, buf);
+    // The reply's message is the idle timeout in ms, so a client never
+    // reuses a connection the master is about to close.
+    direct::ReplyHeader ping;
+    const std::string idle = absl::StrCat(absl::ToInt64Milliseconds(options_.idle_timeout));
+    ping.message_length = static_cast<uint32_t>(idle.size());
+    buf->resize(direct::kHeaderSize);
+    direct::EncodeReply(ping, buf->data());
+    buf->append(idle);
     return SendAll(fd, *buf).ok();
   }
   const rpc::MethodStats& st = stats_[static_cast<uint8_t>(h->method)];
@@ -293,6 +358,14 @@ bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::
     absl::Time start = absl::Now();
     handler(*req, resp);
     st.latency->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+    if (resp->ByteSizeLong() > options_.max_message) {
+      st.errors->Increment();
+      FrameReply<Resp>(absl::ResourceExhaustedError(absl::StrCat(name, ": a response of ", resp->ByteSizeLong(),
+                                                                 " bytes exceeds the master's limit of ",
+                                                                 options_.max_message)),
+                       nullptr, buf);
+      return;
+    }
     FrameReply(absl::OkStatus(), resp, buf);
   };
   auto keys = [](const auto& r) { return r.keys_size(); };
@@ -353,7 +426,10 @@ bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::
   }
   // Lets a test lose a reply after its call ran, as a dying master would.
   if (TIERKV_FAILPOINT("master.direct.drop_reply")) return false;
-  return SendAll(fd, *buf).ok();
+  const bool sent = SendAll(fd, *buf).ok();
+  // An idle connection keeps no large call's memory.
+  if (buf->capacity() > (1u << 20)) std::string().swap(*buf);
+  return sent;
 }
 
 }  // namespace tierkv::master

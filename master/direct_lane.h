@@ -16,8 +16,11 @@
 //   - past `max_connections` direct connections, a new one's first call is
 //     answered RESOURCE_EXHAUSTED and it closes (its client uses gRPC);
 //     gRPC's connections never count;
-//   - past `max_unread` connections not yet past their first bytes, a new
-//     connection is closed at once (a flood of silent connections);
+//   - past `max_unread` connections not yet past their first bytes, the
+//     oldest of them is closed for each new one (a flood of silent
+//     connections cannot lock gRPC's out); no thread to be had: closed;
+//   - a header's length costs memory only as its bytes arrive; a response
+//     above `max_message`: RESOURCE_EXHAUSTED;
 //   - a connection that sends nothing for `first_bytes_timeout` after
 //     connecting, or is idle for `idle_timeout`, is closed.
 // Metrics: tierkv_master_rpc_* per method (shared with gRPC),
@@ -30,6 +33,8 @@
 //   grpc_server->Shutdown();
 //   lane.Stop();           // joins every connection's thread
 #pragma once
+
+#include <sys/socket.h>
 
 #include <atomic>
 #include <list>
@@ -49,6 +54,13 @@ class Server;
 }
 
 namespace tierkv::master {
+
+// A connection's peer as gRPC names one ("ipv4:a.b.c.d:port",
+// "ipv6:[..]:port"), from its address; and a gRPC call's peer with the
+// "fd:<n>" of a connection the lane handed over resolved to that form, so
+// the per-client put cap keys a caller alike on both lanes.
+std::string PeerName(const sockaddr_storage& addr);
+std::string GrpcPeerName(const std::string& peer);
 
 class DirectLane {
  public:
@@ -80,6 +92,7 @@ class DirectLane {
   struct Conn {
     std::thread thread;
     int fd = -1;  // guarded by mu_; -1 once the thread closed or handed it on
+    bool unread = false;  // guarded by mu_; before its first bytes
     std::atomic<bool> done{false};
   };
 

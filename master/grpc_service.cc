@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "config/base/metrics.h"
 #include "config/base/mutex.h"
+#include "master/direct_lane.h"
 #include "master/rpc_handlers.h"
 
 namespace tierkv::master {
@@ -238,7 +239,7 @@ class MasterRpcService::Impl {
     put_start_ = MakeMethod<v1::PutStartRequest, v1::PutStartResponse>(
         "PutStart", &S::RequestPutStart,
         [](Master* m, grpc::ServerContext* ctx, const auto& req, auto* resp) {
-          rpc::PutStart(m, req, req.client_id().empty() ? ctx->peer() : req.client_id(), resp);
+          rpc::PutStart(m, req, req.client_id().empty() ? GrpcPeerName(ctx->peer()) : req.client_id(), resp);
         },
         [](const auto& req) { return req.items_size(); });
     put_end_ = MakeMethod<v1::KeysRequest, v1::KeysResponse>(

@@ -9,7 +9,12 @@
 // (`usable()` false; the caller uses gRPC). An idle connection is checked
 // (a non-blocking poll) before it carries a call, so one the master closed
 // (a restart) is redialed instead of failing a call; connections idle past
-// kMaxIdle are not reused (the master closes them after its idle timeout).
+// kMaxIdle, or half the idle timeout the master states in its ping reply,
+// are not reused, so none is reused as the master closes it. A call whose
+// reply is lost empties the pool: the others may be as dead (a master host
+// gone without closing them). Requests above kMaxRequest go over gRPC:
+// large batches gain nothing from the lane, and gRPC refuses one past the
+// master's message limit before sending it.
 //
 // Thread-safe.
 #pragma once
@@ -34,6 +39,7 @@ class DirectChannel {
   // After a master closed a ping, or a dial failed: how long to use gRPC.
   static constexpr absl::Duration kUnsupportedBackoff = absl::Seconds(30);
   static constexpr absl::Duration kDialBackoff = absl::Milliseconds(500);
+  static constexpr size_t kMaxRequest = 1 << 20;
 
   DirectChannel(std::string address, uint32_t max_message)
       : address_(std::move(address)), max_message_(max_message) {}
@@ -61,16 +67,20 @@ class DirectChannel {
   // An idle connection that is still open, or a new, pinged one.
   absl::StatusOr<transport::tcp::Fd> Take(absl::Time deadline, Outcome* failure);
   void Give(transport::tcp::Fd fd);
+  void DropIdle();
   void BackOff(absl::Duration d);
-  // One frame out and its reply in; `buf` holds the reply's response bytes.
+  // One frame out and its reply in; `buf` holds the reply's response bytes
+  // and `message` (if given) its status message.
   absl::Status Exchange(int fd, direct::DirectMethod method, const google::protobuf::MessageLite* req,
-                        absl::Time deadline, std::string* buf, absl::Status* answer);
+                        absl::Time deadline, std::string* buf, absl::Status* answer,
+                        std::string* message = nullptr);
 
   const std::string address_;
   const uint32_t max_message_;
   Mutex mu_;
   std::vector<Idle> idle_ ABSL_GUARDED_BY(mu_);
   absl::Time off_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Duration max_idle_ ABSL_GUARDED_BY(mu_) = kMaxIdle;
 };
 
 }  // namespace tierkv::client::internal

@@ -68,11 +68,7 @@ void Exchange(int port, const uint8_t* data, size_t size) {
   // Best effort: a server that refuses a frame closes early, which ends the send.
   (void)tierkv::transport::tcp::WriteFull(fd->get(), data, size, deadline);
   ::shutdown(fd->get(), SHUT_WR);
-  char buf[65536];
-  while (absl::Now() < deadline) {
-    ssize_t n = ::recv(fd->get(), buf, sizeof(buf), 0);
-    if (n <= 0) break;
-  }
+  tierkv::fuzz::DrainUntilClosed(fd->get(), deadline);
 }
 
 }  // namespace
@@ -110,7 +106,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // with the first one: libFuzzer's leak check runs after each input, and
   // must not catch a server thread between allocating and freeing.
   ::shutdown(fd->get(), SHUT_WR);
-  while (absl::Now() < deadline && ::recv(fd->get(), reply, sizeof(reply), 0) > 0) {
-  }
+  tierkv::fuzz::DrainUntilClosed(fd->get(), deadline);
   return 0;
 }

@@ -496,6 +496,7 @@ class RawDirect {
     if (body != nullptr) *body = payload;
     return reply.code == 0 ? absl::OkStatus() : absl::Status(static_cast<absl::StatusCode>(reply.code), message);
   }
+  void HalfClose() { ::shutdown(fd_.get(), SHUT_WR); }
   // True once the master has closed its end (EOF within 5 s; what it
   // sends before, such as gRPC's GOAWAY, is skipped).
   bool ClosedByMaster() {
@@ -591,11 +592,12 @@ TEST_F(MasterProcessTest, HostileDirectFramesGetAStatusAndTheMasterStaysUp) {
     EXPECT_FALSE(present.present(0));
   }
   {
-    // Longer than --max-message-size: refused before it is read, closed.
+    // Longer than --max-message-size: refused from its header, and the
+    // reply reaches the client although part of the body was sent.
     RawDirect raw(master_->port("rpc"));
     std::string frame(direct::kHeaderSize, '\0');
     direct::EncodeCall({direct::DirectMethod::kPutStart, 1u << 20}, frame.data());
-    raw.Send(frame);
+    raw.Send(frame + std::string(64 << 10, 'b'));
     absl::Status s = raw.Reply();
     EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
     EXPECT_NE(s.message().find("exceeds the master's limit of 65536"), std::string::npos) << s;
@@ -621,6 +623,8 @@ TEST_F(MasterProcessTest, HostileDirectFramesGetAStatusAndTheMasterStaysUp) {
     std::string frame(direct::kHeaderSize, '\0');
     direct::EncodeCall({direct::DirectMethod::kGetReplicas, 100}, frame.data());
     raw.Send(frame + "abc");
+    raw.HalfClose();
+    EXPECT_TRUE(raw.ClosedByMaster());
   }
   {
     // Bytes that are neither direct nor HTTP/2 go to gRPC, which drops them.
@@ -695,11 +699,15 @@ TEST_F(MasterProcessTest, ALostDirectReplyRetriesLookupsButNotPuts) {
   v1::PutStartRequest req;
   req.add_items()->set_key("k");
   req.mutable_items(0)->set_size(4096);
+  absl::Time start = absl::Now();
   absl::StatusOr<v1::PutStartResponse> put = c->PutStart(req);
   EXPECT_TRUE(absl::IsUnavailable(put.status())) << put.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));  // not retried, nothing waited for
   EXPECT_EQ(Metrics()["tierkv_master_rpc_total{method=\"PutStart\"}"], 1);
+  start = absl::Now();
   absl::StatusOr<std::vector<bool>> present = c->Exists({"k"});
   EXPECT_TRUE(absl::IsUnavailable(present.status())) << present.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));  // retried within its 3 s budget
   EXPECT_GT(Metrics()["tierkv_master_rpc_total{method=\"Exists\"}"], 1);
   EXPECT_TRUE(Get("absent").hit == false);  // gRPC still answers
 }

@@ -1,15 +1,24 @@
-// The master's direct frames, and a client of a master without the
-// direct lane (it uses gRPC).
+// The master's direct frames, the lane's limits on connections (in
+// process, with caps small enough to reach), peer names, and a client of a
+// master without the direct lane (it uses gRPC).
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include "client/master_client.h"
+#include "config/base/status.h"
+#include "master/direct_lane.h"
+#include "master/persistence.h"
 #include "proto/direct_frame.h"
 #include "proto/master.grpc.pb.h"
 #include "tests/support/status_matchers.h"
+#include "transport/tcp/socket.h"
 
 namespace tierkv {
 namespace {
@@ -100,6 +109,142 @@ TEST(DirectChannelTest, AMasterWithoutTheLaneIsServedOverGrpc) {
   EXPECT_EQ(service.calls.load(), 2);
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));  // no call waited on the missing lane
   server->Shutdown();
+}
+
+
+TEST(DirectPeerTest, PeersAreNamedAsGrpcNamesThem) {
+  sockaddr_storage a{};
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&a);
+  v4->sin_family = AF_INET;
+  v4->sin_port = htons(4242);
+  inet_pton(AF_INET, "10.1.2.3", &v4->sin_addr);
+  EXPECT_EQ(master::PeerName(a), "ipv4:10.1.2.3:4242");
+  sockaddr_storage b{};
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&b);
+  v6->sin6_family = AF_INET6;
+  v6->sin6_port = htons(7);
+  inet_pton(AF_INET6, "::ffff:10.1.2.3", &v6->sin6_addr);
+  EXPECT_EQ(master::PeerName(b), "ipv4:10.1.2.3:7");  // an IPv4 client of a dual-stack port
+  inet_pton(AF_INET6, "fe80::1", &v6->sin6_addr);
+  EXPECT_EQ(master::PeerName(b), "ipv6:[fe80::1]:7");
+  EXPECT_EQ(master::GrpcPeerName("ipv4:1.2.3.4:5"), "ipv4:1.2.3.4:5");
+  EXPECT_EQ(master::GrpcPeerName("fd:notanumber"), "fd:notanumber");
+
+  int port = 0;
+  auto listener = transport::tcp::Listen("127.0.0.1", 0, &port);
+  ASSERT_OK(listener.status());
+  auto dialed = transport::tcp::Dial(absl::StrCat("127.0.0.1:", port), absl::Now() + absl::Seconds(5));
+  ASSERT_OK(dialed.status());
+  transport::tcp::Fd accepted(::accept(listener->get(), nullptr, nullptr));
+  ASSERT_TRUE(accepted.valid());
+  sockaddr_in local{};
+  socklen_t len = sizeof local;
+  ASSERT_EQ(getsockname(dialed->get(), reinterpret_cast<sockaddr*>(&local), &len), 0);
+  EXPECT_EQ(master::GrpcPeerName(absl::StrCat("fd:", accepted.get())),
+            absl::StrCat("ipv4:127.0.0.1:", ntohs(local.sin_port)));
+}
+
+// A direct lane in this process, with caps small enough to reach.
+class DirectLaneTest : public ::testing::Test {
+ protected:
+  void StartLane(master::DirectLane::Options o) {
+    master::MasterOptions mo;
+    auto m = master::Master::Create(mo, master::NewMemStore(), &clock_);
+    ASSERT_OK(m.status());
+    master_ = std::move(*m);
+    metrics_ = std::make_unique<master::rpc::RpcMetrics>(master_.get());
+    grpc::ServerBuilder builder;
+    builder.RegisterService(&unimplemented_);
+    grpc_ = builder.BuildAndStart();
+    ASSERT_NE(grpc_, nullptr);
+    auto listener = transport::tcp::Listen("127.0.0.1", 0, &port_);
+    ASSERT_OK(listener.status());
+    lane_ = std::make_unique<master::DirectLane>(master_.get(), metrics_.get(), o);
+    lane_->Start(std::move(*listener), grpc_.get());
+  }
+  void TearDown() override {
+    if (lane_) lane_->StopAccepting();
+    if (grpc_) grpc_->Shutdown();
+    if (lane_) lane_->Stop();
+  }
+  transport::tcp::Fd Connect() {
+    auto fd = transport::tcp::Dial(absl::StrCat("127.0.0.1:", port_), absl::Now() + absl::Seconds(5));
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    return fd.ok() ? std::move(*fd) : transport::tcp::Fd();
+  }
+  // A ping's answer on `fd`: its status, or the read's error.
+  absl::Status Ping(int fd) {
+    char h[direct::kHeaderSize];
+    direct::EncodeCall({DirectMethod::kPing, 0}, h);
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    RETURN_IF_ERROR(transport::tcp::WriteFull(fd, h, sizeof h, deadline));
+    RETURN_IF_ERROR(transport::tcp::ReadFull(fd, h, sizeof h, deadline));
+    ASSIGN_OR_RETURN(direct::ReplyHeader r, direct::DecodeReply(h, 1 << 20));
+    std::string message(r.message_length, '\0');
+    RETURN_IF_ERROR(transport::tcp::ReadFull(fd, message.data(), message.size(), deadline));
+    return r.code == 0 ? absl::OkStatus() : absl::Status(static_cast<absl::StatusCode>(r.code), message);
+  }
+  // True once the lane has closed `fd` (EOF within 5 s).
+  static bool Closed(int fd) {
+    char c;
+    return absl::IsUnavailable(transport::tcp::ReadFull(fd, &c, 1, absl::Now() + absl::Seconds(5)));
+  }
+
+  ManualClock clock_;
+  std::unique_ptr<master::Master> master_;
+  std::unique_ptr<master::rpc::RpcMetrics> metrics_;
+  v1::Master::Service unimplemented_;
+  std::unique_ptr<grpc::Server> grpc_;
+  std::unique_ptr<master::DirectLane> lane_;
+  int port_ = 0;
+};
+
+// Silent connections past the cap on unread ones push the oldest out: a
+// flood of them never locks a new client out.
+TEST_F(DirectLaneTest, SilentConnectionsPastTheirCapMakeRoomForNewOnes) {
+  master::DirectLane::Options o;
+  o.max_unread = 2;
+  StartLane(o);
+  transport::tcp::Fd silent1 = Connect();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // accepted in this order
+  transport::tcp::Fd silent2 = Connect();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  transport::tcp::Fd client = Connect();
+  EXPECT_OK(Ping(client.get()));
+  EXPECT_TRUE(Closed(silent1.get()));
+  EXPECT_OK(Ping(silent2.get()));  // still served once it speaks
+  EXPECT_OK(Ping(client.get()));
+}
+
+TEST_F(DirectLaneTest, SilentConnectionsAreClosedAfterTheFirstBytesTimeout) {
+  master::DirectLane::Options o;
+  o.first_bytes_timeout = absl::Milliseconds(100);
+  StartLane(o);
+  transport::tcp::Fd silent = Connect();
+  EXPECT_TRUE(Closed(silent.get()));
+  transport::tcp::Fd client = Connect();
+  EXPECT_OK(Ping(client.get()));
+}
+
+TEST_F(DirectLaneTest, ConnectionsPastTheCapAreToldSoAndOthersKeepTheirs) {
+  master::DirectLane::Options o;
+  o.max_connections = 1;
+  StartLane(o);
+  transport::tcp::Fd first = Connect();
+  ASSERT_OK(Ping(first.get()));
+  transport::tcp::Fd second = Connect();
+  absl::Status s = Ping(second.get());
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_TRUE(Closed(second.get()));
+  EXPECT_OK(Ping(first.get()));
+  first = transport::tcp::Fd();  // its place frees once the lane sees it go
+  absl::Status third = absl::UnknownError("not tried");
+  for (int i = 0; i < 100 && !third.ok(); ++i) {
+    transport::tcp::Fd fd = Connect();
+    third = Ping(fd.get());
+    if (!third.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_OK(third);
 }
 
 }  // namespace

@@ -124,6 +124,11 @@ absl::StatusOr<Fd> Dial(const std::string& endpoint, absl::Time deadline) {
 }
 
 absl::StatusOr<Fd> Listen(const std::string& address, int port, int* bound) {
+  // The IPv4 wildcard takes IPv6 too where the host has it, as gRPC's does.
+  if (address == "0.0.0.0") {
+    absl::StatusOr<Fd> both = Listen("::", port, bound);
+    if (both.ok()) return both;
+  }
   sockaddr_storage storage{};
   socklen_t addr_len;
   // An IPv6 literal ("::", "[::1]") binds IPv6; "::" also takes IPv4, as

@@ -33,7 +33,8 @@ absl::StatusOr<Fd> Dial(const std::string& endpoint, absl::Time deadline);
 
 // A listening socket on `address`:`port` (0 picks one); *bound gets the
 // port. `address` is an IPv4 address or host name, or an IPv6 literal
-// (bracketed or not; "::" takes IPv4 too).
+// (bracketed or not). "::" takes IPv4 too, and "0.0.0.0" takes IPv6 too
+// where the host has it (else IPv4 alone), as gRPC's wildcards do.
 absl::StatusOr<Fd> Listen(const std::string& address, int port, int* bound);
 
 // Full reads and writes on a non-blocking socket, polling up to `deadline`.
