@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 #define FUZZ_CHECK(cond)                                                              \
