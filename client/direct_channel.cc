@@ -28,14 +28,13 @@ bool StillOpen(int fd) {
 
 }  // namespace
 
-bool DirectChannel::usable() {
-  MutexLock lock(&mu_);
-  return absl::Now() >= off_until_;
-}
+bool DirectChannel::usable() const { return absl::ToUnixNanos(absl::Now()) >= off_until_ns_.load(std::memory_order_relaxed); }
 
 void DirectChannel::BackOff(absl::Duration d) {
-  MutexLock lock(&mu_);
-  off_until_ = std::max(off_until_, absl::Now() + d);
+  const int64_t until = absl::ToUnixNanos(absl::Now() + d);
+  int64_t seen = off_until_ns_.load(std::memory_order_relaxed);
+  while (seen < until && !off_until_ns_.compare_exchange_weak(seen, until, std::memory_order_relaxed)) {
+  }
 }
 
 void DirectChannel::DropIdle() {
@@ -69,7 +68,7 @@ absl::StatusOr<transport::tcp::Fd> DirectChannel::Take(absl::Time deadline, Outc
   }
   std::string buf, idle;
   absl::Status answer;
-  absl::Status s = Exchange(fd->get(), DirectMethod::kPing, nullptr, connect_by, &buf, &answer, &idle);
+  absl::Status s = Exchange(fd->get(), DirectMethod::kPing, nullptr, 0, connect_by, &buf, &answer, &idle);
   if (int64_t ms = 0; s.ok() && answer.ok() && absl::SimpleAtoi(idle, &ms) && ms > 0) {
     MutexLock lock(&mu_);
     max_idle_ = std::min(kMaxIdle, absl::Milliseconds(ms) / 2);
@@ -84,14 +83,8 @@ absl::StatusOr<transport::tcp::Fd> DirectChannel::Take(absl::Time deadline, Outc
 }
 
 absl::Status DirectChannel::Exchange(int fd, DirectMethod method, const google::protobuf::MessageLite* req,
-                                     absl::Time deadline, std::string* buf, absl::Status* answer,
+                                     size_t body, absl::Time deadline, std::string* buf, absl::Status* answer,
                                      std::string* message_out) {
-  const size_t body = req != nullptr ? req->ByteSizeLong() : 0;
-  if (body > max_message_) {
-    *answer = absl::ResourceExhaustedError(
-        absl::StrCat(direct::MethodName(method), ": a request of ", body, " bytes exceeds the limit of ", max_message_));
-    return absl::OkStatus();
-  }
   buf->resize(direct::kHeaderSize + body);
   direct::EncodeCall({method, static_cast<uint32_t>(body)}, buf->data());
   if (body > 0) {
@@ -113,15 +106,15 @@ absl::Status DirectChannel::Exchange(int fd, DirectMethod method, const google::
 
 DirectChannel::Result DirectChannel::Call(DirectMethod method, const google::protobuf::MessageLite& req,
                                           google::protobuf::MessageLite* resp, absl::Time deadline) {
-  if (req.ByteSizeLong() > kMaxRequest) {
-    return {Outcome::kNotSent, absl::ResourceExhaustedError("large requests go over gRPC")};
-  }
+  // Sizes are computed once: SerializeWithCachedSizes reuses them.
+  const size_t body = req.ByteSizeLong();
+  if (body > kMaxRequest) return {Outcome::kNotSent, absl::ResourceExhaustedError("large requests go over gRPC")};
   Outcome failure;
   absl::StatusOr<transport::tcp::Fd> fd = Take(deadline, &failure);
   if (!fd.ok()) return {failure, fd.status()};
   std::string buf;
   absl::Status answer;
-  absl::Status s = Exchange(fd->get(), method, &req, deadline, &buf, &answer);
+  absl::Status s = Exchange(fd->get(), method, &req, body, deadline, &buf, &answer);
   if (!s.ok()) {
     // Whether the master ran it is unknown; the connection's state too,
     // and the pooled ones may be as dead.

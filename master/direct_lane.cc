@@ -56,14 +56,15 @@ std::string GrpcPeerName(const std::string& peer) {
 
 namespace {
 
-// Frames a reply in `buf`: header, status message, then `resp` if given.
+// Frames a reply in `buf`: header, status message, then `resp` (of `body`
+// bytes, its sizes computed by ByteSizeLong) if given.
 template <class Resp>
-void FrameReply(const absl::Status& status, const Resp* resp, std::string* buf) {
+void FrameReply(const absl::Status& status, const Resp* resp, std::string* buf, size_t body = 0) {
   direct::ReplyHeader h;
   h.code = static_cast<uint8_t>(status.code());
   absl::string_view message = status.message().substr(0, direct::kMaxMessage);
   h.message_length = static_cast<uint32_t>(message.size());
-  const size_t body = resp != nullptr && status.ok() ? resp->ByteSizeLong() : 0;
+  if (resp == nullptr || !status.ok()) body = 0;
   h.length = static_cast<uint32_t>(body);
   buf->resize(direct::kHeaderSize + message.size() + body);
   direct::EncodeReply(h, buf->data());
@@ -358,15 +359,16 @@ bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::
     absl::Time start = absl::Now();
     handler(*req, resp);
     st.latency->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-    if (resp->ByteSizeLong() > options_.max_message) {
+    const size_t body = resp->ByteSizeLong();
+    if (body > options_.max_message) {
       st.errors->Increment();
-      FrameReply<Resp>(absl::ResourceExhaustedError(absl::StrCat(name, ": a response of ", resp->ByteSizeLong(),
+      FrameReply<Resp>(absl::ResourceExhaustedError(absl::StrCat(name, ": a response of ", body,
                                                                  " bytes exceeds the master's limit of ",
                                                                  options_.max_message)),
                        nullptr, buf);
       return;
     }
-    FrameReply(absl::OkStatus(), resp, buf);
+    FrameReply(absl::OkStatus(), resp, buf, body);
   };
   auto keys = [](const auto& r) { return r.keys_size(); };
   Master* m = master_;

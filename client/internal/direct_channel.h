@@ -21,6 +21,7 @@
 
 #include <google/protobuf/message_lite.h>
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -56,8 +57,8 @@ class DirectChannel {
   Result Call(direct::DirectMethod method, const google::protobuf::MessageLite& req,
               google::protobuf::MessageLite* resp, absl::Time deadline);
 
-  // False while the lane is backed off (see above).
-  bool usable();
+  // False while the lane is backed off (see above). Lock-free: every call asks.
+  bool usable() const;
 
  private:
   struct Idle {
@@ -69,9 +70,10 @@ class DirectChannel {
   void Give(transport::tcp::Fd fd);
   void DropIdle();
   void BackOff(absl::Duration d);
-  // One frame out and its reply in; `buf` holds the reply's response bytes
-  // and `message` (if given) its status message.
-  absl::Status Exchange(int fd, direct::DirectMethod method, const google::protobuf::MessageLite* req,
+  // One frame out (`req` of `body` bytes, its sizes already computed; null
+  // for none) and its reply in; `buf` holds the reply's response bytes and
+  // `message` (if given) its status message.
+  absl::Status Exchange(int fd, direct::DirectMethod method, const google::protobuf::MessageLite* req, size_t body,
                         absl::Time deadline, std::string* buf, absl::Status* answer,
                         std::string* message = nullptr);
 
@@ -79,7 +81,7 @@ class DirectChannel {
   const uint32_t max_message_;
   Mutex mu_;
   std::vector<Idle> idle_ ABSL_GUARDED_BY(mu_);
-  absl::Time off_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::atomic<int64_t> off_until_ns_{0};  // Unix ns before which the lane is not tried
   absl::Duration max_idle_ ABSL_GUARDED_BY(mu_) = kMaxIdle;
 };
 
