@@ -1,9 +1,11 @@
 // CRC32C (Castagnoli), the checksum tierkv stores with every value.
-// Uses the SSE4.2 crc32 instruction when the CPU has it (checked once at
-// run time), a table otherwise; both give identical results.
+// Folds with carry-less multiplication (AVX-512 VPCLMULQDQ) where the CPU
+// has it, else uses the SSE4.2 crc32 instruction, else a table (checked
+// once at run time); all give identical results.
 //
 //   uint32_t c = Crc32c(data, size);
 //   c = Crc32cExtend(c, more, more_size);  // same as one call over both
+//   c = Crc32cCopy(0, dst, src, n);         // memcpy(dst, src, n) and Crc32c(src, n)
 #pragma once
 
 #include <cstddef>
@@ -13,7 +15,19 @@ namespace tierkv {
 
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size);
 inline uint32_t Crc32c(const void* data, size_t size) { return Crc32cExtend(0, data, size); }
-// True when the hardware path is in use.
+// Copies `size` bytes from src to dst (which must not overlap) and returns
+// Crc32cExtend(crc, dst, size): the CRC of the bytes as they landed, even if
+// the source changes during the copy, reading the source once.
+uint32_t Crc32cCopy(uint32_t crc, void* dst, const void* src, size_t size);
+// True when the crc32 instruction is in use.
 bool Crc32cHardware();
+// The path long buffers take: "vpclmulqdq", "sse4.2" or "table".
+const char* Crc32cPath();
+
+// For tests: *crc = Crc32cExtend(*crc, data, size) through one path:
+// "table", "sse4.2", "vpclmulqdq" (size >= 512), or Crc32cCopy's two,
+// "vpclmulqdq-copy" (size >= 512) and "copy-blocks", which also copy to
+// dst. False when this CPU or size cannot take that path.
+bool Crc32cExtendVia(const char* path, uint32_t* crc, void* dst, const void* data, size_t size);
 
 }  // namespace tierkv

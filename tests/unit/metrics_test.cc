@@ -78,6 +78,8 @@ TEST(MetricsTest, SeveralRegistriesMakeOneValidExpositionWithTheirLabels) {
 }  // namespace
 }  // namespace tierkv::metrics
 
+#include <random>
+
 #include "config/base/crc32c.h"
 
 namespace tierkv {
@@ -101,6 +103,47 @@ TEST(Crc32cTest, KnownValuesAndPathsAgree) {
     uint32_t split = Crc32cExtend(Crc32c(data.data(), len / 3), data.data() + len / 3, len - len / 3);
     EXPECT_EQ(whole, split) << len;
   }
+}
+
+// The bit-at-a-time definition, to check every path against.
+uint32_t ReferenceCrc32c(uint32_t crc, const char* p, size_t n) {
+  crc = ~crc;
+  for (size_t i = 0; i < n; ++i) {
+    crc ^= static_cast<uint8_t>(p[i]);
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82f63b78u & (0u - (crc & 1)));
+  }
+  return ~crc;
+}
+
+TEST(Crc32cTest, EveryPathMatchesTheDefinition) {
+  std::printf("long buffers take the %s path\n", Crc32cPath());
+  std::mt19937_64 rng(7);
+  std::string data(300'000, '\0');
+  for (char& c : data) c = static_cast<char>(rng());
+  std::vector<size_t> lengths = {0, 1, 15, 16, 255, 256, 511, 512, 513, 767, 768, 1023, 1024, 4096, 24576, 65536,
+                                 99'999, 262'145, 299'936};
+  for (int i = 0; i < 300; ++i) lengths.push_back(rng() % 6000);
+  int checked_fold = 0;
+  for (size_t len : lengths) {
+    const size_t off = rng() % 64;
+    const uint32_t init = len % 2 ? static_cast<uint32_t>(rng()) : 0;
+    const uint32_t want = ReferenceCrc32c(init, data.data() + off, len);
+    EXPECT_EQ(Crc32cExtend(init, data.data() + off, len), want) << len;
+    std::string copy(len + 2, '\0');
+    EXPECT_EQ(Crc32cCopy(init, copy.data() + 1, data.data() + off, len), want) << len;
+    EXPECT_EQ(copy.substr(1, len), data.substr(off, len)) << len;
+    for (const char* path : {"table", "sse4.2", "vpclmulqdq", "vpclmulqdq-copy", "copy-blocks"}) {
+      uint32_t crc = init;
+      std::string out(len + 2, '\0');
+      if (!Crc32cExtendVia(path, &crc, out.data() + 1, data.data() + off, len)) continue;
+      EXPECT_EQ(crc, want) << path << " " << len;
+      if (std::string_view(path).find("cop") != std::string_view::npos) {
+        EXPECT_EQ(out.substr(1, len), data.substr(off, len)) << path << " " << len;
+      }
+      if (std::string_view(path).starts_with("vpclmulqdq")) ++checked_fold;
+    }
+  }
+  if (checked_fold == 0) std::printf("this CPU has no VPCLMULQDQ: the fold was not checked here\n");
 }
 
 }  // namespace

@@ -84,20 +84,6 @@ class Incarnation {
   std::vector<std::pair<size_t, uint64_t>> tokens_;
 };
 
-// Copies `n` bytes and returns the CRC32C of what landed at `dst`, block by
-// block, each checksummed while it is still in cache, so the value is read
-// from memory once. A block is a multiple of the CRC's three 8 KiB lanes.
-uint32_t CopyAndCrc(char* dst, const char* src, size_t n) {
-  constexpr size_t kBlock = 96 << 10;
-  uint32_t crc = 0;
-  for (size_t at = 0; at < n; at += kBlock) {
-    const size_t len = std::min(kBlock, n - at);
-    std::memcpy(dst + at, src + at, len);
-    crc = Crc32cExtend(crc, dst + at, len);
-  }
-  return crc;
-}
-
 class ShmChannel final : public PeerChannel {
  public:
   ShmChannel(std::vector<Mapping> maps, std::unique_ptr<Incarnation> incarnation)
@@ -120,7 +106,7 @@ class ShmChannel final : public PeerChannel {
       }
       char* remote = m->addr + (s->remote_offset - m->offset);
       if (s->op == Op::kRead && s->crc != nullptr) {
-        s->crc->value = CopyAndCrc(s->local, remote, s->length);
+        s->crc->value = Crc32cCopy(0, s->local, remote, s->length);
         s->crc->set = true;
       } else if (s->op == Op::kRead) {
         std::memcpy(s->local, remote, s->length);
