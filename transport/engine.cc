@@ -366,19 +366,32 @@ class Engine final : public TransferEngine, public ServedMemory {
       }
     }
     batch->Start();
-    // Spread each channel's slices over the workers, at most 64 per task;
-    // with `here`, the last task is this thread's, run once the others
-    // are queued so they move in parallel with it, unless its backend may
-    // overstay the deadline (the caller must not be held past it).
+    // Spread each channel's slices over the workers by bytes, at most 64
+    // slices per task, and no task for less than kMinTaskBytes where the
+    // rest can take it: a hop to a worker and back costs a few tens of
+    // microseconds, more than moving a small value, so a single get's value
+    // and trailer move together. With `here`, the last task is this
+    // thread's, run once the others are queued so they move in parallel
+    // with it, unless its backend may overstay the deadline (the caller
+    // must not be held past it).
+    constexpr uint64_t kMinTaskBytes = 256 << 10;
     std::optional<Task> mine;
     bool mine_bounded = false;
     for (const Plan& p : plans) {
-      size_t n = p.end_slice - p.first_slice;
-      if (n == 0) continue;
-      size_t per = std::clamp<size_t>((n + options_.workers - 1) / options_.workers, 1, 64);
-      for (size_t at = p.first_slice; at < p.end_slice; at += per) {
+      uint64_t left = 0;
+      for (size_t k = p.first_slice; k < p.end_slice; ++k) left += batch->slices[k].length;
+      const uint64_t workers = static_cast<uint64_t>(std::max(1, options_.workers));
+      const uint64_t per_task = std::max<uint64_t>((left + workers - 1) / workers, kMinTaskBytes);
+      for (size_t k = p.first_slice; k < p.end_slice;) {
         Task t{batch, p.channel, p.segment, {}, deadline};
-        for (size_t k = at; k < std::min(at + per, p.end_slice); ++k) t.slices.push_back(&batch->slices[k]);
+        uint64_t bytes = 0;
+        while (k < p.end_slice && t.slices.size() < 64) {
+          Slice* s = &batch->slices[k++];
+          t.slices.push_back(s);
+          bytes += s->length;
+          left -= s->length;
+          if (bytes >= per_task && left >= kMinTaskBytes) break;
+        }
         if (mine) queue_->Push(std::move(*mine));
         mine = std::move(t);
         mine_bounded = p.backend->capabilities().bounded_post;

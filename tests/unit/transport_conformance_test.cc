@@ -133,6 +133,30 @@ TEST_P(TransportConformance, AReadsCopiedChecksumIsTheChecksumOfItsBytesOrUnset)
   }
 }
 
+// A single get is its value and its 8-byte trailer: SubmitHere moves both
+// on the caller's thread (a worker's wake-up costs more than the move), so
+// the batch is over when it returns, for a transport that promises to end
+// by its deadline. A batch worth splitting still finishes whole.
+TEST_P(TransportConformance, SubmitHereMovesASmallBatchOnTheCallersThread) {
+  const uint64_t value = 1 << 20;
+  char* out = LocalPattern(value + 8, 99);
+  ASSERT_OK(Do(Op::kWrite, out, 0, value + 8)[0]);
+  char* in = Local(value + 8);
+  std::shared_ptr<Batch> b = client_->SubmitHere(
+      {{Op::kRead, in, "seg", 0, value}, {Op::kRead, in + value, "seg", value, 8}}, absl::Seconds(20));
+  if (GetParam() == "tcp" || GetParam() == "shm") EXPECT_TRUE(b->Done());
+  ASSERT_TRUE(b->Wait(absl::Now() + absl::Seconds(30)));
+  for (const absl::Status& st : b->statuses()) EXPECT_OK(st);
+  EXPECT_EQ(std::memcmp(in, out, value + 8), 0);
+  std::vector<Request> many;
+  char* big = Local(8 * value);
+  for (uint64_t i = 0; i < 8; ++i) many.push_back({Op::kRead, big + i * value, "seg", i * value, value});
+  b = client_->SubmitHere(std::move(many), absl::Seconds(20));
+  ASSERT_TRUE(b->Wait(absl::Now() + absl::Seconds(30)));
+  for (const absl::Status& st : b->statuses()) EXPECT_OK(st);
+  EXPECT_EQ(Checksum(big, 8 * value), Checksum(region_->data(), 8 * value));
+}
+
 TEST_P(TransportConformance, BatchesOfOneTo1024Requests) {
   for (size_t n : {1u, 16u, 1024u}) {
     constexpr uint64_t kBlock = 4096 + 64;
