@@ -174,7 +174,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.client_id.empty()) options.client_id = RandomId().substr(0, 12);
   if (options.host.empty()) options.host = LocalHostName();
   c->options_ = options;
-  ASSIGN_OR_RETURN(c->master_, MasterClient::Create(options.master, {options.rpc_timeout, 64 << 20, options.client_id}));
+  MasterClientOptions mo;
+  mo.rpc_timeout = options.rpc_timeout;
+  mo.client_id = options.client_id;
+  mo.reply_spin = options.reply_spin;
+  ASSIGN_OR_RETURN(c->master_, MasterClient::Create(options.master, mo));
   transport::EngineOptions eo;
   if (options.metadata_client) {
     eo.metadata = options.metadata_client;
@@ -186,6 +190,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   eo.transports = options.transports;
   eo.backend.listen = options.listen;
   eo.backend.connections = options.connections;
+  eo.backend.reply_spin = options.reply_spin;
   eo.backend.rdma_devices = options.rdma_devices;
   eo.workers = options.workers;
   eo.host = options.host;

@@ -80,6 +80,11 @@ struct ClientOptions {
   std::string listen = "127.0.0.1";
   absl::Duration rpc_timeout = absl::Seconds(5);
   absl::Duration transfer_timeout = absl::Seconds(30);
+  // How long a call busy-polls for its reply (the master's direct lane, a
+  // tcp transfer) before sleeping in the kernel. A reply due within it
+  // costs no wake-up, which is tens of microseconds on virtual machines;
+  // the caller's core is busy meanwhile. 0 never spins.
+  absl::Duration reply_spin = absl::Microseconds(50);
   bool verify_checksums = true;
   // Keys whose replicas are remembered while their read lease runs, so a
   // repeated Get of a key skips the master (see "Replica cache" above);

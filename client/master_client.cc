@@ -39,7 +39,8 @@ MasterClient::MasterClient(std::string address, MasterClientOptions options,
     : address_(std::move(address)), options_(options), stub_(std::move(stub)) {
   // A gRPC target URI ("dns:///h:p", "unix:...") names nothing the lane can dial.
   if (options_.direct && address_.find('/') == std::string::npos && address_.rfind("unix:", 0) != 0) {
-    direct_ = std::make_unique<internal::DirectChannel>(address_, static_cast<uint32_t>(options_.max_message_size));
+    direct_ = std::make_unique<internal::DirectChannel>(address_, static_cast<uint32_t>(options_.max_message_size),
+                                                        options_.reply_spin);
   }
 }
 

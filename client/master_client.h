@@ -35,6 +35,9 @@ struct MasterClientOptions {
   std::string client_id;
   // Use the master's direct lane where it has one (off: gRPC only).
   bool direct = true;
+  // How long a direct call busy-polls for its reply before sleeping in the
+  // kernel (see BackendOptions::reply_spin); 0 never spins.
+  absl::Duration reply_spin = absl::Microseconds(50);
 };
 
 class MasterClient {

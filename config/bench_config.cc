@@ -33,6 +33,9 @@ const FlagTable<BenchConfig>& BenchFlags() {
           IntFlag<C>("replica-cache", &C::replica_cache, "0", 0, 1 << 24,
                      "store: keys whose replicas the client remembers while their read lease runs (0: off, "
                      "as the library's default; e.g. 65536 to measure the cache)"),
+          DurationFlag<C>("reply-spin", &C::reply_spin, "50us", 0, 1,
+                          "master/store: how long a client call busy-polls for its reply before sleeping "
+                          "(0: never, as before; the library's default is 50us)"),
           IntFlag<C>("repetitions", &C::repetitions, "3", 1, 100,
                      "interleaved repetitions of each case; medians are reported"),
       });

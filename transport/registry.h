@@ -20,6 +20,10 @@ struct BackendOptions {
   std::string advertise;             // address peers dial (default: listen)
   int port = 0;                      // tcp data/control port; 0 picks one
   int connections = 4;               // tcp connections per peer
+  // How long a tcp client busy-polls for a reply before sleeping in the
+  // kernel: each wake-up from a sleep costs a few (bare metal) to tens
+  // (virtual machines) of microseconds. 0 never spins.
+  absl::Duration reply_spin = absl::Microseconds(50);
   uint64_t max_frame = 64ull << 20;  // largest request a server accepts
   // The tcp server (tcp/server.h): open connections beyond this are
   // refused; I/O threads serving them all; an idle connection's lifetime.

@@ -42,8 +42,10 @@ class DirectChannel {
   static constexpr absl::Duration kDialBackoff = absl::Milliseconds(500);
   static constexpr size_t kMaxRequest = 1 << 20;
 
-  DirectChannel(std::string address, uint32_t max_message)
-      : address_(std::move(address)), max_message_(max_message) {}
+  // `reply_spin`: how long a call busy-polls for its reply before sleeping
+  // in the kernel (MasterClientOptions::reply_spin).
+  DirectChannel(std::string address, uint32_t max_message, absl::Duration reply_spin = absl::ZeroDuration())
+      : address_(std::move(address)), max_message_(max_message), reply_spin_(reply_spin) {}
 
   enum class Outcome {
     kAnswered,  // `status` is the master's answer; OK: *resp holds it
@@ -79,6 +81,7 @@ class DirectChannel {
 
   const std::string address_;
   const uint32_t max_message_;
+  const absl::Duration reply_spin_;
   Mutex mu_;
   std::vector<Idle> idle_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> off_until_ns_{0};  // Unix ns before which the lane is not tried

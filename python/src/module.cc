@@ -104,7 +104,8 @@ class PyClient {
   PyClient(const std::string& master, const std::string& metadata, std::vector<std::string> transports,
            std::vector<std::string> rdma_devices, uint64_t lend_size, const std::string& lend_name,
            const std::string& host, const std::string& client_id, const std::string& listen,
-           double rpc_timeout, double transfer_timeout, bool verify_checksums, int connections, int workers) {
+           double rpc_timeout, double transfer_timeout, bool verify_checksums, int connections, int workers,
+           double reply_spin) {
     ClientOptions o;
     o.master = master;
     o.metadata = metadata;
@@ -120,6 +121,7 @@ class PyClient {
     o.verify_checksums = verify_checksums;
     o.connections = connections;
     o.workers = workers;
+    o.reply_spin = absl::Seconds(reply_spin);
     absl::StatusOr<std::unique_ptr<Client>> c;
     {
       py::gil_scoped_release nogil;
@@ -574,11 +576,11 @@ PYBIND11_MODULE(_tierkv, m) {
   py::class_<PyClient>(m, "_Client")
       .def(py::init<const std::string&, const std::string&, std::vector<std::string>, std::vector<std::string>,
                     uint64_t, const std::string&, const std::string&, const std::string&, const std::string&,
-                    double, double, bool, int, int>(),
+                    double, double, bool, int, int, double>(),
            py::arg("master"), py::arg("metadata"), py::arg("transports"), py::arg("rdma_devices"),
            py::arg("lend_size"), py::arg("lend_name"), py::arg("host"), py::arg("client_id"), py::arg("listen"),
            py::arg("rpc_timeout"), py::arg("transfer_timeout"), py::arg("verify_checksums"),
-           py::arg("connections"), py::arg("workers"))
+           py::arg("connections"), py::arg("workers"), py::arg("reply_spin"))
       .def("close", &PyClient::Close)
       .def("put",
            [](PyClient& c, const std::string& key, py::handle value, int replicas, const std::string& preferred,

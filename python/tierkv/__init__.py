@@ -45,18 +45,19 @@ class Client:
     master: host:port of the master's RPC port. metadata: http://host:port of
     the metadata server; None asks the master for it. lend_size: bytes of this
     process's memory lent to the cluster as a segment (0: none).
-    Timeouts are in seconds. Raises Unavailable when the master cannot be
-    reached, InvalidArgument for bad options.
+    Timeouts are in seconds. reply_spin: seconds a call busy-polls for its
+    reply before sleeping (0: never). Raises Unavailable when the master
+    cannot be reached, InvalidArgument for bad options.
     """
 
     def __init__(self, master="127.0.0.1:50051", metadata=None, *, transports=None, rdma_devices=None,
                  lend_size=0, lend_name="", host="", client_id="", listen="127.0.0.1", rpc_timeout=5.0,
-                 transfer_timeout=30.0, verify_checksums=True, connections=4, workers=4):
+                 transfer_timeout=30.0, verify_checksums=True, connections=4, workers=4, reply_spin=50e-6):
         if not metadata:
             metadata = discover_metadata(master, rpc_timeout)
         self._c = _Client(master, metadata, list(transports or []), list(rdma_devices or []), int(lend_size),
                           lend_name, host, client_id, listen, float(rpc_timeout), float(transfer_timeout),
-                          bool(verify_checksums), int(connections), int(workers))
+                          bool(verify_checksums), int(connections), int(workers), float(reply_spin))
         self.master = master
         self.metadata = metadata
 

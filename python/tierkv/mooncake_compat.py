@@ -26,7 +26,9 @@ remove takes them out). The _multi_buffers forms and put_parts gather and
 scatter in place: no part is copied on the way.
 
 Timeouts come from TIERKV_RPC_TIMEOUT and TIERKV_TRANSFER_TIMEOUT (seconds;
-defaults 5 and 30), as tierkv's flags read TIERKV_<FLAG>.
+defaults 5 and 30), as tierkv's flags read TIERKV_<FLAG>; TIERKV_REPLY_SPIN
+(seconds, default 50e-6; 0: never) is how long a call busy-polls for its
+reply before sleeping.
 """
 
 import json
@@ -218,7 +220,8 @@ class MooncakeDistributedStore:
         options = dict(transports=transports, rdma_devices=devices, lend_size=lend, lend_name=name,
                        host=hostname.rsplit(":", 1)[0], listen=_listen_address(hostname),
                        rpc_timeout=_env_seconds("TIERKV_RPC_TIMEOUT", 5.0),
-                       transfer_timeout=_env_seconds("TIERKV_TRANSFER_TIMEOUT", 30.0))
+                       transfer_timeout=_env_seconds("TIERKV_TRANSFER_TIMEOUT", 30.0),
+                       reply_spin=_env_seconds("TIERKV_REPLY_SPIN", 50e-6))
         try:
             try:
                 client = Client(master, metadata, **options)

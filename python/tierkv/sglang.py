@@ -21,7 +21,8 @@ and never raise on a store or network error (a failed page is False).
 extra_config keys (all optional but the master): master_server_address (or
 TIERKV_MASTER), metadata_server ("P2PHANDSHAKE": ask the master),
 global_segment_size (bytes this process lends, default 0), protocol
-("tcp"/"rdma"), rdma_devices, replicas, transfer_timeout, rpc_timeout.
+("tcp"/"rdma"), rdma_devices, replicas, transfer_timeout, rpc_timeout,
+reply_spin (seconds a call busy-polls for its reply; 0: never).
 """
 
 import logging
@@ -84,7 +85,8 @@ class TierkvStore(_Base):
         opts = dict(transports=transports, rdma_devices=devices,
                     lend_size=int(extra.get("global_segment_size", 0) or 0),
                     rpc_timeout=float(extra.get("rpc_timeout", 5.0)),
-                    transfer_timeout=float(extra.get("transfer_timeout", 30.0)))
+                    transfer_timeout=float(extra.get("transfer_timeout", 30.0)),
+                    reply_spin=float(extra.get("reply_spin", 50e-6)))
         try:
             self.client = Client(master, metadata, **opts)
         except Error as e:

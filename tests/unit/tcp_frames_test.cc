@@ -377,3 +377,91 @@ TEST(TcpStaleDescriptor, WritesForARestartedServersOldSegmentAreRefusedUntouched
 
 }  // namespace
 }  // namespace tierkv::transport
+
+#include <sys/socket.h>
+
+#include <thread>
+
+#include "transport/tcp/connection.h"
+
+namespace tierkv::transport::tcp {
+namespace {
+
+TEST(TcpSpinTest, SpinUntilReadableSeesDataAndHangupsAndGivesUpAfterItsWindow) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  Fd a(sv[0]), b(sv[1]);
+  EXPECT_FALSE(SpinUntilReadable(a.get(), absl::ZeroDuration()));
+  absl::Time t0 = absl::Now();
+  EXPECT_FALSE(SpinUntilReadable(a.get(), absl::Milliseconds(3)));
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(3));
+  ASSERT_EQ(::send(b.get(), "x", 1, 0), 1);
+  EXPECT_TRUE(SpinUntilReadable(a.get(), absl::Seconds(5)));
+  char c;
+  ASSERT_EQ(::recv(a.get(), &c, 1, 0), 1);
+  // A byte that lands while it spins ends the spin at once.
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(2));
+    (void)::send(b.get(), "y", 1, 0);
+  });
+  t0 = absl::Now();
+  EXPECT_TRUE(SpinUntilReadable(a.get(), absl::Seconds(5)));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(4));
+  late.join();
+  ASSERT_EQ(::recv(a.get(), &c, 1, 0), 1);
+  b = Fd();  // the peer hangs up: readable (EOF), not a wait for the window
+  EXPECT_TRUE(SpinUntilReadable(a.get(), absl::Seconds(5)));
+}
+
+// A read reply that arrives in pieces, some sooner and some later than the
+// spin window: with any window the batch ends OK with every byte, which
+// walks the spinning receive, its empty polls and the sleeping one.
+TEST(TcpSpinTest, RepliesInPiecesArriveWholeWithAnySpinWindow) {
+  for (absl::Duration spin : {absl::ZeroDuration(), absl::Microseconds(50), absl::Milliseconds(20)}) {
+    SCOPED_TRACE(absl::FormatDuration(spin));
+    int sv[2];
+    // Non-blocking, as Dial's sockets are.
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv), 0);
+    Fd server(sv[1]);
+    Connection conn(Fd(sv[0]), "test-peer", spin);
+    constexpr size_t kLen = 300'000;
+    std::string want(kLen, '\0');
+    for (size_t i = 0; i < kLen; ++i) want[i] = static_cast<char>(i * 7 + 1);
+    std::thread peer([&] {
+      uint8_t req[kRequestSize];
+      if (!ReadFull(server.get(), req, sizeof req, absl::Now() + absl::Seconds(10)).ok()) return;
+      auto h = DecodeRequest(req, sizeof req);
+      if (!h.ok()) return;
+      uint8_t head[kReplySize];
+      EncodeReply({WireStatus::kOk, h->id, kLen}, head);
+      // Header in two parts, then the payload in three, with pauses of
+      // 0, 1 and 30 ms between them.
+      const absl::Duration pauses[] = {absl::ZeroDuration(), absl::Milliseconds(1), absl::Milliseconds(30),
+                                       absl::Milliseconds(1)};
+      (void)WriteFull(server.get(), head, 3, absl::Now() + absl::Seconds(10));
+      absl::SleepFor(pauses[1]);
+      (void)WriteFull(server.get(), head + 3, kReplySize - 3, absl::Now() + absl::Seconds(10));
+      size_t at = 0;
+      for (int part = 0; part < 3; ++part) {
+        absl::SleepFor(pauses[part + 1]);
+        size_t len = part == 2 ? kLen - at : kLen / 3;
+        (void)WriteFull(server.get(), want.data() + at, len, absl::Now() + absl::Seconds(10));
+        at += len;
+      }
+    });
+    std::string got(kLen, '\0');
+    Slice s;
+    s.op = Op::kRead;
+    s.local = got.data();
+    s.length = kLen;
+    Slice* slices[] = {&s};
+    conn.RunBatch(0, 1, slices, absl::Now() + absl::Seconds(10));
+    peer.join();
+    EXPECT_OK(s.status);
+    EXPECT_TRUE(got == want);
+    EXPECT_FALSE(conn.broken());
+  }
+}
+
+}  // namespace
+}  // namespace tierkv::transport::tcp

@@ -173,7 +173,7 @@ struct Cluster {
   MethodLatencies methods;
 };
 
-absl::Status StartCluster(Cluster* c) {
+absl::Status StartCluster(Cluster* c, absl::Duration reply_spin) {
   c->data_dir = absl::StrCat(std::filesystem::temp_directory_path().string(), "/tierkv-bench-",
                              getpid());
   // No daemon heartbeats here: a long segment TTL keeps the segments (and
@@ -193,6 +193,7 @@ absl::Status StartCluster(Cluster* c) {
     client::MasterClientOptions o;
     o.rpc_timeout = absl::Seconds(10);
     o.direct = lane == 0;
+    o.reply_spin = reply_spin;
     auto mc = client::MasterClient::Create(address, o);
     if (!mc.ok()) return mc.status();
     c->lanes[lane] = std::move(*mc);
@@ -235,7 +236,7 @@ absl::Status StartCluster(Cluster* c) {
 
 int RunMaster(const BenchConfig& config) {
   auto cluster = std::make_shared<Cluster>();
-  if (absl::Status s = StartCluster(cluster.get()); !s.ok()) {
+  if (absl::Status s = StartCluster(cluster.get(), config.reply_spin); !s.ok()) {
     std::fprintf(stderr, "tierkv-bench: starting the master: %s\n", std::string(s.message()).c_str());
     return 1;
   }

@@ -129,6 +129,7 @@ int RunStore(const BenchConfig& config) {
   co.connections = static_cast<int>(config.connections);
   co.workers = std::max<int>(static_cast<int>(config.connections), threads);
   co.replica_cache = static_cast<size_t>(config.replica_cache);
+  co.reply_spin = config.reply_spin;
   auto created = client::Client::Create(co);
   if (!created.ok()) {
     std::fprintf(stderr, "tierkv-bench: %s\n", std::string(created.status().message()).c_str());
@@ -211,6 +212,7 @@ int RunStore(const BenchConfig& config) {
   double put_ratio = raw_w > 0 ? put / raw_w : 0, get_ratio = raw_r > 0 ? get / raw_r : 0;
   nlohmann::json out{{"transport", config.transport},
                      {"replica_cache", config.replica_cache},
+                     {"reply_spin_us", absl::ToDoubleMicroseconds(config.reply_spin)},
                      {"value_bytes", value},
                      {"batch", batch},
                      {"threads", threads},

@@ -138,6 +138,10 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
         Slice* s = slices[recv_i];
         ssize_t got;
         int flags = blocking ? MSG_WAITALL : MSG_DONTWAIT;
+        // While bytes keep coming within the spin window, take what has
+        // arrived without sleeping; past it, sleep in a blocking receive.
+        const bool spun = blocking && SpinUntilReadable(fd_.get(), reply_spin_);
+        if (spun) flags = MSG_DONTWAIT;
         if (reply_got < kReplySize) {
           got = ::recv(fd_.get(), reply + reply_got, kReplySize - reply_got, flags);
         } else if (current.status == WireStatus::kOk) {
@@ -152,7 +156,7 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
           return;
         }
         if (got < 0) {
-          if (errno == EINTR) continue;
+          if (errno == EINTR || (spun && (errno == EAGAIN || errno == EWOULDBLOCK))) continue;
           if (blocking && (errno == EAGAIN || errno == EWOULDBLOCK) && absl::Now() < deadline) {
             // The socket's timeout (armed for an earlier, later deadline)
             // ran out first: re-arm it for this one.

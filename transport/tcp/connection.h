@@ -19,7 +19,10 @@ namespace tierkv::transport::tcp {
 
 class Connection {
  public:
-  Connection(Fd fd, std::string endpoint) : fd_(std::move(fd)), endpoint_(std::move(endpoint)) {}
+  // `reply_spin`: how long to busy-poll for each reply before sleeping in
+  // the kernel (BackendOptions::reply_spin).
+  Connection(Fd fd, std::string endpoint, absl::Duration reply_spin = absl::ZeroDuration())
+      : fd_(std::move(fd)), endpoint_(std::move(endpoint)), reply_spin_(reply_spin) {}
 
   // Moves the slices of one segment (its index and id, from the
   // descriptor). On a socket error or the deadline, the unfinished slices
@@ -44,6 +47,7 @@ class Connection {
   void ArmTimeout(absl::Time deadline);
   Fd fd_;
   std::string endpoint_;
+  const absl::Duration reply_spin_;
   uint64_t next_id_ = 1;
   bool broken_ = false;
   bool blocking_ = false;                             // O_NONBLOCK cleared (after the first batch)

@@ -14,6 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "config/base/status.h"
 
 namespace tierkv::transport::tcp {
@@ -184,6 +185,16 @@ absl::Status ReadFull(int fd, void* buf, size_t len, absl::Time deadline) {
     if (errno != EINTR) return ErrnoToStatus(errno, "read");
   }
   return absl::OkStatus();
+}
+
+bool SpinUntilReadable(int fd, absl::Duration window) {
+  if (window <= absl::ZeroDuration()) return false;
+  const int64_t until = absl::GetCurrentTimeNanos() + absl::ToInt64Nanoseconds(window);
+  do {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0) return true;
+  } while (absl::GetCurrentTimeNanos() < until);
+  return false;
 }
 
 absl::Status RecvAll(int fd, void* buf, size_t len) {

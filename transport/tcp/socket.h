@@ -44,6 +44,13 @@ absl::Status WriteFull(int fd, const void* buf, size_t len, absl::Time deadline)
 // Writes every iovec fully (the array is modified).
 absl::Status WriteVecFull(int fd, struct iovec* iov, int count, absl::Time deadline);
 
+// Busy-polls `fd` for up to `window`: true as soon as it is readable (or
+// has an error or hangup to report), false once the window has passed
+// without either. A reply due within microseconds is cheaper to spin for
+// than to sleep for: a sleeping thread's wake-up costs tens of
+// microseconds on virtual machines. A zero window returns at once.
+bool SpinUntilReadable(int fd, absl::Duration window);
+
 // For blocking sockets whose SO_RCVTIMEO/SO_SNDTIMEO bound each call (the
 // server's connections): MSG_WAITALL receives a whole payload in one call
 // and one wake-up instead of one per arriving segment. DEADLINE_EXCEEDED

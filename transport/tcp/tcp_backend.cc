@@ -19,8 +19,13 @@ using tcp::Connection;
 
 class TcpChannel final : public PeerChannel {
  public:
-  TcpChannel(std::string endpoint, uint32_t segment, uint64_t segment_id, int max_connections)
-      : endpoint_(std::move(endpoint)), segment_(segment), segment_id_(segment_id), max_(max_connections) {}
+  TcpChannel(std::string endpoint, uint32_t segment, uint64_t segment_id, int max_connections,
+             absl::Duration reply_spin)
+      : endpoint_(std::move(endpoint)),
+        segment_(segment),
+        segment_id_(segment_id),
+        max_(max_connections),
+        reply_spin_(reply_spin) {}
 
   void Post(absl::Span<Slice* const> slices, absl::Time deadline) override {
     absl::StatusOr<std::unique_ptr<Connection>> conn = Acquire(deadline);
@@ -67,7 +72,7 @@ class TcpChannel final : public PeerChannel {
       if (!absl::IsDeadlineExceeded(fd.status())) healthy_.store(false);
       return fd.status();
     }
-    return std::make_unique<Connection>(std::move(*fd), endpoint_);
+    return std::make_unique<Connection>(std::move(*fd), endpoint_, reply_spin_);
   }
 
   void Release(std::unique_ptr<Connection> c) {
@@ -87,6 +92,7 @@ class TcpChannel final : public PeerChannel {
   const uint32_t segment_;
   const uint64_t segment_id_;
   const int max_;
+  const absl::Duration reply_spin_;
   std::atomic<bool> healthy_{true};
   Mutex mu_;
   CondVar cv_;
@@ -133,7 +139,8 @@ class TcpBackend final : public Backend {
     absl::StatusOr<tcp::Fd> probe = tcp::Dial(it->second, ctx.deadline);
     if (!probe.ok()) return absl::UnavailableError(probe.status().message());
     return std::unique_ptr<PeerChannel>(
-        new TcpChannel(it->second, remote.segment_index, remote.segment_id, options_.connections));
+        new TcpChannel(it->second, remote.segment_index, remote.segment_id, options_.connections,
+                       options_.reply_spin));
   }
 
  private:
