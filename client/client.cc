@@ -118,17 +118,32 @@ uint64_t ValueSize(const PutItem& it) {
   return n;
 }
 
+void WriteTrailer(uint32_t crc, char* t) {
+  std::memcpy(t, &crc, 4);
+  std::memcpy(t + 4, &kTrailerMagic, 4);
+}
+
 void MakeTrailer(absl::Span<const absl::string_view> parts, char* t) {
   uint32_t crc = 0;
   for (absl::string_view p : parts) crc = Crc32cExtend(crc, p.data(), p.size());
-  std::memcpy(t, &crc, 4);
-  std::memcpy(t + 4, &kTrailerMagic, 4);
+  WriteTrailer(crc, t);
+}
+
+// The one non-empty part of a put item, or null when it has none or several.
+const absl::string_view* OnePart(const PutItem& it) {
+  const absl::string_view* one = nullptr;
+  for (const absl::string_view& p : Parts(it)) {
+    if (p.empty()) continue;
+    if (one != nullptr) return nullptr;
+    one = &p;
+  }
+  return one;
 }
 
 // `copied`: the CRC a transport worked out as it copied a one-piece value
 // (unset: the bytes are checksummed here).
 absl::Status CheckTrailer(const char* t, absl::Span<const absl::Span<char>> value, const std::string& key,
-                          bool verify, const transport::ReadCrc& copied) {
+                          bool verify, const transport::CopyCrc& copied) {
   uint32_t crc, magic;
   std::memcpy(&crc, t, 4);
   std::memcpy(&magic, t + 4, 4);
@@ -260,22 +275,32 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
   // A writer dying here holds extents that nothing will ever commit.
   (void)TIERKV_FAILPOINT("client.put.after_start");
 
-  // Values go out first; their checksums are computed while they travel,
-  // and the trailers follow in a second batch.
+  // Values go out first and the trailers follow in a second batch. Where
+  // the first replica's transport checksums as it copies (shm), that write
+  // brings the CRC back and the trailer waits for it: one pass over the
+  // value instead of two. Elsewhere the checksum is computed here while the
+  // values travel, and its trailer need not wait for them.
   std::vector<Request> values, tails;
   std::vector<size_t> value_owner, tail_owner;
-  std::vector<bool> began(n, false);
+  std::vector<bool> began(n, false), fused(n, false);
   for (size_t i = 0; i < n; ++i) {
     const v1::PutStartResult& r = started->results(static_cast<int>(i));
     out[i] = FromItem(r.status());
     if (!out[i].ok()) continue;
     began[i] = true;
+    const absl::string_view* one = OnePart(items[i]);
     uint64_t vsize = 0;
     for (const v1::Extent& e : r.replicas()) {
       vsize = 0;
+      transport::CopyCrc* crc = nullptr;
+      if (one != nullptr && !fused[i] && engine_->ChecksumsCopies(e.segment())) {
+        fused[i] = true;
+        crc = trailers->crc(i);
+      }
       for (absl::string_view part : Parts(items[i])) {
         if (part.empty()) continue;
-        values.push_back({Op::kWrite, const_cast<char*>(part.data()), e.segment(), e.offset() + vsize, part.size()});
+        values.push_back(
+            {Op::kWrite, const_cast<char*>(part.data()), e.segment(), e.offset() + vsize, part.size(), crc});
         value_owner.push_back(i);
         vsize += part.size();
       }
@@ -283,9 +308,28 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
       tail_owner.push_back(i);
     }
   }
+  // A fused item's trailer, once its value has landed: the CRC its copy
+  // worked out, or (another route took it) one computed here.
+  auto finish_fused = [&](size_t i) {
+    const transport::CopyCrc* crc = trailers->crc(i);
+    if (crc->set) {
+      WriteTrailer(crc->value, trailers->slot(i));
+    } else {
+      MakeTrailer(Parts(items[i]), trailers->slot(i));
+    }
+  };
   const absl::Time wait_until = absl::Now() + options_.transfer_timeout + kCompletionGrace;
   std::shared_ptr<transport::Batch> value_batch, tail_batch;
-  if (n == 1) {
+  if (n == 1 && fused[0]) {
+    // A single put over shm: the value and its CRC on this thread, then
+    // the trailer (two copies in this process, no round trip).
+    value_batch = engine_->SubmitHere(std::move(values), options_.transfer_timeout);
+    trailers->Hold(value_batch);  // it writes the block's CRC slot
+    (void)value_batch->Wait(wait_until);
+    finish_fused(0);
+    tail_batch = engine_->SubmitHere(std::move(tails), options_.transfer_timeout);
+    trailers->Hold(tail_batch);
+  } else if (n == 1) {
     // A single put: its checksum first, then value and trailer in one
     // batch moved by this thread (no hand-off, one round of the wire).
     if (began[0]) MakeTrailer(Parts(items[0]), trailers->slot(0));
@@ -301,8 +345,17 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
     }
   } else {
     value_batch = engine_->Submit(std::move(values), options_.transfer_timeout);
+    bool any_fused = false;
     for (size_t i = 0; i < n; ++i) {
-      if (began[i]) MakeTrailer(Parts(items[i]), trailers->slot(i));
+      if (began[i] && !fused[i]) MakeTrailer(Parts(items[i]), trailers->slot(i));
+      any_fused = any_fused || fused[i];
+    }
+    if (any_fused) {
+      trailers->Hold(value_batch);  // it writes the block's CRC slots
+      (void)value_batch->Wait(wait_until);
+      for (size_t i = 0; i < n; ++i) {
+        if (fused[i]) finish_fused(i);
+      }
     }
     tail_batch = engine_->Submit(std::move(tails), options_.transfer_timeout);
     trailers->Hold(tail_batch);
@@ -464,7 +517,7 @@ struct Client::Impl {
           absl::Status st = round[i];
           if (st.ok()) {
             st = CheckTrailer(trailers->slot(i), outs[i], keys[i], c->options_.verify_checksums,
-                              attempt == 0 ? *trailers->crc(i) : transport::ReadCrc{});
+                              attempt == 0 ? *trailers->crc(i) : transport::CopyCrc{});
           }
           (*status)[i] = st.ok() ? st : Annotate(st, absl::StrCat("reading ", keys[i]));
           if (st.ok() || !Retryable(st)) pending[i] = false;

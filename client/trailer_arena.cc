@@ -45,7 +45,7 @@ absl::StatusOr<TrailerBlock> TrailerArena::Acquire(size_t n) {
     while (bytes < need) bytes *= 2;
     Block b;
     b.memory.reset(new char[bytes]());
-    b.crcs.reset(new transport::ReadCrc[bytes / kTrailerBytes]());
+    b.crcs.reset(new transport::CopyCrc[bytes / kTrailerBytes]());
     b.bytes = bytes;
     absl::Status st = engine_->RegisterMemory(b.memory.get(), bytes, "cpu:0");
     if (!st.ok()) return st;

@@ -68,7 +68,7 @@ struct Slice {
   uint64_t remote_offset = 0;  // within the segment
   uint64_t length = 0;
   absl::Status status;  // set by the backend
-  ReadCrc* crc = nullptr;  // a read's Request::crc, when it moves in this one slice
+  CopyCrc* crc = nullptr;  // the Request::crc, when it moves in this one slice
 };
 
 struct Capabilities {
@@ -76,6 +76,7 @@ struct Capabilities {
   bool same_host_only = false;    // shm, cuda
   bool needs_registered_local = false;  // rdma
   bool cuda_memory = false;       // can read and write cuda:<n> memory
+  bool checksums_copies = false;  // sets Slice::crc on reads and writes (shm)
   // Post returns by its deadline whatever the peer does, so the engine may
   // run it on a caller's thread (TransferEngine::SubmitHere).
   bool bounded_post = false;

@@ -357,7 +357,7 @@ class Engine final : public TransferEngine, public ServedMemory {
             s.local = static_cast<char*>(r.local) + done;
             s.remote_offset = r.offset + done;
             s.length = std::min(options_.slice_size, r.length - done);
-            if (r.op == Op::kRead && r.length <= options_.slice_size) s.crc = r.crc;
+            if (r.length <= options_.slice_size) s.crc = r.crc;
             batch->slices.push_back(s);
             batch->slice_request.push_back(i);
           }
@@ -421,6 +421,12 @@ class Engine final : public TransferEngine, public ServedMemory {
       info.fallbacks.push_back(std::string(p.status().message()));
     }
     return info;
+  }
+
+  bool ChecksumsCopies(const std::string& segment) override {
+    std::shared_ptr<PeerEntry> e = Entry(segment);
+    MutexLock lock(&e->mu);
+    return e->channel != nullptr && e->backend != nullptr && e->backend->capabilities().checksums_copies;
   }
 
   void ForgetPeers() override {

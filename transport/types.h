@@ -16,9 +16,9 @@ enum class Op : uint8_t { kRead = 1, kWrite = 2 };
 // `segment` into `local`; WRITE copies from `local` to the remote range.
 // `local` is owned by the caller and must stay valid until the batch
 // completes.
-// The CRC32C of a read's bytes as they landed, when the transport worked
-// it out while copying them (see Request::crc).
-struct ReadCrc {
+// The CRC32C of a request's bytes as they landed, when the transport
+// worked it out while copying them (see Request::crc).
+struct CopyCrc {
   uint32_t value = 0;
   bool set = false;  // false: not computed; checksum the bytes yourself
 };
@@ -29,13 +29,14 @@ struct Request {
   std::string segment;
   uint64_t offset = 0;
   uint64_t length = 0;
-  // Reads only, optional: a transport that copies with the CPU (shm)
-  // checksums each block as it copies it and stores the CRC32C here, so
-  // the caller need not read the bytes a second time; others leave it
-  // unset. Only for a read that moves in one slice (EngineOptions::
-  // slice_size). Read it only once the request finished OK; it must stay
-  // valid as long as the local buffer does.
-  ReadCrc* crc = nullptr;
+  // Optional: a transport that copies with the CPU (shm,
+  // Capabilities::checksums_copies) checksums the bytes as it copies them
+  // and stores the CRC32C of what landed here, so the caller need not read
+  // them a second time; others leave it unset. Only for a request that
+  // moves in one slice (EngineOptions::slice_size). Read it only once the
+  // request finished OK; it must stay valid as long as the local buffer
+  // does.
+  CopyCrc* crc = nullptr;
 };
 
 // Where registered memory lives: "cpu:<numa node>" or "cuda:<device>".

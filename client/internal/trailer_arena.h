@@ -7,7 +7,7 @@
 //
 //   ASSIGN_OR_RETURN(TrailerBlock block, arena.Acquire(n));
 //   char* t = block.slot(i);            // kTrailerBytes bytes
-//   transport::ReadCrc* c = block.crc(i);  // unset until a transport sets it
+//   transport::CopyCrc* c = block.crc(i);  // unset until a transport sets it
 //   block.Hold(batch);                  // not lent again until batch is done
 //
 // A block comes back when the TrailerBlock is destroyed, but is lent again
@@ -37,9 +37,9 @@ class TrailerBlock {
   ~TrailerBlock();
 
   char* slot(size_t i) const { return data_ + i * kTrailerBytes; }
-  // Where a transport may leave the CRC of value i as it read it; the same
+  // Where a transport may leave the CRC of value i as it copied it; the same
   // lifetime as the slots, since a late transfer may still write it.
-  transport::ReadCrc* crc(size_t i) const { return crcs_ + i; }
+  transport::CopyCrc* crc(size_t i) const { return crcs_ + i; }
   void Hold(std::shared_ptr<transport::Batch> batch) { holds_.push_back(std::move(batch)); }
 
  private:
@@ -47,7 +47,7 @@ class TrailerBlock {
   TrailerArena* arena_ = nullptr;
   size_t block_ = 0;
   char* data_ = nullptr;
-  transport::ReadCrc* crcs_ = nullptr;
+  transport::CopyCrc* crcs_ = nullptr;
   std::vector<std::shared_ptr<transport::Batch>> holds_;
 };
 
@@ -66,7 +66,7 @@ class TrailerArena {
   friend class TrailerBlock;
   struct Block {
     std::unique_ptr<char[]> memory;
-    std::unique_ptr<transport::ReadCrc[]> crcs;  // one per slot
+    std::unique_ptr<transport::CopyCrc[]> crcs;  // one per slot
     size_t bytes = 0;
     bool lent = false;
     std::vector<std::shared_ptr<transport::Batch>> holds;  // until done

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/internal/replica_cache.h"
+#include "config/base/crc32c.h"
 #include "config/base/status.h"
 #include "config/master_config.h"
 #include "master/server.h"
@@ -532,6 +533,52 @@ TEST_F(ClientTest, ACorruptValueIsDataLossOverShm) {
   auto cached = Cached(Options("host-e"));
   ASSERT_NE(cached, nullptr);
   ExpectCorruptValueIsDataLoss(cached.get(), "shm", "remembered");
+}
+
+// Over shm a put's first replica is written by a copy that works out the
+// CRC as it goes, and the trailer is written from it once the value has
+// landed. Every trailer must be the checksum of the value's bytes: single
+// and batched puts, one and two replicas, values in parts (checksummed
+// here), and the first put to a store (no channel yet: checksummed here).
+TEST_F(ClientTest, PutsOverShmStoreTheChecksumTheirCopyWorkedOut) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"shm", "tcp"}));
+  auto check = [&](const std::string& key, const std::string& value) {
+    SCOPED_TRACE(key);
+    ASSERT_OK_AND_ASSIGN(std::string got, client_->Get(key));
+    EXPECT_TRUE(got == value);
+    auto replicas = client_->master().GetReplicas({key});
+    ASSERT_TRUE(replicas.ok()) << replicas.status();
+    ASSERT_GE(replicas->replica_offsets_size(), 1);
+    for (int r = 0; r < replicas->replica_offsets_size(); ++r) {
+      const std::string segment = replicas->segments(replicas->replica_segments(r));
+      char trailer[8];
+      ASSERT_OK(client_->engine().Transfer(
+          {{Op::kRead, trailer, segment, replicas->replica_offsets(r) + value.size(), sizeof trailer}})[0]);
+      uint32_t crc;
+      std::memcpy(&crc, trailer, 4);
+      EXPECT_EQ(crc, Crc32c(value.data(), value.size())) << "replica " << r;
+      EXPECT_EQ(client_->engine().Describe(segment).transport, "shm");
+    }
+  };
+  const std::string first = Value(70000, 21);
+  ASSERT_OK(client_->Put("first", first));
+  check("first", first);
+  for (int replicas : {1, 2}) {
+    const std::string single = Value(300000 + replicas, 22);
+    const std::string key = absl::StrCat("single-", replicas);
+    ASSERT_OK(client_->Put(key, single, {.replicas = replicas}));
+    check(key, single);
+    std::vector<std::string> values;
+    std::vector<client::PutItem> items;
+    for (int i = 0; i < 6; ++i) values.push_back(Value(1000 + 90000 * i, 30 + i));
+    for (int i = 0; i < 6; ++i) items.push_back({absl::StrCat("batch-", replicas, "-", i), values[i]});
+    // One item in parts: its trailer is checksummed here.
+    const std::string whole = values[2];
+    items[2].value = {};
+    items[2].parts = {absl::string_view(whole).substr(0, 500), absl::string_view(whole).substr(500)};
+    for (const absl::Status& st : client_->BatchPut(items, {.replicas = replicas})) EXPECT_OK(st);
+    for (int i = 0; i < 6; ++i) check(items[i].key, values[i]);
+  }
 }
 
 TEST_F(ClientTest, ACorruptValueIsDataLossOverTcp) {

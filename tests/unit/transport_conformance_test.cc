@@ -112,17 +112,26 @@ TEST_P(TransportConformance, RoundTripsFromOneByteTo64MiB) {
   EXPECT_GT(st.bytes_read, 64u << 20);
 }
 
-// A read may ask for the CRC32C of its bytes: a transport that works it
-// out as it copies (shm) gives exactly the checksum of what landed; the
-// others leave it unset, and so does every transport for a read of more
-// than one slice.
-TEST_P(TransportConformance, AReadsCopiedChecksumIsTheChecksumOfItsBytesOrUnset) {
+// A read or a write may ask for the CRC32C of its bytes: a transport that
+// works it out as it copies (shm) gives exactly the checksum of what
+// landed, and the engine's hint says so once the peer has been reached;
+// the others leave it unset, and so does every transport for a request of
+// more than one slice.
+TEST_P(TransportConformance, ACopiedChecksumIsTheChecksumOfTheBytesOrUnset) {
   uint64_t offset = 777;
+  const bool sets = GetParam() == "shm";
+  EXPECT_EQ(client_->ChecksumsCopies("seg"), false);  // not reached yet: no hint
   for (uint64_t size : {1ull, 4096ull, 100001ull, 1ull << 20, (4ull << 20) + 3}) {
     char* out = LocalPattern(size, size + 1);
     char* in = Local(size);
-    ASSERT_OK(Do(Op::kWrite, out, offset, size)[0]) << size;
-    ReadCrc crc;
+    CopyCrc wrote;
+    ASSERT_OK(client_->Transfer({{Op::kWrite, out, "seg", offset, size, &wrote}}, absl::Seconds(20))[0]) << size;
+    EXPECT_EQ(client_->ChecksumsCopies("seg"), sets);
+    EXPECT_EQ(std::memcmp(region_->data() + offset, out, size), 0) << size;
+    const bool one_slice_write = size <= EngineOptions{}.slice_size;
+    EXPECT_EQ(wrote.set, sets && one_slice_write) << size;
+    if (wrote.set) EXPECT_EQ(wrote.value, Crc32c(out, size)) << size;
+    CopyCrc crc;
     ASSERT_OK(client_->Transfer({{Op::kRead, in, "seg", offset, size, &crc}}, absl::Seconds(20))[0]) << size;
     EXPECT_EQ(std::memcmp(in, out, size), 0) << size;
     const bool one_slice = size <= EngineOptions{}.slice_size;

@@ -105,13 +105,13 @@ class ShmChannel final : public PeerChannel {
         continue;
       }
       char* remote = m->addr + (s->remote_offset - m->offset);
-      if (s->op == Op::kRead && s->crc != nullptr) {
-        s->crc->value = Crc32cCopy(0, s->local, remote, s->length);
+      char* to = s->op == Op::kRead ? s->local : remote;
+      const char* from = s->op == Op::kRead ? remote : s->local;
+      if (s->crc != nullptr) {
+        s->crc->value = Crc32cCopy(0, to, from, s->length);
         s->crc->set = true;
-      } else if (s->op == Op::kRead) {
-        std::memcpy(s->local, remote, s->length);
       } else {
-        std::memcpy(remote, s->local, s->length);
+        std::memcpy(to, from, s->length);
       }
       s->status = absl::OkStatus();
     }
@@ -182,7 +182,7 @@ class ShmBackend final : public Backend {
     if (beacon_fd_ >= 0) close(beacon_fd_);
   }
   std::string name() const override { return "shm"; }
-  Capabilities capabilities() const override { return {.rank = 100, .same_host_only = true, .bounded_post = true}; }
+  Capabilities capabilities() const override { return {.rank = 100, .same_host_only = true, .checksums_copies = true, .bounded_post = true}; }
   absl::Status Start(ServedMemory*) override { return absl::OkStatus(); }
   // Every channel mapping this process's buffers sees it stop.
   void Stop() override {
