@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
@@ -320,13 +321,19 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
   };
   const absl::Time wait_until = absl::Now() + options_.transfer_timeout + kCompletionGrace;
   std::shared_ptr<transport::Batch> value_batch, tail_batch;
-  if (n == 1 && fused[0]) {
-    // A single put over shm: the value and its CRC on this thread, then
-    // the trailer (two copies in this process, no round trip).
+  if (std::find(fused.begin(), fused.end(), true) != fused.end()) {
+    // Checksummed by the copies (shm): this thread has little to compute
+    // while they run, so it moves a share of them, and then of the
+    // trailers, instead of waking a worker for each.
     value_batch = engine_->SubmitHere(std::move(values), options_.transfer_timeout);
-    trailers->Hold(value_batch);  // it writes the block's CRC slot
+    trailers->Hold(value_batch);  // it writes the block's CRC slots
+    for (size_t i = 0; i < n; ++i) {
+      if (began[i] && !fused[i]) MakeTrailer(Parts(items[i]), trailers->slot(i));
+    }
     (void)value_batch->Wait(wait_until);
-    finish_fused(0);
+    for (size_t i = 0; i < n; ++i) {
+      if (fused[i]) finish_fused(i);
+    }
     tail_batch = engine_->SubmitHere(std::move(tails), options_.transfer_timeout);
     trailers->Hold(tail_batch);
   } else if (n == 1) {
@@ -345,17 +352,8 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
     }
   } else {
     value_batch = engine_->Submit(std::move(values), options_.transfer_timeout);
-    bool any_fused = false;
     for (size_t i = 0; i < n; ++i) {
-      if (began[i] && !fused[i]) MakeTrailer(Parts(items[i]), trailers->slot(i));
-      any_fused = any_fused || fused[i];
-    }
-    if (any_fused) {
-      trailers->Hold(value_batch);  // it writes the block's CRC slots
-      (void)value_batch->Wait(wait_until);
-      for (size_t i = 0; i < n; ++i) {
-        if (fused[i]) finish_fused(i);
-      }
+      if (began[i]) MakeTrailer(Parts(items[i]), trailers->slot(i));
     }
     tail_batch = engine_->Submit(std::move(tails), options_.transfer_timeout);
     trailers->Hold(tail_batch);
