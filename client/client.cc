@@ -189,6 +189,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   std::unique_ptr<Client> c(new Client());
   if (options.client_id.empty()) options.client_id = RandomId().substr(0, 12);
   if (options.host.empty()) options.host = LocalHostName();
+  // A spin past a millisecond is no longer cheaper than a wake-up.
+  options.reply_spin = std::clamp(options.reply_spin, absl::ZeroDuration(), absl::Milliseconds(1));
   c->options_ = options;
   MasterClientOptions mo;
   mo.rpc_timeout = options.rpc_timeout;
@@ -294,7 +296,7 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
     for (const v1::Extent& e : r.replicas()) {
       vsize = 0;
       transport::CopyCrc* crc = nullptr;
-      if (one != nullptr && !fused[i] && engine_->ChecksumsCopies(e.segment())) {
+      if (one != nullptr && !fused[i] && engine_->ChecksumsCopies(e.segment(), one->size())) {
         fused[i] = true;
         crc = trailers->crc(i);
       }
@@ -321,19 +323,47 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
   };
   const absl::Time wait_until = absl::Now() + options_.transfer_timeout + kCompletionGrace;
   std::shared_ptr<transport::Batch> value_batch, tail_batch;
+  std::shared_ptr<transport::Batch> early_tail_batch;  // the fused path's unfused trailers
+  std::vector<size_t> early_tail_owner;
   if (std::find(fused.begin(), fused.end(), true) != fused.end()) {
-    // Checksummed by the copies (shm): this thread has little to compute
-    // while they run, so it moves a share of them, and then of the
-    // trailers, instead of waking a worker for each.
+    // Checksummed by the copies (shm): this thread moves a share of the
+    // values instead of waking a worker for it. Unfused items' trailers
+    // go out as soon as they are computed; a fused one waits for its value
+    // to land OK (only then is the CRC its copy left there complete).
     value_batch = engine_->SubmitHere(std::move(values), options_.transfer_timeout);
     trailers->Hold(value_batch);  // it writes the block's CRC slots
+    std::vector<Request> early, late;
+    std::vector<size_t> late_owner;
+    for (size_t k = 0; k < tails.size(); ++k) {
+      if (fused[tail_owner[k]]) continue;
+      early.push_back(tails[k]);
+      early_tail_owner.push_back(tail_owner[k]);
+    }
     for (size_t i = 0; i < n; ++i) {
       if (began[i] && !fused[i]) MakeTrailer(Parts(items[i]), trailers->slot(i));
     }
-    (void)value_batch->Wait(wait_until);
-    for (size_t i = 0; i < n; ++i) {
-      if (fused[i]) finish_fused(i);
+    if (!early.empty()) {
+      early_tail_batch = engine_->Submit(std::move(early), options_.transfer_timeout);
+      trailers->Hold(early_tail_batch);
     }
+    (void)value_batch->Wait(wait_until);
+    std::vector<bool> landed(n, true);
+    const std::vector<absl::Status> wrote = value_batch->statuses();
+    for (size_t k = 0; k < value_owner.size(); ++k) {
+      if (k >= wrote.size() || !wrote[k].ok()) landed[value_owner[k]] = false;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (fused[i] && landed[i]) finish_fused(i);
+    }
+    for (size_t k = 0; k < tails.size(); ++k) {
+      // A value that did not land fails its put (recorded below); its
+      // trailer is not written.
+      if (!fused[tail_owner[k]] || !landed[tail_owner[k]]) continue;
+      late.push_back(tails[k]);
+      late_owner.push_back(tail_owner[k]);
+    }
+    tails = std::move(late);
+    tail_owner = std::move(late_owner);
     tail_batch = engine_->SubmitHere(std::move(tails), options_.transfer_timeout);
     trailers->Hold(tail_batch);
   } else if (n == 1) {
@@ -374,6 +404,10 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
     (void)tail_batch->Wait(wait_until);
     record(*value_batch, value_owner);
     record(*tail_batch, tail_owner);
+  }
+  if (early_tail_batch) {
+    (void)early_tail_batch->Wait(wait_until);
+    record(*early_tail_batch, early_tail_owner);
   }
   // A group with a failed member is given up whole.
   absl::flat_hash_set<std::string> failed_groups;

@@ -83,7 +83,7 @@ struct ClientOptions {
   // How long a call busy-polls for its reply (the master's direct lane, a
   // tcp transfer) before sleeping in the kernel. A reply due within it
   // costs no wake-up, which is tens of microseconds on virtual machines;
-  // the caller's core is busy meanwhile. 0 never spins.
+  // the caller's core is busy meanwhile. 0 never spins; at most 1 ms.
   absl::Duration reply_spin = absl::Microseconds(50);
   bool verify_checksums = true;
   // Keys whose replicas are remembered while their read lease runs, so a

@@ -92,7 +92,7 @@ absl::Status DirectChannel::Exchange(int fd, DirectMethod method, const google::
   }
   RETURN_IF_ERROR(transport::tcp::WriteFull(fd, buf->data(), buf->size(), deadline));
   char header[direct::kHeaderSize];
-  (void)transport::tcp::SpinUntilReadable(fd, reply_spin_);
+  (void)transport::tcp::SpinUntilReadable(fd, std::min(reply_spin_, deadline - absl::Now()));
   RETURN_IF_ERROR(transport::tcp::ReadFull(fd, header, sizeof header, deadline));
   absl::StatusOr<direct::ReplyHeader> h = direct::DecodeReply(header, max_message_);
   if (!h.ok()) return absl::UnavailableError(absl::StrCat("reply: ", h.status().message()));

@@ -35,7 +35,7 @@ const FlagTable<BenchConfig>& BenchFlags() {
                      "as the library's default; e.g. 65536 to measure the cache)"),
           DurationFlag<C>("reply-spin", &C::reply_spin, "50us", 0, 1,
                           "master/store: how long a client call busy-polls for its reply before sleeping "
-                          "(0: never, as before; the library's default is 50us)"),
+                          "(0s: never, as before; the library's default is 50us)"),
           IntFlag<C>("repetitions", &C::repetitions, "3", 1, 100,
                      "interleaved repetitions of each case; medians are reported"),
       });

@@ -423,7 +423,8 @@ class Engine final : public TransferEngine, public ServedMemory {
     return info;
   }
 
-  bool ChecksumsCopies(const std::string& segment) override {
+  bool ChecksumsCopies(const std::string& segment, uint64_t length) override {
+    if (length > options_.slice_size) return false;
     std::shared_ptr<PeerEntry> e = Entry(segment);
     MutexLock lock(&e->mu);
     return e->channel != nullptr && e->backend != nullptr && e->backend->capabilities().checksums_copies;

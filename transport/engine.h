@@ -135,11 +135,13 @@ class TransferEngine {
 
   // Which transport reaches `segment`, and why others did not.
   virtual PeerInfo Describe(const std::string& segment) = 0;
-  // A hint that never reaches the peer: true when requests to `segment`
-  // went, the last time, through a transport that sets Request::crc as it
-  // copies (Capabilities::checksums_copies). A request may still come
-  // back without it (another route, a restarted peer): check CopyCrc::set.
-  virtual bool ChecksumsCopies(const std::string& segment) = 0;
+  // A hint that never reaches the peer: true when a request of `length`
+  // bytes to `segment` would get Request::crc set: it moves in one slice,
+  // and requests there went, the last time, through a transport that
+  // checksums as it copies (Capabilities::checksums_copies). A request may
+  // still come back without it (another route, a restarted peer): check
+  // CopyCrc::set.
+  virtual bool ChecksumsCopies(const std::string& segment, uint64_t length) = 0;
   // Forgets cached descriptors and channels (after a peer re-mounts, say).
   virtual void ForgetPeers() = 0;
   virtual EngineStats Stats() const = 0;

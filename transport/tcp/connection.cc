@@ -138,9 +138,13 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
         Slice* s = slices[recv_i];
         ssize_t got;
         int flags = blocking ? MSG_WAITALL : MSG_DONTWAIT;
-        // While bytes keep coming within the spin window, take what has
-        // arrived without sleeping; past it, sleep in a blocking receive.
-        const bool spun = blocking && SpinUntilReadable(fd_.get(), reply_spin_);
+        // A reply's header, and a payload with little left of it, are spun
+        // for (what has arrived is taken without sleeping); a large payload
+        // still to come is slept for in one blocking receive, so a worker
+        // does not spin through a long transfer. Never past the deadline.
+        const bool small_rest = reply_got == kReplySize && current.length - payload_got <= kSpinPayload;
+        const absl::Duration window = std::min(reply_spin_, deadline - absl::Now());
+        const bool spun = blocking && (reply_got < kReplySize || small_rest) && SpinUntilReadable(fd_.get(), window);
         if (spun) flags = MSG_DONTWAIT;
         if (reply_got < kReplySize) {
           got = ::recv(fd_.get(), reply + reply_got, kReplySize - reply_got, flags);
@@ -156,7 +160,13 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
           return;
         }
         if (got < 0) {
-          if (errno == EINTR || (spun && (errno == EAGAIN || errno == EWOULDBLOCK))) continue;
+          if (errno == EINTR || (spun && (errno == EAGAIN || errno == EWOULDBLOCK) && absl::Now() < deadline)) {
+            continue;
+          }
+          if (spun && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            fail_rest(absl::DeadlineExceededError(absl::StrCat("transfer to ", endpoint_, " timed out")));
+            break;
+          }
           if (blocking && (errno == EAGAIN || errno == EWOULDBLOCK) && absl::Now() < deadline) {
             // The socket's timeout (armed for an earlier, later deadline)
             // ran out first: re-arm it for this one.

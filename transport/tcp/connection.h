@@ -47,6 +47,8 @@ class Connection {
   void ArmTimeout(absl::Time deadline);
   Fd fd_;
   std::string endpoint_;
+  // Payload bytes still to come below which a reply is spun for.
+  static constexpr uint64_t kSpinPayload = 1 << 20;
   const absl::Duration reply_spin_;
   uint64_t next_id_ = 1;
   bool broken_ = false;

@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -189,11 +191,12 @@ absl::Status ReadFull(int fd, void* buf, size_t len, absl::Time deadline) {
 
 bool SpinUntilReadable(int fd, absl::Duration window) {
   if (window <= absl::ZeroDuration()) return false;
-  const int64_t until = absl::GetCurrentTimeNanos() + absl::ToInt64Nanoseconds(window);
+  // A monotonic clock: a wall-clock step must not stretch the spin.
+  const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(std::min(window, absl::Seconds(1)));
   do {
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, 0) > 0) return true;
-  } while (absl::GetCurrentTimeNanos() < until);
+  } while (std::chrono::steady_clock::now() < until);
   return false;
 }
 
