@@ -45,18 +45,7 @@ uint32_t MulModP(uint32_t a, uint32_t b) {
   return product;
 }
 
-// x^(8 * bytes) mod P.
-uint32_t ShiftFor(uint64_t bytes) {
-  uint32_t result = 1u << 31;  // x^0
-  uint32_t power = 1u << 23;   // x^8: one byte
-  for (uint64_t n = bytes; n != 0; n >>= 1) {
-    if (n & 1) result = MulModP(result, power);
-    power = MulModP(power, power);
-  }
-  return result;
-}
-
-// x^n mod P.
+// x^n mod P (x^(8 * bytes) shifts a CRC past `bytes` zero bytes).
 uint32_t XPow(uint64_t n) {
   uint32_t result = 1u << 31;  // x^0
   uint32_t power = 1u << 30;   // x^1
@@ -74,7 +63,7 @@ uint32_t XPow(uint64_t n) {
 constexpr size_t kLane = 8192;
 
 __attribute__((target("sse4.2"))) uint32_t Hardware(uint32_t crc, const uint8_t* p, size_t n) {
-  static const uint32_t shift = ShiftFor(kLane);
+  static const uint32_t shift = XPow(8 * kLane);
   while (n >= 3 * kLane) {
     uint64_t a = crc, b = 0xffffffffu, c = 0xffffffffu;
     const uint8_t* pa = p;

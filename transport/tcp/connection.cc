@@ -143,8 +143,8 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
         // still to come is slept for in one blocking receive, so a worker
         // does not spin through a long transfer. Never past the deadline.
         const bool small_rest = reply_got == kReplySize && current.length - payload_got <= kSpinPayload;
-        const absl::Duration window = std::min(reply_spin_, deadline - absl::Now());
-        const bool spun = blocking && (reply_got < kReplySize || small_rest) && SpinUntilReadable(fd_.get(), window);
+        const bool spun = blocking && reply_spin_ > absl::ZeroDuration() && (reply_got < kReplySize || small_rest) &&
+                          SpinUntilReadable(fd_.get(), std::min(reply_spin_, deadline - absl::Now()));
         if (spun) flags = MSG_DONTWAIT;
         if (reply_got < kReplySize) {
           got = ::recv(fd_.get(), reply + reply_got, kReplySize - reply_got, flags);
