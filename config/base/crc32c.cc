@@ -139,33 +139,40 @@ TIERKV_FOLD_TARGET inline __m128i Fold(__m128i a, __m128i b, __m128i k) {
 // Below this the fold's set-up costs more than it saves.
 constexpr size_t kFoldMin = 512;
 
+// Four registers to dst: cached stores, or with kStream (dst 64-byte
+// aligned) non-temporal ones, which write whole lines around the cache.
+template <bool kStream>
+TIERKV_FOLD_TARGET inline void Store256(char* dst, __m512i v0, __m512i v1, __m512i v2, __m512i v3) {
+  if constexpr (kStream) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), v0);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + 64), v1);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + 128), v2);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + 192), v3);
+  } else {
+    _mm512_storeu_si512(dst, v0);
+    _mm512_storeu_si512(dst + 64, v1);
+    _mm512_storeu_si512(dst + 128, v2);
+    _mm512_storeu_si512(dst + 192, v3);
+  }
+}
+
 // The raw (uninverted) CRC of p[0, n) from `crc`, n >= kFoldMin; with
 // kCopy, also copies the bytes to dst as it reads them, so a copy and its
-// checksum cost one pass over the data.
-template <bool kCopy>
+// checksum cost one pass over the data (kStream: see Store256).
+template <bool kCopy, bool kStream = false>
 TIERKV_FOLD_TARGET uint32_t Folded(uint32_t crc, char* dst, const uint8_t* p, size_t n) {
   static const FoldConstant by256 = FoldBy(256), by64 = FoldBy(64), by16 = FoldBy(16);
   const __m512i k256 = Broadcast(by256), k64 = Broadcast(by64);
   __m512i a0 = _mm512_loadu_si512(p), a1 = _mm512_loadu_si512(p + 64);
   __m512i a2 = _mm512_loadu_si512(p + 128), a3 = _mm512_loadu_si512(p + 192);
-  if constexpr (kCopy) {
-    _mm512_storeu_si512(dst, a0);
-    _mm512_storeu_si512(dst + 64, a1);
-    _mm512_storeu_si512(dst + 128, a2);
-    _mm512_storeu_si512(dst + 192, a3);
-  }
+  if constexpr (kCopy) Store256<kStream>(dst, a0, a1, a2, a3);
   // The running CRC is XORed into the first four bytes, as crc32 does.
   a0 = _mm512_xor_si512(a0, _mm512_zextsi128_si512(_mm_cvtsi32_si128(static_cast<int>(crc))));
   size_t at = 256;
   for (; at + 256 <= n; at += 256) {
     __m512i b0 = _mm512_loadu_si512(p + at), b1 = _mm512_loadu_si512(p + at + 64);
     __m512i b2 = _mm512_loadu_si512(p + at + 128), b3 = _mm512_loadu_si512(p + at + 192);
-    if constexpr (kCopy) {
-      _mm512_storeu_si512(dst + at, b0);
-      _mm512_storeu_si512(dst + at + 64, b1);
-      _mm512_storeu_si512(dst + at + 128, b2);
-      _mm512_storeu_si512(dst + at + 192, b3);
-    }
+    if constexpr (kCopy) Store256<kStream>(dst + at, b0, b1, b2, b3);
     a0 = Fold(a0, b0, k256);
     a1 = Fold(a1, b1, k256);
     a2 = Fold(a2, b2, k256);
@@ -186,6 +193,8 @@ TIERKV_FOLD_TARGET uint32_t Folded(uint32_t crc, char* dst, const uint8_t* p, si
   uint64_t c = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(last)));
   c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_extract_epi64(last, 1)));
   if constexpr (kCopy) {
+    // Streamed lines reach memory before any later store does.
+    if constexpr (kStream) _mm_sfence();
     // The tail is checksummed where it landed: a source that changes
     // under the copy (shared memory) still gets the CRC of what was copied.
     std::memcpy(dst + at, p + at, n - at);
@@ -255,6 +264,50 @@ uint32_t Crc32cCopy(uint32_t crc, void* dst, const void* src, size_t size) {
   return CopyBlocks(crc, dst, src, size);
 }
 
+#if defined(__x86_64__)
+namespace {
+
+// The streaming copy without a checksum: cached stores up to dst's next
+// line, whole lines streamed, the tail cached again.
+TIERKV_FOLD_TARGET void StreamLines(char* dst, const char* src, size_t size) {
+  const size_t head = std::min(size, (64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64);
+  std::memcpy(dst, src, head);
+  size_t at = head;
+  for (; at + 256 <= size; at += 256) {
+    Store256<true>(dst + at, _mm512_loadu_si512(src + at), _mm512_loadu_si512(src + at + 64),
+                   _mm512_loadu_si512(src + at + 128), _mm512_loadu_si512(src + at + 192));
+  }
+  _mm_sfence();
+  std::memcpy(dst + at, src + at, size - at);
+}
+
+bool StreamAvailable() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+}  // namespace
+#endif
+
+void CopyOut(void* dst, const void* src, size_t size) {
+#if defined(__x86_64__)
+  if (size >= kCopyOutMin && StreamAvailable()) {
+    StreamLines(static_cast<char*>(dst), static_cast<const char*>(src), size);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, size);
+}
+
+uint32_t Crc32cCopyOut(uint32_t crc, void* dst, const void* src, size_t size) {
+#if defined(__x86_64__)
+  if (size >= kCopyOutMin && reinterpret_cast<uintptr_t>(dst) % 64 == 0 && FoldAvailable()) {
+    return ~Folded<true, true>(~crc, static_cast<char*>(dst), static_cast<const uint8_t*>(src), size);
+  }
+#endif
+  return Crc32cCopy(crc, dst, src, size);
+}
+
 bool Crc32cExtendVia(const char* path, uint32_t* crc, void* dst, const void* data, size_t size) {
   const std::string_view want(path);
   const uint8_t* p = static_cast<const uint8_t*>(data);
@@ -275,6 +328,11 @@ bool Crc32cExtendVia(const char* path, uint32_t* crc, void* dst, const void* dat
     if (size < kFoldMin) return false;
     const bool copy = want == "vpclmulqdq-copy";
     *crc = copy ? ~Folded<true>(~*crc, static_cast<char*>(dst), p, size) : ~Folded<false>(~*crc, nullptr, p, size);
+    return true;
+  }
+  if (want == "vpclmulqdq-stream" && FoldAvailable()) {
+    if (size < kFoldMin || reinterpret_cast<uintptr_t>(dst) % 64 != 0) return false;
+    *crc = ~Folded<true, true>(~*crc, static_cast<char*>(dst), p, size);
     return true;
   }
 #endif

@@ -123,7 +123,7 @@ TEST(Crc32cTest, EveryPathMatchesTheDefinition) {
   std::vector<size_t> lengths = {0, 1, 15, 16, 255, 256, 511, 512, 513, 767, 768, 1023, 1024, 4096, 24576, 65536,
                                  99'999, 262'145, 299'936};
   for (int i = 0; i < 300; ++i) lengths.push_back(rng() % 6000);
-  int checked_fold = 0;
+  int checked_fold = 0, checked_stream = 0;
   for (size_t len : lengths) {
     const size_t off = rng() % 64;
     const uint32_t init = len % 2 ? static_cast<uint32_t>(rng()) : 0;
@@ -132,18 +132,38 @@ TEST(Crc32cTest, EveryPathMatchesTheDefinition) {
     std::string copy(len + 2, '\0');
     EXPECT_EQ(Crc32cCopy(init, copy.data() + 1, data.data() + off, len), want) << len;
     EXPECT_EQ(copy.substr(1, len), data.substr(off, len)) << len;
-    for (const char* path : {"table", "sse4.2", "vpclmulqdq", "vpclmulqdq-copy", "copy-blocks"}) {
+    // The copies out: into a 64-byte aligned place (the streaming path)
+    // and one off it, with guard bytes either side that must stay.
+    for (size_t skew : {size_t{0}, size_t{1} + rng() % 63}) {
+      std::string out(len + 192, '#');
+      char* at = out.data() + (64 - reinterpret_cast<uintptr_t>(out.data()) % 64) + skew;
+      const size_t before = static_cast<size_t>(at - out.data()), after = out.size() - before - len;
+      EXPECT_EQ(Crc32cCopyOut(init, at, data.data() + off, len), want) << len << " skew " << skew;
+      EXPECT_EQ(out.substr(before, len), data.substr(off, len)) << len << " skew " << skew;
+      std::fill(at, at + len, '#');
+      EXPECT_EQ(out, std::string(out.size(), '#')) << "Crc32cCopyOut wrote outside its range: " << len;
+      CopyOut(at, data.data() + off, len);
+      EXPECT_EQ(out.substr(before, len), data.substr(off, len)) << len << " skew " << skew;
+      EXPECT_EQ(out.substr(0, before) + out.substr(before + len), std::string(before + after, '#')) << len;
+    }
+    for (const char* path : {"table", "sse4.2", "vpclmulqdq", "vpclmulqdq-copy", "vpclmulqdq-stream", "copy-blocks"}) {
       uint32_t crc = init;
-      std::string out(len + 2, '\0');
-      if (!Crc32cExtendVia(path, &crc, out.data() + 1, data.data() + off, len)) continue;
+      std::string out(len + 130, '\0');
+      const bool stream = std::string_view(path) == "vpclmulqdq-stream";
+      const size_t at = stream ? (64 - reinterpret_cast<uintptr_t>(out.data()) % 64) : 1;
+      if (!Crc32cExtendVia(path, &crc, out.data() + at, data.data() + off, len)) continue;
       EXPECT_EQ(crc, want) << path << " " << len;
-      if (std::string_view(path).find("cop") != std::string_view::npos) {
-        EXPECT_EQ(out.substr(1, len), data.substr(off, len)) << path << " " << len;
+      if (std::string_view(path).find("cop") != std::string_view::npos || stream) {
+        EXPECT_EQ(out.substr(at, len), data.substr(off, len)) << path << " " << len;
       }
       if (std::string_view(path).starts_with("vpclmulqdq")) ++checked_fold;
+      if (stream) ++checked_stream;
     }
   }
   if (checked_fold == 0) std::printf("this CPU has no VPCLMULQDQ: the fold was not checked here\n");
+  if (checked_fold > 0) {
+    EXPECT_GT(checked_stream, 0);
+  }
 }
 
 }  // namespace

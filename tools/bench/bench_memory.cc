@@ -12,7 +12,9 @@
 //     is the kernel zeroing it);
 //   - the checksum every value carries, on a 1 MiB value (a get's copy
 //     out of a segment on the same host): CRC32C alone and fused with the
-//     copy (Crc32cCopy), against memcpy of the same 1 MiB.
+//     copy (Crc32cCopy), against memcpy of the same 1 MiB;
+//   - a put's copy of 1 MiB into memory not in cache: memcpy against
+//     CopyOut and Crc32cCopyOut (non-temporal stores).
 #include <sched.h>
 #include <unistd.h>
 
@@ -139,6 +141,28 @@ int RunMemory(const BenchConfig& config) {
   value_case("value/memcpy", [&] { return std::memcpy(landed.data(), value.data(), kValue); });
   value_case("value/checksum", [&] { return Crc32c(value.data(), kValue); });
   value_case("value/copy-with-checksum", [&] { return Crc32cCopy(0, landed.data(), value.data(), kValue); });
+  // A put's copy: 1 MiB values written one after another through the whole
+  // reference buffer (up to 1 GiB), so the destination is never in cache,
+  // as a store's free extents are not: memcpy against the copies out
+  // (non-temporal stores), with and without the checksum.
+  auto put_case = [&](const char* name, auto body) {
+    benchmark::RegisterBenchmark(name, [&, body](benchmark::State& state) {
+      uint64_t at = 0;
+      for (auto _ : state) {
+        if (at + kValue > ref) at = 0;
+        benchmark::DoNotOptimize(body(dst.data() + at));
+        benchmark::ClobberMemory();
+        at += kValue;
+      }
+      state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kValue));
+    })->UseRealTime();
+  };
+  put_case("put/memcpy", [&](char* to) { return std::memcpy(to, value.data(), kValue); });
+  put_case("put/copy-out", [&](char* to) {
+    CopyOut(to, value.data(), kValue);
+    return to;
+  });
+  put_case("put/copy-out-with-checksum", [&](char* to) { return Crc32cCopyOut(0, to, value.data(), kValue); });
   // The crc32 instruction alone (three lanes), as on CPUs without the fold.
   uint32_t scalar = 0;
   const bool has_scalar = Crc32cExtendVia("sse4.2", &scalar, nullptr, value.data(), kValue);
@@ -172,6 +196,13 @@ int RunMemory(const BenchConfig& config) {
                           {"crc32c_instruction_GBps", value_scalar},
                           {"copy_and_crc32c_GBps", value_fused},
                           {"copy_and_crc32c_vs_memcpy", value_copy > 0 ? value_fused / value_copy : 0}};
+  const double put_copy = gbps("put/memcpy"), put_out = gbps("put/copy-out");
+  const double put_out_crc = gbps("put/copy-out-with-checksum");
+  out["put_copy_1mib"] = {{"memcpy_GBps", put_copy},
+                          {"copy_out_GBps", put_out},
+                          {"copy_out_and_crc32c_GBps", put_out_crc},
+                          {"copy_out_vs_memcpy", put_copy > 0 ? put_out / put_copy : 0},
+                          {"copy_out_and_crc32c_vs_memcpy", put_copy > 0 ? put_out_crc / put_copy : 0}};
   if (config.json) {
     std::printf("%s\n", out.dump().c_str());
   } else {
@@ -183,6 +214,10 @@ int RunMemory(const BenchConfig& config) {
                 "%.2f GB/s = %.2fx memcpy %.2f GB/s\n",
                 value_crc, Crc32cPath(), value_scalar, value_fused, value_copy > 0 ? value_fused / value_copy : 0,
                 value_copy);
+    std::printf("1 MiB put into memory not in cache: memcpy %.2f GB/s, copy out %.2f GB/s (%.2fx), copy out with "
+                "crc32c %.2f GB/s (%.2fx)\n",
+                put_copy, put_out, put_copy > 0 ? put_out / put_copy : 0, put_out_crc,
+                put_copy > 0 ? put_out_crc / put_copy : 0);
   }
   return 0;
 }

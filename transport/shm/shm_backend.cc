@@ -107,9 +107,15 @@ class ShmChannel final : public PeerChannel {
       char* remote = m->addr + (s->remote_offset - m->offset);
       char* to = s->op == Op::kRead ? s->local : remote;
       const char* from = s->op == Op::kRead ? remote : s->local;
+      // A write lands in memory another process reads later, so a large
+      // one streams around this core's cache (CopyOut); a read lands in
+      // the caller's buffer, which it reads next.
+      const bool out = s->op == Op::kWrite;
       if (s->crc != nullptr) {
-        s->crc->value = Crc32cCopy(0, to, from, s->length);
+        s->crc->value = out ? Crc32cCopyOut(0, to, from, s->length) : Crc32cCopy(0, to, from, s->length);
         s->crc->set = true;
+      } else if (out) {
+        CopyOut(to, from, s->length);
       } else {
         std::memcpy(to, from, s->length);
       }
