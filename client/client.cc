@@ -215,7 +215,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   eo.default_timeout = options.transfer_timeout;
   ASSIGN_OR_RETURN(c->engine_, transport::TransferEngine::Create(eo));
   c->trailers_ = std::make_unique<internal::TrailerArena>(c->engine_.get());
-  c->replicas_ = std::make_unique<internal::ReplicaCache>(options.replica_cache);
+  MasterClient* master = c->master_.get();
+  c->replicas_ = std::make_unique<internal::ReplicaCache>(
+      options.replica_cache, options.replica_cache_hold,
+      [master](const std::string& key, uint64_t token, int64_t expiry_ms) { master->ReleaseLease(key, token, expiry_ms); });
   if (options.lend_size > 0) {
     LenderOptions lo;
     lo.name = options.lend_name.empty() ? absl::StrCat("client-", options.client_id) : options.lend_name;
@@ -610,6 +613,7 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
   // the others are asked of the master.
   std::vector<size_t> ask;
   absl::Time now = absl::Now();
+  replicas_->ReleaseEnded(now);  // their give-backs go with this call's lookup
   for (size_t i = 0; i < n; ++i) {
     std::optional<internal::Located> hit = replicas_->Lookup(keys[i], now);
     if (hit) {
@@ -679,7 +683,7 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
   for (size_t i = 0; i < n; ++i) {
     if (!where[i].cached) continue;
     if (!st[i].ok()) {
-      replicas_->Erase(keys[i]);
+      replicas_->Erase(keys[i], !absl::IsDeadlineExceeded(st[i]) && !absl::IsUnavailable(st[i]));
       if (!absl::IsInvalidArgument(st[i])) again.push_back(i);
     }
   }
@@ -690,8 +694,11 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
   for (size_t i = 0; i < n; ++i) {
     if (where[i].lease_token != 0) {
       // A counted read gives its lease back unless a transfer or stage may
-      // still be moving bytes (timed out, or its peer did not answer).
-      if (!absl::IsDeadlineExceeded(st[i]) && !absl::IsUnavailable(st[i])) {
+      // still be moving bytes (timed out, or its peer did not answer); one
+      // that read OK goes to the cache, which gives it back when it lets go.
+      if (st[i].ok()) {
+        replicas_->Insert(keys[i], where[i], generation);
+      } else if (!absl::IsDeadlineExceeded(st[i]) && !absl::IsUnavailable(st[i])) {
         master_->ReleaseLease(keys[i], where[i].lease_token, where[i].lease_expiry_ms);
       }
     } else if (st[i].ok() && !where[i].cached) {

@@ -90,6 +90,11 @@ struct ClientOptions {
   // repeated Get of a key skips the master (see "Replica cache" above);
   // 0 (the default) turns this off.
   size_t replica_cache = 0;
+  // While DRAM is evicted the master counts readers, and a read's lease is
+  // given back as soon as the read is over, so the object may go at once.
+  // The replica cache keeps such a read (and its lease) this long at most;
+  // 0 gives it back at once and never caches it.
+  absl::Duration replica_cache_hold = absl::Milliseconds(100);
   // Lend this much of the client's own memory as a segment (0: none).
   uint64_t lend_size = 0;
   std::string lend_name;  // default: "client-<id>"

@@ -1,6 +1,23 @@
 #include "client/internal/replica_cache.h"
 
+#include <algorithm>
+#include <iterator>
+
 namespace tierkv::client::internal {
+
+ReplicaCache::~ReplicaCache() {
+  MutexLock lock(&mu_);
+  for (const auto& [key, where] : entries_) Drop(key, where);
+}
+
+void ReplicaCache::Drop(const std::string& key, const Located& where) {
+  if (where.lease_token != 0 && release_) release_(key, where.lease_token, where.lease_expiry_ms);
+}
+
+void ReplicaCache::EraseEntry(absl::flat_hash_map<std::string, Located>::iterator it) {
+  Drop(it->first, it->second);
+  entries_.erase(it);
+}
 
 std::optional<Located> ReplicaCache::Lookup(const std::string& key, absl::Time now) {
   if (capacity_ == 0) return std::nullopt;
@@ -8,11 +25,12 @@ std::optional<Located> ReplicaCache::Lookup(const std::string& key, absl::Time n
   auto it = entries_.find(key);
   if (it == entries_.end()) return std::nullopt;
   if (now >= it->second.lease_end) {
-    entries_.erase(it);
+    EraseEntry(it);
     return std::nullopt;
   }
   Located hit = it->second;
   hit.cached = true;
+  hit.lease_token = 0;  // the entry keeps the count
   return hit;
 }
 
@@ -21,33 +39,71 @@ uint64_t ReplicaCache::generation() const {
   return generation_;
 }
 
-void ReplicaCache::Insert(const std::string& key, Located where, uint64_t since) {
-  if (capacity_ == 0) return;
+void ReplicaCache::Insert(const std::string& key, Located where, uint64_t since, absl::Time now) {
   MutexLock lock(&mu_);
-  if (generation_ != since) return;
+  const bool counted = where.lease_token != 0;
+  if (capacity_ == 0 || generation_ != since || (counted && hold_ <= absl::ZeroDuration())) {
+    Drop(key, where);
+    return;
+  }
   if (entries_.size() >= capacity_ && !entries_.contains(key)) {
-    const absl::Time now = absl::Now();
-    absl::erase_if(entries_, [&](const auto& kv) { return now >= kv.second.lease_end; });
-    if (entries_.size() >= capacity_) entries_.clear();
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      auto next = std::next(it);
+      if (now >= it->second.lease_end) EraseEntry(it);
+      it = next;
+    }
+    if (entries_.size() >= capacity_) {
+      for (const auto& [k, w] : entries_) Drop(k, w);
+      entries_.clear();
+      held_.clear();
+    }
   }
   where.cached = false;
-  entries_.insert_or_assign(key, std::move(where));
+  if (counted) {
+    where.lease_end = std::min(where.lease_end, now + hold_);
+    held_.push_back({where.lease_end, key, where.lease_token});
+  }
+  auto it = entries_.find(key);
+  if (it != entries_.end()) {
+    Drop(key, it->second);  // replaced: what it held goes back
+    it->second = std::move(where);
+  } else {
+    entries_.emplace(key, std::move(where));
+  }
 }
 
-void ReplicaCache::Erase(const std::string& key) {
+void ReplicaCache::ReleaseEnded(absl::Time now) {
   MutexLock lock(&mu_);
-  entries_.erase(key);
+  while (!held_.empty() && held_.front().end <= now) {
+    auto it = entries_.find(held_.front().key);
+    if (it != entries_.end() && it->second.lease_token == held_.front().token) EraseEntry(it);
+    held_.pop_front();
+  }
+}
+
+void ReplicaCache::Erase(const std::string& key, bool give_back) {
+  MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  if (give_back) {
+    EraseEntry(it);
+  } else {
+    entries_.erase(it);
+  }
 }
 
 void ReplicaCache::Invalidate(const std::string& key) {
   MutexLock lock(&mu_);
-  entries_.erase(key);
+  auto it = entries_.find(key);
+  if (it != entries_.end()) EraseEntry(it);
   ++generation_;
 }
 
 void ReplicaCache::Clear() {
   MutexLock lock(&mu_);
+  for (const auto& [key, where] : entries_) Drop(key, where);
   entries_.clear();
+  held_.clear();
   ++generation_;
 }
 

@@ -8,6 +8,14 @@
 // entry is used only before its lease's end (already less the client's
 // margin), and the read itself stays bounded by that end, as any read is.
 //
+// A counted read (the master counts readers while DRAM is evicted, so an
+// object can go the moment its last reader gives its lease back) is
+// remembered for at most `hold`, and its lease is given back (through
+// `release`) when the entry goes: the count it still holds is what keeps
+// the extents intact meanwhile. The master's own bound is the counted
+// lease's expiry, so a give-back that never comes costs no more than the
+// lease the master granted.
+//
 //   ReplicaCache cache(4096);
 //   uint64_t since = cache.generation();
 //   ... GetReplicas, read the value, verify its checksum ...
@@ -18,6 +26,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -35,16 +45,23 @@ struct Located {
   absl::Time lease_end;      // a read must finish before this
   absl::InlinedVector<std::pair<std::string, uint64_t>, 2> replicas;  // (segment, offset), in order
   bool cached = false;       // came from the cache, not the master
-  // A counted read (GetReplicasResponse.lease_tokens): never cached, its
-  // lease given back once the read is over, with the master's expiry.
+  // A counted read (GetReplicasResponse.lease_tokens): its lease is given
+  // back once the read is over, with the master's expiry; a cached entry
+  // holds it until the entry goes (a hit returns it as 0: the hit holds
+  // nothing of its own).
   uint64_t lease_token = 0;
   int64_t lease_expiry_ms = 0;
 };
 
 class ReplicaCache {
  public:
+  // Gives a counted read's lease back: (key, token, expiry in unix ms).
+  using Release = std::function<void(const std::string&, uint64_t, int64_t)>;
   // At most `capacity` entries; 0 disables the cache (every Lookup misses).
-  explicit ReplicaCache(size_t capacity) : capacity_(capacity) {}
+  // Counted reads are kept for at most `hold` (0: never).
+  explicit ReplicaCache(size_t capacity, absl::Duration hold = absl::ZeroDuration(), Release release = nullptr)
+      : capacity_(capacity), hold_(hold), release_(std::move(release)) {}
+  ~ReplicaCache();
 
   // The entry for `key` if its lease has not ended by `now` (an ended one
   // is dropped).
@@ -54,10 +71,18 @@ class ReplicaCache {
   // Remembers `where` for `key` unless an Invalidate or Clear happened
   // since generation() returned `since` (the value may have been removed
   // while it was being read). When full, ended leases go first, then all.
-  void Insert(const std::string& key, Located where, uint64_t since);
+  // A counted read's lease (where.lease_token) is the cache's from here
+  // on: held while the entry lasts (at most `hold` from `now`), given back
+  // at once when it is not remembered.
+  void Insert(const std::string& key, Located where, uint64_t since, absl::Time now = absl::Now());
+  // Drops the counted entries whose hold has ended by `now`, giving their
+  // leases back: call before asking the master, so the give-backs go with
+  // that call.
+  void ReleaseEnded(absl::Time now);
   // Forgets `key`; use when a read through the entry failed, or the key
-  // was put anew.
-  void Erase(const std::string& key);
+  // was put anew. Without `give_back` a lease it holds is kept to its
+  // expiry: for a read that may still be moving bytes.
+  void Erase(const std::string& key, bool give_back = true);
   // Forgets `key` and refuses every insert begun before now: for a key
   // this client removed, which must never be served again.
   void Invalidate(const std::string& key);
@@ -65,10 +90,25 @@ class ReplicaCache {
   size_t size() const;
 
  private:
+  // Gives back the lease `where` holds, if any.
+  void Drop(const std::string& key, const Located& where) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases entries_[it], giving its lease back.
+  void EraseEntry(absl::flat_hash_map<std::string, Located>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const size_t capacity_;
+  const absl::Duration hold_;
+  const Release release_;
   mutable Mutex mu_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, Located> entries_ ABSL_GUARDED_BY(mu_);
+  // Counted entries in the order their holds end: (end, key, token). One
+  // whose key now has another entry (or none) is skipped when it comes up.
+  struct Held {
+    absl::Time end;
+    std::string key;
+    uint64_t token;
+  };
+  std::deque<Held> held_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tierkv::client::internal

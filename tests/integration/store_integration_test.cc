@@ -201,6 +201,57 @@ TEST_F(StoreClusterTest, ReadsUnderPressureGiveTheirLeasesBackOnTheNextCall) {
   EXPECT_OK(client->Remove("fill-39"));  // no lease left to refuse it
 }
 
+// The same with the replica cache on: a counted read is remembered for
+// the hold (ClientOptions::replica_cache_hold) and keeps its lease that
+// long, so a repeated get inside it asks nothing of the master; after it,
+// the next get gives the lease back, and the object is free to go.
+TEST_F(StoreClusterTest, ACachedReadUnderPressureHoldsItsLeaseForTheHoldOnly) {
+  ASSERT_OK(cluster_.Start({.daemons = 1, .segment_size = "32mib"}));
+  client::ClientOptions o;
+  o.master = cluster_.master_address();
+  o.metadata = cluster_.metadata_url();
+  o.replica_cache = 64;
+  o.replica_cache_hold = absl::Milliseconds(500);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::Client> client, client::Client::Create(o));
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_OK(client->Put(absl::StrCat("fill-", i), ValueFor(absl::StrCat("fill-", i), 1 << 20))) << i;
+  }
+  ASSERT_GT(Stats()["evictions"].get<int>(), 0);
+  auto lease_of = [&](const std::string& key) {
+    absl::StatusOr<std::string> body = cluster_.HttpGet("/v1/objects/" + key);
+    EXPECT_OK(body.status());
+    return body.ok() ? nlohmann::json::parse(*body)["lease_expiry_unix_ms"] : nlohmann::json();
+  };
+  auto metric = [&](const std::string& name) {
+    absl::StatusOr<std::string> m = cluster_.HttpGet("/metrics");
+    EXPECT_OK(m.status());
+    const size_t at = m.ok() ? m->find("\n" + name + " ") : std::string::npos;  // not its # HELP line
+    return at == std::string::npos ? -1.0 : std::strtod(m->c_str() + at + name.size() + 2, nullptr);
+  };
+  const std::string lookups = "tierkv_master_rpc_total{method=\"GetReplicas\"}";
+  const absl::Time first = absl::Now();
+  ASSERT_OK_AND_ASSIGN(std::string got, client->Get("fill-39"));
+  EXPECT_EQ(got, ValueFor("fill-39", 1 << 20));
+  const double asked = metric(lookups);
+  ASSERT_GT(asked, 0);
+  ASSERT_OK(client->BatchExists({"fill-0"}).status());  // a call that would carry a give-back
+  EXPECT_FALSE(lease_of("fill-39").is_null()) << "held by the cache";
+  ASSERT_OK_AND_ASSIGN(got, client->Get("fill-39"));
+  EXPECT_EQ(got, ValueFor("fill-39", 1 << 20));
+  if (absl::Now() - first < absl::Milliseconds(400)) {
+    EXPECT_EQ(metric(lookups), asked) << "the second get, inside the hold, asked the master";
+  }
+  const double released = metric("tierkv_master_leases_released_total");
+  absl::SleepFor(absl::Milliseconds(600) - (absl::Now() - first));
+  ASSERT_OK_AND_ASSIGN(got, client->Get("fill-38"));  // the hold is over: its give-back goes with this lookup
+  EXPECT_EQ(metric(lookups), asked + 1);
+  EXPECT_TRUE(lease_of("fill-39").is_null());
+  EXPECT_EQ(metric("tierkv_master_leases_released_total"), released + 1);
+  ASSERT_OK_AND_ASSIGN(got, client->Get("fill-39"));  // asked again, and found
+  EXPECT_EQ(metric(lookups), asked + 2);
+  EXPECT_EQ(got, ValueFor("fill-39", 1 << 20));
+}
+
 TEST_F(StoreClusterTest, PrefixMatchAndGroups) {
   ASSERT_OK(cluster_.Start({.daemons = 2, .segment_size = "64mib"}));
   auto client = Client();

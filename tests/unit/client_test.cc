@@ -14,6 +14,7 @@
 // committed; a read that outlives its lease is a miss, not data.
 #include <cstring>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -617,6 +618,92 @@ TEST(ReplicaCacheTest, EntriesEndWithTheirLeaseAndInvalidationRefusesInsertsBegu
   client::internal::ReplicaCache off(0);
   off.Insert("a", a, off.generation());
   EXPECT_FALSE(off.Lookup("a", now).has_value());
+}
+
+// A counted read's lease is the cache's once inserted: held at most `hold`
+// and given back exactly once, whatever makes the entry go, or at once when
+// it is not kept; never given back when a read through it may still move.
+TEST(ReplicaCacheTest, ACountedReadIsHeldAtMostItsHoldAndGivenBackOnce) {
+  std::map<uint64_t, int> given;  // token -> give-backs
+  auto release = [&](const std::string&, uint64_t token, int64_t) { ++given[token]; };
+  const absl::Time now = absl::Now();
+  uint64_t next_token = 1;
+  auto counted = [&] {
+    client::internal::Located w;
+    w.stored_size = 10;
+    w.lease_end = now + absl::Seconds(2);
+    w.replicas.emplace_back("seg", 0);
+    w.lease_token = next_token++;
+    w.lease_expiry_ms = absl::ToUnixMillis(now + absl::Seconds(2));
+    return w;
+  };
+  {
+    client::internal::ReplicaCache cache(3, absl::Milliseconds(100), release);
+    const client::internal::Located a = counted();
+    cache.Insert("a", a, cache.generation(), now);
+    std::optional<client::internal::Located> hit = cache.Lookup("a", now + absl::Milliseconds(50));
+    ASSERT_TRUE(hit.has_value());
+    EXPECT_TRUE(hit->cached);
+    EXPECT_EQ(hit->lease_token, 0u);  // a hit holds nothing of its own
+    EXPECT_EQ(hit->lease_end, now + absl::Milliseconds(100));  // the hold, not the lease
+    cache.ReleaseEnded(now + absl::Milliseconds(99));
+    EXPECT_TRUE(given.empty());
+    cache.ReleaseEnded(now + absl::Milliseconds(100));
+    EXPECT_EQ(given[a.lease_token], 1);
+    EXPECT_FALSE(cache.Lookup("a", now + absl::Milliseconds(50)).has_value());
+    // Each other way out gives it back once.
+    const client::internal::Located b = counted(), c = counted(), d = counted(), e = counted();
+    cache.Insert("b", b, cache.generation(), now);
+    EXPECT_FALSE(cache.Lookup("b", now + absl::Milliseconds(100)).has_value());  // found ended
+    cache.Insert("c", c, cache.generation(), now);
+    cache.Erase("c");
+    cache.Insert("d", d, cache.generation(), now);
+    cache.Invalidate("d");
+    cache.Insert("e", e, cache.generation(), now);
+    const client::internal::Located e2 = counted();
+    cache.Insert("e", e2, cache.generation(), now);  // replaced
+    for (const auto* w : {&b, &c, &d, &e}) EXPECT_EQ(given[w->lease_token], 1) << w->lease_token;
+    EXPECT_EQ(given.count(e2.lease_token), 0u);
+    // An insert begun before an invalidation is refused, and its lease goes back.
+    const uint64_t before = cache.generation();
+    cache.Invalidate("x");
+    const client::internal::Located f = counted();
+    cache.Insert("f", f, before, now);
+    EXPECT_EQ(given[f.lease_token], 1);
+    EXPECT_FALSE(cache.Lookup("f", now).has_value());
+    // A read that may still be moving bytes: forgotten, its lease kept.
+    const client::internal::Located g = counted();
+    cache.Insert("g", g, cache.generation(), now);
+    cache.Erase("g", /*give_back=*/false);
+    EXPECT_EQ(given.count(g.lease_token), 0u);
+    // Full: what goes to make room gives its lease back.
+    const client::internal::Located h = counted(), i = counted(), j = counted();
+    cache.Insert("h", h, cache.generation(), now);
+    cache.Insert("i", i, cache.generation(), now);
+    cache.Insert("j", j, cache.generation(), now);  // e2, h, i were there: all go
+    for (const auto* w : {&e2, &h, &i}) EXPECT_EQ(given[w->lease_token], 1) << w->lease_token;
+    EXPECT_EQ(given.count(j.lease_token), 0u);
+    cache.ReleaseEnded(now + absl::Seconds(1));  // the older records find nothing of theirs
+    EXPECT_EQ(given[j.lease_token], 1);
+    const client::internal::Located k = counted();
+    cache.Insert("k", k, cache.generation(), now);
+    cache.Clear();
+    EXPECT_EQ(given[k.lease_token], 1);
+    const client::internal::Located l = counted();
+    cache.Insert("l", l, cache.generation(), now);
+    EXPECT_EQ(given.count(l.lease_token), 0u);
+  }
+  EXPECT_EQ(given[next_token - 1], 1);  // l, at the cache's end
+  // No hold, or no cache: a counted read is given back at once, never kept.
+  for (auto [capacity, hold] : {std::pair<size_t, absl::Duration>{4, absl::ZeroDuration()},
+                                {0, absl::Milliseconds(100)}}) {
+    client::internal::ReplicaCache cache(capacity, hold, release);
+    const client::internal::Located m = counted();
+    cache.Insert("m", m, cache.generation(), now);
+    EXPECT_EQ(given[m.lease_token], 1);
+    EXPECT_FALSE(cache.Lookup("m", now).has_value());
+  }
+  for (const auto& [token, n] : given) EXPECT_LE(n, 1) << token;
 }
 
 }  // namespace
