@@ -11,6 +11,7 @@
 #include "client/internal/replica_cache.h"
 #include "client/internal/trailer_arena.h"
 #include "client/lender.h"
+#include "config/base/auth.h"
 #include "config/base/crc32c.h"
 #include "config/base/failpoint.h"
 #include "config/base/status.h"
@@ -177,8 +178,12 @@ std::string LocalHostName() {
 
 uint64_t StoredSize(uint64_t value_size) { return value_size + kTrailer; }
 
-absl::StatusOr<std::string> DiscoverMetadata(const std::string& master, absl::Duration timeout) {
-  ASSIGN_OR_RETURN(std::unique_ptr<MasterClient> m, MasterClient::Create(master, {timeout, 64 << 20, ""}));
+absl::StatusOr<std::string> DiscoverMetadata(const std::string& master, absl::Duration timeout,
+                                             const std::string& token) {
+  MasterClientOptions mo;
+  mo.rpc_timeout = timeout;
+  mo.token = token;
+  ASSIGN_OR_RETURN(std::unique_ptr<MasterClient> m, MasterClient::Create(master, mo));
   ASSIGN_OR_RETURN(v1::StatsResponse stats, m->Stats());
   if (stats.http_port() == 0) return absl::NotFoundError(absl::StrCat("master ", master, " reports no HTTP port"));
   size_t colon = master.rfind(':');
@@ -191,8 +196,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.host.empty()) options.host = LocalHostName();
   // A spin past a millisecond is no longer cheaper than a wake-up.
   options.reply_spin = std::clamp(options.reply_spin, absl::ZeroDuration(), absl::Milliseconds(1));
+  if (options.token.empty()) {
+    ASSIGN_OR_RETURN(options.token, auth::ReadTokenFile(options.token_file));
+  }
   c->options_ = options;
   MasterClientOptions mo;
+  mo.token = options.token;
   mo.rpc_timeout = options.rpc_timeout;
   mo.client_id = options.client_id;
   mo.reply_spin = options.reply_spin;
@@ -202,7 +211,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
     eo.metadata = options.metadata_client;
   } else {
     ASSIGN_OR_RETURN(std::unique_ptr<transport::MetadataClient> m,
-                     transport::NewHttpMetadata(options.metadata, options.rpc_timeout));
+                     transport::NewHttpMetadata(options.metadata, options.rpc_timeout, options.token));
     eo.metadata = std::move(m);
   }
   eo.transports = options.transports;

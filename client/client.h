@@ -73,6 +73,11 @@ struct ClientOptions {
   std::string metadata = "http://127.0.0.1:8080";
   // Overrides `metadata` (tests, embedded clusters).
   std::shared_ptr<transport::MetadataClient> metadata_client;
+  // The bearer token for a master running --auth token, sent with every
+  // RPC and metadata request (config/base/auth.h); or the file holding it
+  // (read once by Create; `token` wins). Both empty: no token.
+  std::string token;
+  std::string token_file;
   std::vector<std::string> transports;  // preference; empty = auto
   std::vector<std::string> rdma_devices;  // NICs for rdma ("mlx5_0"); empty = every active port
   int connections = 4;
@@ -195,9 +200,10 @@ class Client {
 // (host:port): the host from `master`, the port the master reports. For
 // clients told only where the master is (Mooncake's "P2PHANDSHAKE").
 // UNAVAILABLE when the master cannot be reached; NOT_FOUND from a master
-// that does not report its HTTP port.
+// that does not report its HTTP port. `token`: as ClientOptions::token.
 absl::StatusOr<std::string> DiscoverMetadata(const std::string& master,
-                                             absl::Duration timeout = absl::Seconds(5));
+                                             absl::Duration timeout = absl::Seconds(5),
+                                             const std::string& token = "");
 
 // Bytes a value of `size` occupies in the store (value + checksum trailer).
 uint64_t StoredSize(uint64_t value_size);

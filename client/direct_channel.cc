@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "config/base/status.h"
+#include "proto/master.pb.h"
 
 namespace tierkv::client::internal {
 namespace {
@@ -68,7 +69,10 @@ absl::StatusOr<transport::tcp::Fd> DirectChannel::Take(absl::Time deadline, Outc
   }
   std::string buf, idle;
   absl::Status answer;
-  absl::Status s = Exchange(fd->get(), DirectMethod::kPing, nullptr, 0, connect_by, &buf, &answer, &idle);
+  v1::DirectHello hello;
+  if (!token_.empty()) hello.set_token(token_);
+  absl::Status s = Exchange(fd->get(), DirectMethod::kPing, &hello, hello.ByteSizeLong(), connect_by, &buf, &answer,
+                            &idle);
   if (int64_t ms = 0; s.ok() && answer.ok() && absl::SimpleAtoi(idle, &ms) && ms > 0) {
     MutexLock lock(&mu_);
     max_idle_ = std::min(kMaxIdle, absl::Milliseconds(ms) / 2);

@@ -58,6 +58,10 @@ absl::Status SegmentLender::MountOnce() {
   // descriptor, and peers must find it before they are sent here.
   absl::Status s = engine_->Publish(options_.name);
   if (s.ok()) s = master_->Mount(Spec());
+  {
+    MutexLock lock(&error_mu_);
+    last_error_ = s.ok() ? "" : s.ToString();
+  }
   if (s.ok()) {
     if (!mounted_.exchange(true)) {
       TKV_LOG(INFO) << "segment " << options_.name << " mounted at " << master_->address();
@@ -85,6 +89,10 @@ void SegmentLender::Loop() {
               : master_->Heartbeat({Spec()}, options_.name);
       if (!remount.ok()) {
         failures_.fetch_add(1);
+        {
+          MutexLock lock(&error_mu_);
+          last_error_ = remount.status().ToString();
+        }
         if (mounted_.exchange(false)) {
           TKV_LOG(WARNING) << "master unreachable, segment " << options_.name
                            << " not ready: " << remount.status();

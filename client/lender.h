@@ -71,6 +71,12 @@ class SegmentLender {
   bool mounted() const { return mounted_.load(); }
   uint64_t mounts() const { return mounts_.load(); }
   uint64_t heartbeat_failures() const { return failures_.load(); }
+  // Why the last mount or heartbeat failed ("" once one succeeds): what an
+  // operator needs when a daemon never gets ready (a refused token, say).
+  std::string last_error() const {
+    MutexLock lock(&error_mu_);
+    return last_error_;
+  }
   const std::string& name() const { return options_.name; }
   const std::string& incarnation() const { return incarnation_; }
   char* data() const { return region_->data(); }
@@ -94,6 +100,8 @@ class SegmentLender {
   Mutex mu_;
   CondVar cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  mutable Mutex error_mu_;
+  std::string last_error_ ABSL_GUARDED_BY(error_mu_);
   std::thread thread_;
 };
 

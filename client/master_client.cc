@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "config/base/auth.h"
 #include "config/base/status.h"
 
 namespace tierkv::client {
@@ -40,7 +41,7 @@ MasterClient::MasterClient(std::string address, MasterClientOptions options,
   // A gRPC target URI ("dns:///h:p", "unix:...") names nothing the lane can dial.
   if (options_.direct && address_.find('/') == std::string::npos && address_.rfind("unix:", 0) != 0) {
     direct_ = std::make_unique<internal::DirectChannel>(address_, static_cast<uint32_t>(options_.max_message_size),
-                                                        options_.reply_spin);
+                                                        options_.reply_spin, options_.token);
   }
 }
 
@@ -74,6 +75,7 @@ absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direc
       // Queue the call while the channel (re)connects rather than failing at
       // once: a call that never left is safe to send even when not idempotent.
       ctx.set_wait_for_ready(true);
+      if (!options_.token.empty()) ctx.AddMetadata(auth::kAuthorizationHeader, absl::StrCat("Bearer ", options_.token));
       grpc::Status s = call(&ctx, *send, resp);
       if (s.ok()) return absl::OkStatus();
       st = absl::Status(static_cast<absl::StatusCode>(s.error_code()),

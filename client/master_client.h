@@ -38,6 +38,9 @@ struct MasterClientOptions {
   // How long a direct call busy-polls for its reply before sleeping in the
   // kernel (see BackendOptions::reply_spin); 0 never spins.
   absl::Duration reply_spin = absl::Microseconds(50);
+  // A bearer token for a master running --auth token (config/base/auth.h),
+  // sent with every call; empty: none.
+  std::string token;
 };
 
 class MasterClient {

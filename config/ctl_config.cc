@@ -19,6 +19,9 @@ const FlagTable<CtlConfig>& CtlFlags() {
       {
           StringFlag<C>("master", &C::master, "127.0.0.1:50051", "the master's gRPC address"),
           StringFlag<C>("http", &C::http, "127.0.0.1:8080", "the master's HTTP address"),
+          StringFlag<C>("token-file", &C::token_file, "",
+                        "file whose first word is the token to present to a master running --auth token "
+                        "(remove-all needs role admin); empty: none"),
           BoolFlag<C>("json", &C::json, "false", "print JSON instead of a table"),
           StringFlag<C>("transport", &C::transport, "", "transport preference for data (tcp,shm)"),
           IntFlag<C>("replicas", &C::replicas, "1", 1, 8, "put: replicas to write"),

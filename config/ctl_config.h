@@ -12,6 +12,7 @@ namespace tierkv {
 struct CtlConfig {
   std::string master;     // gRPC host:port
   std::string http;       // the master's HTTP host:port
+  std::string token_file;  // the caller's token for a master running --auth token
   bool json = false;
   std::string transport;  // comma-separated preference for put/get/doctor
   int64_t replicas = 0;

@@ -12,6 +12,19 @@ const FlagTable<MasterConfig>& MasterFlags() {
       "(\"no segment mounted\"), so gate clients on /ready and launchers of daemons on /health.",
       {
           StringFlag<C>("listen", &C::listen, "127.0.0.1", "address the gRPC and HTTP servers bind"),
+          ChoiceFlag<C>("auth", &C::auth, "none", {"none", "token"},
+                        "who may call: none (anyone; only on a loopback --listen unless "
+                        "--insecure-allow-remote) or token (a bearer token from --token-file on every "
+                        "RPC and HTTP request); docs/security.md"),
+          StringFlag<C>("token-file", &C::token_file, "",
+                        "for --auth token: the accepted tokens, one '<token> <name> <roles> "
+                        "[expires=<RFC 3339>]' per line (roles: daemon, client, admin); re-read on SIGHUP"),
+          BoolFlag<C>("insecure-allow-remote", &C::insecure_allow_remote, "false",
+                      "serve --auth none on a routable --listen (logged as a warning)"),
+          BoolFlag<C>("open-metrics", &C::open_metrics, "false",
+                      "with --auth token, serve /metrics without a token (for a scraper that sends none)"),
+          BoolFlag<C>("open-health", &C::open_health, "true",
+                      "with --auth token, serve /health and /ready without a token (for probes)"),
           IntFlag<C>("rpc-port", &C::rpc_port, "50051", 0, 65535,
                      "RPC port (gRPC, and the clients' direct lane on the same port); 0 picks a free one"),
           IntFlag<C>("http-port", &C::http_port, "8080", 0, 65535,
@@ -110,6 +123,9 @@ const FlagTable<MasterConfig>& MasterFlags() {
       [](const C& c) {
         if (c.low_watermark > c.high_watermark) {
           return absl::InvalidArgumentError("--low-watermark must not exceed --high-watermark");
+        }
+        if (c.auth == "token" && c.token_file.empty()) {
+          return absl::InvalidArgumentError("--auth token needs --token-file");
         }
         if (c.kv_events_endpoint.empty() && !c.kv_events_replay_endpoint.empty()) {
           return absl::InvalidArgumentError("--kv-events-replay-endpoint needs --kv-events-endpoint");

@@ -11,6 +11,11 @@ namespace tierkv {
 
 struct MasterConfig {
   std::string listen;
+  std::string auth;        // none | token (config/base/auth.h)
+  std::string token_file;  // the accepted tokens, for --auth token
+  bool insecure_allow_remote = false;
+  bool open_metrics = false;  // /metrics without a token
+  bool open_health = true;    // /health and /ready without a token
   int64_t rpc_port = 0;
   int64_t http_port = 0;
   std::string data_dir;

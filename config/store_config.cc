@@ -12,6 +12,9 @@ const FlagTable<StoreConfig>& StoreFlags() {
           StringFlag<C>("master", &C::master, "127.0.0.1:50051", "the master's gRPC address host:port"),
           StringFlag<C>("metadata", &C::metadata, "http://127.0.0.1:8080",
                         "metadata server URL (the master's HTTP port)"),
+          StringFlag<C>("token-file", &C::token_file, "",
+                        "file whose first word is this daemon's token (role daemon) for a master running "
+                        "--auth token; empty: none"),
           SizeFlag<C>("segment-size", &C::segment_size, "1gib", 1 << 20, 1e15,
                       "DRAM to lend (512mb, 180gb, 1.5tb, 4gib); refused at start (exit 2) when "
                       "this host or cgroup cannot back it with RAM"),

@@ -12,6 +12,7 @@ namespace tierkv {
 struct StoreConfig {
   std::string master;         // host:port of the master's gRPC
   std::string metadata;       // http://host:port of the metadata server
+  std::string token_file;     // this daemon's token for the master
   uint64_t segment_size = 0;
   std::string listen;
   std::string host;           // address peers dial; default: --listen

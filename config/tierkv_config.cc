@@ -15,6 +15,9 @@ const FlagTable<TierkvConfig>& TierkvFlags() {
       {
           StringFlag<C>("master", &C::master, "", "cluster master host:port; empty starts an embedded cluster"),
           StringFlag<C>("metadata", &C::metadata, "", "metadata URL http://host:port (default: master host, port 8080)"),
+          StringFlag<C>("token-file", &C::token_file, "",
+                        "with --master: file whose first word is the token (role client) for a master running "
+                        "--auth token; empty: none"),
           StringFlag<C>("trace", &C::trace, "data/synthetic_trace.jsonl",
                         "JSONL request trace; a relative path not found here is looked up in the source tree and share/tierkv"),
           IntFlag<C>("offset", &C::offset, "0", 0, 1e9, "skip this many trace requests"),

@@ -12,6 +12,7 @@ namespace tierkv {
 struct TierkvConfig {
   std::string master;        // host:port; empty = an embedded cluster
   std::string metadata;      // http://host:port (with --master)
+  std::string token_file;    // with --master: the token for a master running --auth token
   std::string trace;
   int64_t offset = 0;
   int64_t requests = 0;

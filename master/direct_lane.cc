@@ -299,7 +299,8 @@ void DirectLane::Serve(Conn* conn, std::string peer) {
   transport::tcp::SetTimeouts(fd, options_.idle_timeout);
   std::string buf;
   char header[direct::kHeaderSize];
-  while (transport::tcp::RecvAll(fd, header, sizeof header).ok() && Call(fd, peer, header, &buf)) {
+  bool admitted = options_.auth == nullptr || !options_.auth->enabled();
+  while (transport::tcp::RecvAll(fd, header, sizeof header).ok() && Call(fd, peer, header, &buf, &admitted)) {
   }
   Close(conn);
   connections_->Decrement();
@@ -307,7 +308,7 @@ void DirectLane::Serve(Conn* conn, std::string peer) {
   --direct_;
 }
 
-bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::string* buf) {
+bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::string* buf, bool* admitted) {
   absl::StatusOr<direct::CallHeader> h = direct::DecodeCall(header, options_.max_message);
   if (!h.ok()) {
     // The rest of the frame cannot be found: answer, then close.
@@ -324,6 +325,26 @@ bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::
     const size_t next = std::min<size_t>(h->length, std::max<size_t>(have * 2, 64 << 10));
     buf->resize(next);
     if (!transport::tcp::RecvAll(fd, buf->data() + have, next - have).ok()) return false;
+  }
+  if (!*admitted) {
+    absl::Status refused = absl::UnauthenticatedError(
+        "direct lane: the connection's first call must be a ping with a token (the master runs --auth token)");
+    if (h->method == DirectMethod::kPing) {
+      v1::DirectHello hello;
+      if (!hello.ParseFromArray(buf->data(), static_cast<int>(buf->size()))) {
+        refused = absl::InvalidArgumentError("direct lane: the ping does not parse");
+      } else {
+        absl::StatusOr<auth::Identity> id = options_.auth->Authorize(hello.token(), auth::kClient, "direct lane");
+        refused = id.status();
+      }
+    }
+    if (!refused.ok()) {
+      refused_->Increment();
+      FrameReply<v1::StatsResponse>(refused, nullptr, buf);
+      if (SendAll(fd, *buf).ok()) DrainBeforeClose(fd);
+      return false;
+    }
+    *admitted = true;
   }
   if (h->method == DirectMethod::kPing) {
     // The reply's message is the idle timeout in ms, so a client never

@@ -22,7 +22,10 @@
 //   - a header's length costs memory only as its bytes arrive; a response
 //     above `max_message`: RESOURCE_EXHAUSTED;
 //   - a connection that sends nothing for `first_bytes_timeout` after
-//     connecting, or is idle for `idle_timeout`, is closed.
+//     connecting, or is idle for `idle_timeout`, is closed;
+//   - with `auth` enabled, a connection's calls are served only after its
+//     first call, a ping, carried a token with the client role: otherwise
+//     UNAUTHENTICATED or PERMISSION_DENIED, and it closes.
 // Metrics: tierkv_master_rpc_* per method (shared with gRPC),
 // tierkv_master_direct_connections, tierkv_master_direct_refused_total.
 //
@@ -42,6 +45,7 @@
 #include <thread>
 
 #include "absl/time/time.h"
+#include "config/base/auth.h"
 #include "config/base/mutex.h"
 #include "master/grpc_service.h"
 #include "master/master.h"
@@ -71,9 +75,10 @@ class DirectLane {
     size_t max_unread = 1024;
     absl::Duration idle_timeout = absl::Minutes(5);
     absl::Duration first_bytes_timeout = absl::Seconds(10);
+    const auth::Authenticator* auth = nullptr;  // null: every caller is admitted
   };
 
-  // `master` and `metrics` must outlive it.
+  // `master`, `metrics` and `options.auth` must outlive it.
   DirectLane(Master* master, rpc::RpcMetrics* metrics, Options options);
   ~DirectLane();
   DirectLane(const DirectLane&) = delete;
@@ -101,7 +106,8 @@ class DirectLane {
   // Closes conn->fd under mu_ (so Stop never shuts a reused number).
   void Close(Conn* conn);
   // Runs one call; false when the connection must close after the reply.
-  bool Call(int fd, const std::string& peer, const char* header, std::string* buf);
+  // `admitted` is the connection's: set by a ping whose token passed.
+  bool Call(int fd, const std::string& peer, const char* header, std::string* buf, bool* admitted);
 
   Master* const master_;
   const Options options_;

@@ -9,6 +9,7 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "config/base/auth.h"
 #include "config/base/metrics.h"
 #include "config/base/mutex.h"
 #include "master/direct_lane.h"
@@ -77,6 +78,7 @@ class SlowLane {
 // queues, since an operation started on a shut-down queue aborts gRPC.
 struct ServiceState {
   ServiceLimits limits;
+  const auth::Authenticator* auth = nullptr;  // null: every caller is admitted
   SlowLane slow{2};
   std::atomic<bool> draining{false};
   std::atomic<int> in_flight{0};
@@ -111,6 +113,7 @@ class Call final : public CallBase {
     ItemsFn items;
     MethodStats stats;
     bool slow = false;  // always on the slow lane
+    uint32_t roles = auth::kClient;  // a caller needs one of these (admin has all)
   };
 
   static void Arm(v1::Master::AsyncService* service, grpc::ServerCompletionQueue* cq,
@@ -143,6 +146,21 @@ class Call final : public CallBase {
     st.calls->Increment();
     const int items = method_->items(req_);
     answered_ = true;
+    if (state_->auth != nullptr && state_->auth->enabled()) {
+      // The one check every gRPC call passes; the direct lane checks its
+      // connections' first frame the same way.
+      absl::string_view token;
+      auto md = ctx_.client_metadata().find(auth::kAuthorizationHeader);
+      if (md != ctx_.client_metadata().end()) {
+        token = auth::BearerToken(absl::string_view(md->second.data(), md->second.size()));
+      }
+      absl::StatusOr<auth::Identity> id = state_->auth->Authorize(token, method_->roles, method_->name);
+      if (!id.ok()) {
+        st.errors->Increment();
+        Refuse(grpc::Status(static_cast<grpc::StatusCode>(id.status().code()), std::string(id.status().message())));
+        return;
+      }
+    }
     if (static_cast<size_t>(items) > state_->limits.max_batch) {
       st.errors->Increment();
       Refuse(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -220,9 +238,11 @@ using S = v1::Master::AsyncService;
 
 class MasterRpcService::Impl {
  public:
-  Impl(Master* master, rpc::RpcMetrics* rpc_metrics, ServiceLimits limits, int threads)
+  Impl(Master* master, rpc::RpcMetrics* rpc_metrics, ServiceLimits limits, int threads,
+       const auth::Authenticator* authenticator)
       : master_(master), threads_(std::max(1, threads)) {
     state_.limits = limits;
+    state_.auth = authenticator;
     auto stats = [rpc_metrics](const char* m) { return rpc_metrics->For(m); };
     mount_ = MakeMethod<v1::MountSegmentRequest, v1::MountSegmentResponse>(
         "MountSegment", &S::RequestMountSegment,
@@ -291,6 +311,11 @@ class MasterRpcService::Impl {
     remove_all_.stats = stats("RemoveAll");
     stats_.stats = stats("Stats");
     ssd_sync_.stats = stats("SyncSsdRecords");
+    mount_.roles = auth::kDaemon;
+    unmount_.roles = auth::kDaemon;
+    heartbeat_.roles = auth::kDaemon;
+    ssd_sync_.roles = auth::kDaemon;
+    remove_all_.roles = auth::kAdmin;
     unmount_.slow = true;
     ssd_sync_.slow = true;  // a complete listing walks the index
     remove_all_.slow = true;
@@ -387,8 +412,8 @@ class MasterRpcService::Impl {
 };
 
 MasterRpcService::MasterRpcService(Master* master, rpc::RpcMetrics* metrics, ServiceLimits limits,
-                                   int threads)
-    : impl_(std::make_unique<Impl>(master, metrics, limits, threads)) {}
+                                   int threads, const auth::Authenticator* auth)
+    : impl_(std::make_unique<Impl>(master, metrics, limits, threads, auth)) {}
 MasterRpcService::~MasterRpcService() { Stop(); }
 void MasterRpcService::Register(grpc::ServerBuilder* builder) { impl_->Register(builder); }
 void MasterRpcService::Start() { impl_->Start(); }

@@ -15,6 +15,13 @@
 // threads instead of a poller. A call whose deadline passed while it
 // waited is answered DEADLINE_EXCEEDED without running.
 //
+// Auth: with an Authenticator that is enabled, every call needs a bearer
+// token ("authorization" metadata) whose caller has the method's role:
+// daemon for MountSegment, UnmountSegment, Heartbeat and SyncSsdRecords,
+// admin for RemoveAll, client for the rest (admin may call anything).
+// Refused calls are UNAUTHENTICATED or PERMISSION_DENIED, counted as the
+// method's errors, and never reach a handler.
+//
 // Stop waits for running handlers before it shuts the queues, so a
 // shutdown during a long RemoveAll finishes it rather than aborting.
 //
@@ -33,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "config/base/auth.h"
 #include "master/master.h"
 #include "master/rpc_handlers.h"
 #include "proto/master.grpc.pb.h"
@@ -45,9 +53,11 @@ struct ServiceLimits {
 
 class MasterRpcService {
  public:
-  // `master` and `metrics` must outlive it; `threads` >= 1 request queues
-  // (plus the heartbeat queue), each with a thread.
-  MasterRpcService(Master* master, rpc::RpcMetrics* metrics, ServiceLimits limits, int threads);
+  // `master`, `metrics` and `auth` must outlive it; `threads` >= 1 request
+  // queues (plus the heartbeat queue), each with a thread. A null `auth`
+  // admits every caller.
+  MasterRpcService(Master* master, rpc::RpcMetrics* metrics, ServiceLimits limits, int threads,
+                   const auth::Authenticator* auth = nullptr);
   // Stops (if Start ran and Stop did not).
   ~MasterRpcService();
   MasterRpcService(const MasterRpcService&) = delete;

@@ -23,6 +23,8 @@ int HttpStatusFor(const absl::Status& s) {
       return 404;
     case absl::StatusCode::kInvalidArgument:
       return 400;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
     case absl::StatusCode::kUnavailable:
       return 503;
     default:
@@ -71,6 +73,15 @@ bool MetadataKey(const httplib::Request& req, httplib::Response& res, const Http
 
 void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limits) {
   server->set_payload_max_length(limits.max_body);
+  if (limits.auth != nullptr) {
+    auth::RequireHttpAuth(server, limits.auth, [limits](const httplib::Request& req) -> uint32_t {
+      if (req.path == "/health" || req.path == "/ready") return limits.open_health ? 0 : auth::kAnyRole;
+      if (req.path == "/metrics") return limits.open_metrics ? 0 : auth::kAnyRole;
+      // Only a daemon publishes or withdraws a segment's descriptor.
+      if (req.path == "/metadata" && req.method != "GET" && req.method != "HEAD") return auth::kDaemon;
+      return auth::kClient | auth::kDaemon;
+    });
+  }
 
   server->Get("/metadata", [=](const httplib::Request& req, httplib::Response& res) {
     std::string key;
@@ -79,17 +90,30 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
     if (!v.ok()) return SendError(res, HttpStatusFor(v.status()), absl::IsNotFound(v.status()) ? "metadata not found" : v.status().message());
     res.set_content(*v, "application/octet-stream");
   });
+  // Under --auth token the writer's name owns the key (Master::PutMetadata).
+  auto writer = [limits](const httplib::Request& req, std::string* name, bool* admin) {
+    if (limits.auth == nullptr || !limits.auth->enabled()) return;
+    absl::StatusOr<auth::Identity> id =
+        limits.auth->Authorize(auth::BearerToken(req.get_header_value("Authorization")), auth::kDaemon, "metadata");
+    if (!id.ok()) return;  // the pre-routing check already refused such a caller
+    *name = id->name;
+    *admin = (id->roles & auth::kAdmin) != 0;
+  };
   server->Put("/metadata", [=](const httplib::Request& req, httplib::Response& res) {
-    std::string key;
+    std::string key, name;
+    bool admin = false;
     if (!MetadataKey(req, res, limits, &key)) return;
-    absl::Status s = master->PutMetadata(key, req.body);
+    writer(req, &name, &admin);
+    absl::Status s = master->PutMetadata(key, req.body, name, admin);
     if (!s.ok()) return SendError(res, HttpStatusFor(s), s.message());
     res.set_content("metadata updated", "text/plain");
   });
   server->Delete("/metadata", [=](const httplib::Request& req, httplib::Response& res) {
-    std::string key;
+    std::string key, name;
+    bool admin = false;
     if (!MetadataKey(req, res, limits, &key)) return;
-    absl::Status s = master->DeleteMetadata(key);
+    writer(req, &name, &admin);
+    absl::Status s = master->DeleteMetadata(key, name, admin);
     if (!s.ok()) return SendError(res, HttpStatusFor(s), absl::IsNotFound(s) ? "metadata not found" : s.message());
     res.set_content("metadata deleted", "text/plain");
   });

@@ -12,10 +12,20 @@
 //                                    least one segment is live; else 503
 //                                    with the reason as the body
 //
+// With --auth token every path needs a bearer token (config/base/auth.h):
+// PUT and DELETE /metadata the daemon role, other reads the client or
+// daemon role; /health and /ready are open while `open_health`, /metrics
+// while `open_metrics`. A request without an accepted token gets 401, one
+// whose caller lacks the role 403, each with the reason as the body. A
+// metadata key belongs to the caller that first wrote it: another
+// daemon's PUT or DELETE of it gets 403 naming the owner (an admin's
+// passes).
+//
 // Malformed requests get 400 and unknown paths 404, each with a JSON body
 // {"error": "..."}; bodies over the limit get 413.
 #pragma once
 
+#include "config/base/auth.h"
 #include "httplib.h"
 #include "master/master.h"
 
@@ -24,6 +34,9 @@ namespace tierkv::master {
 struct HttpLimits {
   size_t max_body = 16 << 20;
   size_t max_key_bytes = 4096;
+  const auth::Authenticator* auth = nullptr;  // null: every caller is admitted; must outlive the server
+  bool open_metrics = false;
+  bool open_health = true;
 };
 
 // Installs the routes on `server`; `master` must outlive it.

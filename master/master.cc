@@ -14,6 +14,7 @@ namespace {
 
 constexpr char kSegmentPrefix[] = "s/";
 constexpr char kMetadataPrefix[] = "m/";
+constexpr char kMetadataOwnerPrefix[] = "mw/";  // metadata key -> the name of the caller that wrote it
 
 // The evictor's offload orders, POSTed to the daemon's /tier/offload
 // (store/daemon.h). Every failure is a per-order status: the index then
@@ -324,15 +325,39 @@ absl::StatusOr<std::string> Master::GetMetadata(const std::string& key) {
   return store_->Get(absl::StrCat(kMetadataPrefix, key));
 }
 
-absl::Status Master::PutMetadata(const std::string& key, const std::string& value) {
-  return store_->Write({{absl::StrCat(kMetadataPrefix, key), value, false}});
+namespace {
+// OK when `writer` may change a key owned by `owner` (empty: none).
+absl::Status MayWriteMetadata(const std::string& key, const absl::StatusOr<std::string>& owner,
+                              const std::string& writer, bool admin) {
+  if (admin || writer.empty() || !owner.ok() || owner->empty() || *owner == writer) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat("metadata key '", key, "' belongs to '", *owner, "', not to '", writer, "'"));
+}
+}  // namespace
+
+absl::Status Master::PutMetadata(const std::string& key, const std::string& value, const std::string& writer,
+                                 bool admin) {
+  const std::string owner_key = absl::StrCat(kMetadataOwnerPrefix, key);
+  MutexLock lock(&metadata_mu_);
+  absl::StatusOr<std::string> owner = store_->Get(owner_key);
+  if (!owner.ok() && !absl::IsNotFound(owner.status())) return owner.status();
+  RETURN_IF_ERROR(MayWriteMetadata(key, owner, writer, admin));
+  std::vector<Mutation> batch{{absl::StrCat(kMetadataPrefix, key), value, false}};
+  // An admin's write leaves the owner as it was; a named writer claims an unowned key.
+  if (!writer.empty() && !admin && !owner.ok()) batch.push_back({owner_key, writer, false});
+  return store_->Write(batch);
 }
 
-absl::Status Master::DeleteMetadata(const std::string& key) {
+absl::Status Master::DeleteMetadata(const std::string& key, const std::string& writer, bool admin) {
   std::string k = absl::StrCat(kMetadataPrefix, key);
+  const std::string owner_key = absl::StrCat(kMetadataOwnerPrefix, key);
+  MutexLock lock(&metadata_mu_);
   ASSIGN_OR_RETURN(std::string unused, store_->Get(k));
   (void)unused;
-  return store_->Write({{k, "", true}});
+  absl::StatusOr<std::string> owner = store_->Get(owner_key);
+  if (!owner.ok() && !absl::IsNotFound(owner.status())) return owner.status();
+  RETURN_IF_ERROR(MayWriteMetadata(key, owner, writer, admin));
+  return store_->Write({{k, "", true}, {owner_key, "", true}});
 }
 
 absl::Status Master::Flush() { return store_->Flush(); }

@@ -112,10 +112,16 @@ class Master {
   void Tick();
 
   // The opaque metadata keyspace (the transfer engine's descriptors).
-  // NOT_FOUND for a missing key.
+  // NOT_FOUND for a missing key. `writer` names the caller under --auth
+  // token ("" without auth): a key written by a named caller is that
+  // caller's, recorded beside it, and another named caller's put or delete
+  // of it is PERMISSION_DENIED naming the owner unless `admin`; so one
+  // daemon cannot redirect clients to itself by rewriting another's
+  // descriptor. Keys written without a name have no owner.
   absl::StatusOr<std::string> GetMetadata(const std::string& key);
-  absl::Status PutMetadata(const std::string& key, const std::string& value);
-  absl::Status DeleteMetadata(const std::string& key);
+  absl::Status PutMetadata(const std::string& key, const std::string& value, const std::string& writer = "",
+                           bool admin = false);
+  absl::Status DeleteMetadata(const std::string& key, const std::string& writer = "", bool admin = false);
 
   // Makes everything written so far durable.
   absl::Status Flush();
@@ -171,6 +177,9 @@ class Master {
   absl::flat_hash_map<std::string, SsdListing> listings_ ABSL_GUARDED_BY(ssd_mu_);
   metrics::Counter* ssd_confirmed_ = nullptr;
   metrics::Counter* ssd_dropped_ = nullptr;
+  // Serializes metadata writes, so an owner check and the write it guards
+  // are one step.
+  Mutex metadata_mu_;
   std::atomic<int> http_port_{0};
 };
 

@@ -53,6 +53,8 @@ int RpcThreads(int64_t flag) {
 absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterConfig& config,
                                                                   Clock* clock) {
   std::unique_ptr<MasterServer> s(new MasterServer());
+  RETURN_IF_ERROR(auth::CheckBind(config.auth, config.listen, config.insecure_allow_remote, "tierkv-master"));
+  ASSIGN_OR_RETURN(s->auth_, auth::Authenticator::Create(config.auth, config.token_file));
   std::unique_ptr<IndexStore> store;
   if (config.data_dir.empty()) {
     store = NewMemStore();
@@ -95,7 +97,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   s->rpc_metrics_ = std::make_unique<rpc::RpcMetrics>(s->master_.get());
   const ServiceLimits limits{static_cast<size_t>(config.max_batch)};
   s->rpc_ = std::make_unique<MasterRpcService>(s->master_.get(), s->rpc_metrics_.get(), limits,
-                                               RpcThreads(config.rpc_threads));
+                                               RpcThreads(config.rpc_threads), s->auth_.get());
   // The port is ours: the direct lane reads each connection's first bytes
   // and hands gRPC the ones that are not direct calls.
   absl::StatusOr<transport::tcp::Fd> listener =
@@ -119,6 +121,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   direct.max_message = static_cast<uint32_t>(config.max_message_size);
   direct.max_connections = static_cast<size_t>(config.direct_max_connections);
   direct.idle_timeout = config.direct_idle_timeout;
+  direct.auth = s->auth_.get();
   s->direct_ = std::make_unique<DirectLane>(s->master_.get(), s->rpc_metrics_.get(), direct);
   s->direct_->Start(std::move(*listener), s->grpc_.get());
 
@@ -128,7 +131,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   http.idle_timeout = config.http_idle_timeout;
   s->http_ = std::make_unique<HttpServer>(http);
   InstallHttpRoutes(s->http_.get(), s->master_.get(),
-                    {static_cast<size_t>(config.max_http_body), static_cast<size_t>(config.max_key_bytes)});
+                    {static_cast<size_t>(config.max_http_body), static_cast<size_t>(config.max_key_bytes),
+                     s->auth_.get(), config.open_metrics, config.open_health});
   s->http_port_ = s->http_->Bind(config.listen, static_cast<int>(config.http_port));
   if (s->http_port_ <= 0) {
     s->direct_->StopAccepting();

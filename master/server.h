@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "config/base/auth.h"
 #include "config/base/http_server.h"
 #include "config/base/mutex.h"
 #include "config/master_config.h"
@@ -45,6 +46,9 @@ class MasterServer {
   int http_port() const { return http_port_; }
   Master& master() { return *master_; }
 
+  // Re-reads --token-file (SIGHUP); on an error the tokens in use stay.
+  absl::Status ReloadAuth() { return auth_->Reload(); }
+
   // Stops serving and flushes; idempotent.
   void Shutdown();
 
@@ -52,6 +56,7 @@ class MasterServer {
   MasterServer() = default;
   void TickLoop(absl::Duration interval);
 
+  std::unique_ptr<auth::Authenticator> auth_;  // outlives every server below
   std::unique_ptr<Master> master_;
   std::unique_ptr<rpc::RpcMetrics> rpc_metrics_;
   // Declared before grpc_, so destroyed after it: a server is destroyed

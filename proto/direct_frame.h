@@ -43,9 +43,12 @@ enum class DirectMethod : uint8_t {
   kPrefixMatch = 6,
   kRemove = 7,
   kStats = 8,
-  // An empty call answered OK with nothing: a client's first call on a new
-  // connection, so a master that does not speak direct (it closes) is told
-  // from one that died during a real call.
+  // A client's first call on a new connection, answered OK with nothing,
+  // so a master that does not speak direct (it closes) is told from one
+  // that died during a real call. Its body is a v1::DirectHello carrying
+  // the client's token; a master with auth on answers a missing or
+  // refused one with that status and closes, as it does a connection
+  // whose first call is not a ping.
   kPing = 9,
 };
 inline constexpr uint8_t kMaxMethod = 9;

@@ -13,6 +13,7 @@ pkgs=(
   libzmq3-dev libmsgpack-cxx-dev python3-zmq python3-msgpack
   libsystemd-dev systemd python3-yaml liburing-dev
   libhiredis-dev redis-server redis-tools
+  libssl-dev openssl
 )
 if [ "${TIERKV_WITH_SANITIZERS:-0}" = 1 ]; then
   pkgs+=(clang-14 libclang-rt-14-dev)

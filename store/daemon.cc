@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/str_split.h"
+#include "config/base/auth.h"
 #include "config/base/http_server.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
@@ -49,10 +50,12 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
     if (!caller_cpus.empty()) (void)transport::PinThisThread(caller_cpus);
   };
   std::unique_ptr<StoreDaemon> d(new StoreDaemon());
-  ASSIGN_OR_RETURN(d->master_, client::MasterClient::Create(config.master));
+  client::MasterClientOptions mo;
+  ASSIGN_OR_RETURN(mo.token, auth::ReadTokenFile(config.token_file));
+  ASSIGN_OR_RETURN(d->master_, client::MasterClient::Create(config.master, mo));
   transport::EngineOptions eo;
   ASSIGN_OR_RETURN(std::unique_ptr<transport::MetadataClient> metadata,
-                   transport::NewHttpMetadata(config.metadata));
+                   transport::NewHttpMetadata(config.metadata, absl::Seconds(5), mo.token));
   eo.metadata = std::move(metadata);
   for (absl::string_view t : absl::StrSplit(config.transport, ',', absl::SkipWhitespace())) {
     eo.transports.emplace_back(t);
@@ -119,10 +122,13 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   d->http_->Get("/ready", [raw](const httplib::Request&, httplib::Response& res) {
     bool ready = raw->ready();
     res.status = ready ? 200 : 503;
-    res.set_content(ready ? "ready\n"
-                          : raw->lender_->mounted() ? "mounted; SSD records not yet listed to the master\n"
-                                                    : "not mounted\n",
-                    "text/plain");
+    std::string body = "ready\n";
+    if (!ready && raw->lender_->mounted()) body = "mounted; SSD records not yet listed to the master\n";
+    if (!ready && !raw->lender_->mounted()) {
+      const std::string why = raw->lender_->last_error();
+      body = why.empty() ? "not mounted\n" : absl::StrCat("not mounted: ", why, "\n");
+    }
+    res.set_content(body, "text/plain");
   });
   // 200 while the daemon serves (its DRAM at least); the body's second
   // line says whether the SSD tier is with it.

@@ -14,7 +14,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "config/base/auth.h"
 #include "config/base/log.h"
+#include "config/base/status.h"
 #include "config/ctl_config.h"
 #include "config/units.h"
 #include "httplib.h"
@@ -36,9 +38,16 @@ absl::StatusOr<json> FetchJson(const CtlConfig& c, const std::string& path) {
   httplib::Client cli(c.http.substr(0, colon), std::stoi(c.http.substr(colon + 1)));
   cli.set_read_timeout(absl::ToChronoSeconds(c.timeout));
   cli.set_connection_timeout(absl::ToChronoSeconds(c.timeout));
+  ASSIGN_OR_RETURN(std::string token, auth::ReadTokenFile(c.token_file));
+  if (!token.empty()) cli.set_bearer_token_auth(token.c_str());
   auto res = cli.Get(path);
   if (!res) return absl::UnavailableError(absl::StrCat("master HTTP ", c.http, ": ", httplib::to_string(res.error())));
   json j = json::parse(res->body, nullptr, false);
+  if (res->status == 401 || res->status == 403) {
+    const std::string why = j.is_object() && j.contains("error") ? j["error"].get<std::string>() : res->body;
+    return absl::Status(res->status == 401 ? absl::StatusCode::kUnauthenticated : absl::StatusCode::kPermissionDenied,
+                        absl::StrCat("master HTTP ", c.http, " refused ", path, ": ", why));
+  }
   if (res->status == 404) {
     return absl::NotFoundError(j.is_object() && j.contains("error") ? j["error"].get<std::string>() : path);
   }
@@ -52,6 +61,7 @@ absl::StatusOr<std::unique_ptr<client::Client>> Connect(const CtlConfig& c) {
   client::ClientOptions o;
   o.master = c.master;
   o.metadata = "http://" + c.http;
+  o.token_file = c.token_file;
   o.rpc_timeout = c.timeout;
   o.transfer_timeout = c.timeout;
   for (absl::string_view t : absl::StrSplit(c.transport, ',', absl::SkipWhitespace())) o.transports.emplace_back(t);

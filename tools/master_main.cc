@@ -1,6 +1,7 @@
 // tierkv-master: parses flags and runs a MasterServer until SIGTERM/SIGINT.
 // Under systemd (Type=notify) it reports READY=1 once both servers serve
-// and STOPPING=1 when a stop signal starts the shutdown.
+// and STOPPING=1 when a stop signal starts the shutdown. SIGHUP re-reads
+// --token-file.
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -28,7 +29,13 @@ int main(int argc, char** argv) {
   // Both ports are bound (connections queue from here on): daemons may mount now.
   tierkv::NotifyReady(absl::StrCat("serving rpc=", (*server)->rpc_port(), " http=", (*server)->http_port()));
 
-  int sig = tierkv::WaitForStopSignal();
+  int sig = tierkv::WaitForStopSignal([&server] {
+    if (absl::Status s = (*server)->ReloadAuth(); s.ok()) {
+      TKV_LOG(INFO) << "SIGHUP: token file re-read";
+    } else {
+      TKV_LOG(WARNING) << "SIGHUP: keeping the tokens in use: " << s.message();
+    }
+  });
   TKV_LOG(INFO) << "signal " << sig << ": shutting down";
   tierkv::NotifyStopping();
   (*server)->Shutdown();

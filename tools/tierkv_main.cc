@@ -50,6 +50,7 @@ absl::StatusOr<Session> Connect(const TierkvConfig& c, const tools::EmbeddedSsd&
     o.master = c.master;
     o.metadata = c.metadata.empty() ? absl::StrCat("http://", c.master.substr(0, c.master.rfind(':')), ":8080")
                                     : c.metadata;
+    o.token_file = c.token_file;
   }
   for (absl::string_view t : absl::StrSplit(c.transport, ',', absl::SkipWhitespace())) o.transports.emplace_back(t);
   o.transfer_timeout = absl::Seconds(5);

@@ -38,8 +38,8 @@ class InMemoryMetadata final : public MetadataClient {
 
 class HttpMetadata final : public MetadataClient {
  public:
-  HttpMetadata(std::string host, int port, absl::Duration timeout)
-      : host_(std::move(host)), port_(port), timeout_(timeout) {}
+  HttpMetadata(std::string host, int port, absl::Duration timeout, std::string token)
+      : host_(std::move(host)), port_(port), timeout_(timeout), token_(std::move(token)) {}
 
   absl::StatusOr<std::string> Get(const std::string& key) override {
     auto cli = Client();
@@ -74,6 +74,7 @@ class HttpMetadata final : public MetadataClient {
     cli->set_connection_timeout(t);
     cli->set_read_timeout(t);
     cli->set_write_timeout(t);
+    if (!token_.empty()) cli->set_bearer_token_auth(token_.c_str());
     return cli;
   }
   std::string Path(const std::string& key) {
@@ -84,6 +85,11 @@ class HttpMetadata final : public MetadataClient {
                                                " failed: ", httplib::to_string(e)));
   }
   absl::Status BadStatus(const char* method, int status, const std::string& body) {
+    if (status == 401 || status == 403) {
+      return absl::Status(status == 401 ? absl::StatusCode::kUnauthenticated : absl::StatusCode::kPermissionDenied,
+                          absl::StrCat("metadata ", method, " to ", host_, ":", port_, " refused: ",
+                                       body.substr(0, 200)));
+    }
     return absl::InternalError(absl::StrCat("metadata ", method, " to ", host_, ":", port_,
                                             " answered ", status, ": ", body.substr(0, 200)));
   }
@@ -91,6 +97,7 @@ class HttpMetadata final : public MetadataClient {
   std::string host_;
   int port_;
   absl::Duration timeout_;
+  std::string token_;
 };
 
 }  // namespace
@@ -98,7 +105,8 @@ class HttpMetadata final : public MetadataClient {
 std::shared_ptr<MetadataClient> NewInMemoryMetadata() { return std::make_shared<InMemoryMetadata>(); }
 
 absl::StatusOr<std::unique_ptr<MetadataClient>> NewHttpMetadata(const std::string& url,
-                                                                absl::Duration timeout) {
+                                                                absl::Duration timeout,
+                                                                const std::string& token) {
   absl::string_view rest = url;
   if (!absl::ConsumePrefix(&rest, "http://")) {
     return absl::InvalidArgumentError(absl::StrCat("metadata URL '", url, "' must start with http://"));
@@ -112,7 +120,7 @@ absl::StatusOr<std::unique_ptr<MetadataClient>> NewHttpMetadata(const std::strin
     return absl::InvalidArgumentError(absl::StrCat("metadata URL '", url, "' needs host:port"));
   }
   return std::unique_ptr<MetadataClient>(
-      new HttpMetadata(std::string(rest.substr(0, colon)), port, timeout));
+      new HttpMetadata(std::string(rest.substr(0, colon)), port, timeout, token));
 }
 
 }  // namespace tierkv::transport

@@ -28,8 +28,10 @@ class MetadataClient {
 // Shared by everything in one process that holds the pointer.
 std::shared_ptr<MetadataClient> NewInMemoryMetadata();
 
-// `url` is "http://host:port". INVALID_ARGUMENT for another scheme.
+// `url` is "http://host:port". INVALID_ARGUMENT for another scheme. A
+// non-empty `token` goes with every request as "Authorization: Bearer";
+// a master that refuses it answers UNAUTHENTICATED or PERMISSION_DENIED.
 absl::StatusOr<std::unique_ptr<MetadataClient>> NewHttpMetadata(
-    const std::string& url, absl::Duration timeout = absl::Seconds(5));
+    const std::string& url, absl::Duration timeout = absl::Seconds(5), const std::string& token = "");
 
 }  // namespace tierkv::transport

@@ -43,9 +43,11 @@ class DirectChannel {
   static constexpr size_t kMaxRequest = 1 << 20;
 
   // `reply_spin`: how long a call busy-polls for its reply before sleeping
-  // in the kernel (MasterClientOptions::reply_spin).
-  DirectChannel(std::string address, uint32_t max_message, absl::Duration reply_spin = absl::ZeroDuration())
-      : address_(std::move(address)), max_message_(max_message), reply_spin_(reply_spin) {}
+  // in the kernel (MasterClientOptions::reply_spin). `token` goes in each
+  // connection's ping (MasterClientOptions::token).
+  DirectChannel(std::string address, uint32_t max_message, absl::Duration reply_spin = absl::ZeroDuration(),
+                std::string token = "")
+      : address_(std::move(address)), max_message_(max_message), reply_spin_(reply_spin), token_(std::move(token)) {}
 
   enum class Outcome {
     kAnswered,  // `status` is the master's answer; OK: *resp holds it
@@ -82,6 +84,7 @@ class DirectChannel {
   const std::string address_;
   const uint32_t max_message_;
   const absl::Duration reply_spin_;
+  const std::string token_;
   Mutex mu_;
   std::vector<Idle> idle_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> off_until_ns_{0};  // Unix ns before which the lane is not tried

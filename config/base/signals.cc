@@ -11,6 +11,7 @@ sigset_t StopSet() {
   sigemptyset(&s);
   sigaddset(&s, SIGTERM);
   sigaddset(&s, SIGINT);
+  sigaddset(&s, SIGHUP);
   return s;
 }
 }  // namespace
@@ -21,11 +22,14 @@ void BlockStopSignals() {
   signal(SIGPIPE, SIG_IGN);
 }
 
-int WaitForStopSignal() {
+int WaitForStopSignal(const std::function<void()>& on_reload) {
   sigset_t s = StopSet();
-  int sig = 0;
-  sigwait(&s, &sig);
-  return sig;
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&s, &sig) != 0) continue;
+    if (sig != SIGHUP) return sig;
+    if (on_reload) on_reload();
+  }
 }
 
 long RaiseFileLimit() {

@@ -4,11 +4,15 @@
 // the process-wide limits a daemon needs.
 #pragma once
 
+#include <functional>
+
 namespace tierkv {
 
+// Also blocks SIGHUP, which WaitForStopSignal turns into `on_reload`.
 void BlockStopSignals();
-// Blocks until SIGTERM or SIGINT arrives; returns its number.
-int WaitForStopSignal();
+// Blocks until SIGTERM or SIGINT arrives; returns its number. Each SIGHUP
+// meanwhile calls `on_reload` (when given) on the waiting thread.
+int WaitForStopSignal(const std::function<void()>& on_reload = nullptr);
 // Raises the open-file limit to its hard maximum: a server holds a socket
 // per client connection, and the common soft limit of 1024 is too few.
 // Returns the new soft limit.

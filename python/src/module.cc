@@ -26,6 +26,7 @@
 
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "config/base/auth.h"
 
 namespace py = pybind11;
 using tierkv::client::Client;
@@ -105,8 +106,9 @@ class PyClient {
            std::vector<std::string> rdma_devices, uint64_t lend_size, const std::string& lend_name,
            const std::string& host, const std::string& client_id, const std::string& listen,
            double rpc_timeout, double transfer_timeout, bool verify_checksums, int connections, int workers,
-           double reply_spin) {
+           double reply_spin, const std::string& token) {
     ClientOptions o;
+    o.token = token;
     o.master = master;
     o.metadata = metadata;
     o.transports = std::move(transports);
@@ -553,17 +555,25 @@ PYBIND11_MODULE(_tierkv, m) {
 
   m.def(
       "discover_metadata",
-      [](const std::string& master, double timeout) {
+      [](const std::string& master, double timeout, const std::string& token) {
         absl::StatusOr<std::string> r;
         {
           py::gil_scoped_release nogil;
-          r = tierkv::client::DiscoverMetadata(master, absl::Seconds(timeout));
+          r = tierkv::client::DiscoverMetadata(master, absl::Seconds(timeout), token);
         }
         if (!r.ok()) Throw(r.status());
         return *r;
       },
-      py::arg("master"), py::arg("timeout") = 5.0,
+      py::arg("master"), py::arg("timeout") = 5.0, py::arg("token") = "",
       "http://host:port of the metadata server of the master at host:port, as it reports it.");
+  m.def(
+      "read_token_file",
+      [](const std::string& path) {
+        absl::StatusOr<std::string> r = tierkv::auth::ReadTokenFile(path);
+        if (!r.ok()) Throw(r.status());
+        return *r;
+      },
+      py::arg("path"), "The token in a token file: the first word of its first line that is not a comment.");
   m.def(
       "buffer_address",
       [](py::handle obj, bool writable) {
@@ -576,11 +586,11 @@ PYBIND11_MODULE(_tierkv, m) {
   py::class_<PyClient>(m, "_Client")
       .def(py::init<const std::string&, const std::string&, std::vector<std::string>, std::vector<std::string>,
                     uint64_t, const std::string&, const std::string&, const std::string&, const std::string&,
-                    double, double, bool, int, int, double>(),
+                    double, double, bool, int, int, double, const std::string&>(),
            py::arg("master"), py::arg("metadata"), py::arg("transports"), py::arg("rdma_devices"),
            py::arg("lend_size"), py::arg("lend_name"), py::arg("host"), py::arg("client_id"), py::arg("listen"),
            py::arg("rpc_timeout"), py::arg("transfer_timeout"), py::arg("verify_checksums"),
-           py::arg("connections"), py::arg("workers"), py::arg("reply_spin"))
+           py::arg("connections"), py::arg("workers"), py::arg("reply_spin"), py::arg("token"))
       .def("close", &PyClient::Close)
       .def("put",
            [](PyClient& c, const std::string& key, py::handle value, int replicas, const std::string& preferred,

@@ -69,10 +69,15 @@ class Process:
 class Cluster:
     """A master and `daemons` store daemons on 127.0.0.1."""
 
-    def __init__(self, daemons=2, segment_size="256mib"):
+    daemon_args = ()  # extra daemon flags
+    token = ""  # the bearer token the fixture's own HTTP reads present
+
+    def __init__(self, daemons=2, segment_size="256mib", master_args=(), daemon_args=(), token=""):
         self.segment_size = segment_size
+        self.daemon_args = list(daemon_args)
+        self.token = token
         self.master = Process("tierkv-master", ["--rpc-port=0", "--http-port=0", "--segment-ttl=1s",
-                                                "--check-interval=100ms"])
+                                                "--check-interval=100ms"] + list(master_args))
         self.daemons = []
         for i in range(daemons):
             self.add_daemon(i)
@@ -89,12 +94,15 @@ class Cluster:
     def add_daemon(self, i):
         d = Process("tierkv-store", [f"--master={self.master_address}", f"--metadata={self.metadata_url}",
                                      f"--segment-size={self.segment_size}", "--port=0", "--http-port=0",
-                                     "--heartbeat-interval=200ms", f"--name=daemon-{i}"])
+                                     "--heartbeat-interval=200ms", f"--name=daemon-{i}"] + list(self.daemon_args))
         self.daemons.append(d)
         return d
 
     def segments(self):
-        with urllib.request.urlopen(self.metadata_url + "/v1/segments", timeout=5) as r:
+        req = urllib.request.Request(self.metadata_url + "/v1/segments")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(req, timeout=5) as r:
             return json.loads(r.read())
 
     def wait_live(self, n, timeout=20):
@@ -164,6 +172,16 @@ def store(cluster):
     s.remove_all(force=True)
     yield s
     s.close()
+
+
+def wait_until(cond, timeout, what):
+    """Polls `cond` every 50 ms; AssertionError naming `what` past `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def unique(prefix):

@@ -15,13 +15,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from conftest import BIN_DIR, ROOT, Process
+from conftest import BIN_DIR, ROOT, Process, wait_until
 
 DEPLOY = os.path.join(ROOT, "deploy")
 LAUNCH = os.path.join(DEPLOY, "tierkv-node-launch")
@@ -102,15 +101,6 @@ def alive(pid):
 def cmdline(pid):
     with open(f"/proc/{pid}/cmdline") as f:
         return f.read().split("\0")
-
-
-def wait_until(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture

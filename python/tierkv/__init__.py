@@ -15,13 +15,15 @@ Faces: tierkv.Client (this module), tierkv.mooncake_compat (Mooncake's Python
 store API), tierkv.sglang (HiCache storage backend), tierkv.lmcache.
 """
 
+import os
+
 from . import _errors
 from ._errors import *  # noqa: F401,F403  (Error and one class per status)
 from ._errors import Error, from_status
-from ._tierkv import buffer_address, discover_metadata, stored_size
+from ._tierkv import buffer_address, discover_metadata, read_token_file, stored_size
 from ._tierkv import _Client
 
-__all__ = ["Client", "Error", "buffer_address", "discover_metadata", "stored_size"] + [
+__all__ = ["Client", "Error", "buffer_address", "discover_metadata", "read_token_file", "stored_size"] + [
     n for n in _errors.__all__ if n not in ("from_status", "CODE_NAMES")]
 
 
@@ -46,18 +48,26 @@ class Client:
     the metadata server; None asks the master for it. lend_size: bytes of this
     process's memory lent to the cluster as a segment (0: none).
     Timeouts are in seconds. reply_spin: seconds a call busy-polls for its
-    reply before sleeping (0: never). Raises Unavailable when the master
-    cannot be reached, InvalidArgument for bad options.
+    reply before sleeping (0: never). token (or token_file, a file whose
+    first word is the token; default $TIERKV_TOKEN_FILE): the bearer token
+    for a master running --auth token. Raises Unavailable when the master
+    cannot be reached, Unauthenticated or PermissionDenied when it refuses
+    the token, InvalidArgument for bad options.
     """
 
     def __init__(self, master="127.0.0.1:50051", metadata=None, *, transports=None, rdma_devices=None,
                  lend_size=0, lend_name="", host="", client_id="", listen="127.0.0.1", rpc_timeout=5.0,
-                 transfer_timeout=30.0, verify_checksums=True, connections=4, workers=4, reply_spin=50e-6):
+                 transfer_timeout=30.0, verify_checksums=True, connections=4, workers=4, reply_spin=50e-6,
+                 token=None, token_file=None):
+        if not token:
+            token_file = token_file or os.environ.get("TIERKV_TOKEN_FILE", "")
+            token = read_token_file(token_file) if token_file else ""
         if not metadata:
-            metadata = discover_metadata(master, rpc_timeout)
+            metadata = discover_metadata(master, rpc_timeout, token)
         self._c = _Client(master, metadata, list(transports or []), list(rdma_devices or []), int(lend_size),
                           lend_name, host, client_id, listen, float(rpc_timeout), float(transfer_timeout),
-                          bool(verify_checksums), int(connections), int(workers), float(reply_spin))
+                          bool(verify_checksums), int(connections), int(workers), float(reply_spin), token)
+        self._token = token
         self.master = master
         self.metadata = metadata
 

@@ -28,7 +28,8 @@ scatter in place: no part is copied on the way.
 Timeouts come from TIERKV_RPC_TIMEOUT and TIERKV_TRANSFER_TIMEOUT (seconds;
 defaults 5 and 30), as tierkv's flags read TIERKV_<FLAG>; TIERKV_REPLY_SPIN
 (seconds, default 50e-6; 0: never) is how long a call busy-polls for its
-reply before sleeping.
+reply before sleeping. TIERKV_TOKEN_FILE names the file holding the token
+for a master running --auth token.
 """
 
 import json
@@ -463,7 +464,10 @@ class MooncakeDistributedStore:
         k = key.decode("latin-1") if isinstance(key, bytes) else str(key)
         url = f"{c.metadata}/v1/objects/{urllib.parse.quote(k, safe='')}"
         try:
-            with urllib.request.urlopen(url, timeout=_env_seconds("TIERKV_RPC_TIMEOUT", 5.0)) as r:
+            req = urllib.request.Request(url)
+            if c._token:
+                req.add_header("Authorization", f"Bearer {c._token}")
+            with urllib.request.urlopen(req, timeout=_env_seconds("TIERKV_RPC_TIMEOUT", 5.0)) as r:
                 info = json.loads(r.read())
         except urllib.error.HTTPError as e:
             return OBJECT_NOT_FOUND if e.code == 404 else INTERNAL_ERROR

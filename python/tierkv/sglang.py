@@ -22,7 +22,8 @@ extra_config keys (all optional but the master): master_server_address (or
 TIERKV_MASTER), metadata_server ("P2PHANDSHAKE": ask the master),
 global_segment_size (bytes this process lends, default 0), protocol
 ("tcp"/"rdma"), rdma_devices, replicas, transfer_timeout, rpc_timeout,
-reply_spin (seconds a call busy-polls for its reply; 0: never).
+reply_spin (seconds a call busy-polls for its reply; 0: never), token_file
+(the token for a master running --auth token; default $TIERKV_TOKEN_FILE).
 """
 
 import logging
@@ -86,7 +87,8 @@ class TierkvStore(_Base):
                     lend_size=int(extra.get("global_segment_size", 0) or 0),
                     rpc_timeout=float(extra.get("rpc_timeout", 5.0)),
                     transfer_timeout=float(extra.get("transfer_timeout", 30.0)),
-                    reply_spin=float(extra.get("reply_spin", 50e-6)))
+                    reply_spin=float(extra.get("reply_spin", 50e-6)),
+                    token_file=extra.get("token_file") or None)
         try:
             self.client = Client(master, metadata, **opts)
         except Error as e:

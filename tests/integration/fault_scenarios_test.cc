@@ -314,7 +314,7 @@ TEST_F(FaultScenarioTest, Scenario06_PartitionedDaemonIsDroppedAndRejoinsClean) 
   auto host = testing::TestHost::Create(1);
   if (!host.ok()) GTEST_SKIP() << "no network namespaces here: " << host.status().message();
   ASSERT_OK(cluster_.Start({.daemons = 1, .segment_size = "64mib", .segment_ttl = "1s",
-                            .master_flags = {"--listen=0.0.0.0"}}));
+                            .master_flags = {"--listen=0.0.0.0", "--insecure-allow-remote"}}));
   const std::string master = absl::StrCat((*host)->gateway(), ":", cluster_.rpc_port());
   auto remote = ChildProcess::Start(
       "/usr/sbin/ip",

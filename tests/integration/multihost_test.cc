@@ -2,8 +2,9 @@
 // on one bridge stand in for machines (each with its own address and
 // hostname). A master in the test's own namespace; two decode nodes, each
 // running two daemons bound to 0.0.0.0 on the same ports (8800, 8801) with
-// no --host; clients on a third host. Needs root (skips saying why
-// elsewhere).
+// no --host; clients on a third host. The master runs --auth token, as
+// a routable bind must: daemons, clients and tierkvctl present tokens.
+// Needs root (skips saying why elsewhere).
 #include <signal.h>
 #include <unistd.h>
 
@@ -71,6 +72,7 @@ class MultiHostTest : public ::testing::Test {
         "/usr/sbin/ip",
         net_->host(node).Exec(BinaryPath("tierkv-store"),
                               {"--master=" + master_, "--metadata=" + metadata_, "--listen=0.0.0.0",
+                               "--token-file=" + daemon_token_,
                                absl::StrCat("--port=", 8800 + k), absl::StrCat("--http-port=", 9800 + k),
                                "--segment-size=64mib", "--heartbeat-interval=200ms"}));
     if (!d.ok()) return d.status();
@@ -103,8 +105,23 @@ class MultiHostTest : public ::testing::Test {
   }
   std::vector<std::string> CtlFlags() {
     return {"--master=" + master_, "--http=" + absl::StrCat(net_->gateway(), ":", cluster_.http_port()),
-            "--transport=tcp", "--timeout=5s"};
+            "--transport=tcp", "--timeout=5s", "--token-file=" + client_token_};
   }
+  // Writes the master's token table and each side's own token under `dir`;
+  // the master flags that use them.
+  std::vector<std::string> AuthFlags(const std::string& dir) {
+    std::filesystem::create_directories(dir);
+    daemon_token_ = dir + "/daemon.token";
+    client_token_ = dir + "/client.token";
+    std::ofstream(daemon_token_) << kDaemonToken << "\n";
+    std::ofstream(client_token_) << kClientToken << "\n";
+    std::ofstream(dir + "/tokens") << kDaemonToken << " decode-nodes daemon\n"
+                                   << kClientToken << " workers client\n";
+    return {"--listen=0.0.0.0", "--auth=token", "--token-file=" + dir + "/tokens"};
+  }
+  static constexpr char kDaemonToken[] = "9c1e0b7d2a4f4e6b8d3c5a7f9e1b3d5f";
+  static constexpr char kClientToken[] = "4f2a8c6e0b1d3f5a7c9e1b3d5f7a9c0e";
+  std::string daemon_token_, client_token_;
 
   TestCluster cluster_;
   std::unique_ptr<TestNetwork> net_;
@@ -116,10 +133,20 @@ TEST_F(MultiHostTest, WildcardDaemonsOnTwoNodesServeAClientHostThroughARestartAn
   absl::StatusOr<std::unique_ptr<TestNetwork>> net = TestNetwork::Create(3);
   if (!net.ok()) GTEST_SKIP() << "no network namespaces here: " << net.status().message();
   net_ = std::move(*net);
-  ASSERT_OK(cluster_.Start({.daemons = 0, .segment_ttl = "2s", .master_flags = {"--listen=0.0.0.0"}}));
+  const std::string dir = testing::MakeTempDir("tierkv-multihost");
+  ASSERT_OK(cluster_.Start(
+      {.daemons = 0, .segment_ttl = "2s", .master_flags = AuthFlags(dir + "/auth"), .token = kClientToken}));
   master_ = absl::StrCat(net_->gateway(), ":", cluster_.rpc_port());
   metadata_ = absl::StrCat("http://", net_->gateway(), ":", cluster_.http_port());
   const TestHost& client_host = net_->host(2);
+  {
+    // Without a token, the client host is refused with the reason.
+    std::vector<std::string> args = CtlFlags();
+    args.pop_back();
+    args.push_back("segments");
+    auto [rc, out] = RunOn(client_host, BinaryPath("tierkvctl"), args);
+    EXPECT_NE(rc, 0) << out;
+  }
   for (int node : {0, 1}) {
     for (int k : {0, 1}) ASSERT_OK(StartDaemon(node, k)) << Name(node, k);
   }
@@ -143,7 +170,6 @@ TEST_F(MultiHostTest, WildcardDaemonsOnTwoNodesServeAClientHostThroughARestartAn
     }
   }
 
-  const std::string dir = testing::MakeTempDir("tierkv-multihost");
   // A long-lived client on the client host while a daemon restarts on
   // the same port: it keeps working, and what it writes afterwards is in
   // the new daemon's memory (read back by another client on another host),
@@ -151,8 +177,8 @@ TEST_F(MultiHostTest, WildcardDaemonsOnTwoNodesServeAClientHostThroughARestartAn
   const std::string session = dir + "/session";
   std::filesystem::create_directories(session);
   std::vector<std::string> wargv =
-      client_host.Exec(BinaryPath("../tests/tierkv-test-worker"),
-                       {"session", master_, metadata_, session, "40", "1"});
+      client_host.Exec("/usr/bin/env", {"TIERKV_TOKEN_FILE=" + client_token_, BinaryPath("../tests/tierkv-test-worker"),
+                                        "session", master_, metadata_, session, "40", "1"});
   std::string wcmd = "/usr/sbin/ip";
   for (const std::string& a : wargv) absl::StrAppend(&wcmd, " ", ShellQuote(a));
   FILE* worker = ::popen(wcmd.c_str(), "r");

@@ -87,6 +87,7 @@ absl::StatusOr<std::unique_ptr<client::Client>> TestCluster::NewClient(std::vect
   o.metadata = metadata_url();
   o.transports = std::move(transports);
   o.transfer_timeout = absl::Seconds(10);
+  o.token = options_.token;
   return client::Client::Create(o);
 }
 
@@ -94,6 +95,7 @@ absl::StatusOr<std::string> TestCluster::HttpGet(const std::string& path, int po
   httplib::Client cli("127.0.0.1", port == 0 ? http_port_ : port);
   cli.set_read_timeout(std::chrono::seconds(5));
   cli.set_connection_timeout(std::chrono::seconds(2));
+  if (!options_.token.empty()) cli.set_bearer_token_auth(options_.token);
   auto res = cli.Get(path);
   if (!res) return absl::UnavailableError(httplib::to_string(res.error()));
   if (res->status != 200) return absl::Status(absl::StatusCode::kUnknown, absl::StrCat("HTTP ", res->status));

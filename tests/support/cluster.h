@@ -25,6 +25,9 @@ struct ClusterOptions {
   bool persist = false;  // give the master a data directory
   std::vector<std::string> master_flags;
   std::vector<std::string> daemon_flags;
+  // The bearer token NewClient and HttpGet present (a master running
+  // --auth token); empty: none.
+  std::string token;
 };
 
 class TestCluster {

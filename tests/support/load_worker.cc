@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -64,6 +65,8 @@ absl::StatusOr<std::unique_ptr<tierkv::client::Client>> NewClient(const char* ma
   o.transfer_timeout = timeout;
   o.rpc_timeout = timeout;
   o.transports = std::move(transports);
+  // As the Python client: a master running --auth token gets the token in this file.
+  if (const char* f = std::getenv("TIERKV_TOKEN_FILE"); f != nullptr) o.token_file = f;
   return tierkv::client::Client::Create(o);
 }
 

@@ -1,10 +1,15 @@
 #include <fstream>
 #include <map>
 
+#include <filesystem>
+
+#include "absl/time/clock.h"
+#include "config/base/auth.h"
 #include "config/flags.h"
 #include "config/master_config.h"
 #include "config/store_config.h"
 #include "config/units.h"
+#include "tests/support/process.h"
 #include "tests/support/status_matchers.h"
 
 namespace tierkv {
@@ -232,6 +237,153 @@ TEST(FlagsTest, StoreTransferServerLimits) {
   EXPECT_EQ(c->idle_timeout, absl::Seconds(30));
   const char* bad[] = {"tierkv-store", "--io-threads=0"};
   EXPECT_THAT(StoreFlags().Parse(2, bad, nullptr, none), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// --- auth: token tables, roles, binds --------------------------------------
+
+constexpr char kTokens[] =
+    "# token                          name      roles\n"
+    "daemon-token-0123456789         decode-0  daemon\n"
+    "\n"
+    "client-token-0123456789         sglang-0  client\n"
+    "admin-token-01234567890         ops       admin,client\t\n"
+    "old-token-0123456789abc         old       client    expires=2020-01-01T00:00:00Z\n";
+
+TEST(AuthTest, TokenTableFindsNamesRolesAndExpiry) {
+  ASSERT_OK_AND_ASSIGN(auth::TokenTable t, auth::TokenTable::Parse(kTokens));
+  EXPECT_EQ(t.size(), 4u);
+  const absl::Time now = absl::Now();
+  ASSERT_OK_AND_ASSIGN(auth::Identity d, t.Find("daemon-token-0123456789", now));
+  EXPECT_EQ(d.name, "decode-0");
+  EXPECT_EQ(d.roles, auth::kDaemon);
+  ASSERT_OK_AND_ASSIGN(auth::Identity a, t.Find("admin-token-01234567890", now));
+  EXPECT_EQ(a.roles, auth::kAdmin | auth::kClient);
+  EXPECT_THAT(t.Find("client-token-012345678", now), StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_THAT(t.Find("", now), StatusIs(absl::StatusCode::kUnauthenticated));
+  absl::StatusOr<auth::Identity> old = t.Find("old-token-0123456789abc", now);
+  EXPECT_THAT(old, StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_NE(old.status().message().find("'old' expired at 2020-01-01"), std::string::npos) << old.status();
+  // Before its expiry the same token is accepted.
+  EXPECT_OK(t.Find("old-token-0123456789abc", absl::FromUnixSeconds(1500000000)).status());
+}
+
+TEST(AuthTest, MalformedTokenFilesNameTheLine) {
+  const std::pair<const char*, const char*> bad[] = {
+      {"short-token daemon-0 daemon\n", "line 1: a token must be at least 16"},
+      {"# c\nlong-enough-token-000 d-0\n", "line 2: expected"},
+      {"long-enough-token-000 d-0 daemon,root\n", "unknown role 'root'"},
+      {"long-enough-token-000 d-0 ,\n", "no role given"},
+      {"long-enough-token-000 d-0 daemon\nlong-enough-token-000 d-1 client\n", "line 2: the same token is listed twice"},
+      {"long-enough-token-000 d-0 daemon expires=tomorrow\n", "is not expires=<RFC 3339 time>"},
+      {"long-enough-token-000 d-0 daemon when=2027-01-01T00:00:00Z\n", "is not expires="},
+      {"long-enough-token-000 d-0 daemon expires=2027-01-01T00:00:00Z extra\n", "expected"},
+  };
+  for (const auto& [text, why] : bad) {
+    absl::StatusOr<auth::TokenTable> t = auth::TokenTable::Parse(text);
+    EXPECT_THAT(t, StatusIs(absl::StatusCode::kInvalidArgument)) << text;
+    EXPECT_NE(t.status().message().find(why), std::string::npos) << t.status() << " for " << text;
+  }
+  EXPECT_EQ(auth::TokenTable::Parse("# nothing but comments\n\n")->size(), 0u);
+}
+
+TEST(AuthTest, RolesParseAndPrint) {
+  EXPECT_EQ(*auth::ParseRoles("daemon,client"), auth::kDaemon | auth::kClient);
+  EXPECT_EQ(auth::RoleNames(auth::kAdmin | auth::kDaemon), "daemon,admin");
+  EXPECT_THAT(auth::ParseRoles(""), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(auth::ParseRoles("Client"), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+class AuthFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::MakeTempDir("tierkv-auth"); }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Write(const std::string& name, const std::string& text) {
+    std::string path = dir_ + "/" + name;
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::string dir_;
+};
+
+TEST_F(AuthFileTest, AuthorizeChecksRolesAndReloadKeepsTheOldTableOnABadEdit) {
+  const std::string path = Write("tokens", kTokens);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<auth::Authenticator> a, auth::Authenticator::Create("token", path));
+  EXPECT_TRUE(a->enabled());
+  ASSERT_OK_AND_ASSIGN(auth::Identity c, a->Authorize("client-token-0123456789", auth::kClient, "PutStart"));
+  EXPECT_EQ(c.name, "sglang-0");
+  absl::StatusOr<auth::Identity> no = a->Authorize("", auth::kClient, "PutStart");
+  EXPECT_THAT(no, StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_NE(no.status().message().find("PutStart: no token"), std::string::npos) << no.status();
+  absl::StatusOr<auth::Identity> denied = a->Authorize("client-token-0123456789", auth::kDaemon, "MountSegment");
+  EXPECT_THAT(denied, StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_NE(denied.status().message().find("MountSegment: 'sglang-0' has role client, needs daemon,admin"),
+            std::string::npos)
+      << denied.status();
+  // Admin passes every role check.
+  EXPECT_OK(a->Authorize("admin-token-01234567890", auth::kDaemon, "MountSegment").status());
+
+  // A bad edit is refused and the tokens in use stay.
+  Write("tokens", "broken\n");
+  EXPECT_THAT(a->Reload(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_OK(a->Authorize("client-token-0123456789", auth::kClient, "PutStart").status());
+  Write("tokens", "# nobody\n");
+  EXPECT_THAT(a->Reload(), StatusIs(absl::StatusCode::kInvalidArgument));
+  // A good one replaces them.
+  Write("tokens", "new-client-token-000000 vllm-1 client\n");
+  ASSERT_OK(a->Reload());
+  EXPECT_THAT(a->Authorize("client-token-0123456789", auth::kClient, "PutStart"),
+              StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_EQ(a->Authorize("new-client-token-000000", auth::kClient, "PutStart")->name, "vllm-1");
+
+  EXPECT_THAT(auth::Authenticator::Create("token", ""), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(auth::Authenticator::Create("token", dir_ + "/absent"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(auth::Authenticator::Create("kerberos", path), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<auth::Authenticator> off, auth::Authenticator::Create("none", ""));
+  EXPECT_FALSE(off->enabled());
+  EXPECT_EQ(off->Authorize("", auth::kAdmin, "RemoveAll")->roles, auth::kAnyRole);
+}
+
+TEST_F(AuthFileTest, ACallersTokenFileGivesItsFirstWord) {
+  EXPECT_EQ(*auth::ReadTokenFile(""), "");
+  EXPECT_EQ(*auth::ReadTokenFile(Write("t", "\n# mine\n  abcdef0123456789abcdef  trailing words\nsecond\n")),
+            "abcdef0123456789abcdef");
+  EXPECT_THAT(auth::ReadTokenFile(Write("empty", "# none\n")), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(auth::ReadTokenFile(dir_ + "/absent"), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(AuthTest, BearerHeadersAndLoopbackBinds) {
+  EXPECT_EQ(auth::BearerToken("Bearer abc"), "abc");
+  EXPECT_EQ(auth::BearerToken("bearer   abc  "), "abc");
+  EXPECT_EQ(auth::BearerToken("Basic abc"), "");
+  EXPECT_EQ(auth::BearerToken("Bearer"), "");
+  for (const char* host : {"127.0.0.1", "127.3.2.1", "::1", "[::1]", "localhost"}) {
+    EXPECT_TRUE(auth::IsLoopback(host)) << host;
+  }
+  for (const char* host : {"0.0.0.0", "", "::", "10.1.2.3", "128.0.0.1", "node-7"}) {
+    EXPECT_FALSE(auth::IsLoopback(host)) << host;
+  }
+  EXPECT_OK(auth::CheckBind("none", "127.0.0.1", false, "tierkv-master"));
+  EXPECT_OK(auth::CheckBind("token", "0.0.0.0", false, "tierkv-master"));
+  absl::Status open = auth::CheckBind("none", "0.0.0.0", false, "tierkv-master");
+  EXPECT_THAT(open, StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_NE(open.message().find("--insecure-allow-remote"), std::string::npos) << open;
+  EXPECT_OK(auth::CheckBind("none", "0.0.0.0", true, "tierkv-master"));
+}
+
+TEST(FlagsTest, MasterAuthFlagsAreChecked) {
+  auto none = [](const char*) -> const char* { return nullptr; };
+  const char* token_without_file[] = {"tierkv-master", "--auth=token"};
+  absl::StatusOr<MasterConfig> c = MasterFlags().Parse(2, token_without_file, nullptr, none);
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(c.status().message()), ::testing::HasSubstr("--auth token needs --token-file"));
+  const char* unknown[] = {"tierkv-master", "--auth=kerberos"};
+  EXPECT_THAT(MasterFlags().Parse(2, unknown, nullptr, none), StatusIs(absl::StatusCode::kInvalidArgument));
+  const char* argv[] = {"tierkv-master"};
+  c = MasterFlags().Parse(1, argv, nullptr, none);
+  ASSERT_OK(c.status());
+  EXPECT_EQ(c->auth, "none");
+  EXPECT_TRUE(c->open_health);
+  EXPECT_FALSE(c->open_metrics);
 }
 
 }  // namespace

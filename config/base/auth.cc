@@ -1,0 +1,226 @@
+#include "config/base/auth.h"
+
+#include <arpa/inet.h>
+#include <openssl/sha.h>
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "config/base/log.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+
+namespace tierkv::auth {
+namespace {
+
+std::string Digest(absl::string_view token) {
+  unsigned char out[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), out);
+  return std::string(reinterpret_cast<const char*>(out), sizeof out);
+}
+
+struct RoleName {
+  Role role;
+  const char* name;
+};
+constexpr RoleName kRoles[] = {{kDaemon, "daemon"}, {kClient, "client"}, {kAdmin, "admin"}};
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read token file ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The words of each line that is neither blank nor a comment, with its
+// 1-based number.
+std::vector<std::pair<int, std::vector<absl::string_view>>> Lines(absl::string_view text) {
+  std::vector<std::pair<int, std::vector<absl::string_view>>> out;
+  int number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++number;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    out.emplace_back(number, absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty()));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<uint32_t> ParseRoles(absl::string_view text) {
+  uint32_t roles = 0;
+  for (absl::string_view word : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    bool known = false;
+    for (const RoleName& r : kRoles) {
+      if (word == r.name) {
+        roles |= r.role;
+        known = true;
+      }
+    }
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown role '", word, "' (roles: daemon, client, admin)"));
+    }
+  }
+  if (roles == 0) return absl::InvalidArgumentError("no role given (roles: daemon, client, admin)");
+  return roles;
+}
+
+std::string RoleNames(uint32_t roles) {
+  std::vector<const char*> names;
+  for (const RoleName& r : kRoles) {
+    if (roles & r.role) names.push_back(r.name);
+  }
+  return absl::StrJoin(names, ",");
+}
+
+absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text) {
+  TokenTable table;
+  for (const auto& [number, words] : Lines(text)) {
+    auto bad = [&, n = number](absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat("token file line ", n, ": ", why));
+    };
+    if (words.size() < 3 || words.size() > 4) return bad("expected: <token> <name> <roles> [expires=<RFC 3339 time>]");
+    if (words[0].size() < kMinTokenLength) {
+      return bad(absl::StrCat("a token must be at least ", kMinTokenLength, " characters"));
+    }
+    Identity id;
+    id.name = std::string(words[1]);
+    absl::StatusOr<uint32_t> roles = ParseRoles(words[2]);
+    if (!roles.ok()) return bad(roles.status().message());
+    id.roles = *roles;
+    if (words.size() == 4) {
+      absl::string_view when = words[3];
+      std::string err;
+      if (!absl::ConsumePrefix(&when, "expires=") || !absl::ParseTime(absl::RFC3339_full, when, &id.expires, &err)) {
+        return bad(absl::StrCat("'", words[3], "' is not expires=<RFC 3339 time> (2027-01-31T00:00:00Z)"));
+      }
+    }
+    if (!table.by_digest_.emplace(Digest(words[0]), std::move(id)).second) {
+      return bad("the same token is listed twice");
+    }
+  }
+  return table;
+}
+
+absl::StatusOr<Identity> TokenTable::Find(absl::string_view token, absl::Time now) const {
+  auto it = by_digest_.find(Digest(token));
+  if (it == by_digest_.end()) return absl::UnauthenticatedError("the token is not accepted");
+  if (now >= it->second.expires) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the token of '", it->second.name, "' expired at ", absl::FormatTime(it->second.expires)));
+  }
+  return it->second;
+}
+
+absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(const std::string& mode,
+                                                                     const std::string& token_file) {
+  if (mode.empty() || mode == "none") return std::unique_ptr<Authenticator>(new Authenticator(false, ""));
+  if (mode != "token") return absl::InvalidArgumentError(absl::StrCat("--auth '", mode, "': expected none or token"));
+  if (token_file.empty()) return absl::InvalidArgumentError("--auth token needs --token-file");
+  std::unique_ptr<Authenticator> a(new Authenticator(true, token_file));
+  if (absl::Status s = a->Reload(); !s.ok()) return s;
+  return a;
+}
+
+absl::Status Authenticator::Reload() {
+  if (!enabled_) return absl::OkStatus();
+  absl::StatusOr<std::string> text = ReadFile(token_file_);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<TokenTable> table = TokenTable::Parse(*text);
+  if (!table.ok()) return absl::InvalidArgumentError(absl::StrCat(token_file_, ": ", table.status().message()));
+  if (table->size() == 0) return absl::InvalidArgumentError(absl::StrCat(token_file_, ": no token listed"));
+  auto fresh = std::make_shared<const TokenTable>(*std::move(table));
+  MutexLock lock(&mu_);
+  table_ = std::move(fresh);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Identity> Authenticator::Authorize(absl::string_view token, uint32_t any_of,
+                                                  absl::string_view what) const {
+  if (!enabled_) return Identity{"anonymous", kAnyRole};
+  if (token.empty()) return absl::UnauthenticatedError(absl::StrCat(what, ": no token (the server runs --auth token)"));
+  std::shared_ptr<const TokenTable> table;
+  {
+    MutexLock lock(&mu_);
+    table = table_;
+  }
+  absl::StatusOr<Identity> id = table->Find(token, absl::Now());
+  if (!id.ok()) return absl::UnauthenticatedError(absl::StrCat(what, ": ", id.status().message()));
+  if ((id->roles & (any_of | kAdmin)) == 0) {
+    return absl::PermissionDeniedError(absl::StrCat(what, ": '", id->name, "' has role ", RoleNames(id->roles),
+                                                    ", needs ", RoleNames(any_of | kAdmin)));
+  }
+  return id;
+}
+
+absl::string_view BearerToken(absl::string_view header) {
+  header = absl::StripAsciiWhitespace(header);
+  if (header.size() < 7 || !absl::EqualsIgnoreCase(header.substr(0, 7), "bearer ")) return {};
+  return absl::StripAsciiWhitespace(header.substr(7));
+}
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  if (path.empty()) return std::string();
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  auto lines = Lines(*text);
+  if (lines.empty() || lines[0].second.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, " holds no token"));
+  }
+  return std::string(lines[0].second[0]);
+}
+
+bool IsLoopback(absl::string_view host) {
+  if (absl::ConsumePrefix(&host, "[")) absl::ConsumeSuffix(&host, "]");
+  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
+  const std::string h(host);
+  in_addr v4{};
+  if (inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, h.c_str(), &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return false;
+}
+
+absl::Status CheckBind(absl::string_view mode, absl::string_view listen, bool allow_remote,
+                       absl::string_view binary) {
+  if ((!mode.empty() && mode != "none") || IsLoopback(listen)) return absl::OkStatus();
+  const std::string where = listen.empty() ? "every address" : absl::StrCat("'", listen, "'");
+  if (!allow_remote) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(binary, " would serve anyone who reaches ", where,
+                     " without authentication: give --auth token --token-file FILE, bind loopback, or pass "
+                     "--insecure-allow-remote"));
+  }
+  TKV_LOG(WARNING) << binary << " serves " << where
+                   << " without authentication (--insecure-allow-remote): anyone who reaches it may read, write "
+                      "and remove every object";
+  return absl::OkStatus();
+}
+
+void RequireHttpAuth(httplib::Server* server, const Authenticator* auth,
+                     std::function<uint32_t(const httplib::Request&)> required) {
+  if (!auth->enabled()) return;
+  server->set_pre_routing_handler([auth, required = std::move(required)](const httplib::Request& req,
+                                                                         httplib::Response& res) {
+    const uint32_t roles = required(req);
+    if (roles == 0) return httplib::Server::HandlerResponse::Unhandled;
+    absl::StatusOr<Identity> id =
+        auth->Authorize(BearerToken(req.get_header_value("Authorization")), roles, absl::StrCat(req.method, " ", req.path));
+    if (id.ok()) return httplib::Server::HandlerResponse::Unhandled;
+    const bool unknown = absl::IsUnauthenticated(id.status());
+    res.status = unknown ? 401 : 403;
+    if (unknown) res.set_header("WWW-Authenticate", "Bearer");
+    res.set_content(nlohmann::json{{"error", std::string(id.status().message())}}.dump(), "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+}
+
+}  // namespace tierkv::auth

@@ -1,0 +1,135 @@
+// Who may call a tierkv server, and as what.
+//
+// With `--auth token` a server accepts a call only with a bearer token
+// listed in its token file (`--token-file`, re-read on SIGHUP). Each line
+// of that file names one caller:
+//
+//   # token                            name       roles          [expiry]
+//   3f9c0e7d8a1b4c2e9f7a6b5c4d3e2f10   decode-3   daemon
+//   a81d6c5e4f3b2a1908f7e6d5c4b3a291   sglang-0   client
+//   0c1d2e3f4a5b6c7d8e9fa0b1c2d3e4f5   ops        admin,client   expires=2027-06-01T00:00:00Z
+//
+// Roles: `daemon` (mount, heartbeat, unmount, its SSD listings, segment
+// descriptors), `client` (puts, gets, removes, stats, descriptor reads)
+// and `admin` (everything, remove-all included). A token is at least 16
+// characters; the file holds a hash of each, so the lookup takes the same
+// time whatever a guess shares with a real token.
+//
+// With `--auth none` every caller is admitted as "anonymous" with every
+// role; a server refuses to start that way on an address other than
+// loopback unless `--insecure-allow-remote` is given (CheckBind).
+//
+// Callers present their token, read from a file of their own whose first
+// word is the token (ReadTokenFile): over gRPC as "authorization: Bearer
+// <token>" metadata, over HTTP as the same header, over the master's
+// direct lane in the connection's first frame.
+//
+// Thread-safe: Authorize may run on any thread while Reload swaps tables.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "config/base/mutex.h"
+
+namespace httplib {
+class Server;
+struct Request;
+}  // namespace httplib
+
+namespace tierkv::auth {
+
+enum Role : uint32_t {
+  kDaemon = 1,
+  kClient = 2,
+  kAdmin = 4,
+};
+inline constexpr uint32_t kAnyRole = kDaemon | kClient | kAdmin;
+
+// "daemon,client" -> kDaemon | kClient; INVALID_ARGUMENT naming an unknown
+// role or for an empty list.
+absl::StatusOr<uint32_t> ParseRoles(absl::string_view text);
+// kDaemon | kClient -> "daemon,client".
+std::string RoleNames(uint32_t roles);
+
+struct Identity {
+  std::string name;
+  uint32_t roles = 0;
+  absl::Time expires = absl::InfiniteFuture();
+};
+
+// The accepted tokens, parsed from a token file's text.
+class TokenTable {
+ public:
+  // INVALID_ARGUMENT naming the line for a malformed one, a short token,
+  // a duplicate token or an unknown role.
+  static absl::StatusOr<TokenTable> Parse(absl::string_view text);
+  // UNAUTHENTICATED for an unknown token or one expired by `now`.
+  absl::StatusOr<Identity> Find(absl::string_view token, absl::Time now) const;
+  size_t size() const { return by_digest_.size(); }
+
+  static constexpr size_t kMinTokenLength = 16;
+
+ private:
+  absl::flat_hash_map<std::string, Identity> by_digest_;  // SHA-256 of the token
+};
+
+// What a server checks each caller against.
+class Authenticator {
+ public:
+  // `mode` is "none" or "token"; "token" reads `token_file` (which must
+  // name a readable, valid file). INVALID_ARGUMENT otherwise.
+  static absl::StatusOr<std::unique_ptr<Authenticator>> Create(const std::string& mode,
+                                                               const std::string& token_file);
+
+  bool enabled() const { return enabled_; }
+  // Re-reads the token file; on an error the table in use stays and the
+  // error comes back (a bad edit never locks every caller out).
+  absl::Status Reload();
+  // The caller holding `token` if it has one of `any_of`'s roles.
+  // UNAUTHENTICATED without a token or with one not accepted,
+  // PERMISSION_DENIED naming the caller, `what` and the roles it needs.
+  // With auth off: "anonymous", every role.
+  absl::StatusOr<Identity> Authorize(absl::string_view token, uint32_t any_of, absl::string_view what) const;
+
+ private:
+  Authenticator(bool enabled, std::string token_file) : enabled_(enabled), token_file_(std::move(token_file)) {}
+
+  const bool enabled_;
+  const std::string token_file_;
+  mutable Mutex mu_;
+  std::shared_ptr<const TokenTable> table_ ABSL_GUARDED_BY(mu_);
+};
+
+// The token of an "authorization" header value ("Bearer <token>", the
+// scheme's case ignored); empty for anything else.
+absl::string_view BearerToken(absl::string_view header);
+inline constexpr char kAuthorizationHeader[] = "authorization";
+
+// A caller's own token: the first word of the first line of `path` that is
+// neither blank nor a comment. Empty path: no token (""). INVALID_ARGUMENT
+// for an unreadable file or one without a token.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+// Whether `host` (a bind or dial address without port) is loopback:
+// 127.0.0.0/8, ::1 or "localhost".
+bool IsLoopback(absl::string_view host);
+// A server bound to `listen` with auth `mode`: FAILED_PRECONDITION for
+// "none" on a routable address unless `allow_remote`, which logs a warning.
+absl::Status CheckBind(absl::string_view mode, absl::string_view listen, bool allow_remote,
+                       absl::string_view binary);
+
+// Makes `server` answer a request without an accepted token 401 and one
+// whose caller lacks the roles `required(request)` returns 403, each with
+// the reason as a JSON body ({"error": "..."}); `required` returning 0 leaves the path
+// open. `auth` must outlive the server.
+void RequireHttpAuth(httplib::Server* server, const Authenticator* auth,
+                     std::function<uint32_t(const httplib::Request&)> required);
+
+}  // namespace tierkv::auth
