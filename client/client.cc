@@ -14,6 +14,7 @@
 #include "config/base/auth.h"
 #include "config/base/crc32c.h"
 #include "config/base/failpoint.h"
+#include "config/base/mutex.h"
 #include "config/base/status.h"
 #include "httplib.h"
 
@@ -190,6 +191,42 @@ absl::StatusOr<std::string> DiscoverMetadata(const std::string& master, absl::Du
   return absl::StrCat("http://", master.substr(0, colon), ":", stats.http_port());
 }
 
+namespace {
+// Data grants for daemons that run --auth token, one per segment, reused
+// until half their life is gone (a connection needs one only to open).
+class GrantCache {
+ public:
+  explicit GrantCache(MasterClient* master) : master_(master) {}
+  // `renew`: the daemon refused the cached grant (it restarted with a new key).
+  absl::StatusOr<transport::DataGrant> Get(const std::string& segment, bool renew) {
+    const absl::Time now = absl::Now();
+    if (!renew) {
+      MutexLock lock(&mu_);
+      auto it = grants_.find(segment);
+      if (it != grants_.end() && now < it->second.renew_at) return it->second.grant;
+    }
+    ASSIGN_OR_RETURN(v1::DataGrant g, master_->GrantData(segment));
+    if (g.grant().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("the master holds no data key for segment ", segment,
+                                                        " (its daemon restarted without --auth token?)"));
+    }
+    Entry e{{g.grant(), g.session_key()}, now + (auth::GrantExpiry(g.grant()) - now) / 2};
+    MutexLock lock(&mu_);
+    grants_[segment] = e;
+    return e.grant;
+  }
+
+ private:
+  struct Entry {
+    transport::DataGrant grant;
+    absl::Time renew_at;
+  };
+  MasterClient* const master_;
+  Mutex mu_;
+  absl::flat_hash_map<std::string, Entry> grants_ ABSL_GUARDED_BY(mu_);
+};
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   std::unique_ptr<Client> c(new Client());
   if (options.client_id.empty()) options.client_id = RandomId().substr(0, 12);
@@ -207,6 +244,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   mo.reply_spin = options.reply_spin;
   ASSIGN_OR_RETURN(c->master_, MasterClient::Create(options.master, mo));
   transport::EngineOptions eo;
+  eo.grants = [cache = std::make_shared<GrantCache>(c->master_.get())](const std::string& segment, bool renew) {
+    return cache->Get(segment, renew);
+  };
   if (options.metadata_client) {
     eo.metadata = options.metadata_client;
   } else {

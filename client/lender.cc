@@ -49,6 +49,8 @@ v1::Segment SegmentLender::Spec() const {
   s.set_capacity(region_->size());
   s.set_incarnation(incarnation_);
   s.set_endpoint(absl::StrFormat("tcp port %d", engine_->port()));
+  // The master issues data grants with it (a daemon running --auth token).
+  if (absl::StatusOr<std::string> key = engine_->SegmentDataKey(options_.name); key.ok()) s.set_data_key(*key);
   if (options_.describe_tier) options_.describe_tier(&s);
   return s;
 }

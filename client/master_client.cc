@@ -272,4 +272,14 @@ absl::StatusOr<v1::StatsResponse> MasterClient::Stats() {
   return resp;
 }
 
+absl::StatusOr<v1::DataGrant> MasterClient::GrantData(const std::string& segment) {
+  v1::GrantDataRequest req;
+  req.add_segments(segment);
+  v1::GrantDataResponse resp;
+  RETURN_IF_ERROR(Invoke("GrantData", kGrpcOnly, req, &resp, true, TIERKV_CALL(GrantData)));
+  if (resp.grants_size() != 1) return absl::InternalError("malformed GrantData reply");
+  RETURN_IF_ERROR(FromItem(resp.grants(0).status()));
+  return resp.grants(0);
+}
+
 }  // namespace tierkv::client

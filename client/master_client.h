@@ -69,6 +69,9 @@ class MasterClient {
   // How many objects were removed; leased ones stay unless `force`.
   absl::StatusOr<uint64_t> RemoveAll(bool force);
   absl::StatusOr<v1::StatsResponse> Stats();
+  // A data grant for `segment`, whose daemon runs --auth token (empty
+  // grant: it needs none); NOT_FOUND for a segment not mounted.
+  absl::StatusOr<v1::DataGrant> GrantData(const std::string& segment);
 
   // Queues a counted read lease to give back (GetReplicasResponse.lease_tokens:
   // the key, its token and the lease_expiry_unix_ms it came with). It rides

@@ -54,6 +54,9 @@ const FlagTable<MasterConfig>& MasterFlags() {
                           "how long the SSD replicas of a daemon that stopped stay indexed (not served) "
                           "for a restart with the same --ssd-dir to take over; 0: they leave with the "
                           "segment"),
+          DurationFlag<C>("data-grant-ttl", &C::data_grant_ttl, "10m", 1, 86400,
+                          "how long a data grant admits new connections to a daemon running --auth token "
+                          "(clients fetch a new one as it runs out; open connections stay)"),
           DurationFlag<C>("check-interval", &C::check_interval, "500ms", 0.001, 60,
                           "period of liveness checks, reclaiming and eviction"),
           DoubleFlag<C>("high-watermark", &C::high_watermark, "0.95", 0.01, 1,

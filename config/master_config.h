@@ -24,6 +24,7 @@ struct MasterConfig {
   absl::Duration revoke_grace;
   absl::Duration ssd_offload_timeout;
   absl::Duration ssd_grace;
+  absl::Duration data_grant_ttl;
   std::string ssd_admission;  // read | all
   absl::Duration lease_ttl;
   absl::Duration pressure_lease;

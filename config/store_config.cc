@@ -15,6 +15,12 @@ const FlagTable<StoreConfig>& StoreFlags() {
           StringFlag<C>("token-file", &C::token_file, "",
                         "file whose first word is this daemon's token (role daemon) for a master running "
                         "--auth token; empty: none"),
+          ChoiceFlag<C>("auth", &C::auth, "none", {"none", "token"},
+                        "who may move bytes: none (anyone who reaches the port; only on a loopback --listen "
+                        "unless --insecure-allow-remote) or token (a connection needs a data grant from the "
+                        "master for this segment; needs --token-file); docs/security.md"),
+          BoolFlag<C>("insecure-allow-remote", &C::insecure_allow_remote, "false",
+                      "serve --auth none on a routable --listen (logged as a warning)"),
           SizeFlag<C>("segment-size", &C::segment_size, "1gib", 1 << 20, 1e15,
                       "DRAM to lend (512mb, 180gb, 1.5tb, 4gib); refused at start (exit 2) when "
                       "this host or cgroup cannot back it with RAM"),
@@ -68,6 +74,9 @@ const FlagTable<StoreConfig>& StoreFlags() {
                       "file system refuses it, as tmpfs does)"),
       },
       [](const C& c) -> absl::Status {
+        if (c.auth == "token" && c.token_file.empty()) {
+          return absl::InvalidArgumentError("--auth token needs --token-file (this daemon's token, role daemon)");
+        }
         if (!c.ssd_dir.empty() && c.ssd_size == 0) {
           return absl::InvalidArgumentError("--ssd-size: needed with --ssd-dir");
         }

@@ -13,6 +13,8 @@ struct StoreConfig {
   std::string master;         // host:port of the master's gRPC
   std::string metadata;       // http://host:port of the metadata server
   std::string token_file;     // this daemon's token for the master
+  std::string auth;           // none | token: data grants on the transfer port
+  bool insecure_allow_remote = false;
   uint64_t segment_size = 0;
   std::string listen;
   std::string host;           // address peers dial; default: --listen

@@ -298,6 +298,11 @@ class MasterRpcService::Impl {
         "SyncSsdRecords", &S::RequestSyncSsdRecords,
         [](Master* m, grpc::ServerContext*, const auto& req, auto* resp) { rpc::SyncSsdRecords(m, req, resp); },
         [](const auto& req) { return req.present_size() + req.gone_size(); });
+    grant_ = MakeMethod<v1::GrantDataRequest, v1::GrantDataResponse>(
+        "GrantData", &S::RequestGrantData,
+        [](Master* m, grpc::ServerContext*, const auto& req, auto* resp) { rpc::GrantData(m, req, resp); },
+        [](const auto& req) { return req.segments_size(); });
+    grant_.stats = stats("GrantData");
     mount_.stats = stats("MountSegment");
     unmount_.stats = stats("UnmountSegment");
     heartbeat_.stats = stats("Heartbeat");
@@ -381,6 +386,7 @@ class MasterRpcService::Impl {
     Arm(q, remove_);
     Arm(q, remove_all_);
     Arm(q, stats_);
+    Arm(q, grant_);
   }
 
   template <class M>
@@ -409,6 +415,7 @@ class MasterRpcService::Impl {
   Call<v1::RemoveAllRequest, v1::RemoveAllResponse>::Method remove_all_;
   Call<v1::StatsRequest, v1::StatsResponse>::Method stats_;
   Call<v1::SsdRecordsRequest, v1::SsdRecordsResponse>::Method ssd_sync_;
+  Call<v1::GrantDataRequest, v1::GrantDataResponse>::Method grant_;
 };
 
 MasterRpcService::MasterRpcService(Master* master, rpc::RpcMetrics* metrics, ServiceLimits limits,

@@ -4,6 +4,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "config/base/auth.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
 #include "httplib.h"
@@ -64,6 +65,8 @@ std::string EncodeSegment(const SegmentSpec& spec) {
   s->set_endpoint(spec.endpoint);
   s->set_tier_http(spec.tier_http);
   s->set_ssd_id(spec.ssd_id);
+  // Persisted, so a restarted master grants for recovered segments at once.
+  s->set_data_key(spec.data_key);
   return rec.SerializeAsString();
 }
 
@@ -110,6 +113,7 @@ absl::Status Master::Recover() {
     const v1::Segment& s = rec.segment();
     SegmentSpec spec{s.name(), s.host(), s.capacity(), s.incarnation(), s.endpoint()};
     spec.ssd_id = s.ssd_id();
+    spec.data_key = s.data_key();
     registry_.Recover(spec, clock_->Now());
     ++segments;
     return true;
@@ -358,6 +362,17 @@ absl::Status Master::DeleteMetadata(const std::string& key, const std::string& w
   if (!owner.ok() && !absl::IsNotFound(owner.status())) return owner.status();
   RETURN_IF_ERROR(MayWriteMetadata(key, owner, writer, admin));
   return store_->Write({{k, "", true}, {owner_key, "", true}});
+}
+
+absl::StatusOr<DataGrantOut> Master::GrantData(const std::string& segment) {
+  std::optional<std::string> key = registry_.DataKeyOf(segment);
+  if (!key) return absl::NotFoundError(absl::StrCat("segment ", segment, " is not mounted"));
+  DataGrantOut out;
+  if (key->empty()) return out;
+  // The wall clock: daemons check the expiry against their own.
+  out.grant = auth::NewGrant(absl::Now() + options_.data_grant_ttl);
+  out.session_key = auth::GrantSessionKey(*key, out.grant);
+  return out;
 }
 
 absl::Status Master::Flush() { return store_->Flush(); }

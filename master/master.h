@@ -44,6 +44,16 @@ struct MasterOptions {
   // (not served) after the daemon stopped, for a restart with the same
   // tier to take them over. 0: they leave with the segment.
   absl::Duration ssd_grace = absl::Minutes(10);
+  // How long a data grant admits new connections to a daemon that runs
+  // --auth token (config/base/auth.h); connections it admitted stay.
+  absl::Duration data_grant_ttl = absl::Minutes(10);
+};
+
+// A data grant and its session key; both empty for a segment whose daemon
+// needs none.
+struct DataGrantOut {
+  std::string grant;
+  std::string session_key;
 };
 
 // A batch of a daemon's SSD listing, or of the records its tier dropped
@@ -122,6 +132,10 @@ class Master {
   absl::Status PutMetadata(const std::string& key, const std::string& value, const std::string& writer = "",
                            bool admin = false);
   absl::Status DeleteMetadata(const std::string& key, const std::string& writer = "", bool admin = false);
+
+  // A data grant for `segment`. NOT_FOUND for a segment not mounted (or
+  // dormant).
+  absl::StatusOr<DataGrantOut> GrantData(const std::string& segment);
 
   // Makes everything written so far durable.
   absl::Status Flush();

@@ -41,7 +41,7 @@ void SetExtent(v1::Extent* out, const ExtentOut& e) {
 
 SegmentSpec FromProto(const v1::Segment& s) {
   return {s.name(), s.host(), s.capacity(), s.incarnation(), s.endpoint(), s.tier_http(), s.ssd_capacity(),
-          s.ssd_used(), s.ssd_id()};
+          s.ssd_used(), s.ssd_id(), s.data_key()};
 }
 
 std::vector<std::string> Keys(const google::protobuf::RepeatedPtrField<std::string>& keys) {
@@ -261,6 +261,19 @@ void Stats(Master* m, const v1::StatsRequest&, v1::StatsResponse* resp) {
 
 void RemoveAll(Master* m, const v1::RemoveAllRequest& req, v1::RemoveAllResponse* resp) {
   resp->set_removed(m->index().RemoveAll(req.force()));
+}
+
+void GrantData(Master* m, const v1::GrantDataRequest& req, v1::GrantDataResponse* resp) {
+  for (const std::string& name : req.segments()) {
+    v1::DataGrant* g = resp->add_grants();
+    absl::StatusOr<DataGrantOut> out = m->GrantData(name);
+    if (!out.ok()) {
+      SetStatus(g->mutable_status(), out.status());
+      continue;
+    }
+    g->set_grant(std::move(out->grant));
+    g->set_session_key(std::move(out->session_key));
+  }
 }
 
 }  // namespace tierkv::master::rpc

@@ -55,6 +55,7 @@ void Remove(Master* m, const v1::RemoveRequest& req, v1::KeysResponse* resp);
 void RemoveAll(Master* m, const v1::RemoveAllRequest& req, v1::RemoveAllResponse* resp);
 void Stats(Master* m, const v1::StatsRequest& req, v1::StatsResponse* resp);
 void SyncSsdRecords(Master* m, const v1::SsdRecordsRequest& req, v1::SsdRecordsResponse* resp);
+void GrantData(Master* m, const v1::GrantDataRequest& req, v1::GrantDataResponse* resp);
 
 
 }  // namespace tierkv::master::rpc

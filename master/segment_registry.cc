@@ -267,6 +267,15 @@ std::optional<uint32_t> SegmentRegistry::IdOf(const std::string& name) const {
   return it->second;
 }
 
+std::optional<std::string> SegmentRegistry::DataKeyOf(const std::string& name) const {
+  MutexLock lock(&mu_);
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return std::nullopt;
+  const Segment& seg = by_id_.at(it->second);
+  if (seg.dormant) return std::nullopt;
+  return seg.spec.data_key;
+}
+
 absl::flat_hash_map<uint32_t, std::string> SegmentRegistry::LiveNames() const {
   MutexLock lock(&mu_);
   absl::flat_hash_map<uint32_t, std::string> out;

@@ -45,6 +45,7 @@ struct SegmentSpec {
   uint64_t ssd_capacity = 0;
   uint64_t ssd_used = 0;
   std::string ssd_id;  // names the tier's file; empty without a tier
+  std::string data_key;  // the daemon's key for data grants; empty: none needed
 };
 
 // An object's copy on a segment: an extent of its DRAM at `offset`, or
@@ -145,6 +146,9 @@ class SegmentRegistry {
   // The segment's name ("" when it has left).
   std::string Name(uint32_t id) const;
   std::optional<uint32_t> IdOf(const std::string& name) const;
+  // The data key of a segment whose DRAM is served (live or recovering);
+  // nullopt for an unknown or dormant one.
+  std::optional<std::string> DataKeyOf(const std::string& name) const;
   // id -> name of every LIVE segment: one lock for a whole batch of reads.
   absl::flat_hash_map<uint32_t, std::string> LiveNames() const;
   // Bytes an extent of `size` occupies after alignment.

@@ -50,6 +50,7 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
     if (!caller_cpus.empty()) (void)transport::PinThisThread(caller_cpus);
   };
   std::unique_ptr<StoreDaemon> d(new StoreDaemon());
+  RETURN_IF_ERROR(auth::CheckBind(config.auth, config.listen, config.insecure_allow_remote, "tierkv-store"));
   client::MasterClientOptions mo;
   ASSIGN_OR_RETURN(mo.token, auth::ReadTokenFile(config.token_file));
   ASSIGN_OR_RETURN(d->master_, client::MasterClient::Create(config.master, mo));
@@ -64,6 +65,7 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
     eo.backend.rdma_devices.emplace_back(t);
   }
   eo.backend.listen = config.listen;
+  eo.data_grants = config.auth == "token";
   eo.backend.advertise = config.host;
   eo.backend.port = static_cast<int>(config.port);
   eo.backend.connections = static_cast<int>(config.connections);

@@ -40,6 +40,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <memory>
 #include <shared_mutex>
 #include <string>
@@ -105,8 +106,18 @@ class ServedMemory {
   // request is JSON naming "segment_index" and "segment_id"; anything
   // malformed is INVALID_ARGUMENT, a segment not served here NOT_FOUND.
   // Never throws, whatever the bytes.
-  virtual absl::StatusOr<std::string> Handshake(const std::string& transport,
-                                                const std::string& request) = 0;
+  // `admitted`: the segment a connection's data grant admits it to
+  // (index, id), or none; with data grants on, a handshake for any other
+  // segment is UNAUTHENTICATED.
+  virtual absl::StatusOr<std::string> Handshake(const std::string& transport, const std::string& request,
+                                                std::optional<std::pair<uint32_t, uint64_t>> admitted) = 0;
+  // Whether every connection must present a data grant (config/base/auth.h)
+  // before it reads, writes or hands shakes.
+  virtual bool DataGrantsRequired() const { return false; }
+  // The data key of served segment (index, id); NOT_FOUND when not served.
+  virtual absl::StatusOr<std::string> DataKey(uint32_t segment_index, uint64_t segment_id) {
+    return absl::NotFoundError("no data keys here");
+  }
 };
 
 class PeerChannel {
@@ -122,8 +133,22 @@ class PeerChannel {
   virtual bool healthy() const = 0;
 };
 
+// A data grant for one segment (config/base/auth.h): what a client shows a
+// daemon that runs --auth token, from the master.
+struct DataGrant {
+  std::string grant;        // auth::kGrantBytes
+  std::string session_key;  // HMAC-SHA256(the segment's data key, grant)
+};
+
+// Fetches a data grant for one segment; `renew`: the last one was
+// refused, so a cached grant will not do.
+using GrantFn = std::function<absl::StatusOr<DataGrant>(bool renew)>;
+
 struct PrepareContext {
   std::string local_host_id;
+  // For a peer whose descriptor says it needs data grants: fetches one
+  // for its segment (the engine's EngineOptions::grants); null otherwise.
+  GrantFn grant;
   // Sends `request` to the serving engine's control endpoint for backend
   // `transport` and returns its answer.
   std::function<absl::StatusOr<std::string>(const std::string& control, const std::string& transport,

@@ -31,6 +31,7 @@ std::string SegmentDescriptor::ToJson() const {
   j["segment_index"] = segment_index;
   j["segment_id"] = segment_id;
   j["control"] = control;
+  if (auth) j["auth"] = true;
   j["transports"] = transports;
   j["buffers"] = json::array();
   for (const BufferDescriptor& b : buffers) {
@@ -69,6 +70,10 @@ absl::StatusOr<SegmentDescriptor> SegmentDescriptor::FromJson(const std::string&
     return absl::InvalidArgumentError("descriptor field 'segment_id' must be a non-zero uint64");
   }
   d.segment_id = sid->get<uint64_t>();
+  if (auto a = j.find("auth"); a != j.end()) {
+    if (!a->is_boolean()) return absl::InvalidArgumentError("descriptor field 'auth' must be a boolean");
+    d.auth = a->get<bool>();
+  }
   auto tr = j.find("transports");
   if (tr == j.end() || !tr->is_object()) {
     return absl::InvalidArgumentError("descriptor field 'transports' must be an object");

@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "config/base/auth.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
 #include "nlohmann/json.hpp"
@@ -31,6 +32,7 @@ struct ServedSegment {
   std::vector<LocalBuffer*> buffers;
   std::vector<uint64_t> offsets;  // segment offset of each buffer
   std::string descriptor;         // JSON, as published
+  std::string data_key;           // EngineOptions::data_grants; "" without
 };
 
 struct PeerEntry {
@@ -164,7 +166,9 @@ class Engine final : public TransferEngine, public ServedMemory {
     {
       std::unique_lock lock(served_mu_);
       if (served_.contains(name)) return absl::AlreadyExistsError(absl::StrCat("already serving ", name));
-      ServedSegment seg{name, next_segment_index_++, NewSegmentId(), {}, {}, {}};
+      ServedSegment seg{name, next_segment_index_++, NewSegmentId(), {}, {}, {}, {}};
+      if (options_.data_grants) seg.data_key = auth::RandomBytes(auth::kDataKeyBytes);
+      d.auth = options_.data_grants;
       d.name = name;
       d.host = options_.host;
       d.host_id = options_.host_id;
@@ -224,7 +228,25 @@ class Engine final : public TransferEngine, public ServedMemory {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<std::string> SegmentDataKey(const std::string& name) override {
+    std::shared_lock lock(served_mu_);
+    auto it = served_.find(name);
+    if (it == served_.end()) return absl::NotFoundError(absl::StrCat("not serving ", name));
+    return it->second.data_key;
+  }
+
   // --- ServedMemory (called by backends' serving threads)
+
+  bool DataGrantsRequired() const override { return options_.data_grants; }
+
+  absl::StatusOr<std::string> DataKey(uint32_t segment_index, uint64_t segment_id) override {
+    std::shared_lock lock(served_mu_);
+    for (const auto& [name, s] : served_) {
+      if (s.index == segment_index && s.id == segment_id) return s.data_key;
+    }
+    return absl::NotFoundError(absl::StrCat("segment #", segment_index, " (id ", segment_id,
+                                            ") is not served here; the peer's descriptor is stale"));
+  }
 
   absl::StatusOr<Pin> Resolve(uint32_t segment_index, uint64_t segment_id, uint64_t offset,
                               uint64_t length) override {
@@ -248,8 +270,8 @@ class Engine final : public TransferEngine, public ServedMemory {
                                               seg->name));
   }
 
-  absl::StatusOr<std::string> Handshake(const std::string& transport,
-                                        const std::string& request) override {
+  absl::StatusOr<std::string> Handshake(const std::string& transport, const std::string& request,
+                                        std::optional<std::pair<uint32_t, uint64_t>> admitted) override {
     Backend* b = FindBackend(transport);
     if (b == nullptr) return absl::NotFoundError(absl::StrCat("no transport ", transport, " here"));
     nlohmann::json j = nlohmann::json::parse(request, nullptr, false);
@@ -257,6 +279,11 @@ class Engine final : public TransferEngine, public ServedMemory {
     if (j.is_discarded()) return absl::InvalidArgumentError("handshake is not JSON");
     if (absl::Status st = internal::ReadHandshakeTarget(j, &target); !st.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("handshake: ", st.message()));
+    }
+    if (options_.data_grants &&
+        (!admitted || *admitted != std::make_pair(target.segment_index, target.segment_id))) {
+      return absl::UnauthenticatedError(absl::StrCat("handshake for segment #", target.segment_index,
+                                                     " needs a data grant for it"));
     }
     std::shared_lock lock(served_mu_);
     for (const auto& [name, s] : served_) {
@@ -536,7 +563,7 @@ class Engine final : public TransferEngine, public ServedMemory {
     }
     std::shared_ptr<PeerEntry> e = Entry(segment);
     MutexLock lock(&e->mu);
-    PrepareContext ctx{options_.host_id, &internal::TcpHandshake, deadline};
+    PrepareContext ctx = Context(segment, peer.desc, deadline);
     for (Backend* b : candidates) {
       std::shared_ptr<PeerChannel>& ch = e->alternates[b->name()];
       if (!ch || !ch->healthy()) {
@@ -562,6 +589,32 @@ class Engine final : public TransferEngine, public ServedMemory {
   bool LocalIsGpu(void* addr, uint64_t length) {
     std::optional<Location> loc = LocalLocation(addr, length);
     return loc && loc->kind == Location::kCuda;
+  }
+
+  // How backends prepare a channel to `desc`: its handshakes (and, for a
+  // peer that needs data grants, its connections) authenticate with a
+  // grant for `segment`.
+  PrepareContext Context(const std::string& segment, const SegmentDescriptor& desc, absl::Time deadline) {
+    PrepareContext ctx;
+    ctx.local_host_id = options_.host_id;
+    ctx.deadline = deadline;
+    if (!desc.auth) {
+      ctx.handshake = [](const std::string& control, const std::string& transport, const std::string& request,
+                         absl::Time dl) { return internal::TcpHandshake(control, transport, request, dl); };
+      return ctx;
+    }
+    auto grants = options_.grants;
+    ctx.grant = [grants, segment](bool renew) -> absl::StatusOr<DataGrant> {
+      if (!grants) {
+        return absl::UnauthenticatedError(absl::StrCat("segment ", segment,
+                                                       " needs a data grant and this client has no master to ask"));
+      }
+      return grants(segment, renew);
+    };
+    ctx.handshake = [grant = ctx.grant, index = desc.segment_index, id = desc.segment_id](
+                        const std::string& control, const std::string& transport, const std::string& request,
+                        absl::Time dl) { return internal::TcpHandshake(control, transport, request, dl, grant, index, id); };
+    return ctx;
   }
 
   std::shared_ptr<PeerEntry> Entry(const std::string& segment) {
@@ -590,7 +643,7 @@ class Engine final : public TransferEngine, public ServedMemory {
     e->channel.reset();
     e->alternates.clear();
     e->fallbacks.clear();
-    PrepareContext ctx{options_.host_id, &internal::TcpHandshake, deadline};
+    PrepareContext ctx = Context(segment, desc, deadline);
     std::vector<std::string> reasons;
     for (Backend* b : order_) {
       if (!desc.transports.contains(b->name())) {

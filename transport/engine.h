@@ -31,6 +31,7 @@
 // served memory).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,15 @@ struct EngineOptions {
   int workers = 4;
   uint64_t slice_size = 4ull << 20;          // larger requests are cut into slices
   absl::Duration default_timeout = absl::Seconds(30);
+  // Serving side: every segment gets a random data key (SegmentDataKey),
+  // its descriptor says "auth", and every connection must show a data
+  // grant for it before moving bytes or shaking hands (config/base/auth.h).
+  bool data_grants = false;
+  // Client side: a data grant for a segment whose descriptor needs one,
+  // from the master (the client library asks it and caches the answer;
+  // `renew`: the daemon refused the last one). Null: such segments cannot
+  // be reached (UNAUTHENTICATED).
+  std::function<absl::StatusOr<DataGrant>(const std::string& segment, bool renew)> grants;
 };
 
 // A submitted batch: poll Done() or Wait(), then read statuses(). Thread-safe.
@@ -114,6 +124,10 @@ class TransferEngine {
   virtual absl::Status Publish(const std::string& name) = 0;
   // Stops serving and unpublishes; waits for transfers touching it.
   virtual absl::Status StopServing(const std::string& name) = 0;
+  // The data key of served segment `name` (EngineOptions::data_grants),
+  // which its lender registers at the master; "" without data grants,
+  // NOT_FOUND for a segment not served here.
+  virtual absl::StatusOr<std::string> SegmentDataKey(const std::string& name) = 0;
 
   // Starts the requests; never blocks on the data (it may block up to the
   // timeout to look up and reach a segment it has not used before).

@@ -1,7 +1,13 @@
 #include "config/base/auth.h"
 
 #include <arpa/inet.h>
+#include <openssl/crypto.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <openssl/sha.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include <fstream>
 #include <sstream>
@@ -202,6 +208,72 @@ absl::Status CheckBind(absl::string_view mode, absl::string_view listen, bool al
   TKV_LOG(WARNING) << binary << " serves " << where
                    << " without authentication (--insecure-allow-remote): anyone who reaches it may read, write "
                       "and remove every object";
+  return absl::OkStatus();
+}
+
+std::string RandomBytes(size_t n) {
+  std::string out(n, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(out.data()), static_cast<int>(n)) != 1) {
+    // Never hand out predictable keys: a process without entropy cannot serve.
+    TKV_LOG(ERROR) << "OpenSSL RAND_bytes failed";
+    std::abort();
+  }
+  return out;
+}
+
+std::string HmacSha256(absl::string_view key, absl::string_view data) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(data.data()),
+       data.size(), out, &len);
+  return std::string(reinterpret_cast<const char*>(out), len);
+}
+
+bool SameSecret(absl::string_view a, absl::string_view b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+std::string NewGrant(absl::Time expiry) {
+  uint64_t ms = static_cast<uint64_t>(absl::ToUnixMillis(expiry));
+  std::string g(8, '\0');
+  for (int i = 0; i < 8; ++i) g[i] = static_cast<char>(ms >> (8 * i));
+  return g + RandomBytes(kGrantBytes - 8);
+}
+
+absl::Time GrantExpiry(absl::string_view grant) {
+  if (grant.size() != kGrantBytes) return absl::InfinitePast();
+  uint64_t ms = 0;
+  for (int i = 0; i < 8; ++i) ms |= static_cast<uint64_t>(static_cast<uint8_t>(grant[i])) << (8 * i);
+  return absl::FromUnixMillis(static_cast<int64_t>(ms));
+}
+
+std::string GrantSessionKey(absl::string_view data_key, absl::string_view grant) {
+  return HmacSha256(data_key, absl::StrCat("tierkv data grant v1|", grant));
+}
+
+std::string GrantProof(absl::string_view session_key, absl::string_view nonce, uint32_t segment_index,
+                       uint64_t segment_id) {
+  char target[12];
+  for (int i = 0; i < 4; ++i) target[i] = static_cast<char>(segment_index >> (8 * i));
+  for (int i = 0; i < 8; ++i) target[4 + i] = static_cast<char>(segment_id >> (8 * i));
+  return HmacSha256(session_key, absl::StrCat(nonce, absl::string_view(target, sizeof target)));
+}
+
+absl::Status CheckGrant(absl::string_view data_key, absl::string_view grant, absl::string_view proof,
+                        absl::string_view nonce, uint32_t segment_index, uint64_t segment_id, absl::Time now) {
+  if (grant.size() != kGrantBytes || proof.size() != kProofBytes) {
+    return absl::UnauthenticatedError("data grant: malformed");
+  }
+  if (nonce.size() != kNonceBytes) return absl::UnauthenticatedError("data grant: no challenge was asked first");
+  const absl::Time expiry = GrantExpiry(grant);
+  if (now >= expiry) {
+    return absl::UnauthenticatedError(absl::StrCat("data grant expired at ", absl::FormatTime(expiry)));
+  }
+  if (!SameSecret(proof, GrantProof(GrantSessionKey(data_key, grant), nonce, segment_index, segment_id))) {
+    return absl::UnauthenticatedError(
+        "data grant refused: the proof does not match this segment's key (a grant for another segment, "
+        "or one from another master)");
+  }
   return absl::OkStatus();
 }
 

@@ -125,6 +125,40 @@ bool IsLoopback(absl::string_view host);
 absl::Status CheckBind(absl::string_view mode, absl::string_view listen, bool allow_remote,
                        absl::string_view binary);
 
+// --- Data grants: who may move bytes to and from a daemon's segment.
+//
+// A daemon running --auth token gives each segment it serves a random
+// 32-byte data key and registers it at the master when it mounts (over
+// the authenticated RPC channel). A client asks the master for a grant on
+// a segment; the master answers the grant (its expiry and 16 random
+// bytes) and its session key, HMAC-SHA256(data key, grant). On each new
+// connection the daemon sends a random nonce and the client answers the
+// grant and a proof, HMAC-SHA256(session key, nonce | segment index | id):
+// the daemon recomputes both from its key. So a client needs the master's
+// word for each segment, a captured proof is worthless on another
+// connection, and a session key is worthless on another segment.
+inline constexpr size_t kDataKeyBytes = 32;
+inline constexpr size_t kGrantBytes = 24;   // u64 LE expiry (Unix ms) | 16 random bytes
+inline constexpr size_t kProofBytes = 32;
+inline constexpr size_t kNonceBytes = 32;
+// `n` bytes from OpenSSL's CSPRNG.
+std::string RandomBytes(size_t n);
+std::string HmacSha256(absl::string_view key, absl::string_view data);
+// Compares in time independent of where the inputs differ.
+bool SameSecret(absl::string_view a, absl::string_view b);
+// A grant expiring at `expiry`, and the time a grant expires (InfinitePast
+// for a malformed one).
+std::string NewGrant(absl::Time expiry);
+absl::Time GrantExpiry(absl::string_view grant);
+std::string GrantSessionKey(absl::string_view data_key, absl::string_view grant);
+std::string GrantProof(absl::string_view session_key, absl::string_view nonce, uint32_t segment_index,
+                       uint64_t segment_id);
+// OK when `proof` shows the holder of a session key for `grant` under
+// `data_key`, answering `nonce` for the segment, and the grant has not
+// expired by `now`; UNAUTHENTICATED saying which part failed otherwise.
+absl::Status CheckGrant(absl::string_view data_key, absl::string_view grant, absl::string_view proof,
+                        absl::string_view nonce, uint32_t segment_index, uint64_t segment_id, absl::Time now);
+
 // Makes `server` answer a request without an accepted token 401 and one
 // whose caller lacks the roles `required(request)` returns 403, each with
 // the reason as a JSON body ({"error": "..."}); `required` returning 0 leaves the path

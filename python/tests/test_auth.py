@@ -25,7 +25,7 @@ def auth_cluster(tmp_path_factory):
     (d / "daemon.token").write_text(DAEMON + "\n")
     (d / "client.token").write_text("# the worker's token\n" + CLIENT + "\n")
     c = Cluster(daemons=1, segment_size="64mib", master_args=["--auth=token", f"--token-file={d / 'tokens'}"],
-                daemon_args=[f"--token-file={d / 'daemon.token'}"], token=CLIENT)
+                daemon_args=["--auth=token", f"--token-file={d / 'daemon.token'}"], token=CLIENT)
     c.client_token_file = str(d / "client.token")
     yield c
     c.stop()

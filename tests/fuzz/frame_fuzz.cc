@@ -7,6 +7,9 @@
 // The served segment's id is random per run, so the target XORs it into
 // the segment-id field of every frame header it can walk: an input whose
 // field is 0 names the served segment, any other value another one.
+// Each input goes to two servers: one open, one that needs data grants
+// (--auth token), which must answer every frame it does not admit without
+// touching its memory.
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -34,12 +37,13 @@ constexpr size_t kServed = 64 << 10;
 struct Fixture {
   std::unique_ptr<char[]> memory{new char[kGuard + kServed + kGuard]};
   std::unique_ptr<TransferEngine> engine;
-  Fixture() {
+  explicit Fixture(bool data_grants) {
     std::memset(memory.get(), 0x47, kGuard + kServed + kGuard);
     EngineOptions o;
     o.metadata = NewInMemoryMetadata();
     o.transports = {"tcp"};
     o.backend.max_frame = 1 << 20;
+    o.data_grants = data_grants;
     auto e = TransferEngine::Create(o);
     if (!e.ok()) std::abort();
     engine = std::move(*e);
@@ -57,6 +61,13 @@ struct Fixture {
     }
     return true;
   }
+  // Nothing may write to a server that admits no one here.
+  bool ServedIntact() const {
+    for (size_t i = 0; i < kServed; ++i) {
+      if (memory[kGuard + i] != 0x47) return false;
+    }
+    return true;
+  }
 };
 
 // Sends `bytes`, half-closes, and reads replies until the server closes
@@ -71,11 +82,9 @@ void Exchange(int port, const uint8_t* data, size_t size) {
   tierkv::fuzz::DrainUntilClosed(fd->get(), deadline);
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static Fixture* f = new Fixture();
-  if (size > (256 << 10)) return 0;
+// Feeds the input to `f`'s server, then checks it kept its memory and
+// still answers.
+void Feed(Fixture* f, const uint8_t* data, size_t size) {
   std::string stream(reinterpret_cast<const char*>(data), size);
   namespace tcp = tierkv::transport::tcp;
   for (size_t pos = 0; pos + tcp::kRequestSize <= stream.size();) {
@@ -84,28 +93,40 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     uint64_t length = 0;
     std::memcpy(&length, stream.data() + pos + 40, 8);  // little-endian hosts only, as the fuzzers run
     pos += tcp::kRequestSize;
-    if (op == 2 || op == 3) pos += static_cast<size_t>(std::min<uint64_t>(length, stream.size() - pos));
+    if (op == 2 || op == 3 || op == 6) pos += static_cast<size_t>(std::min<uint64_t>(length, stream.size() - pos));
   }
   Exchange(f->engine->port(), reinterpret_cast<const uint8_t*>(stream.data()), stream.size());
   FUZZ_CHECK(f->GuardsIntact());
   // Still serving: a well-formed ping gets its reply.
-  tierkv::transport::tcp::RequestHeader ping;
-  ping.op = tierkv::transport::tcp::WireOp::kPing;
+  tcp::RequestHeader ping;
+  ping.op = tcp::WireOp::kPing;
   ping.id = 7;
-  uint8_t frame[tierkv::transport::tcp::kRequestSize];
-  tierkv::transport::tcp::EncodeRequest(ping, frame);
+  uint8_t frame[tcp::kRequestSize];
+  tcp::EncodeRequest(ping, frame);
   absl::Time deadline = absl::Now() + absl::Seconds(5);
-  auto fd = tierkv::transport::tcp::Dial("127.0.0.1:" + std::to_string(f->engine->port()), deadline);
+  auto fd = tcp::Dial("127.0.0.1:" + std::to_string(f->engine->port()), deadline);
   FUZZ_CHECK(fd.ok());
-  FUZZ_CHECK(tierkv::transport::tcp::WriteFull(fd->get(), frame, sizeof(frame), deadline).ok());
-  uint8_t reply[tierkv::transport::tcp::kReplySize];
-  FUZZ_CHECK(tierkv::transport::tcp::ReadFull(fd->get(), reply, sizeof(reply), deadline).ok());
-  auto h = tierkv::transport::tcp::DecodeReply(reply, sizeof(reply));
-  FUZZ_CHECK(h.ok() && h->id == 7 && h->status == tierkv::transport::tcp::WireStatus::kOk);
+  FUZZ_CHECK(tcp::WriteFull(fd->get(), frame, sizeof(frame), deadline).ok());
+  uint8_t reply[tcp::kReplySize];
+  FUZZ_CHECK(tcp::ReadFull(fd->get(), reply, sizeof(reply), deadline).ok());
+  auto h = tcp::DecodeReply(reply, sizeof(reply));
+  FUZZ_CHECK(h.ok() && h->id == 7 && h->status == tcp::WireStatus::kOk);
   // Return only once the server has finished with this connection too, as
   // with the first one: libFuzzer's leak check runs after each input, and
   // must not catch a server thread between allocating and freeing.
   ::shutdown(fd->get(), SHUT_WR);
   tierkv::fuzz::DrainUntilClosed(fd->get(), deadline);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static Fixture* open = new Fixture(/*data_grants=*/false);
+  static Fixture* granted = new Fixture(/*data_grants=*/true);
+  if (size > (256 << 10)) return 0;
+  Feed(open, data, size);
+  Feed(granted, data, size);
+  // No grant can be forged from the input: the key is random per run.
+  FUZZ_CHECK(granted->ServedIntact());
   return 0;
 }

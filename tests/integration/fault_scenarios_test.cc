@@ -321,7 +321,7 @@ TEST_F(FaultScenarioTest, Scenario06_PartitionedDaemonIsDroppedAndRejoinsClean) 
       (*host)->Exec(testing::BinaryPath("tierkv-store"),
                     {"--master=" + master, absl::StrCat("--metadata=http://", (*host)->gateway(), ":", cluster_.http_port()),
                      "--listen=" + (*host)->address(), "--segment-size=64mib", "--port=0", "--http-port=0",
-                     "--heartbeat-interval=200ms", "--name=remote"}));
+                     "--heartbeat-interval=200ms", "--name=remote", "--insecure-allow-remote"}));
   ASSERT_TRUE(remote.ok()) << remote.status();
   ASSERT_OK(cluster_.WaitForLiveSegments(2));
   auto client = Client({"tcp"}, absl::Seconds(2));

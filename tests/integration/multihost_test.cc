@@ -72,7 +72,7 @@ class MultiHostTest : public ::testing::Test {
         "/usr/sbin/ip",
         net_->host(node).Exec(BinaryPath("tierkv-store"),
                               {"--master=" + master_, "--metadata=" + metadata_, "--listen=0.0.0.0",
-                               "--token-file=" + daemon_token_,
+                               "--token-file=" + daemon_token_, "--auth=token",
                                absl::StrCat("--port=", 8800 + k), absl::StrCat("--http-port=", 9800 + k),
                                "--segment-size=64mib", "--heartbeat-interval=200ms"}));
     if (!d.ok()) return d.status();
@@ -287,7 +287,7 @@ TEST_F(MultiHostTest, WildcardDaemonWithNothingRoutableRefusesToStart) {
   auto d = ChildProcess::Start("/usr/sbin/ip", {"netns", "exec", ns, BinaryPath("tierkv-store"),
                                                 "--master=127.0.0.1:1", "--metadata=http://127.0.0.1:1",
                                                 "--listen=0.0.0.0", "--port=0", "--http-port=0",
-                                                "--segment-size=16mib"});
+                                                "--segment-size=16mib", "--insecure-allow-remote"});
   (void)testing::RunCommand("ip netns del " + ns);
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("--host"), std::string::npos) << d.status();

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/tierkv.h"
+#include "config/base/auth.h"
 #include "config/base/crc32c.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
@@ -18,6 +20,10 @@
 #include "tests/support/promtool.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/values.h"
+#include "transport/descriptor.h"
+#include "transport/tcp/connection.h"
+#include "transport/tcp/socket.h"
+#include "transport/tcp/wire.h"
 
 namespace tierkv {
 namespace {
@@ -673,6 +679,109 @@ TEST_F(StoreClusterTest, CtlCommands) {
   EXPECT_EQ(run({"--force", "rm", "ctl-key"}).first, 0);
   EXPECT_EQ(run({"get", "ctl-key", dir + "/got"}).first, 1);
   EXPECT_EQ(run({"frobnicate"}).first, 2);
+}
+
+// Daemons running --auth token: a client with a master token gets data
+// grants and moves bytes (tcp, shm), through a daemon's restart; a raw
+// frame without a grant, and a real grant for one daemon's segment shown
+// to another, are refused by the daemons themselves.
+TEST_F(StoreClusterTest, DaemonsWithAuthTokenServeOnlyConnectionsWithAGrant) {
+  const std::string dir = testing::MakeTempDir("tierkv-data-auth");
+  std::ofstream(dir + "/tokens") << "daemon-token-0000000000 decode daemon\nclient-token-0000000000 worker client\n";
+  std::ofstream(dir + "/daemon.token") << "daemon-token-0000000000\n";
+  ASSERT_OK(cluster_.Start({.daemons = 2,
+                            .segment_size = "64mib",
+                            .master_flags = {"--auth=token", "--token-file=" + dir + "/tokens"},
+                            .daemon_flags = {"--auth=token", "--token-file=" + dir + "/daemon.token"},
+                            .token = "client-token-0000000000"}));
+  auto tcp = Client({"tcp"});
+  auto any = Client();
+  ASSERT_NE(tcp, nullptr);
+  ASSERT_NE(any, nullptr);
+  client::PutOptions two;
+  two.replicas = 2;
+  for (int i = 0; i < 20; ++i) {
+    const std::string key = absl::StrCat("granted-", i);
+    ASSERT_OK(tcp->Put(key, ValueFor(key, 8192 + i), two));
+  }
+  for (int i = 0; i < 20; ++i) {
+    const std::string key = absl::StrCat("granted-", i);
+    absl::StatusOr<std::string> v = any->Get(key);
+    ASSERT_OK(v.status()) << key;
+    EXPECT_TRUE(*v == ValueFor(key, 8192 + i)) << key;
+  }
+
+  // The descriptors say so; a raw READ without a grant is refused and closed.
+  auto desc_of = [&](const std::string& seg) {
+    absl::StatusOr<std::string> d = cluster_.HttpGet("/metadata?key=" + transport::DescriptorKey(seg));
+    EXPECT_TRUE(d.ok()) << d.status();
+    return *transport::SegmentDescriptor::FromJson(d.ok() ? *d : "{}");
+  };
+  transport::SegmentDescriptor d0 = desc_of("daemon-0"), d1 = desc_of("daemon-1");
+  EXPECT_TRUE(d0.auth);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  {
+    ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd, transport::tcp::Dial(d0.transports["tcp"], deadline));
+    transport::tcp::RequestHeader h;
+    h.op = transport::tcp::WireOp::kRead;
+    h.segment = d0.segment_index;
+    h.segment_id = d0.segment_id;
+    h.id = 1;
+    h.length = 4096;
+    uint8_t head[transport::tcp::kRequestSize];
+    transport::tcp::EncodeRequest(h, head);
+    ASSERT_OK(transport::tcp::WriteFull(fd.get(), head, sizeof head, deadline));
+    uint8_t reply[transport::tcp::kReplySize];
+    ASSERT_OK(transport::tcp::ReadFull(fd.get(), reply, sizeof reply, deadline));
+    ASSERT_OK_AND_ASSIGN(transport::tcp::ReplyHeader r, transport::tcp::DecodeReply(reply, sizeof reply));
+    EXPECT_EQ(r.status, transport::tcp::WireStatus::kUnauthenticated);
+    std::string why(r.length, '\0');
+    ASSERT_OK(transport::tcp::ReadFull(fd.get(), why.data(), why.size(), deadline));
+    EXPECT_NE(why.find("needs a data grant"), std::string::npos) << why;
+    char more;
+    EXPECT_FALSE(transport::tcp::ReadFull(fd.get(), &more, 1, deadline).ok());
+  }
+  // The master's grant for daemon-0, shown to daemon-1 for its segment.
+  ASSERT_OK_AND_ASSIGN(v1::DataGrant g0, tcp->master().GrantData("daemon-0"));
+  ASSERT_EQ(g0.grant().size(), auth::kGrantBytes);
+  {
+    ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd, transport::tcp::Dial(d1.transports["tcp"], deadline));
+    transport::tcp::Connection c(std::move(fd), d1.transports["tcp"]);
+    absl::Status st = c.Authenticate(d1.segment_index, d1.segment_id, {g0.grant(), g0.session_key()}, deadline);
+    EXPECT_THAT(st, StatusIs(absl::StatusCode::kUnauthenticated));
+    EXPECT_NE(st.message().find("does not match this segment's key"), std::string::npos) << st;
+  }
+  {
+    // The same grant on its own segment is admitted.
+    ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd, transport::tcp::Dial(d0.transports["tcp"], deadline));
+    transport::tcp::Connection c(std::move(fd), d0.transports["tcp"]);
+    EXPECT_OK(c.Authenticate(d0.segment_index, d0.segment_id, {g0.grant(), g0.session_key()}, deadline));
+  }
+  // No master token, no grant.
+  client::MasterClientOptions anonymous;
+  anonymous.rpc_timeout = absl::Seconds(3);
+  ASSERT_OK_AND_ASSIGN(auto nobody, client::MasterClient::Create(cluster_.master_address(), anonymous));
+  EXPECT_THAT(nobody->GrantData("daemon-0").status(), StatusIs(absl::StatusCode::kUnauthenticated));
+
+  // daemon-0 restarts with a new key: the long-lived clients renew their grants.
+  cluster_.daemon(0).Kill(SIGKILL);
+  cluster_.daemon(0).Wait();
+  ASSERT_OK(cluster_.StartDaemon(0));
+  ASSERT_OK(cluster_.WaitForLiveSegments(2));
+  client::PutOptions there;
+  there.preferred_segment = "daemon-0";
+  absl::Status put;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    put = tcp->Put("after-restart", ValueFor("after-restart", 4096), there);
+    if (put.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_OK(put);
+  absl::StatusOr<std::string> back = any->Get("after-restart");
+  ASSERT_OK(back.status());
+  EXPECT_TRUE(*back == ValueFor("after-restart", 4096));
+  EXPECT_TRUE(cluster_.daemon(1).Running());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "config/base/auth.h"
+#include "config/base/status.h"
 #include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {
@@ -240,33 +242,61 @@ void Connection::SetBlocking(bool on) {
 }
 
 absl::StatusOr<std::string> Connection::Handshake(const std::string& transport,
-                                                  const std::string& request, absl::Time deadline) {
+                                                  const std::string& request, absl::Time deadline,
+                                                  uint32_t segment, uint64_t segment_id) {
   RequestHeader h;
   h.op = WireOp::kHandshake;
-  h.id = next_id_++;
+  h.segment = segment;
+  h.segment_id = segment_id;
   h.offset = transport.size();
   h.length = transport.size() + request.size();
   if (h.length > kMaxHandshake) return absl::InvalidArgumentError("handshake too large");
+  return Exchange(h, transport + request, deadline, "handshake");
+}
+
+absl::Status Connection::Authenticate(uint32_t segment, uint64_t segment_id, const DataGrant& grant,
+                                      absl::Time deadline) {
+  RequestHeader c;
+  c.op = WireOp::kChallenge;
+  ASSIGN_OR_RETURN(std::string nonce, Exchange(c, "", deadline, "data grant challenge"));
+  if (nonce.size() != auth::kNonceBytes) {
+    broken_ = true;
+    return absl::UnavailableError(absl::StrCat("data grant challenge from ", endpoint_, ": bad nonce"));
+  }
+  RequestHeader a;
+  a.op = WireOp::kAuth;
+  a.segment = segment;
+  a.segment_id = segment_id;
+  std::string body = grant.grant + auth::GrantProof(grant.session_key, nonce, segment, segment_id);
+  a.length = body.size();
+  absl::StatusOr<std::string> answer = Exchange(a, body, deadline, "data grant");
+  if (!answer.ok() && absl::IsUnauthenticated(answer.status())) broken_ = true;  // the server closes
+  return answer.status();
+}
+
+absl::StatusOr<std::string> Connection::Exchange(RequestHeader h, const std::string& body, absl::Time deadline,
+                                                 const char* what) {
+  h.id = next_id_++;
+  h.length = body.size();
   uint8_t head[kRequestSize];
   EncodeRequest(h, head);
-  std::string body = transport + request;
-  iovec iov[2] = {{head, kRequestSize}, {body.data(), body.size()}};
-  absl::Status st = WriteVecFull(fd_.get(), iov, 2, deadline);
+  iovec iov[2] = {{head, kRequestSize}, {const_cast<char*>(body.data()), body.size()}};
+  absl::Status st = WriteVecFull(fd_.get(), iov, body.empty() ? 1 : 2, deadline);
   uint8_t reply[kReplySize];
   if (st.ok()) st = ReadFull(fd_.get(), reply, kReplySize, deadline);
   if (!st.ok()) {
     broken_ = true;
-    return absl::UnavailableError(absl::StrCat("handshake with ", endpoint_, ": ", st.message()));
+    return absl::UnavailableError(absl::StrCat(what, " with ", endpoint_, ": ", st.message()));
   }
   absl::StatusOr<ReplyHeader> r = DecodeReply(reply, kReplySize);
   if (!r.ok() || r->id != h.id || r->length > kMaxHandshake) {
     broken_ = true;
-    return absl::UnavailableError(absl::StrCat("handshake with ", endpoint_, ": protocol error"));
+    return absl::UnavailableError(absl::StrCat(what, " with ", endpoint_, ": protocol error"));
   }
   std::string answer(r->length, '\0');
   if (absl::Status s = ReadFull(fd_.get(), answer.data(), answer.size(), deadline); !s.ok()) {
     broken_ = true;
-    return absl::UnavailableError(absl::StrCat("handshake with ", endpoint_, ": ", s.message()));
+    return absl::UnavailableError(absl::StrCat(what, " with ", endpoint_, ": ", s.message()));
   }
   if (r->status != WireStatus::kOk) return ReplyToStatus(r->status, answer);
   return answer;

@@ -14,6 +14,7 @@
 #include "absl/types/span.h"
 #include "transport/backend.h"
 #include "transport/tcp/socket.h"
+#include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {
 
@@ -30,9 +31,16 @@ class Connection {
   // broken; a server at its connection cap fails them UNAVAILABLE too.
   void RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices, absl::Time deadline);
 
-  // One control-channel exchange (blocking until the deadline).
+  // One control-channel exchange (blocking until the deadline). A server
+  // that needs data grants wants Authenticate first; `segment` and
+  // `segment_id` name the handshake's segment in its frame.
   absl::StatusOr<std::string> Handshake(const std::string& transport, const std::string& request,
-                                        absl::Time deadline);
+                                        absl::Time deadline, uint32_t segment = 0, uint64_t segment_id = 0);
+
+  // CHALLENGE and AUTH (wire.h) for segment (index, id) with `grant`:
+  // OK once the server admitted the connection; UNAUTHENTICATED (the
+  // server's reason) when it refused, after which it closes.
+  absl::Status Authenticate(uint32_t segment, uint64_t segment_id, const DataGrant& grant, absl::Time deadline);
 
   bool broken() const { return broken_; }
   // True when the idle connection cannot be used: the server closed it
@@ -41,6 +49,10 @@ class Connection {
   bool Stale() const;
 
  private:
+  // Sends one request (its id set here) and reads its reply: the reply's
+  // payload, or the server's status; UNAVAILABLE (broken) on I/O errors.
+  absl::StatusOr<std::string> Exchange(RequestHeader h, const std::string& body, absl::Time deadline,
+                                       const char* what);
   void SetBlocking(bool on);
   // Sets the socket's receive/send timeout so a blocking call returns by
   // about `deadline`, unless the armed one already does.

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "config/base/auth.h"
 #include "config/base/failpoint.h"
 #include "config/base/log.h"
 #include "transport/tcp/wire.h"
@@ -35,6 +36,9 @@ WireStatus ToWire(const absl::Status& s) {
       return WireStatus::kBadRequest;
     case absl::StatusCode::kDeadlineExceeded:
       return WireStatus::kExpired;
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+      return WireStatus::kUnauthenticated;
     default:
       return WireStatus::kInternal;
   }
@@ -216,7 +220,7 @@ void Server::Refuse(Fd fd, const char* why) {
 void Server::ServeConn(Conn* conn, uint8_t* scratch) {
   const int fd = conn->fd.get();
   for (int i = 0; i < kFramesPerTurn; ++i) {
-    if (stopping_.load() || !ServeOne(fd, scratch)) {
+    if (stopping_.load() || !ServeOne(conn, scratch)) {
       Close(conn);
       return;
     }
@@ -270,7 +274,42 @@ void Server::ReapIdle() {
   }
 }
 
-bool Server::ServeOne(int fd, uint8_t* scratch) {
+bool Server::ServeGrant(Conn* conn, const RequestHeader& h) {
+  const int fd = conn->fd.get();
+  if (h.op == WireOp::kChallenge) {
+    if (h.length != 0) {
+      (void)SendReply(fd, h.id, absl::InvalidArgumentError("a challenge carries no payload"), nullptr, 0);
+      return false;
+    }
+    conn->nonce = auth::RandomBytes(auth::kNonceBytes);
+    return SendReply(fd, h.id, absl::OkStatus(), conn->nonce.data(), conn->nonce.size()).ok();
+  }
+  if (h.length != auth::kGrantBytes + auth::kProofBytes) {
+    (void)SendReply(fd, h.id, absl::InvalidArgumentError("an auth frame carries a grant and a proof"), nullptr, 0);
+    return false;
+  }
+  std::string body(h.length, '\0');
+  if (!RecvAll(fd, body.data(), body.size()).ok()) return false;
+  // A nonce answers one AUTH: a second try on the connection needs a new challenge.
+  const std::string nonce = std::move(conn->nonce);
+  conn->nonce.clear();
+  absl::StatusOr<std::string> key = served_->DataKey(h.segment, h.segment_id);
+  // A segment gone from here is a stale descriptor, as for READ: the
+  // client re-reads it and the connection stays.
+  if (!key.ok()) return SendReply(fd, h.id, key.status(), nullptr, 0).ok();
+  absl::Status ok = auth::CheckGrant(*key, absl::string_view(body).substr(0, auth::kGrantBytes),
+                                     absl::string_view(body).substr(auth::kGrantBytes), nonce, h.segment,
+                                     h.segment_id, absl::Now());
+  if (!ok.ok()) {
+    (void)SendReply(fd, h.id, ok, nullptr, 0);
+    return false;
+  }
+  conn->admitted = std::make_pair(h.segment, h.segment_id);
+  return SendReply(fd, h.id, absl::OkStatus(), nullptr, 0).ok();
+}
+
+bool Server::ServeOne(Conn* conn, uint8_t* scratch) {
+  const int fd = conn->fd.get();
   uint8_t head[kRequestSize];
   // The poller saw bytes (or EOF) arrive; a started frame must complete
   // within the socket's frame timeout per blocking call.
@@ -282,6 +321,34 @@ bool Server::ServeOne(int fd, uint8_t* scratch) {
     return false;
   }
   const RequestHeader& h = *req;
+  if (h.op == WireOp::kChallenge || h.op == WireOp::kAuth) return ServeGrant(conn, h);
+  if (h.op != WireOp::kPing && served_->DataGrantsRequired()) {
+    // Unadmitted, or naming another segment than the one admitted: refused
+    // without a byte written, and the connection closes. A small payload
+    // is drained first, so the refusal reaches the peer instead of being
+    // lost to the reset that unread bytes cause.
+    const bool same = conn->admitted.has_value() && (h.op == WireOp::kHandshake ||
+                                                     *conn->admitted == std::make_pair(h.segment, h.segment_id));
+    if (!same) {
+      // At most a handshake's worth: a peer without a grant must not hold
+      // an I/O thread with a large, slow payload.
+      if (h.op != WireOp::kRead && h.length <= kMaxHandshake) {
+        for (uint64_t left = h.length; left > 0;) {
+          size_t n = static_cast<size_t>(std::min<uint64_t>(left, kScratch));
+          if (!RecvAll(fd, scratch, n).ok()) return false;
+          left -= n;
+        }
+      }
+      (void)SendReply(fd, h.id,
+                      absl::UnauthenticatedError(
+                          conn->admitted ? absl::StrCat("this connection's data grant is for segment #",
+                                                        conn->admitted->first, ", not #", h.segment)
+                                         : std::string("this daemon needs a data grant (--auth token): "
+                                                       "CHALLENGE and AUTH first")),
+                      nullptr, 0);
+      return false;
+    }
+  }
   // A fault inside a transfer: `error` fails this request (its payload
   // still drained), `sleep` stalls it, `abort` kills the server mid-stream.
   if ((h.op == WireOp::kRead || h.op == WireOp::kWrite) && TIERKV_FAILPOINT("transport.tcp.serve")) {
@@ -345,8 +412,11 @@ bool Server::ServeOne(int fd, uint8_t* scratch) {
       std::string body(h.length, '\0');
       if (!RecvAll(fd, body.data(), body.size()).ok()) return false;
       std::string transport = body.substr(0, h.offset);
-      absl::StatusOr<std::string> answer = served_->Handshake(transport, body.substr(h.offset));
-      if (!answer.ok()) return SendReply(fd, h.id, answer.status(), nullptr, 0).ok();
+      absl::StatusOr<std::string> answer = served_->Handshake(transport, body.substr(h.offset), conn->admitted);
+      if (!answer.ok()) {
+        // A handshake for a segment the grant does not cover closes, as any frame beyond the grant does.
+        return SendReply(fd, h.id, answer.status(), nullptr, 0).ok() && !absl::IsUnauthenticated(answer.status());
+      }
       return SendReply(fd, h.id, absl::OkStatus(), answer->data(), answer->size()).ok();
     }
   }

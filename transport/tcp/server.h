@@ -26,6 +26,11 @@
 // `frame_timeout`, so a peer that stalls mid-frame holds one I/O thread
 // for at most that long per stalled call.
 //
+// Data grants: where ServedMemory::DataGrantsRequired(), a connection
+// must pass CHALLENGE and AUTH (wire.h) before any READ, WRITE or
+// HANDSHAKE, which may then name only the segment it was admitted to; any
+// other frame gets UNAUTHENTICATED and the connection closes.
+//
 // Limits: at most `max_connections` open; one more gets a BUSY reply and
 // is closed (counted in refused(), logged at most every 10 s), as is one
 // accepted while the process is out of file descriptors. A connection idle
@@ -38,6 +43,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,6 +52,7 @@
 #include "config/base/mutex.h"
 #include "transport/backend.h"
 #include "transport/tcp/socket.h"
+#include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {
 
@@ -78,6 +85,10 @@ class Server {
     Fd fd;
     absl::Time last_active;
     bool parked = false;  // waiting in the epoll set (guarded by mu_)
+    // Data grants (owned by the thread serving the connection): the
+    // nonce of its last CHALLENGE, and the segment an AUTH admitted it to.
+    std::string nonce;
+    std::optional<std::pair<uint32_t, uint64_t>> admitted;
   };
   static constexpr int kFramesPerTurn = 64;
 
@@ -90,7 +101,9 @@ class Server {
   void Close(Conn* conn);
   void ReapIdle();
   // Returns false when the connection must close.
-  bool ServeOne(int fd, uint8_t* scratch);
+  bool ServeOne(Conn* conn, uint8_t* scratch);
+  // CHALLENGE and AUTH; false when the connection must close.
+  bool ServeGrant(Conn* conn, const RequestHeader& h);
 
   const ServerOptions options_;
   ServedMemory* const served_;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "config/base/mutex.h"
+#include "config/base/status.h"
 #include "transport/internal/builtin.h"
 #include "transport/tcp/connection.h"
 #include "transport/tcp/server.h"
@@ -17,15 +18,43 @@ namespace {
 
 using tcp::Connection;
 
+// Dials `endpoint` and, with `grant`, has the server admit the connection
+// for segment (index, id). A refused grant is renewed and tried once more
+// on a new connection: the daemon may have restarted with a new key since
+// the cached grant was issued. A grant that cannot be had keeps the
+// master's status (UNAUTHENTICATED for a client without a token).
+absl::StatusOr<std::unique_ptr<Connection>> DialAdmitted(const std::string& endpoint, uint32_t segment,
+                                                         uint64_t segment_id, const GrantFn& grant,
+                                                         absl::Duration reply_spin, absl::Time deadline) {
+  for (int attempt = 0;; ++attempt) {
+    ASSIGN_OR_RETURN(tcp::Fd fd, tcp::Dial(endpoint, deadline));
+    auto conn = std::make_unique<Connection>(std::move(fd), endpoint, reply_spin);
+    if (!grant) return conn;
+    ASSIGN_OR_RETURN(DataGrant g, grant(/*renew=*/attempt > 0));
+    absl::Status st = conn->Authenticate(segment, segment_id, g, deadline);
+    if (st.ok()) return conn;
+    if (!absl::IsUnauthenticated(st)) return st;
+    if (attempt > 0) {
+      // The master's fresh grant refused too: it and the daemon disagree on
+      // the key, as while a restarted daemon has published its descriptor
+      // but not yet mounted. Unavailable, so a read tries another replica
+      // and a caller retries.
+      return absl::UnavailableError(absl::StrCat("segment #", segment, " at ", endpoint,
+                                                 " refused the master's data grant: ", st.message()));
+    }
+  }
+}
+
 class TcpChannel final : public PeerChannel {
  public:
   TcpChannel(std::string endpoint, uint32_t segment, uint64_t segment_id, int max_connections,
-             absl::Duration reply_spin)
+             absl::Duration reply_spin, GrantFn grant)
       : endpoint_(std::move(endpoint)),
         segment_(segment),
         segment_id_(segment_id),
         max_(max_connections),
-        reply_spin_(reply_spin) {}
+        reply_spin_(reply_spin),
+        grant_(std::move(grant)) {}
 
   void Post(absl::Span<Slice* const> slices, absl::Time deadline) override {
     absl::StatusOr<std::unique_ptr<Connection>> conn = Acquire(deadline);
@@ -64,15 +93,17 @@ class TcpChannel final : public PeerChannel {
       }
       ++open_;
     }
-    absl::StatusOr<tcp::Fd> fd = tcp::Dial(endpoint_, deadline);
-    if (!fd.ok()) {
+    absl::StatusOr<std::unique_ptr<Connection>> conn =
+        DialAdmitted(endpoint_, segment_, segment_id_, grant_, reply_spin_, deadline);
+    if (!conn.ok()) {
       MutexLock lock(&mu_);
       --open_;
       cv_.SignalAll();
-      if (!absl::IsDeadlineExceeded(fd.status())) healthy_.store(false);
-      return fd.status();
+      // Unreachable, or refused (a grant for the segment's previous
+      // incarnation, a stale descriptor): re-read the descriptor first.
+      if (!absl::IsDeadlineExceeded(conn.status())) healthy_.store(false);
     }
-    return std::make_unique<Connection>(std::move(*fd), endpoint_, reply_spin_);
+    return conn;
   }
 
   void Release(std::unique_ptr<Connection> c) {
@@ -93,6 +124,7 @@ class TcpChannel final : public PeerChannel {
   const uint64_t segment_id_;
   const int max_;
   const absl::Duration reply_spin_;
+  const GrantFn grant_;  // null: the server needs none
   std::atomic<bool> healthy_{true};
   Mutex mu_;
   CondVar cv_;
@@ -140,7 +172,7 @@ class TcpBackend final : public Backend {
     if (!probe.ok()) return absl::UnavailableError(probe.status().message());
     return std::unique_ptr<PeerChannel>(
         new TcpChannel(it->second, remote.segment_index, remote.segment_id, options_.connections,
-                       options_.reply_spin));
+                       options_.reply_spin, remote.auth ? ctx.grant : nullptr));
   }
 
  private:
@@ -155,11 +187,11 @@ absl::StatusOr<std::unique_ptr<Backend>> NewTcpBackend(const BackendOptions& opt
 }
 
 absl::StatusOr<std::string> TcpHandshake(const std::string& control, const std::string& transport,
-                                         const std::string& request, absl::Time deadline) {
-  absl::StatusOr<tcp::Fd> fd = tcp::Dial(control, deadline);
-  if (!fd.ok()) return fd.status();
-  Connection conn(std::move(*fd), control);
-  return conn.Handshake(transport, request, deadline);
+                                         const std::string& request, absl::Time deadline, const GrantFn& grant,
+                                         uint32_t segment, uint64_t segment_id) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Connection> conn,
+                   DialAdmitted(control, segment, segment_id, grant, absl::ZeroDuration(), deadline));
+  return conn->Handshake(transport, request, deadline, segment, segment_id);
 }
 
 }  // namespace internal

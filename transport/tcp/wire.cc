@@ -52,7 +52,7 @@ absl::StatusOr<RequestHeader> DecodeRequest(const uint8_t* data, size_t size) {
   if (Get32(data) != kRequestMagic) return absl::InvalidArgumentError("bad request magic");
   RequestHeader h;
   uint8_t op = data[4];
-  if (op < 1 || op > 4) return absl::InvalidArgumentError(absl::StrCat("unknown op ", op));
+  if (op < 1 || op > kMaxWireOp) return absl::InvalidArgumentError(absl::StrCat("unknown op ", op));
   h.op = static_cast<WireOp>(op);
   h.flags = data[5];
   h.segment = Get32(data + 8);
@@ -69,7 +69,7 @@ absl::StatusOr<ReplyHeader> DecodeReply(const uint8_t* data, size_t size) {
   if (Get32(data) != kReplyMagic) return absl::InvalidArgumentError("bad reply magic");
   ReplyHeader h;
   uint8_t st = data[4];
-  if (st > 7) return absl::InvalidArgumentError(absl::StrCat("unknown reply status ", st));
+  if (st > kMaxWireStatus) return absl::InvalidArgumentError(absl::StrCat("unknown reply status ", st));
   h.status = static_cast<WireStatus>(st);
   h.id = Get64(data + 8);
   h.length = Get64(data + 16);
@@ -100,6 +100,8 @@ absl::Status ReplyToStatus(WireStatus status, const std::string& message) {
       return absl::DeadlineExceededError(message);
     case WireStatus::kBusy:
       return absl::UnavailableError(message);
+    case WireStatus::kUnauthenticated:
+      return absl::UnauthenticatedError(message);
   }
   return absl::InternalError(message);
 }

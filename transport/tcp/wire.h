@@ -21,6 +21,13 @@
 // Replies come back in request order on a connection, so a client may
 // pipeline. For HANDSHAKE, `offset` carries the length of the transport
 // name that prefixes the payload.
+//
+// Data grants (config/base/auth.h), for a server whose segments need
+// them: CHALLENGE (no payload) is answered with a fresh 32-byte nonce;
+// AUTH names the segment (index and id) and carries the grant and the
+// proof (24 + 32 bytes). Until an AUTH passes, READ, WRITE and HANDSHAKE
+// get UNAUTHENTICATED and the connection closes; afterwards they may name
+// only that segment. A refused AUTH closes the connection too.
 #pragma once
 
 #include <cstddef>
@@ -42,7 +49,8 @@ inline constexpr size_t kReplySize = 24;
 inline constexpr uint64_t kMaxHandshake = 64 << 10;
 inline constexpr uint64_t kMaxErrorText = 1024;
 
-enum class WireOp : uint8_t { kRead = 1, kWrite = 2, kHandshake = 3, kPing = 4 };
+enum class WireOp : uint8_t { kRead = 1, kWrite = 2, kHandshake = 3, kPing = 4, kChallenge = 5, kAuth = 6 };
+inline constexpr uint8_t kMaxWireOp = 6;
 
 enum class WireStatus : uint8_t {
   kOk = 0,
@@ -53,7 +61,9 @@ enum class WireStatus : uint8_t {
   kInternal = 5,      // handshake refused, or a server-side failure
   kExpired = 6,       // a WRITE that arrived after its deadline
   kBusy = 7,          // the server is at its connection cap; it closes
+  kUnauthenticated = 8,  // no data grant, or one refused; it closes
 };
+inline constexpr uint8_t kMaxWireStatus = 8;
 
 inline constexpr uint8_t kHasDeadline = 1;  // request flag
 
