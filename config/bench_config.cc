@@ -30,6 +30,9 @@ const FlagTable<BenchConfig>& BenchFlags() {
           ChoiceFlag<C>("peer", &C::peer, "none", {"none", "redis"},
                         "store: also run the same workload against a redis-server started on a loopback port "
                         "(pipelined to --batch, and unpipelined), printed beside ours"),
+          BoolFlag<C>("auth-compare", &C::auth_compare, "false",
+                      "store: also run the same cases against a second embedded cluster running --auth token "
+                      "(bearer tokens at the master, data grants at the daemon), printed as with/without"),
           IntFlag<C>("replica-cache", &C::replica_cache, "0", 0, 1 << 24,
                      "store: keys whose replicas the client remembers while their read lease runs (0: off, "
                      "as the library's default; e.g. 65536 to measure the cache)"),

@@ -25,6 +25,7 @@ struct BenchConfig {
   uint64_t ssd_size = 0;       // ssd: the tier's file; half of it is written per case
   std::string peer;            // store: none, or redis (a peer store measured beside ours)
   int64_t replica_cache = 0;   // store: the client's replica cache entries (0: off)
+  bool auth_compare = false;   // store: also a cluster running --auth token, same cases
   absl::Duration reply_spin;   // master/store: the client's busy-poll for replies
 };
 

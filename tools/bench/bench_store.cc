@@ -3,12 +3,19 @@
 // data over --transport), and in the same run the raw transfer engine
 // moving the same bytes to the same segment. With --peer redis, also a
 // redis-server it starts on a loopback port, driven with the same
-// workload (tools/bench/redis_peer.h), printed beside ours.
+// workload (tools/bench/redis_peer.h), printed beside ours. With
+// --auth-compare, also a second embedded cluster running --auth token
+// (bearer tokens at the master, data grants at the daemon), driven with
+// the same cases, printed as ours with auth over ours without.
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/client.h"
+#include "config/base/auth.h"
+#include "config/base/status.h"
 #include "config/master_config.h"
 #include "config/store_config.h"
 #include "master/server.h"
@@ -91,66 +98,107 @@ bool RegisterStoreCases(std::shared_ptr<client::Client> cli, uint64_t value, int
   return true;
 }
 
+// A master and one store daemon in this process, and a client of theirs.
+struct Cluster {
+  std::unique_ptr<master::MasterServer> master;
+  std::unique_ptr<store::StoreDaemon> daemon;
+  std::shared_ptr<client::Client> client;
+  std::string auth_dir;  // tokens, with auth on
+  ~Cluster() {
+    client.reset();
+    if (daemon) daemon->Stop();
+    if (master) master->Shutdown();
+    if (!auth_dir.empty()) std::filesystem::remove_all(auth_dir);
+  }
+};
+
+// Starts a cluster whose daemon lends `segment` bytes as `name`, with
+// --auth token everywhere when `auth`, and warms the whole segment.
+absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const BenchConfig& config, uint64_t segment,
+                                                      const std::string& name, bool auth, int threads) {
+  auto c = std::make_unique<Cluster>();
+  std::vector<std::string> margs{"tierkv-master", "--rpc-port=0", "--http-port=0"};
+  std::vector<std::string> sargs{"tierkv-store", "--port=0", "--http-port=0",
+                                 absl::StrCat("--segment-size=", segment), "--name=" + name,
+                                 "--heartbeat-interval=1s"};
+  std::string client_token;
+  if (auth) {
+    char dir[] = "/tmp/tierkv-bench-auth.XXXXXX";
+    if (::mkdtemp(dir) == nullptr) return absl::InternalError("mkdtemp failed");
+    c->auth_dir = dir;
+    const std::string daemon_token = auth::RandomBytes(16), raw_client = auth::RandomBytes(16);
+    auto hex = [](const std::string& b) {
+      std::string out;
+      for (unsigned char ch : b) absl::StrAppend(&out, absl::Hex(ch, absl::kZeroPad2));
+      return out;
+    };
+    client_token = hex(raw_client);
+    std::ofstream(c->auth_dir + "/tokens") << hex(daemon_token) << " bench-daemon daemon\n"
+                                           << client_token << " bench-client client\n";
+    std::ofstream(c->auth_dir + "/daemon.token") << hex(daemon_token) << "\n";
+    margs.insert(margs.end(), {"--auth=token", "--token-file=" + c->auth_dir + "/tokens"});
+    sargs.insert(sargs.end(), {"--auth=token", "--token-file=" + c->auth_dir + "/daemon.token"});
+  }
+  auto parse = [](const auto& table, const std::vector<std::string>& args) {
+    std::vector<const char*> argv;
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    return table.Parse(static_cast<int>(argv.size()), argv.data(), nullptr, kNoEnv);
+  };
+  ASSIGN_OR_RETURN(MasterConfig mcfg, parse(MasterFlags(), margs));
+  ASSIGN_OR_RETURN(c->master, master::MasterServer::Start(mcfg));
+  const std::string rpc = absl::StrCat("127.0.0.1:", c->master->rpc_port());
+  const std::string meta = absl::StrCat("http://127.0.0.1:", c->master->http_port());
+  sargs.insert(sargs.end(), {"--master=" + rpc, "--metadata=" + meta});
+  ASSIGN_OR_RETURN(StoreConfig scfg, parse(StoreFlags(), sargs));
+  ASSIGN_OR_RETURN(c->daemon, store::StoreDaemon::Start(scfg));
+  for (int i = 0; i < 200 && !c->daemon->ready(); ++i) absl::SleepFor(absl::Milliseconds(10));
+
+  client::ClientOptions co;
+  co.master = rpc;
+  co.metadata = meta;
+  co.token = client_token;
+  co.transports = {config.transport};
+  co.connections = static_cast<int>(config.connections);
+  co.workers = std::max<int>(static_cast<int>(config.connections), threads);
+  co.replica_cache = static_cast<size_t>(config.replica_cache);
+  co.reply_spin = config.reply_spin;
+  ASSIGN_OR_RETURN(c->client, client::Client::Create(co));
+  // Steady state: every page of the segment has been touched once, in the
+  // daemon and in this process's mapping, before anything is measured.
+  std::vector<char> chunk(64 << 20, 'w');
+  std::vector<transport::Request> warm;
+  for (uint64_t off = 0; off < segment; off += chunk.size()) {
+    warm.push_back({transport::Op::kWrite, chunk.data(), name, off, std::min<uint64_t>(chunk.size(), segment - off)});
+  }
+  for (const absl::Status& s : c->client->engine().Transfer(warm, absl::Minutes(2))) {
+    if (!s.ok()) return Annotate(s, "warm-up");
+  }
+  return c;
+}
+
 }  // namespace
 
 int RunStore(const BenchConfig& config) {
   const uint64_t value = config.value;
   const int batch = static_cast<int>(config.batch);
   const int threads = static_cast<int>(config.threads);
-  const char* margv[] = {"tierkv-master", "--rpc-port=0", "--http-port=0"};
-  auto mcfg = MasterFlags().Parse(3, margv, nullptr, kNoEnv);
-  auto master = master::MasterServer::Start(*mcfg);
-  if (!master.ok()) {
-    std::fprintf(stderr, "tierkv-bench: %s\n", std::string(master.status().message()).c_str());
-    return 1;
-  }
-  std::string rpc = absl::StrCat("127.0.0.1:", (*master)->rpc_port());
-  std::string meta = absl::StrCat("http://127.0.0.1:", (*master)->http_port());
   // Room for every thread's working set several times over; puts beyond
   // that recycle memory through eviction, as in steady state.
   uint64_t segment = std::max<uint64_t>(1ull << 30, 16 * value * batch * threads);
-  std::string sargs[] = {"tierkv-store", "--master=" + rpc, "--metadata=" + meta, "--port=0",
-                         "--http-port=0", absl::StrCat("--segment-size=", segment), "--name=bench-store",
-                         "--heartbeat-interval=1s"};
-  const char* sargv[8];
-  for (int i = 0; i < 8; ++i) sargv[i] = sargs[i].c_str();
-  auto scfg = StoreFlags().Parse(8, sargv, nullptr, kNoEnv);
-  auto daemon = store::StoreDaemon::Start(*scfg);
-  if (!scfg.ok() || !daemon.ok()) {
-    std::fprintf(stderr, "tierkv-bench: cannot start the store daemon\n");
+  absl::StatusOr<std::unique_ptr<Cluster>> plain = StartCluster(config, segment, "bench-store", false, threads);
+  if (!plain.ok()) {
+    std::fprintf(stderr, "tierkv-bench: %s\n", std::string(plain.status().message()).c_str());
     return 1;
   }
-  for (int i = 0; i < 200 && !(*daemon)->ready(); ++i) absl::SleepFor(absl::Milliseconds(10));
-
-  client::ClientOptions co;
-  co.master = rpc;
-  co.metadata = meta;
-  co.transports = {config.transport};
-  co.connections = static_cast<int>(config.connections);
-  co.workers = std::max<int>(static_cast<int>(config.connections), threads);
-  co.replica_cache = static_cast<size_t>(config.replica_cache);
-  co.reply_spin = config.reply_spin;
-  auto created = client::Client::Create(co);
-  if (!created.ok()) {
-    std::fprintf(stderr, "tierkv-bench: %s\n", std::string(created.status().message()).c_str());
-    return 1;
-  }
-  std::shared_ptr<client::Client> cli = std::move(*created);
-  // Steady state: every page of the segment has been touched once, in the
-  // daemon and in this process's mapping, before anything is measured.
-  {
-    std::vector<char> chunk(64 << 20, 'w');
-    std::vector<transport::Request> warm;
-    for (uint64_t off = 0; off < segment; off += chunk.size()) {
-      warm.push_back({transport::Op::kWrite, chunk.data(), "bench-store", off,
-                      std::min<uint64_t>(chunk.size(), segment - off)});
+  std::shared_ptr<client::Client> cli = (*plain)->client;
+  std::unique_ptr<Cluster> authed;
+  if (config.auth_compare) {
+    absl::StatusOr<std::unique_ptr<Cluster>> a = StartCluster(config, segment, "bench-auth", true, threads);
+    if (!a.ok()) {
+      std::fprintf(stderr, "tierkv-bench: the --auth token cluster: %s\n", std::string(a.status().message()).c_str());
+      return 1;
     }
-    for (const absl::Status& s : cli->engine().Transfer(warm, absl::Minutes(2))) {
-      if (!s.ok()) {
-        std::fprintf(stderr, "tierkv-bench: warm-up: %s\n", std::string(s.message()).c_str());
-        return 1;
-      }
-    }
+    authed = std::move(*a);
   }
   // Our cases at `batch` keys per call and, when comparing with a peer,
   // also one key per call (the peer's unpipelined run).
@@ -158,6 +206,7 @@ int RunStore(const BenchConfig& config) {
   if (config.peer != "none" && batch > 1) batches.push_back(1);
   for (int b : batches) {
     if (!RegisterStoreCases(cli, value, b, threads, absl::StrCat("tierkv/b", b))) return 1;
+    if (authed && !RegisterStoreCases(authed->client, value, b, threads, absl::StrCat("auth/b", b))) return 1;
   }
 
   // The same bytes straight through the engine (no master, no checksum),
@@ -277,14 +326,41 @@ int RunStore(const BenchConfig& config) {
     }
     out["peer_cases"] = peer_cases;
   }
+  // With auth over without, per case: the cost of tokens and data grants.
+  std::string auth_table;
+  if (authed) {
+    nlohmann::json auth_cases = nlohmann::json::array();
+    for (int b : batches) {
+      for (const char* op : {"put", "get"}) {
+        const std::string off = absl::StrCat("tierkv/b", b, "/", op), on = absl::StrCat("auth/b", b, "/", op);
+        double ops_off = fig(off, "items_per_second"), ops_on = fig(on, "items_per_second");
+        double ratio = ops_off > 0 ? ops_on / ops_off : 0;
+        auth_cases.push_back({{"case", absl::StrCat(op, " batch ", b)},
+                              {"ops_per_s", ops_off},
+                              {"auth_ops_per_s", ops_on},
+                              {"auth_p50_us", fig(on, "p50_us")},
+                              {"p50_us", fig(off, "p50_us")},
+                              {"ratio", ratio}});
+        absl::StrAppend(&auth_table,
+                        absl::StrFormat("%-14s %10.0f ops/s p50 %7.1f us | %10.0f ops/s p50 %7.1f us | %5.3fx\n",
+                                        absl::StrCat(op, " batch ", b), ops_off, fig(off, "p50_us"), ops_on,
+                                        fig(on, "p50_us"), ratio));
+      }
+    }
+    out["auth_cases"] = auth_cases;
+  }
   cli.reset();
-  (*daemon)->Stop();
-  (*master)->Shutdown();
+  authed.reset();
+  plain->reset();
   if (config.json) {
     std::printf("%s\n", out.dump().c_str());
   } else {
     if (!peer_table.empty()) {
       std::printf("\n%-14s %-52s | %-52s | ratio\n%s", "case", "tierkv", config.peer.c_str(), peer_table.c_str());
+    }
+    if (!auth_table.empty()) {
+      std::printf("\n%-14s %-32s | %-32s | with/without\n%s", "case", "--auth none", "--auth token (grants)",
+                  auth_table.c_str());
     }
     std::printf("\nput %.2f GB/s (%.2fx raw %.2f), get %.2f GB/s (%.2fx raw %.2f); target >= 0.85: %s\n", put,
                 put_ratio, raw_w, get, get_ratio, raw_r, std::min(put_ratio, get_ratio) >= 0.85 ? "met" : "MISSED");
