@@ -165,6 +165,10 @@ std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments
     if (!st.ok()) TKV_LOG(ERROR) << "persisting segment " << spec.name << ": " << st;
     TKV_LOG(INFO) << (restored ? "re-mounted " : "mounted ") << spec.name << " ("
                   << spec.capacity << " bytes, host " << spec.host << ")";
+    if (!spec.data_key.empty() && !options_.callers_authenticated) {
+      TKV_LOG(WARNING) << "segment " << spec.name << " needs data grants, but this master runs --auth none and "
+                       << "grants them to anyone who asks: run the master with --auth token";
+    }
     out.push_back(absl::OkStatus());
   }
   return out;

@@ -47,6 +47,9 @@ struct MasterOptions {
   // How long a data grant admits new connections to a daemon that runs
   // --auth token (config/base/auth.h); connections it admitted stay.
   absl::Duration data_grant_ttl = absl::Minutes(10);
+  // Whether the RPC servers check callers' tokens (--auth token): without,
+  // a daemon's data grants protect nothing, which a mount then says.
+  bool callers_authenticated = false;
 };
 
 // A data grant and its session key; both empty for a segment whose daemon

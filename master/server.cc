@@ -65,6 +65,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   options.segment_ttl = config.segment_ttl;
   options.ssd_grace = config.ssd_grace;
   options.data_grant_ttl = config.data_grant_ttl;
+  options.callers_authenticated = s->auth_->enabled();
   options.max_pending_per_client = static_cast<uint64_t>(config.max_pending_per_client);
   options.queries.key_prefix_separator = config.query_stats_key_prefix_separator;
   options.queries.max_prefixes = static_cast<size_t>(config.query_stats_max_prefixes);

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "httplib.h"
 #include "client/master_client.h"
+#include "config/base/auth.h"
 #include "config/base/status.h"
 #include "nlohmann/json.hpp"
 #include "proto/direct_frame.h"
@@ -922,6 +923,47 @@ TEST_F(MasterProcessTest, AnOpenMasterOnAWildcardBindNeedsInsecureAllowRemote) {
   StartMaster({"--listen=0.0.0.0", "--insecure-allow-remote"});
   EXPECT_NE(master_->Stderr().find("without authentication (--insecure-allow-remote)"), std::string::npos);
   EXPECT_EQ(http_->Get("/health")->status, 200);
+}
+
+// Grants from a master that checks no tokens protect nothing: a daemon
+// that needs them is warned about at its mount; grants carry its key's
+// session key and none for a daemon without one.
+TEST_F(MasterProcessTest, GrantsComeFromTheSegmentsKeyAndAnOpenMasterSaysItGivesThemToAnyone) {
+  StartMaster();
+  v1::MountSegmentRequest mount;
+  for (const char* name : {"keyed", "open"}) {
+    v1::Segment* seg = mount.add_segments();
+    seg->set_name(name);
+    seg->set_host("host-" + std::string(name));
+    seg->set_capacity(64 << 20);
+    seg->set_incarnation("inc-1");
+  }
+  const std::string key(auth::kDataKeyBytes, 'k');
+  mount.mutable_segments(0)->set_data_key(key);
+  v1::MountSegmentResponse mresp;
+  ASSERT_TRUE(stub_->MountSegment(Ctx().get(), mount, &mresp).ok());
+  v1::GrantDataRequest req;
+  for (const char* name : {"keyed", "open", "absent"}) req.add_segments(name);
+  v1::GrantDataResponse resp;
+  ASSERT_TRUE(stub_->GrantData(Ctx().get(), req, &resp).ok());
+  ASSERT_EQ(resp.grants_size(), 3);
+  EXPECT_EQ(resp.grants(0).status().code(), 0);
+  EXPECT_EQ(resp.grants(0).session_key(), auth::GrantSessionKey(key, resp.grants(0).grant()));
+  EXPECT_GT(auth::GrantExpiry(resp.grants(0).grant()), absl::Now() + absl::Minutes(9));
+  EXPECT_TRUE(resp.grants(1).grant().empty());
+  EXPECT_EQ(resp.grants(2).status().code(), static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_NE(master_->Stderr().find("segment keyed needs data grants, but this master runs --auth none"),
+            std::string::npos);
+  EXPECT_EQ(master_->Stderr().find("segment open needs data grants"), std::string::npos);
+  // The key never leaves the master: not in /v1/segments, not in Stats.
+  auto segs = http_->Get("/v1/segments");
+  ASSERT_TRUE(segs);
+  EXPECT_EQ(segs->body.find(key), std::string::npos);
+  v1::StatsResponse stats;
+  ASSERT_TRUE(stub_->Stats(Ctx().get(), v1::StatsRequest(), &stats).ok());
+  ASSERT_EQ(stats.segment_info_size(), 2);
+  EXPECT_TRUE(stats.segment_info(0).segment().data_key().empty());
+  EXPECT_TRUE(stats.segment_info(1).segment().data_key().empty());
 }
 
 }  // namespace
