@@ -19,6 +19,43 @@
 #include "httplib.h"
 
 namespace tierkv::client {
+
+namespace internal {
+// Data grants for daemons that run --auth token, one per segment, reused
+// until half their life is gone (a connection needs one only to open). An
+// empty grant (the segment's daemon needs none) is remembered too.
+class GrantCache {
+ public:
+  explicit GrantCache(MasterClient* master) : master_(master) {}
+  // `renew`: the daemon refused the cached grant (it restarted with a new key).
+  absl::StatusOr<transport::DataGrant> Get(const std::string& segment, bool renew) {
+    const absl::Time now = absl::Now();
+    if (!renew) {
+      MutexLock lock(&mu_);
+      auto it = grants_.find(segment);
+      if (it != grants_.end() && now < it->second.renew_at) return it->second.grant;
+    }
+    ASSIGN_OR_RETURN(v1::DataGrant g, master_->GrantData(segment));
+    // An empty grant is asked again a minute on: its daemon may restart with --auth token.
+    const absl::Time renew_at =
+        g.grant().empty() ? now + absl::Minutes(1) : now + (auth::GrantExpiry(g.grant()) - now) / 2;
+    Entry e{{g.grant(), g.session_key()}, renew_at};
+    MutexLock lock(&mu_);
+    grants_[segment] = e;
+    return e.grant;
+  }
+
+ private:
+  struct Entry {
+    transport::DataGrant grant;
+    absl::Time renew_at;
+  };
+  MasterClient* const master_;
+  Mutex mu_;
+  absl::flat_hash_map<std::string, Entry> grants_ ABSL_GUARDED_BY(mu_);
+};
+}  // namespace internal
+
 namespace {
 
 using transport::Op;
@@ -37,7 +74,7 @@ constexpr uint64_t kTrailer = internal::kTrailerBytes;
 // value could not be staged (the record was dropped, the tier is down):
 // a miss, as an eviction would have been.
 std::vector<absl::Status> StageSsdHits(const v1::GetReplicasResponse& resp, const std::vector<std::string>& keys,
-                                       absl::Duration timeout) {
+                                       absl::Duration timeout, internal::GrantCache* grants) {
   std::vector<absl::Status> out(keys.size());
   if (resp.replica_stage_size() == 0) return out;
   struct Batch {
@@ -82,8 +119,17 @@ std::vector<absl::Status> StageSsdHits(const v1::GetReplicasResponse& resp, cons
       // extents, measured from here so no clocks need agree.
       const int64_t within = std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout - (absl::Now() - start)));
       httplib::Headers headers{{"X-Tierkv-Stage-Within-Ms", absl::StrCat(within)}};
-      httplib::Result res =
-          cli.Post("/tier/stage", headers, b.req.SerializeAsString(), "application/x-protobuf");
+      const std::string body = b.req.SerializeAsString();
+      // A daemon running --auth token wants the order signed with a grant for its segment.
+      if (segment < static_cast<uint32_t>(resp.segments_size())) {
+        absl::StatusOr<transport::DataGrant> g = grants->Get(resp.segments(static_cast<int>(segment)), false);
+        if (g.ok() && !g->grant.empty()) {
+          for (auto& [name, value] : auth::SignTierRequest(g->grant, g->session_key, "/tier/stage", body, absl::Now())) {
+            headers.emplace(name, value);
+          }
+        }
+      }
+      httplib::Result res = cli.Post("/tier/stage", headers, body, "application/x-protobuf");
       if (!res) {
         failed = absl::UnavailableError(absl::StrCat(endpoint->second, ": ", httplib::to_string(res.error())));
       } else if (res->status != 200 || !answer.ParseFromString(res->body)) {
@@ -191,42 +237,6 @@ absl::StatusOr<std::string> DiscoverMetadata(const std::string& master, absl::Du
   return absl::StrCat("http://", master.substr(0, colon), ":", stats.http_port());
 }
 
-namespace {
-// Data grants for daemons that run --auth token, one per segment, reused
-// until half their life is gone (a connection needs one only to open).
-class GrantCache {
- public:
-  explicit GrantCache(MasterClient* master) : master_(master) {}
-  // `renew`: the daemon refused the cached grant (it restarted with a new key).
-  absl::StatusOr<transport::DataGrant> Get(const std::string& segment, bool renew) {
-    const absl::Time now = absl::Now();
-    if (!renew) {
-      MutexLock lock(&mu_);
-      auto it = grants_.find(segment);
-      if (it != grants_.end() && now < it->second.renew_at) return it->second.grant;
-    }
-    ASSIGN_OR_RETURN(v1::DataGrant g, master_->GrantData(segment));
-    if (g.grant().empty()) {
-      return absl::FailedPreconditionError(absl::StrCat("the master holds no data key for segment ", segment,
-                                                        " (its daemon restarted without --auth token?)"));
-    }
-    Entry e{{g.grant(), g.session_key()}, now + (auth::GrantExpiry(g.grant()) - now) / 2};
-    MutexLock lock(&mu_);
-    grants_[segment] = e;
-    return e.grant;
-  }
-
- private:
-  struct Entry {
-    transport::DataGrant grant;
-    absl::Time renew_at;
-  };
-  MasterClient* const master_;
-  Mutex mu_;
-  absl::flat_hash_map<std::string, Entry> grants_ ABSL_GUARDED_BY(mu_);
-};
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   std::unique_ptr<Client> c(new Client());
   if (options.client_id.empty()) options.client_id = RandomId().substr(0, 12);
@@ -244,8 +254,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   mo.reply_spin = options.reply_spin;
   ASSIGN_OR_RETURN(c->master_, MasterClient::Create(options.master, mo));
   transport::EngineOptions eo;
-  eo.grants = [cache = std::make_shared<GrantCache>(c->master_.get())](const std::string& segment, bool renew) {
-    return cache->Get(segment, renew);
+  c->grants_ = std::make_shared<internal::GrantCache>(c->master_.get());
+  eo.grants = [cache = c->grants_](const std::string& segment, bool renew) -> absl::StatusOr<transport::DataGrant> {
+    ASSIGN_OR_RETURN(transport::DataGrant g, cache->Get(segment, renew));
+    if (g.grant.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("the master holds no data key for segment ", segment,
+                                                        " (its daemon restarted without --auth token?)"));
+    }
+    return g;
   };
   if (options.metadata_client) {
     eo.metadata = options.metadata_client;
@@ -681,7 +697,8 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
     std::vector<absl::Status> staged;
     if (resp.ok()) {
       got = Impl::Locate(*resp, asked);
-      staged = StageSsdHits(*resp, asked_keys, timeout > absl::ZeroDuration() ? timeout : options_.transfer_timeout);
+      staged = StageSsdHits(*resp, asked_keys, timeout > absl::ZeroDuration() ? timeout : options_.transfer_timeout,
+                            grants_.get());
     }
     for (size_t k = 0; k < which.size(); ++k) {
       const size_t i = which[k];

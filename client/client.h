@@ -63,6 +63,7 @@
 namespace tierkv::client {
 
 namespace internal {
+class GrantCache;
 class ReplicaCache;
 class TrailerArena;
 }
@@ -193,6 +194,7 @@ class Client {
   std::unique_ptr<transport::TransferEngine> engine_;
   std::unique_ptr<internal::TrailerArena> trailers_;  // registered with engine_
   std::unique_ptr<internal::ReplicaCache> replicas_;
+  std::shared_ptr<internal::GrantCache> grants_;  // data grants, shared with engine_
   std::unique_ptr<class SegmentLender> lender_;
 };
 

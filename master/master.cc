@@ -20,8 +20,11 @@ constexpr char kMetadataOwnerPrefix[] = "mw/";  // metadata key -> the name of t
 // The evictor's offload orders, POSTed to the daemon's /tier/offload
 // (store/daemon.h). Every failure is a per-order status: the index then
 // evicts those objects, which is a miss later, never wrong bytes.
+// `data_key`: the daemon's, which signs the order (a daemon running
+// --auth token refuses an unsigned one); empty: unsigned.
 std::vector<absl::Status> OffloadOverHttp(const std::string& tier_http, const std::vector<TierOrder>& orders,
-                                          absl::Duration timeout) {
+                                          absl::Duration timeout, const std::string& data_key,
+                                          absl::Duration grant_ttl) {
   v1::TierMoveRequest req;
   for (const TierOrder& o : orders) {
     v1::TierMoveItem* item = req.add_items();
@@ -34,7 +37,16 @@ std::vector<absl::Status> OffloadOverHttp(const std::string& tier_http, const st
   cli.set_connection_timeout(std::chrono::microseconds(us));
   cli.set_read_timeout(std::chrono::microseconds(us));
   cli.set_write_timeout(std::chrono::microseconds(us));
-  httplib::Result res = cli.Post("/tier/offload", req.SerializeAsString(), "application/x-protobuf");
+  const std::string body = req.SerializeAsString();
+  httplib::Headers headers;
+  if (!data_key.empty()) {
+    const std::string grant = auth::NewGrant(absl::Now() + grant_ttl);
+    for (auto& [name, value] : auth::SignTierRequest(grant, auth::GrantSessionKey(data_key, grant), "/tier/offload",
+                                                     body, absl::Now())) {
+      headers.emplace(name, value);
+    }
+  }
+  httplib::Result res = cli.Post("/tier/offload", headers, body, "application/x-protobuf");
   v1::TierMoveResponse resp;
   absl::Status failed;
   if (!res) {
@@ -75,7 +87,12 @@ std::string EncodeSegment(const SegmentSpec& spec) {
 Master::Master(MasterOptions options, std::unique_ptr<IndexStore> store, Clock* clock)
     : options_(options), clock_(clock), store_(std::move(store)) {
   IndexOptions index_options = options_.index;
-  if (!index_options.offload) index_options.offload = OffloadOverHttp;
+  if (!index_options.offload) {
+    index_options.offload = [this](const std::string& tier_http, const std::vector<TierOrder>& orders,
+                                   absl::Duration timeout) {
+      return OffloadOverHttp(tier_http, orders, timeout, registry_.DataKeyOfTier(tier_http), options_.data_grant_ttl);
+    };
+  }
   if (!options_.kv_events.endpoint.empty()) {
     kv_events_ = std::make_unique<KvEventPublisher>(options_.kv_events, &metrics_);
     index_options.listener = kv_events_.get();

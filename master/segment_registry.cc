@@ -276,6 +276,14 @@ std::optional<std::string> SegmentRegistry::DataKeyOf(const std::string& name) c
   return seg.spec.data_key;
 }
 
+std::string SegmentRegistry::DataKeyOfTier(const std::string& tier_http) const {
+  MutexLock lock(&mu_);
+  for (const auto& [id, seg] : by_id_) {
+    if (!seg.dormant && seg.spec.tier_http == tier_http) return seg.spec.data_key;
+  }
+  return "";
+}
+
 absl::flat_hash_map<uint32_t, std::string> SegmentRegistry::LiveNames() const {
   MutexLock lock(&mu_);
   absl::flat_hash_map<uint32_t, std::string> out;

@@ -149,6 +149,9 @@ class SegmentRegistry {
   // The data key of a segment whose DRAM is served (live or recovering);
   // nullopt for an unknown or dormant one.
   std::optional<std::string> DataKeyOf(const std::string& name) const;
+  // The data key of the segment whose SSD tier answers at `tier_http`;
+  // empty when none does or it needs no grants.
+  std::string DataKeyOfTier(const std::string& tier_http) const;
   // id -> name of every LIVE segment: one lock for a whole batch of reads.
   absl::flat_hash_map<uint32_t, std::string> LiveNames() const;
   // Bytes an extent of `size` occupies after alignment.

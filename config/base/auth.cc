@@ -6,6 +6,7 @@
 #include <openssl/rand.h>
 #include <openssl/sha.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -14,6 +15,8 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -273,6 +276,61 @@ absl::Status CheckGrant(absl::string_view data_key, absl::string_view grant, abs
     return absl::UnauthenticatedError(
         "data grant refused: the proof does not match this segment's key (a grant for another segment, "
         "or one from another master)");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+std::string Hex(absl::string_view bytes) { return absl::BytesToHexString(bytes); }
+// False for anything but an even count of hex digits (the bytes come from the network).
+bool FromHex(absl::string_view hex, std::string* out) {
+  if (hex.size() % 2 != 0 || !std::all_of(hex.begin(), hex.end(), [](char c) { return absl::ascii_isxdigit(c); })) {
+    return false;
+  }
+  *out = absl::HexStringToBytes(hex);
+  return true;
+}
+std::string TierMessage(absl::string_view path, absl::string_view time, absl::string_view body) {
+  return absl::StrCat(path, "|", time, "|", body);
+}
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> SignTierRequest(absl::string_view grant,
+                                                                 absl::string_view session_key,
+                                                                 absl::string_view path, absl::string_view body,
+                                                                 absl::Time now) {
+  const std::string time = absl::StrCat(absl::ToUnixMillis(now));
+  return {{"X-Tierkv-Grant", Hex(grant)},
+          {"X-Tierkv-Time", time},
+          {"X-Tierkv-Proof", Hex(HmacSha256(session_key, TierMessage(path, time, body)))}};
+}
+
+absl::Status CheckTierRequest(absl::string_view data_key, const httplib::Request& req, absl::Time now) {
+  const std::string grant_hex = req.get_header_value("X-Tierkv-Grant");
+  const std::string time = req.get_header_value("X-Tierkv-Time");
+  const std::string proof_hex = req.get_header_value("X-Tierkv-Proof");
+  if (grant_hex.empty() || time.empty() || proof_hex.empty()) {
+    return absl::UnauthenticatedError(
+        "this daemon runs --auth token: a tier request needs X-Tierkv-Grant, X-Tierkv-Time and X-Tierkv-Proof");
+  }
+  std::string grant, proof;
+  int64_t ms = 0;
+  if (!FromHex(grant_hex, &grant) || !FromHex(proof_hex, &proof) ||
+      !absl::SimpleAtoi(time, &ms)) {
+    return absl::UnauthenticatedError("tier request: malformed grant headers");
+  }
+  if (absl::AbsDuration(now - absl::FromUnixMillis(ms)) > kTierRequestSkew) {
+    return absl::UnauthenticatedError(absl::StrCat("tier request signed at ", time, " ms is more than ",
+                                                   absl::FormatDuration(kTierRequestSkew), " from this daemon's clock"));
+  }
+  if (grant.size() != kGrantBytes || proof.size() != kProofBytes) {
+    return absl::UnauthenticatedError("tier request: malformed grant");
+  }
+  if (now >= GrantExpiry(grant)) {
+    return absl::UnauthenticatedError(absl::StrCat("tier request: grant expired at ", absl::FormatTime(GrantExpiry(grant))));
+  }
+  if (!SameSecret(proof, HmacSha256(GrantSessionKey(data_key, grant), TierMessage(req.path, time, req.body)))) {
+    return absl::UnauthenticatedError("tier request: the proof does not match this segment's key and the request");
   }
   return absl::OkStatus();
 }

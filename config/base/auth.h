@@ -31,6 +31,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -158,6 +160,24 @@ std::string GrantProof(absl::string_view session_key, absl::string_view nonce, u
 // expired by `now`; UNAUTHENTICATED saying which part failed otherwise.
 absl::Status CheckGrant(absl::string_view data_key, absl::string_view grant, absl::string_view proof,
                         absl::string_view nonce, uint32_t segment_index, uint64_t segment_id, absl::Time now);
+
+// A daemon's HTTP tier orders (/tier/offload from the master, /tier/stage
+// from clients) have no connection to challenge, so each request carries
+// its grant and a proof over itself, bound to a time:
+//   X-Tierkv-Grant: hex(grant)
+//   X-Tierkv-Time:  Unix ms when it was signed
+//   X-Tierkv-Proof: hex(HMAC-SHA256(session key, path | time | body))
+// A daemon refuses one signed more than kTierRequestSkew from its clock;
+// within that window a captured request can be replayed as it was (the
+// same records to the same extents), never changed.
+inline constexpr absl::Duration kTierRequestSkew = absl::Seconds(30);
+std::vector<std::pair<std::string, std::string>> SignTierRequest(absl::string_view grant,
+                                                                 absl::string_view session_key,
+                                                                 absl::string_view path, absl::string_view body,
+                                                                 absl::Time now);
+// OK for a request signed as above with a grant under `data_key`;
+// UNAUTHENTICATED saying what is missing or wrong otherwise.
+absl::Status CheckTierRequest(absl::string_view data_key, const httplib::Request& req, absl::Time now);
 
 // Makes `server` answer a request without an accepted token 401 and one
 // whose caller lacks the roles `required(request)` returns 403, each with

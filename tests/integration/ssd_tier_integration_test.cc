@@ -8,9 +8,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "config/base/auth.h"
+#include "httplib.h"
 #include "store/file_io.h"
 #include "store/ssd_tier.h"
 #include "tests/support/cluster.h"
@@ -55,10 +58,13 @@ class SsdDaemonTest : public ::testing::Test {
   }
 
   std::vector<std::string> DaemonArgs(const std::string& dir, uint64_t region, const std::string& segment_size) {
-    return {"--master=" + cluster_.master_address(), "--metadata=" + cluster_.metadata_url(),
-            "--segment-size=" + segment_size,
-            "--port=0", "--http-port=0", "--heartbeat-interval=200ms", "--name=ssd-daemon", "--ssd-dir=" + dir,
-            absl::StrCat("--ssd-size=", kSize), absl::StrCat("--ssd-region-size=", region)};
+    std::vector<std::string> args{"--master=" + cluster_.master_address(), "--metadata=" + cluster_.metadata_url(),
+                                  "--segment-size=" + segment_size,
+                                  "--port=0", "--http-port=0", "--heartbeat-interval=200ms", "--name=ssd-daemon",
+                                  "--ssd-dir=" + dir, absl::StrCat("--ssd-size=", kSize),
+                                  absl::StrCat("--ssd-region-size=", region)};
+    args.insert(args.end(), extra_daemon_args_.begin(), extra_daemon_args_.end());
+    return args;
   }
 
   absl::Status StartDaemon(const std::string& dir, const std::map<std::string, std::string>& env = {},
@@ -171,6 +177,7 @@ class SsdDaemonTest : public ::testing::Test {
   }
 
   TestCluster cluster_;
+  std::vector<std::string> extra_daemon_args_;
   int missed_ = 0;  // pages StartAndFill's lookup missed
   std::string dir_;
   std::unique_ptr<ChildProcess> daemon_;
@@ -358,6 +365,73 @@ TEST_F(SsdDaemonTest, PagesEvictedFromDramAreServedFromSsd) {
     ASSERT_EQ(*got, values[i]) << keys[i];
   }
   EXPECT_GT(Metric(Get("/metrics"), "tierkv_store_ssd_bytes_total{direction=\"read\"}"), 0);
+}
+
+// The same cluster with --auth token everywhere: the master signs its
+// offload orders and clients their stage orders with grants for the
+// daemon's segment, so every page still reads back from SSD; an order
+// that is unsigned, signed with another key, altered or stale is refused
+// 401 and moves nothing.
+class SsdDaemonAuthTest : public SsdDaemonTest {
+ protected:
+  void SetUp() override {
+    if (absl::Status u = store::UringAvailable(); !u.ok()) GTEST_SKIP() << u.message();
+    dir_ = testing::MakeTempDir("tierkv-ssd");
+    std::ofstream(dir_ + "/tokens") << "ssd-daemon-token-000000 ssd daemon\nssd-client-token-000000 reader client\n";
+    std::ofstream(dir_ + "/daemon.token") << "ssd-daemon-token-000000\n";
+    ASSERT_OK(cluster_.Start({.daemons = 0,
+                              .master_flags = {"--lease-ttl=200ms", "--revoke-grace=0s", "--check-interval=50ms",
+                                               "--auth=token", "--token-file=" + dir_ + "/tokens"},
+                              .token = "ssd-client-token-000000"}));
+    extra_daemon_args_ = {"--auth=token", "--token-file=" + dir_ + "/daemon.token"};
+  }
+  int Post(const std::string& path, const std::string& body, const httplib::Headers& headers) {
+    httplib::Client cli("127.0.0.1", daemon_->port("http"));
+    cli.set_read_timeout(std::chrono::seconds(5));
+    auto res = cli.Post(path, headers, body, "application/x-protobuf");
+    return res ? res->status : -1;
+  }
+};
+
+TEST_F(SsdDaemonAuthTest, SignedTierOrdersMovePagesAndOthersAreRefused) {
+  std::vector<std::string> keys, values;
+  ASSERT_NO_FATAL_FAILURE(StartAndFill(&keys, &values));
+  EXPECT_GT(Metric(Get("/metrics"), "tierkv_store_ssd_records"), 100);  // the master's signed offloads landed
+  for (size_t i = 0; i < keys.size(); ++i) {
+    absl::StatusOr<std::string> got = client_->Get(keys[i]);
+    if (absl::IsNotFound(got.status())) {
+      absl::SleepFor(absl::Milliseconds(300));  // staging extents still leased (see above)
+      got = client_->Get(keys[i]);
+    }
+    ASSERT_OK(got.status()) << keys[i];
+    ASSERT_EQ(*got, values[i]) << keys[i];
+  }
+  EXPECT_GT(Metric(Get("/metrics"), "tierkv_store_ssd_bytes_total{direction=\"read\"}"), 0);
+
+  v1::TierMoveRequest order;
+  v1::TierMoveItem* item = order.add_items();
+  item->set_key(keys[0]);
+  item->set_offset(0);
+  item->set_length(64 << 10);
+  const std::string body = order.SerializeAsString();
+  ASSERT_OK_AND_ASSIGN(v1::DataGrant g, client_->master().GrantData("ssd-daemon"));
+  ASSERT_FALSE(g.grant().empty());
+  auto signed_by = [&](const std::string& session_key, const std::string& signed_body, absl::Time at) {
+    httplib::Headers h;
+    for (auto& [name, value] : auth::SignTierRequest(g.grant(), session_key, "/tier/stage", signed_body, at)) {
+      h.emplace(name, value);
+    }
+    return h;
+  };
+  EXPECT_EQ(Post("/tier/stage", body, {}), 401);
+  EXPECT_EQ(Post("/tier/offload", body, {}), 401);
+  EXPECT_EQ(Post("/tier/stage", body, signed_by(std::string(32, 'x'), body, absl::Now())), 401);
+  EXPECT_EQ(Post("/tier/stage", body, signed_by(g.session_key(), "another body", absl::Now())), 401);
+  EXPECT_EQ(Post("/tier/stage", body, signed_by(g.session_key(), body, absl::Now() - absl::Minutes(5))), 401);
+  // A stage signed for /tier/stage does not pass as an offload.
+  EXPECT_EQ(Post("/tier/offload", body, signed_by(g.session_key(), body, absl::Now())), 401);
+  EXPECT_EQ(Post("/tier/stage", body, signed_by(g.session_key(), body, absl::Now())), 200);
+  EXPECT_TRUE(daemon_->Running());
 }
 
 }  // namespace
