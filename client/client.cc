@@ -28,14 +28,15 @@ class GrantCache {
  public:
   explicit GrantCache(MasterClient* master) : master_(master) {}
   // `renew`: the daemon refused the cached grant (it restarted with a new key).
-  absl::StatusOr<transport::DataGrant> Get(const std::string& segment, bool renew) {
+  absl::StatusOr<transport::DataGrant> Get(const std::string& segment, bool renew,
+                                           absl::Time deadline = absl::InfiniteFuture()) {
     const absl::Time now = absl::Now();
     if (!renew) {
       MutexLock lock(&mu_);
       auto it = grants_.find(segment);
       if (it != grants_.end() && now < it->second.renew_at) return it->second.grant;
     }
-    ASSIGN_OR_RETURN(v1::DataGrant g, master_->GrantData(segment));
+    ASSIGN_OR_RETURN(v1::DataGrant g, master_->GrantData(segment, deadline));
     // An empty grant is asked again a minute on: its daemon may restart with --auth token.
     const absl::Time renew_at =
         g.grant().empty() ? now + absl::Minutes(1) : now + (auth::GrantExpiry(g.grant()) - now) / 2;
@@ -122,7 +123,8 @@ std::vector<absl::Status> StageSsdHits(const v1::GetReplicasResponse& resp, cons
       const std::string body = b.req.SerializeAsString();
       // A daemon running --auth token wants the order signed with a grant for its segment.
       if (segment < static_cast<uint32_t>(resp.segments_size())) {
-        absl::StatusOr<transport::DataGrant> g = grants->Get(resp.segments(static_cast<int>(segment)), false);
+        absl::StatusOr<transport::DataGrant> g =
+            grants->Get(resp.segments(static_cast<int>(segment)), false, absl::Now() + timeout);
         if (g.ok() && !g->grant.empty()) {
           for (auto& [name, value] : auth::SignTierRequest(g->grant, g->session_key, "/tier/stage", body, absl::Now())) {
             headers.emplace(name, value);
@@ -255,8 +257,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   ASSIGN_OR_RETURN(c->master_, MasterClient::Create(options.master, mo));
   transport::EngineOptions eo;
   c->grants_ = std::make_shared<internal::GrantCache>(c->master_.get());
-  eo.grants = [cache = c->grants_](const std::string& segment, bool renew) -> absl::StatusOr<transport::DataGrant> {
-    ASSIGN_OR_RETURN(transport::DataGrant g, cache->Get(segment, renew));
+  eo.grants = [cache = c->grants_](const std::string& segment, bool renew,
+                                   absl::Time deadline) -> absl::StatusOr<transport::DataGrant> {
+    ASSIGN_OR_RETURN(transport::DataGrant g, cache->Get(segment, renew, deadline));
     if (g.grant.empty()) {
       return absl::FailedPreconditionError(absl::StrCat("the master holds no data key for segment ", segment,
                                                         " (its daemon restarted without --auth token?)"));

@@ -52,8 +52,8 @@ constexpr auto kGrpcOnly = static_cast<direct::DirectMethod>(0);
 
 template <class Req, class Resp, class Call>
 absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direct, const Req& req, Resp* resp,
-                                  bool idempotent, Call call) {
-  absl::Time deadline = absl::Now() + options_.rpc_timeout;
+                                  bool idempotent, Call call, absl::Time call_deadline) {
+  absl::Time deadline = std::min(call_deadline, absl::Now() + options_.rpc_timeout);
   absl::Duration backoff = absl::Milliseconds(50);
   const Req* send = &req;
   Req stripped;
@@ -272,11 +272,11 @@ absl::StatusOr<v1::StatsResponse> MasterClient::Stats() {
   return resp;
 }
 
-absl::StatusOr<v1::DataGrant> MasterClient::GrantData(const std::string& segment) {
+absl::StatusOr<v1::DataGrant> MasterClient::GrantData(const std::string& segment, absl::Time deadline) {
   v1::GrantDataRequest req;
   req.add_segments(segment);
   v1::GrantDataResponse resp;
-  RETURN_IF_ERROR(Invoke("GrantData", kGrpcOnly, req, &resp, true, TIERKV_CALL(GrantData)));
+  RETURN_IF_ERROR(Invoke("GrantData", kGrpcOnly, req, &resp, true, TIERKV_CALL(GrantData), deadline));
   if (resp.grants_size() != 1) return absl::InternalError("malformed GrantData reply");
   RETURN_IF_ERROR(FromItem(resp.grants(0).status()));
   return resp.grants(0);

@@ -71,7 +71,8 @@ class MasterClient {
   absl::StatusOr<v1::StatsResponse> Stats();
   // A data grant for `segment`, whose daemon runs --auth token (empty
   // grant: it needs none); NOT_FOUND for a segment not mounted.
-  absl::StatusOr<v1::DataGrant> GrantData(const std::string& segment);
+  absl::StatusOr<v1::DataGrant> GrantData(const std::string& segment,
+                                          absl::Time deadline = absl::InfiniteFuture());
 
   // Queues a counted read lease to give back (GetReplicasResponse.lease_tokens:
   // the key, its token and the lease_expiry_unix_ms it came with). It rides
@@ -101,8 +102,9 @@ class MasterClient {
                std::unique_ptr<v1::Master::Stub> stub);
   // `direct`: the method's direct id, or 0 for gRPC only.
   template <class Req, class Resp, class Call>
+  // `deadline`: the call's, when sooner than rpc_timeout from now.
   absl::Status Invoke(const char* method, direct::DirectMethod direct, const Req& req, Resp* resp,
-                      bool idempotent, Call call);
+                      bool idempotent, Call call, absl::Time deadline = absl::InfiniteFuture());
 
   std::string address_;
   MasterClientOptions options_;

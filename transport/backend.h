@@ -140,9 +140,9 @@ struct DataGrant {
   std::string session_key;  // HMAC-SHA256(the segment's data key, grant)
 };
 
-// Fetches a data grant for one segment; `renew`: the last one was
-// refused, so a cached grant will not do.
-using GrantFn = std::function<absl::StatusOr<DataGrant>(bool renew)>;
+// Fetches a data grant for one segment by `deadline` (the transfer's);
+// `renew`: the last one was refused, so a cached grant will not do.
+using GrantFn = std::function<absl::StatusOr<DataGrant>(bool renew, absl::Time deadline)>;
 
 struct PrepareContext {
   std::string local_host_id;

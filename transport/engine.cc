@@ -604,12 +604,12 @@ class Engine final : public TransferEngine, public ServedMemory {
       return ctx;
     }
     auto grants = options_.grants;
-    ctx.grant = [grants, segment](bool renew) -> absl::StatusOr<DataGrant> {
+    ctx.grant = [grants, segment](bool renew, absl::Time deadline) -> absl::StatusOr<DataGrant> {
       if (!grants) {
         return absl::UnauthenticatedError(absl::StrCat("segment ", segment,
                                                        " needs a data grant and this client has no master to ask"));
       }
-      return grants(segment, renew);
+      return grants(segment, renew, deadline);
     };
     ctx.handshake = [grant = ctx.grant, index = desc.segment_index, id = desc.segment_id](
                         const std::string& control, const std::string& transport, const std::string& request,

@@ -63,7 +63,8 @@ struct EngineOptions {
   // from the master (the client library asks it and caches the answer;
   // `renew`: the daemon refused the last one). Null: such segments cannot
   // be reached (UNAUTHENTICATED).
-  std::function<absl::StatusOr<DataGrant>(const std::string& segment, bool renew)> grants;
+  // A fetch must end by `deadline`, the transfer's.
+  std::function<absl::StatusOr<DataGrant>(const std::string& segment, bool renew, absl::Time deadline)> grants;
 };
 
 // A submitted batch: poll Done() or Wait(), then read statuses(). Thread-safe.

@@ -510,7 +510,7 @@ class DataGrantTest : public ::testing::Test {
     return g;
   }
   std::unique_ptr<TransferEngine> Client(std::vector<std::string> transports,
-                                         std::function<absl::StatusOr<DataGrant>(const std::string&, bool)> grants) {
+                                         std::function<absl::StatusOr<DataGrant>(const std::string&, bool, absl::Time)> grants) {
     EngineOptions o{.metadata = metadata_, .transports = std::move(transports)};
     o.grants = std::move(grants);
     return std::move(*TransferEngine::Create(o));
@@ -537,7 +537,7 @@ class DataGrantTest : public ::testing::Test {
 TEST_F(DataGrantTest, AGrantForTheSegmentMovesBytesOverTcpAndShm) {
   for (std::vector<std::string> transports : {std::vector<std::string>{"tcp"}, std::vector<std::string>{"shm", "tcp"}}) {
     int asked = 0;
-    auto client = Client(transports, [&](const std::string& segment, bool) {
+    auto client = Client(transports, [&](const std::string& segment, bool, absl::Time) {
       ++asked;
       return Grant(key_[segment]);
     });
@@ -560,17 +560,17 @@ TEST_F(DataGrantTest, NoGrantAGrantForAnotherSegmentOrAnExpiredOneIsRefusedAndTo
   // The session key of segment b replayed on segment a, renewed the same:
   // the daemon refuses both, and the transfer fails UNAVAILABLE (as while
   // a restarted daemon's key has not reached the master), saying why.
-  auto other = Client({"tcp"}, [&](const std::string&, bool) { return Grant(key_["b"]); });
+  auto other = Client({"tcp"}, [&](const std::string&, bool, absl::Time) { return Grant(key_["b"]); });
   st = other->Transfer({{Op::kWrite, out.data(), "a", 0, out.size()}}, absl::Seconds(5))[0];
   EXPECT_THAT(st, StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_NE(st.message().find("refused the master's data grant"), std::string::npos) << st;
   EXPECT_NE(st.message().find("does not match this segment's key"), std::string::npos) << st;
-  auto expired = Client({"shm", "tcp"}, [&](const std::string& s, bool) { return Grant(key_[s], -absl::Seconds(1)); });
+  auto expired = Client({"shm", "tcp"}, [&](const std::string& s, bool, absl::Time) { return Grant(key_[s], -absl::Seconds(1)); });
   st = expired->Transfer({{Op::kWrite, out.data(), "a", 0, out.size()}}, absl::Seconds(5))[0];
   EXPECT_THAT(st, StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_NE(st.message().find("expired"), std::string::npos) << st;
   // A grant that cannot be had keeps its status.
-  auto denied = Client({"tcp"}, [&](const std::string&, bool) -> absl::StatusOr<DataGrant> {
+  auto denied = Client({"tcp"}, [&](const std::string&, bool, absl::Time) -> absl::StatusOr<DataGrant> {
     return absl::PermissionDeniedError("no client role");
   });
   st = denied->Transfer({{Op::kWrite, out.data(), "a", 0, out.size()}}, absl::Seconds(5))[0];
@@ -581,14 +581,23 @@ TEST_F(DataGrantTest, NoGrantAGrantForAnotherSegmentOrAnExpiredOneIsRefusedAndTo
 
 TEST_F(DataGrantTest, ARefusedCachedGrantIsRenewedOnce) {
   // The first grant is for the segment's previous key (its daemon restarted).
+  // Each fetch is given the transfer's deadline, so a slow master cannot
+  // hold a transfer past it.
   std::vector<bool> renews;
-  auto client = Client({"tcp"}, [&](const std::string& s, bool renew) {
+  std::vector<absl::Time> deadlines;
+  auto client = Client({"tcp"}, [&](const std::string& s, bool renew, absl::Time deadline) {
     renews.push_back(renew);
+    deadlines.push_back(deadline);
     return Grant(renew ? key_[s] : std::string(auth::kDataKeyBytes, 'k'));
   });
   std::vector<char> out(4096, 'w');
-  ASSERT_OK(client->Transfer({{Op::kWrite, out.data(), "b", 0, out.size()}})[0]);
+  const absl::Time before = absl::Now();
+  ASSERT_OK(client->Transfer({{Op::kWrite, out.data(), "b", 0, out.size()}}, absl::Seconds(3))[0]);
   EXPECT_EQ(renews, (std::vector<bool>{false, true}));
+  for (absl::Time d : deadlines) {
+    EXPECT_GT(d, before);
+    EXPECT_LE(d, absl::Now() + absl::Seconds(3));
+  }
 }
 
 TEST_F(DataGrantTest, RawFramesNeedAChallengeAndAProofForTheNamedSegment) {

@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<Connection>> DialAdmitted(const std::string& endp
     ASSIGN_OR_RETURN(tcp::Fd fd, tcp::Dial(endpoint, deadline));
     auto conn = std::make_unique<Connection>(std::move(fd), endpoint, reply_spin);
     if (!grant) return conn;
-    ASSIGN_OR_RETURN(DataGrant g, grant(/*renew=*/attempt > 0));
+    ASSIGN_OR_RETURN(DataGrant g, grant(/*renew=*/attempt > 0, deadline));
     absl::Status st = conn->Authenticate(segment, segment_id, g, deadline);
     if (st.ok()) return conn;
     if (!absl::IsUnauthenticated(st)) return st;
