@@ -66,7 +66,6 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   }
   eo.backend.listen = config.listen;
   eo.data_grants = config.auth == "token";
-  d->data_grants_ = eo.data_grants;
   eo.backend.advertise = config.host;
   eo.backend.port = static_cast<int>(config.port);
   eo.backend.connections = static_cast<int>(config.connections);
@@ -303,10 +302,11 @@ void StoreDaemon::TierSize(Message* m) const {
 }
 
 void StoreDaemon::ServeTierMove(const httplib::Request& req, httplib::Response& res, bool offload) {
-  if (data_grants_) {
-    // Orders that copy between the tier and served memory need the same
-    // grant a transfer does (signed by the master for offloads).
-    absl::StatusOr<std::string> key = engine_->SegmentDataKey(lender_->name());
+  // With --auth token the segment has a data key: orders that copy between
+  // the tier and served memory need the same grant a transfer does (signed
+  // by the master for offloads).
+  absl::StatusOr<std::string> key = engine_->SegmentDataKey(lender_->name());
+  if (!key.ok() || !key->empty()) {
     absl::Status ok = key.ok() ? auth::CheckTierRequest(*key, req, absl::Now()) : key.status();
     if (!ok.ok()) {
       res.status = 401;

@@ -136,7 +136,6 @@ class StoreDaemon {
   std::unique_ptr<transport::TransferEngine> engine_;
   std::unique_ptr<client::SegmentLender> lender_;
   bool ssd_configured_ = false;
-  bool data_grants_ = false;  // --auth token: tier orders must be signed with a grant
   std::unique_ptr<SsdTier> ssd_;
   std::string ssd_failure_;  // why the tier could not be opened
   metrics::Registry metrics_;
