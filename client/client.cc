@@ -90,7 +90,9 @@ std::vector<absl::Status> StageSsdHits(const v1::GetReplicasResponse& resp, cons
       if (r >= resp.replica_segments_size() || r >= resp.replica_offsets_size()) continue;
       Batch& b = by_segment[resp.replica_segments(r)];
       v1::TierMoveItem* item = b.req.add_items();
-      item->set_key(keys[i]);
+      // The daemon knows the record by the master's key: in a tenant, the
+      // tenant's prefix and ours.
+      item->set_key(resp.stage_key_prefix().empty() ? keys[i] : absl::StrCat(resp.stage_key_prefix(), keys[i]));
       item->set_offset(resp.replica_offsets(r));
       item->set_length(resp.sizes(i));
       b.keys.push_back(static_cast<size_t>(i));

@@ -15,7 +15,12 @@ const FlagTable<CtlConfig>& CtlFlags() {
       "  tierkvctl [flags] put <key> <file>  store a file's bytes ('-' reads stdin)\n"
       "  tierkvctl [flags] get <key> <file>  fetch a value ('-' writes stdout)\n"
       "  tierkvctl [flags] rm <key>          remove (--force: even while leased)\n"
-      "  tierkvctl [flags] doctor            per segment: transport, probe latency, bandwidth",
+      "  tierkvctl [flags] doctor            per segment: transport, probe latency, bandwidth\n"
+      "  tierkvctl [flags] tenants           per tenant: quota, guaranteed bytes, use, puts refused\n"
+      "  tierkvctl [flags] tenants set <tenant> <quota> [<guaranteed>]\n"
+      "                                      set a tenant's quota (e.g. 64GiB; 0: none) and the bytes\n"
+      "                                      other tenants' puts never evict (role admin)\n"
+      "  tierkvctl [flags] tenants clear <tenant>  remove a tenant's limits (role admin)",
       {
           StringFlag<C>("master", &C::master, "127.0.0.1:50051", "the master's gRPC address"),
           StringFlag<C>("http", &C::http, "127.0.0.1:8080", "the master's HTTP address"),

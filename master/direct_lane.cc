@@ -300,7 +300,9 @@ void DirectLane::Serve(Conn* conn, std::string peer) {
   std::string buf;
   char header[direct::kHeaderSize];
   bool admitted = options_.auth == nullptr || !options_.auth->enabled();
-  while (transport::tcp::RecvAll(fd, header, sizeof header).ok() && Call(fd, peer, header, &buf, &admitted)) {
+  std::string tenant;
+  while (transport::tcp::RecvAll(fd, header, sizeof header).ok() &&
+         Call(fd, peer, header, &buf, &admitted, &tenant)) {
   }
   Close(conn);
   connections_->Decrement();
@@ -308,7 +310,8 @@ void DirectLane::Serve(Conn* conn, std::string peer) {
   --direct_;
 }
 
-bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::string* buf, bool* admitted) {
+bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::string* buf, bool* admitted,
+                      std::string* tenant) {
   absl::StatusOr<direct::CallHeader> h = direct::DecodeCall(header, options_.max_message);
   if (!h.ok()) {
     // The rest of the frame cannot be found: answer, then close.
@@ -336,6 +339,7 @@ bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::
       } else {
         absl::StatusOr<auth::Identity> id = options_.auth->Authorize(hello.token(), auth::kClient, "direct lane");
         refused = id.status();
+        if (id.ok()) *tenant = id->tenant;
       }
     }
     if (!refused.ok()) {
@@ -393,49 +397,50 @@ bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::
   };
   auto keys = [](const auto& r) { return r.keys_size(); };
   Master* m = master_;
+  const std::string& t = *tenant;
   switch (h->method) {
     case DirectMethod::kPutStart: {
       v1::PutStartRequest req;
       v1::PutStartResponse resp;
       run(&req, &resp, [](const auto& r) { return r.items_size(); }, [&](const auto& r, auto* out) {
-        rpc::PutStart(m, r, r.client_id().empty() ? peer : r.client_id(), out);
+        rpc::PutStart(m, r, r.client_id().empty() ? peer : r.client_id(), t, out);
       });
       break;
     }
     case DirectMethod::kPutEnd: {
       v1::KeysRequest req;
       v1::KeysResponse resp;
-      run(&req, &resp, keys, [m](const auto& r, auto* out) { rpc::PutEnd(m, r, out); });
+      run(&req, &resp, keys, [m, &t](const auto& r, auto* out) { rpc::PutEnd(m, r, t, out); });
       break;
     }
     case DirectMethod::kPutRevoke: {
       v1::KeysRequest req;
       v1::KeysResponse resp;
-      run(&req, &resp, keys, [m](const auto& r, auto* out) { rpc::PutRevoke(m, r, out); });
+      run(&req, &resp, keys, [m, &t](const auto& r, auto* out) { rpc::PutRevoke(m, r, t, out); });
       break;
     }
     case DirectMethod::kGetReplicas: {
       v1::KeysRequest req;
       v1::GetReplicasResponse resp;
-      run(&req, &resp, keys, [m](const auto& r, auto* out) { rpc::GetReplicas(m, r, out); });
+      run(&req, &resp, keys, [m, &t](const auto& r, auto* out) { rpc::GetReplicas(m, r, t, out); });
       break;
     }
     case DirectMethod::kExists: {
       v1::KeysRequest req;
       v1::ExistsResponse resp;
-      run(&req, &resp, keys, [m](const auto& r, auto* out) { rpc::Exists(m, r, out); });
+      run(&req, &resp, keys, [m, &t](const auto& r, auto* out) { rpc::Exists(m, r, t, out); });
       break;
     }
     case DirectMethod::kPrefixMatch: {
       v1::KeysRequest req;
       v1::PrefixMatchResponse resp;
-      run(&req, &resp, keys, [m](const auto& r, auto* out) { rpc::PrefixMatch(m, r, out); });
+      run(&req, &resp, keys, [m, &t](const auto& r, auto* out) { rpc::PrefixMatch(m, r, t, out); });
       break;
     }
     case DirectMethod::kRemove: {
       v1::RemoveRequest req;
       v1::KeysResponse resp;
-      run(&req, &resp, keys, [m](const auto& r, auto* out) { rpc::Remove(m, r, out); });
+      run(&req, &resp, keys, [m, &t](const auto& r, auto* out) { rpc::Remove(m, r, t, out); });
       break;
     }
     case DirectMethod::kStats: {

@@ -106,8 +106,10 @@ class DirectLane {
   // Closes conn->fd under mu_ (so Stop never shuts a reused number).
   void Close(Conn* conn);
   // Runs one call; false when the connection must close after the reply.
-  // `admitted` is the connection's: set by a ping whose token passed.
-  bool Call(int fd, const std::string& peer, const char* header, std::string* buf, bool* admitted);
+  // `admitted` is the connection's: set by a ping whose token passed,
+  // which also sets the connection's `tenant` (master/tenants.h).
+  bool Call(int fd, const std::string& peer, const char* header, std::string* buf, bool* admitted,
+            std::string* tenant);
 
   Master* const master_;
   const Options options_;

@@ -79,7 +79,9 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves) {
           }
           if (o.access > runner_up) break;
           bool filling = o.group != nullptr && !o.group->visible.load() && !o.group->dead;
-          if (Leased(o, now) || filling) {
+          // A tenant within its guaranteed bytes keeps them whoever's put
+          // needs room.
+          if (Leased(o, now) || filling || tenants_.Protected(TenantOf(o.key), DramCharge(o))) {
             // In use (or its group is still being written): skip it by
             // making it most recent; it was just read anyway.
             Unlist(s, slot);
@@ -99,8 +101,10 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves) {
             for (const Replica& r : o.replicas) {
               if (!r.ssd) HoldStagedCopy(r, o, now);
             }
+            const uint64_t charged = DramCharge(o);
             o.replicas.erase(std::remove_if(o.replicas.begin(), o.replicas.end(), [](const Replica& r) { return !r.ssd; }),
                              o.replicas.end());
+            tenants_.Release(TenantOf(o.key), charged);
             Unlist(s, slot);
             evicted_bytes_.fetch_add(o.size);
             evictions_.fetch_add(1);
@@ -153,6 +157,80 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves) {
   return freed;
 }
 
+absl::Status ObjectIndex::Impl::ChargeQuota(absl::string_view tenant, uint64_t bytes) {
+  absl::Status st = tenants_.TryCharge(tenant, bytes);
+  if (st.ok()) return st;
+  // Over its quota: the tenant's own least valuable objects make room,
+  // unless the put alone is larger than the quota.
+  const TenantLimits limits = tenants_.Limits(tenant);
+  if (bytes <= limits.quota_bytes) {
+    if (const uint64_t excess = tenants_.Excess(tenant, bytes); excess > 0) {
+      tenants_.NoteEvictedForQuota(tenant, EvictTenant(tenant, excess));
+    }
+    st = tenants_.TryCharge(tenant, bytes);
+  }
+  if (!st.ok()) tenants_.NoteRejected(tenant);
+  return st;
+}
+
+uint64_t ObjectIndex::Impl::EvictTenant(absl::string_view tenant, uint64_t bytes) {
+  // Most candidates looked at per list and shard in one round: the walk
+  // holds the shard lock, and a tenant with nothing near the lists' old
+  // ends gets the put refused rather than stall the shard.
+  constexpr size_t kScan = 1 << 16;
+  uint64_t freed = 0;
+  // A round frees leaves; parents they freed are candidates the next.
+  for (int round = 0; round < 16 && freed < bytes; ++round) {
+    struct Candidate {
+      bool pinned;
+      uint32_t access;
+      size_t shard;
+      uint32_t slot;
+      uint32_t gen;
+    };
+    std::vector<Candidate> found;
+    const int64_t now = NowMs();
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      Shard& s = *shards_[i];
+      MutexLock lock(&s.mu);
+      for (ListId list : {ListId::kLeaf, ListId::kPinnedLeaf}) {
+        size_t seen = 0;
+        for (uint32_t slot = s.lists[static_cast<int>(list)].tail; slot != kNil && seen < kScan;
+             slot = s.objects[slot].prev, ++seen) {
+          const Object& o = s.objects[slot];
+          if (TenantOf(o.key) != tenant || Leased(o, now) || DramCharge(o) == 0) continue;
+          if (o.group != nullptr && !o.group->visible.load() && !o.group->dead) continue;
+          found.push_back({list == ListId::kPinnedLeaf, o.access, i, slot, o.gen});
+        }
+      }
+    }
+    if (found.empty()) break;
+    std::sort(found.begin(), found.end(), [](const Candidate& a, const Candidate& b) {
+      return a.pinned != b.pinned ? b.pinned : a.access < b.access;
+    });
+    FollowUp follow;
+    for (const Candidate& c : found) {
+      if (freed >= bytes) break;
+      Shard& s = *shards_[c.shard];
+      MutexLock lock(&s.mu);
+      Object& o = s.objects[c.slot];
+      if (o.gen != c.gen || o.state != ObjState::kComplete || o.list == ListId::kNone || o.moving ||
+          Leased(o, NowMs())) {
+        continue;  // read, removed or moved since the walk
+      }
+      const uint64_t charge = DramCharge(o);
+      std::vector<Mutation> mutations;
+      evicted_bytes_.fetch_add(o.size);
+      evictions_.fetch_add(1);
+      Erase(s, c.slot, &mutations, &follow);
+      Persist(&mutations, &follow);
+      freed += charge;
+    }
+    RunFollowUps(std::move(follow));
+  }
+  return freed;
+}
+
 void ObjectIndex::Impl::FinishMoves(std::vector<Move> moves) {
   // One order per daemon, sent with no lock held.
   absl::flat_hash_map<std::string, std::vector<size_t>> by_tier;
@@ -188,6 +266,7 @@ void ObjectIndex::Impl::FinishMoves(std::vector<Move> moves) {
       continue;
     }
     const Replica dram = o.replicas[0];
+    tenants_.Release(TenantOf(o.key), DramCharge(o));
     o.replicas[0] = Replica{dram.segment_id, true, false, 0};
     if (Leased(o, now)) {
       // A reader given the extent while the order was out reads it still.
@@ -355,7 +434,8 @@ uint64_t ObjectIndex::Impl::DropSegments(const std::vector<uint32_t>& ids,
     for (uint32_t slot = 0; slot < s.objects.size(); ++slot) {
       Object& o = s.objects[slot];
       if (o.state == ObjState::kFree) continue;
-      size_t before = o.replicas.size();
+      const size_t before = o.replicas.size();
+      const uint64_t charged = DramCharge(o);
       o.replicas.erase(std::remove_if(o.replicas.begin(), o.replicas.end(),
                                       [&](Replica& r) {
                                         if (!gone.contains(r.segment_id)) return false;
@@ -367,6 +447,7 @@ uint64_t ObjectIndex::Impl::DropSegments(const std::vector<uint32_t>& ids,
                        o.replicas.end());
       // A record names segments, not ids: a moved replica needs no write.
       if (o.replicas.size() == before) continue;
+      tenants_.Release(TenantOf(o.key), charged - DramCharge(o));
       if (o.replicas.empty()) {
         Erase(s, slot, &mutations, &follow);
         ++dropped;
@@ -490,7 +571,7 @@ absl::StatusOr<uint64_t> ObjectIndex::Impl::Recover() {
   absl::Status scan = store_->Scan("o/", [&](absl::string_view k, absl::string_view v) {
     std::string key(k.substr(2));
     v1::ObjectRecord rec;
-    if (!ValidateKey(key, options_.max_key_bytes).ok() ||
+    if (!ValidateIndexKey(key, options_.max_key_bytes).ok() ||
         !rec.ParseFromArray(v.data(), static_cast<int>(v.size())) || rec.size() == 0) {
       TKV_LOG(WARNING) << "dropping an unreadable object record (" << k.size() << " byte key)";
       stale.push_back({std::string(k), "", true});
@@ -519,6 +600,7 @@ absl::StatusOr<uint64_t> ObjectIndex::Impl::Recover() {
     o.size = rec.size();
     o.replicas = replicas;
     o.state = ObjState::kComplete;
+    tenants_.Charge(TenantOf(key), DramCharge(o));
     o.soft_pin = rec.soft_pin();
     o.hard_pin = rec.hard_pin();
     o.access = AccessTick();
@@ -588,6 +670,7 @@ absl::Status ObjectIndex::Impl::CheckInvariants() {
   absl::flat_hash_map<uint32_t, uint64_t> lease_ticks;
   const int64_t now_ms = NowMs();
   uint64_t complete = 0, pending = 0;
+  absl::flat_hash_map<std::string, uint64_t> charged;
   for (size_t si = 0; si < shards_.size(); ++si) {
     Shard& s = *shards_[si];
     size_t live = 0;
@@ -596,6 +679,7 @@ absl::Status ObjectIndex::Impl::CheckInvariants() {
       if (o.state == ObjState::kFree) continue;
       ++live;
       (o.state == ObjState::kComplete ? complete : pending)++;
+      if (const uint64_t c = DramCharge(o); c != 0) charged[TenantOf(o.key)] += c;
       if (o.state == ObjState::kComplete && o.deadline_ms > 0 && leases_.Counted(o.deadline_ms, now_ms)) {
         ++lease_ticks[leases_.TickOf(o.deadline_ms)];
       }
@@ -657,6 +741,18 @@ absl::Status ObjectIndex::Impl::CheckInvariants() {
   }
   if (complete != objects_.load() || pending != pending_.load()) {
     return absl::InternalError("object counters disagree with the index");
+  }
+  for (const TenantUsage& t : tenants_.Snapshot()) {
+    const uint64_t want = charged.contains(t.tenant) ? charged[t.tenant] : 0;
+    if (t.used_bytes != want) {
+      return absl::InternalError(absl::StrCat("tenant ", TenantName(t.tenant), ": charged ", t.used_bytes,
+                                              " bytes, its objects hold ", want));
+    }
+    charged.erase(t.tenant);
+  }
+  for (const auto& [tenant, bytes] : charged) {
+    return absl::InternalError(absl::StrCat("tenant ", TenantName(tenant), ": its objects hold ", bytes,
+                                            " bytes, none charged"));
   }
   if (lease_ticks != leases_.Buckets(now_ms)) {
     return absl::InternalError("the lease count disagrees with the leased objects");

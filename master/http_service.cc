@@ -1,5 +1,6 @@
 #include "master/http_service.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
@@ -53,6 +54,35 @@ json SegmentJson(const SegmentSnapshot& s) {
           {"last_heartbeat_unix_ms", absl::ToUnixMillis(s.last_heartbeat)}};
 }
 
+json TenantJson(const TenantUsage& t) {
+  return {{"tenant", TenantName(t.tenant)},
+          {"quota_bytes", t.limits.quota_bytes},
+          {"guaranteed_bytes", t.limits.guaranteed_bytes},
+          {"used_bytes", t.used_bytes},
+          {"puts_rejected", t.puts_rejected},
+          {"quota_evicted_bytes", t.evicted_for_quota}};
+}
+
+// The caller of an admitted request (the pre-routing check has passed):
+// with auth off, an anonymous admin in the default tenant.
+auth::Identity CallerOf(const httplib::Request& req, const HttpLimits& limits) {
+  if (limits.auth == nullptr || !limits.auth->enabled()) return {"anonymous", auth::kAnyRole, ""};
+  absl::StatusOr<auth::Identity> id =
+      limits.auth->Authorize(auth::BearerToken(req.get_header_value("Authorization")), auth::kAnyRole, req.path);
+  return id.ok() ? *id : auth::Identity{};
+}
+
+// The tenants a caller may see: all for an admin or a caller outside any
+// tenant, else its own.
+json TenantsJson(Master* master, const auth::Identity& caller) {
+  const bool all = (caller.roles & auth::kAdmin) != 0 || caller.tenant.empty();
+  json out = json::array();
+  for (const TenantUsage& t : master->Tenants()) {
+    if (all || t.tenant == caller.tenant) out.push_back(TenantJson(t));
+  }
+  return out;
+}
+
 // The metadata key from ?key=; false (with a 400 sent) when it is missing
 // or breaks the key rules.
 bool MetadataKey(const httplib::Request& req, httplib::Response& res, const HttpLimits& limits,
@@ -79,6 +109,8 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
       if (req.path == "/metrics") return limits.open_metrics ? 0 : auth::kAnyRole;
       // Only a daemon publishes or withdraws a segment's descriptor.
       if (req.path == "/metadata" && req.method != "GET" && req.method != "HEAD") return auth::kDaemon;
+      // Tenant limits are set by an admin.
+      if (absl::StartsWith(req.path, "/v1/tenants/") && req.method != "GET" && req.method != "HEAD") return auth::kAdmin;
       return auth::kClient | auth::kDaemon;
     });
   }
@@ -135,7 +167,8 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
     if (absl::Status s = ValidateKey(key, limits.max_key_bytes); !s.ok()) {
       return SendError(res, 400, s.message());
     }
-    absl::StatusOr<ObjectInfo> info = master->index().Describe(key);
+    // Looked up in the caller's tenant, like its RPCs.
+    absl::StatusOr<ObjectInfo> info = master->index().Describe(TenantKey(CallerOf(req, limits).tenant, key));
     if (!info.ok()) return SendError(res, 404, absl::StrCat("no object ", key));
     json lease = nullptr;
     if (info->lease_expiry != absl::Time()) lease = absl::ToUnixMillis(info->lease_expiry);
@@ -151,7 +184,42 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
               {"group", info->group},
               {"cached_children", info->children}});
   });
-  server->Get("/v1/stats", [=](const httplib::Request&, httplib::Response& res) {
+  server->Get("/v1/tenants", [=](const httplib::Request& req, httplib::Response& res) {
+    SendJson(res, 200, TenantsJson(master, CallerOf(req, limits)));
+  });
+  server->Get(R"(/v1/tenants/([^/]+))", [=](const httplib::Request& req, httplib::Response& res) {
+    const std::string name = req.matches[1];
+    for (const json& t : TenantsJson(master, CallerOf(req, limits))) {
+      if (t["tenant"] == name) return SendJson(res, 200, t);
+    }
+    SendError(res, 404, absl::StrCat("no tenant ", name, " with limits or use (or not yours to see)"));
+  });
+  // Body: {"quota_bytes": N, "guaranteed_bytes": M}; either may be left out (0).
+  server->Put(R"(/v1/tenants/([^/]+))", [=](const httplib::Request& req, httplib::Response& res) {
+    const std::string name = req.matches[1];
+    json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    TenantLimits set;
+    auto field = [&](const char* f, uint64_t* out) {
+      if (!body.contains(f)) return true;
+      if (!body[f].is_number_unsigned()) return false;
+      *out = body[f].get<uint64_t>();
+      return true;
+    };
+    if (!body.is_object() || !field("quota_bytes", &set.quota_bytes) ||
+        !field("guaranteed_bytes", &set.guaranteed_bytes)) {
+      return SendError(res, 400, "body must be {\"quota_bytes\": <bytes>, \"guaranteed_bytes\": <bytes>}");
+    }
+    if (absl::Status s = master->SetTenantLimits(name, set); !s.ok()) {
+      return SendError(res, HttpStatusFor(s), s.message());
+    }
+    SendJson(res, 200, {{"tenant", name}, {"quota_bytes", set.quota_bytes}, {"guaranteed_bytes", set.guaranteed_bytes}});
+  });
+  server->Delete(R"(/v1/tenants/([^/]+))", [=](const httplib::Request& req, httplib::Response& res) {
+    const std::string name = req.matches[1];
+    if (absl::Status s = master->SetTenantLimits(name, {}); !s.ok()) return SendError(res, HttpStatusFor(s), s.message());
+    SendJson(res, 200, {{"tenant", name}, {"quota_bytes", 0}, {"guaranteed_bytes", 0}});
+  });
+  server->Get("/v1/stats", [=](const httplib::Request& req, httplib::Response& res) {
     IndexStats st = master->index().Stats();
     // What clients asked and found, per call, cumulative and windowed, and
     // what was possible (docs: README "stats").
@@ -208,6 +276,7 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
               {"capacity_bytes", capacity},
               {"segments", master->registry().Snapshot().size()},
               {"clients", master->clients_seen()},
+              {"tenants", TenantsJson(master, CallerOf(req, limits))},
               {"queries", std::move(queries)}});
   });
   server->Get("/metrics", [=](const httplib::Request&, httplib::Response& res) {

@@ -3,7 +3,9 @@
 #include <set>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "config/base/auth.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
@@ -16,6 +18,7 @@ namespace {
 constexpr char kSegmentPrefix[] = "s/";
 constexpr char kMetadataPrefix[] = "m/";
 constexpr char kMetadataOwnerPrefix[] = "mw/";  // metadata key -> the name of the caller that wrote it
+constexpr char kTenantPrefix[] = "t/";           // tenant -> "<quota bytes> <guaranteed bytes>"
 
 // The evictor's offload orders, POSTed to the daemon's /tier/offload
 // (store/daemon.h). Every failure is a per-order status: the index then
@@ -133,6 +136,18 @@ absl::Status Master::Recover() {
     spec.data_key = s.data_key();
     registry_.Recover(spec, clock_->Now());
     ++segments;
+    return true;
+  }));
+  RETURN_IF_ERROR(store_->Scan(kTenantPrefix, [&](absl::string_view k, absl::string_view v) {
+    std::vector<absl::string_view> words = absl::StrSplit(v, ' ');
+    TenantLimits limits;
+    if (words.size() != 2 || !absl::SimpleAtoi(words[0], &limits.quota_bytes) ||
+        !absl::SimpleAtoi(words[1], &limits.guaranteed_bytes)) {
+      TKV_LOG(WARNING) << "dropping an unreadable tenant record";
+      stale.push_back({std::string(k), "", true});
+      return true;
+    }
+    index_->tenants().SetLimits(k.substr(sizeof(kTenantPrefix) - 1), limits);
     return true;
   }));
   RETURN_IF_ERROR(store_->Write(stale));
@@ -385,6 +400,22 @@ absl::Status Master::DeleteMetadata(const std::string& key, const std::string& w
   return store_->Write({{k, "", true}, {owner_key, "", true}});
 }
 
+absl::Status Master::SetTenantLimits(const std::string& name, TenantLimits limits) {
+  const std::string tenant = name == kDefaultTenantName ? std::string() : name;
+  if (!tenant.empty()) RETURN_IF_ERROR(auth::ValidateTenant(tenant));
+  if (limits.quota_bytes != 0 && limits.guaranteed_bytes > limits.quota_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("tenant ", name, ": guaranteed bytes (", limits.guaranteed_bytes,
+                                                   ") exceed the quota (", limits.quota_bytes, ")"));
+  }
+  const std::string key = absl::StrCat(kTenantPrefix, tenant);
+  const bool clear = limits.quota_bytes == 0 && limits.guaranteed_bytes == 0;
+  RETURN_IF_ERROR(store_->Write({{key, clear ? "" : absl::StrCat(limits.quota_bytes, " ", limits.guaranteed_bytes), clear}}));
+  index_->tenants().SetLimits(tenant, limits);
+  TKV_LOG(INFO) << "tenant " << TenantName(tenant) << ": quota " << limits.quota_bytes << " bytes, guaranteed "
+                << limits.guaranteed_bytes << " bytes";
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DataGrantOut> Master::GrantData(const std::string& segment) {
   std::optional<std::string> key = registry_.DataKeyOf(segment);
   if (!key) return absl::NotFoundError(absl::StrCat("segment ", segment, " is not mounted"));
@@ -430,6 +461,24 @@ void Master::RegisterMetrics() {
   auto& ssd_used = metrics::BuildGauge().Name("tierkv_segment_ssd_used_bytes").Help("Bytes on the SSD tier of each segment's daemon, as its heartbeat reports").Register(metrics_);
   auto& ssd_capacity = metrics::BuildGauge().Name("tierkv_segment_ssd_capacity_bytes").Help("SSD tier capacity of each segment's daemon (0: none or down)").Register(metrics_);
   auto& tier_moves = metrics::BuildCounter().Name("tierkv_master_ssd_moves_total").Help("Objects moved by the SSD tier, by kind (offloaded, offload_failed, staged; stage_no_room: reads of SSD replicas that missed for want of DRAM to stage them)").Register(metrics_);
+  auto& tenant_used = metrics::BuildGauge().Name("tierkv_tenant_used_bytes").Help("DRAM bytes each tenant's objects hold (size x DRAM replicas)").Register(metrics_);
+  auto& tenant_quota = metrics::BuildGauge().Name("tierkv_tenant_quota_bytes").Help("Each tenant's quota (0: none)").Register(metrics_);
+  auto& tenant_guaranteed = metrics::BuildGauge().Name("tierkv_tenant_guaranteed_bytes").Help("Bytes of each tenant that other tenants' puts never evict").Register(metrics_);
+  auto& tenant_rejected = metrics::BuildCounter().Name("tierkv_tenant_puts_rejected_total").Help("Puts refused RESOURCE_EXHAUSTED for the tenant's quota").Register(metrics_);
+  auto& tenant_evicted = metrics::BuildCounter().Name("tierkv_tenant_quota_evicted_bytes_total").Help("Bytes of a tenant's own objects evicted to fit its puts under its quota").Register(metrics_);
+  metrics_.AddCollectHook([this, &tenant_used, &tenant_quota, &tenant_guaranteed, &tenant_rejected, &tenant_evicted] {
+    auto catch_up = [](metrics::Counter& c, uint64_t v) {
+      if (static_cast<double>(v) > c.Value()) c.Increment(static_cast<double>(v) - c.Value());
+    };
+    for (const TenantUsage& t : Tenants()) {
+      const metrics::Labels l{{"tenant", std::string(TenantName(t.tenant))}};
+      tenant_used.Add(l).Set(static_cast<double>(t.used_bytes));
+      tenant_quota.Add(l).Set(static_cast<double>(t.limits.quota_bytes));
+      tenant_guaranteed.Add(l).Set(static_cast<double>(t.limits.guaranteed_bytes));
+      catch_up(tenant_rejected.Add(l), t.puts_rejected);
+      catch_up(tenant_evicted.Add(l), t.evicted_for_quota);
+    }
+  });
   metrics_.AddCollectHook([this, &objects, &evictions, &evicted_bytes, &evictor_passes, &leases, &pinned, &groups,
                            &memory, &used, &capacity, &clients, &ssd_used, &ssd_capacity, &tier_moves, &released] {
     IndexStats st = index_->Stats();

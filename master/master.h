@@ -140,6 +140,15 @@ class Master {
   // dormant).
   absl::StatusOr<DataGrantOut> GrantData(const std::string& segment);
 
+  // A tenant's quota and guaranteed bytes (master/tenants.h; zeros clear
+  // them), persisted and applied at once. `tenant` is a tenant's name or
+  // kDefaultTenantName. INVALID_ARGUMENT for a bad name or a guarantee
+  // above the quota; a quota below the tenant's use evicts nothing now,
+  // its next puts make room.
+  absl::Status SetTenantLimits(const std::string& tenant, TenantLimits limits);
+  // Every tenant with limits or use.
+  std::vector<TenantUsage> Tenants() const { return index_->tenants().Snapshot(); }
+
   // Makes everything written so far durable.
   absl::Status Flush();
 

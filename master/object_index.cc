@@ -3,6 +3,7 @@
 #include "master/object_index.h"
 
 #include "absl/strings/str_cat.h"
+#include "config/base/auth.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
 #include "master/internal/index_impl.h"
@@ -20,6 +21,14 @@ absl::Status ValidateKey(absl::string_view key, size_t max_len) {
     return absl::InvalidArgumentError("key contains a NUL byte");
   }
   return absl::OkStatus();
+}
+
+absl::Status ValidateIndexKey(absl::string_view key, size_t max_len) {
+  const absl::string_view tenant = TenantOf(key);
+  if (!tenant.empty() || (!key.empty() && key[0] == kTenantSeparator)) {
+    if (absl::Status st = auth::ValidateTenant(tenant); !st.ok()) return st;
+  }
+  return ValidateKey(UserKey(key), max_len);
 }
 
 absl::StatusOr<EvictionPolicy> ParseEvictionPolicy(absl::string_view name) {
@@ -296,6 +305,7 @@ void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mu
                               FollowUp* follow, bool never_written) {
   Object& o = s.objects[slot];
   Unlist(s, slot);
+  tenants_.Release(TenantOf(o.key), DramCharge(o));
   const int64_t now = NowMs();
   if (o.moving) {
     // An offload order is out: its daemon may be copying these bytes.
@@ -457,7 +467,7 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
     const PutItem& item = items[i];
     PutStartOut& res = out[i];
     if (!res.status.ok()) continue;
-    if (absl::Status st = ValidateKey(item.key, options_.max_key_bytes); !st.ok()) {
+    if (absl::Status st = ValidateIndexKey(item.key, options_.max_key_bytes); !st.ok()) {
       res.status = st;
       continue;
     }
@@ -477,6 +487,12 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
       continue;
     }
     Group* group = item.group.empty() ? nullptr : groups.at(item.group);
+    const absl::string_view tenant = TenantOf(item.key);
+    const uint64_t charge = item.size * static_cast<uint64_t>(replicas);
+    if (absl::Status st = ChargeQuota(tenant, charge); !st.ok()) {
+      res.status = absl::Status(st.code(), absl::StrCat(UserKey(item.key), ": ", st.message()));
+      continue;
+    }
     Shard& s = *shards_[ShardOf(item.key)];
     for (int attempt = 0;; ++attempt) {
       MutexLock lock(&s.mu);
@@ -527,6 +543,11 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
       o.key = item.key;
       o.size = item.size;
       o.replicas.assign(placed->begin(), placed->end());
+      // The put was charged for the replicas it asked; the object owes
+      // what it holds (Erase releases that).
+      if (const uint64_t held = DramCharge(o); held != charge) {
+        held > charge ? tenants_.Charge(tenant, held - charge) : tenants_.Release(tenant, charge - held);
+      }
       o.deadline_ms = NowMs() + absl::ToInt64Milliseconds(options_.put_timeout);
       o.state = ObjState::kPending;
       o.soft_pin = item.soft_pin;
@@ -546,6 +567,7 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
       res.replicas = VisibleExtents(o, names);
       break;
     }
+    if (!res.status.ok()) tenants_.Release(tenant, charge);
   }
 
   // A group with a failed member cannot complete: revoke the rest.
@@ -892,7 +914,7 @@ std::vector<absl::Status> ObjectIndex::Impl::Remove(const std::vector<std::strin
   return out;
 }
 
-uint64_t ObjectIndex::Impl::RemoveAll(bool force) {
+uint64_t ObjectIndex::Impl::RemoveAll(bool force, const std::string* tenant) {
   uint64_t removed = 0;
   int64_t now = NowMs();
   FollowUp follow;
@@ -903,6 +925,7 @@ uint64_t ObjectIndex::Impl::RemoveAll(bool force) {
     for (uint32_t slot = 0; slot < s.objects.size(); ++slot) {
       Object& o = s.objects[slot];
       if (o.state != ObjState::kComplete || (!force && Leased(o, now))) continue;
+      if (tenant != nullptr && TenantOf(o.key) != *tenant) continue;
       Erase(s, slot, &mutations, &follow);
       ++removed;
     }
@@ -991,7 +1014,8 @@ size_t ObjectIndex::PrefixMatch(const std::vector<std::string>& keys, std::vecto
 std::vector<absl::Status> ObjectIndex::Remove(const std::vector<std::string>& keys, bool force) {
   return impl_->Remove(keys, force);
 }
-uint64_t ObjectIndex::RemoveAll(bool force) { return impl_->RemoveAll(force); }
+uint64_t ObjectIndex::RemoveAll(bool force, const std::string* tenant) { return impl_->RemoveAll(force, tenant); }
+TenantTable& ObjectIndex::tenants() { return impl_->tenants(); }
 uint64_t ObjectIndex::EvictTo(uint64_t target_used) { return impl_->EvictTo(target_used); }
 void ObjectIndex::MaybeEvict() { impl_->MaybeEvict(); }
 void ObjectIndex::RunEvictor() { impl_->RunEvictor(); }

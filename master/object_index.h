@@ -33,6 +33,7 @@
 #include "config/base/clock.h"
 #include "master/persistence.h"
 #include "master/segment_registry.h"
+#include "master/tenants.h"
 
 namespace tierkv::master {
 
@@ -283,8 +284,9 @@ class ObjectIndex {
   // NOT_FOUND when absent; FAILED_PRECONDITION when leased (or pending)
   // and !force. Removing a group member removes its group.
   std::vector<absl::Status> Remove(const std::vector<std::string>& keys, bool force);
-  // Removes every complete object (unleased ones unless force); the count.
-  uint64_t RemoveAll(bool force);
+  // Removes every complete object (unleased ones unless force), or only
+  // `tenant`'s when one is given; the count.
+  uint64_t RemoveAll(bool force, const std::string* tenant = nullptr);
 
   // Evicts candidates until used bytes are at most `target_used` or none
   // is left; returns bytes freed.
@@ -334,6 +336,9 @@ class ObjectIndex {
   absl::StatusOr<ObjectInfo> Describe(const std::string& key);
 
   IndexStats Stats() const;
+  // Per-tenant use and quotas (master/tenants.h); keys are index keys, so
+  // the tenant of each is TenantOf(key).
+  TenantTable& tenants();
   // PENDING objects put by `client` (PutStart without PutEnd, revoke or timeout).
   uint64_t PendingOf(const std::string& client);
 
@@ -348,5 +353,8 @@ class ObjectIndex {
 
 // The key rules: non-empty, at most `max_len` bytes, no NUL bytes.
 absl::Status ValidateKey(absl::string_view key, size_t max_len = 4096);
+// An index key: a key as above, in the default tenant or prefixed by a
+// valid tenant name and kTenantSeparator (TenantKey).
+absl::Status ValidateIndexKey(absl::string_view key, size_t max_len = 4096);
 
 }  // namespace tierkv::master

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_replace.h"
 #include "config/base/failpoint.h"
 
 namespace tierkv::master::rpc {
@@ -48,16 +49,32 @@ std::vector<std::string> Keys(const google::protobuf::RepeatedPtrField<std::stri
   return {keys.begin(), keys.end()};
 }
 
+// The index keys of what a caller in `tenant` names.
+std::vector<std::string> Keys(const google::protobuf::RepeatedPtrField<std::string>& keys, const std::string& tenant) {
+  std::vector<std::string> out;
+  out.reserve(keys.size());
+  for (const std::string& k : keys) out.push_back(TenantKey(tenant, k));
+  return out;
+}
+
+// A status as its caller should read it: keys named as the tenant knows them.
+absl::Status AsCallerSees(const absl::Status& s, const std::string& tenant) {
+  if (s.ok() || tenant.empty()) return s;
+  std::string prefix = tenant;
+  prefix.push_back(kTenantSeparator);
+  return absl::Status(s.code(), absl::StrReplaceAll(s.message(), {{prefix, ""}}));
+}
+
 // The leases a request gives back, applied before its own work so a put
 // or stage in the same call finds the DRAM they held.
 template <class Request>
-void ApplyReleases(Master* m, const Request& req) {
+void ApplyReleases(Master* m, const Request& req, const std::string& tenant) {
   const int n = std::min({req.released_keys_size(), req.released_tokens_size(), req.released_expiry_unix_ms_size()});
   if (n == 0) return;
   std::vector<LeaseRelease> releases;
   releases.reserve(n);
   for (int i = 0; i < n; ++i) {
-    releases.push_back({req.released_keys(i), req.released_tokens(i), req.released_expiry_unix_ms(i)});
+    releases.push_back({TenantKey(tenant, req.released_keys(i)), req.released_tokens(i), req.released_expiry_unix_ms(i)});
   }
   m->index().ReleaseLeases(releases);
 }
@@ -104,47 +121,58 @@ void Heartbeat(Master* m, const v1::HeartbeatRequest& req, v1::HeartbeatResponse
   resp->set_ttl_ms(absl::ToInt64Milliseconds(r.ttl));
 }
 
-void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& client,
+void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& client, const std::string& tenant,
               v1::PutStartResponse* resp) {
-  ApplyReleases(m, req);
+  ApplyReleases(m, req, tenant);
   std::vector<PutItem> items;
   items.reserve(req.items_size());
-  for (const auto& it : req.items()) {
-    items.push_back({it.key(), it.size(), static_cast<int>(std::min<uint32_t>(it.replicas(), 1u << 16)),
-                     it.preferred_segment(), it.group(), it.soft_pin(), it.parent_key()});
+  std::vector<absl::Status> refused(req.items_size());
+  for (int i = 0; i < req.items_size(); ++i) {
+    const auto& it = req.items(i);
+    // Checked as the caller wrote it: a NUL would reach into a namespace.
+    refused[i] = ValidateKey(it.key(), m->options().index.max_key_bytes);
+    items.push_back({TenantKey(tenant, it.key()), it.size(), static_cast<int>(std::min<uint32_t>(it.replicas(), 1u << 16)),
+                     it.preferred_segment(), it.group().empty() ? std::string() : TenantKey(tenant, it.group()),
+                     it.soft_pin(), it.parent_key().empty() ? std::string() : TenantKey(tenant, it.parent_key())});
     items.back().hard_pin = it.hard_pin();
+    // Given no size, the index refuses it without placing or charging it.
+    if (!refused[i].ok()) items.back().size = 0;
   }
-  for (const PutStartOut& r : m->PutStart(std::move(items), client)) {
+  std::vector<PutStartOut> placed = m->PutStart(std::move(items), client);
+  for (size_t i = 0; i < placed.size(); ++i) {
+    const PutStartOut& r = placed[i];
     v1::PutStartResult* out = resp->add_results();
-    SetResultStatus(out, r.status);
+    SetResultStatus(out, !refused[i].ok() ? refused[i] : AsCallerSees(r.status, tenant));
     for (const ExtentOut& e : r.replicas) SetExtent(out->add_replicas(), e);
   }
 }
 
-void PutEnd(Master* m, const v1::KeysRequest& req, v1::KeysResponse* resp) {
+void PutEnd(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::KeysResponse* resp) {
   // sleep:<ms> makes this a long handler that holds no index lock (as a
   // huge batch's decoding would), for the tests of what waits behind it.
   (void)TIERKV_FAILPOINT("master.rpc.put_end");
-  ApplyReleases(m, req);
-  std::vector<std::string> keys = Keys(req.keys());
+  ApplyReleases(m, req, tenant);
+  std::vector<std::string> keys = Keys(req.keys(), tenant);
   std::vector<absl::Status> done = m->index().PutEnd(keys);
   std::vector<std::string> stored;
   for (size_t i = 0; i < done.size(); ++i) {
-    SetStatus(resp->add_status(), done[i]);
+    SetStatus(resp->add_status(), AsCallerSees(done[i], tenant));
     if (done[i].ok() && i < keys.size()) stored.push_back(std::move(keys[i]));
   }
   // "Ever stored", for the bound on the hit rate.
   m->queries().NoteStored(stored);
 }
 
-void PutRevoke(Master* m, const v1::KeysRequest& req, v1::KeysResponse* resp) {
-  ApplyReleases(m, req);
-  for (const absl::Status& s : m->index().PutRevoke(Keys(req.keys()))) SetStatus(resp->add_status(), s);
+void PutRevoke(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::KeysResponse* resp) {
+  ApplyReleases(m, req, tenant);
+  for (const absl::Status& s : m->index().PutRevoke(Keys(req.keys(), tenant))) {
+    SetStatus(resp->add_status(), AsCallerSees(s, tenant));
+  }
 }
 
-void GetReplicas(Master* m, const v1::KeysRequest& req, v1::GetReplicasResponse* resp) {
-  ApplyReleases(m, req);
-  std::vector<std::string> keys = Keys(req.keys());
+void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::GetReplicasResponse* resp) {
+  ApplyReleases(m, req, tenant);
+  std::vector<std::string> keys = Keys(req.keys(), tenant);
   std::vector<LookupOut> found = m->index().GetReplicas(keys, false);
   int n = static_cast<int>(found.size());
   resp->mutable_sizes()->Reserve(n);
@@ -174,6 +202,9 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, v1::GetReplicasResponse*
           // Only answers with an SSD hit carry the stage flags.
           while (resp->replica_stage_size() + 1 < resp->replica_offsets_size()) resp->add_replica_stage(false);
           resp->add_replica_stage(true);
+          if (!tenant.empty() && resp->stage_key_prefix().empty()) {
+            resp->set_stage_key_prefix(TenantKey(tenant, ""));
+          }
           auto& endpoints = *resp->mutable_stage_endpoints();
           if (endpoints.find(it->second) == endpoints.end()) {
             std::optional<std::string> tier = m->registry().TierFor(e.segment_id, 0);
@@ -203,26 +234,26 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, v1::GetReplicasResponse*
   m->queries().Record(req.client_id(), QueryStats::kGet, keys, hits, m->clock()->Now());
 }
 
-void Exists(Master* m, const v1::KeysRequest& req, v1::ExistsResponse* resp) {
-  ApplyReleases(m, req);
-  std::vector<std::string> keys = Keys(req.keys());
+void Exists(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::ExistsResponse* resp) {
+  ApplyReleases(m, req, tenant);
+  std::vector<std::string> keys = Keys(req.keys(), tenant);
   std::vector<KeyHit> hits;
   for (bool b : m->index().Exists(keys, &hits)) resp->add_present(b);
   m->queries().Record(req.client_id(), QueryStats::kExists, keys, hits, m->clock()->Now());
 }
 
-void PrefixMatch(Master* m, const v1::KeysRequest& req, v1::PrefixMatchResponse* resp) {
-  ApplyReleases(m, req);
-  std::vector<std::string> keys = Keys(req.keys());
+void PrefixMatch(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::PrefixMatchResponse* resp) {
+  ApplyReleases(m, req, tenant);
+  std::vector<std::string> keys = Keys(req.keys(), tenant);
   std::vector<KeyHit> hits;
   const size_t matched = m->index().PrefixMatch(keys, &hits);
   resp->set_matched(static_cast<uint32_t>(matched));
   m->queries().Record(req.client_id(), QueryStats::kPrefix, keys, hits, m->clock()->Now());
 }
 
-void Remove(Master* m, const v1::RemoveRequest& req, v1::KeysResponse* resp) {
-  for (const absl::Status& s : m->index().Remove(Keys(req.keys()), req.force())) {
-    SetStatus(resp->add_status(), s);
+void Remove(Master* m, const v1::RemoveRequest& req, const std::string& tenant, v1::KeysResponse* resp) {
+  for (const absl::Status& s : m->index().Remove(Keys(req.keys(), tenant), req.force())) {
+    SetStatus(resp->add_status(), AsCallerSees(s, tenant));
   }
 }
 
@@ -259,8 +290,8 @@ void Stats(Master* m, const v1::StatsRequest&, v1::StatsResponse* resp) {
   resp->set_http_port(static_cast<uint32_t>(m->http_port()));
 }
 
-void RemoveAll(Master* m, const v1::RemoveAllRequest& req, v1::RemoveAllResponse* resp) {
-  resp->set_removed(m->index().RemoveAll(req.force()));
+void RemoveAll(Master* m, const v1::RemoveAllRequest& req, const std::string& tenant, v1::RemoveAllResponse* resp) {
+  resp->set_removed(m->index().RemoveAll(req.force(), tenant.empty() ? nullptr : &tenant));
 }
 
 void GrantData(Master* m, const v1::GrantDataRequest& req, v1::GrantDataResponse* resp) {

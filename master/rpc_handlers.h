@@ -6,7 +6,9 @@
 // Each handler fills `resp` from `req` and never fails whole: per-item
 // problems come back as that item's status. PutStart's `client` names the
 // caller for the per-client cap: the request's client_id, else the
-// connection's peer.
+// connection's peer. `tenant` is the caller's tenant, from its credential
+// ("" for the default tenant): every key a request names is taken in its
+// namespace (master/tenants.h), and statuses name keys as the caller does.
 #pragma once
 
 #include <string>
@@ -44,15 +46,16 @@ class RpcMetrics {
 void MountSegment(Master* m, const v1::MountSegmentRequest& req, v1::MountSegmentResponse* resp);
 void UnmountSegment(Master* m, const v1::UnmountSegmentRequest& req, v1::UnmountSegmentResponse* resp);
 void Heartbeat(Master* m, const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
-void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& client,
+void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& client, const std::string& tenant,
               v1::PutStartResponse* resp);
-void PutEnd(Master* m, const v1::KeysRequest& req, v1::KeysResponse* resp);
-void PutRevoke(Master* m, const v1::KeysRequest& req, v1::KeysResponse* resp);
-void GetReplicas(Master* m, const v1::KeysRequest& req, v1::GetReplicasResponse* resp);
-void Exists(Master* m, const v1::KeysRequest& req, v1::ExistsResponse* resp);
-void PrefixMatch(Master* m, const v1::KeysRequest& req, v1::PrefixMatchResponse* resp);
-void Remove(Master* m, const v1::RemoveRequest& req, v1::KeysResponse* resp);
-void RemoveAll(Master* m, const v1::RemoveAllRequest& req, v1::RemoveAllResponse* resp);
+void PutEnd(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::KeysResponse* resp);
+void PutRevoke(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::KeysResponse* resp);
+void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::GetReplicasResponse* resp);
+void Exists(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::ExistsResponse* resp);
+void PrefixMatch(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::PrefixMatchResponse* resp);
+void Remove(Master* m, const v1::RemoveRequest& req, const std::string& tenant, v1::KeysResponse* resp);
+// An admin in a tenant removes that tenant's objects; one without, all.
+void RemoveAll(Master* m, const v1::RemoveAllRequest& req, const std::string& tenant, v1::RemoveAllResponse* resp);
 void Stats(Master* m, const v1::StatsRequest& req, v1::StatsResponse* resp);
 void SyncSsdRecords(Master* m, const v1::SsdRecordsRequest& req, v1::SsdRecordsResponse* resp);
 void GrantData(Master* m, const v1::GrantDataRequest& req, v1::GrantDataResponse* resp);

@@ -32,15 +32,21 @@ int Fail(const std::string& what) {
   return 1;
 }
 
-absl::StatusOr<json> FetchJson(const CtlConfig& c, const std::string& path) {
+// A client of the master's HTTP port (--http) presenting our token.
+absl::StatusOr<std::unique_ptr<httplib::Client>> MasterHttp(const CtlConfig& c) {
   size_t colon = c.http.rfind(':');
   if (colon == std::string::npos) return absl::InvalidArgumentError("--http must be host:port");
-  httplib::Client cli(c.http.substr(0, colon), std::stoi(c.http.substr(colon + 1)));
-  cli.set_read_timeout(absl::ToChronoSeconds(c.timeout));
-  cli.set_connection_timeout(absl::ToChronoSeconds(c.timeout));
+  auto cli = std::make_unique<httplib::Client>(c.http.substr(0, colon), std::stoi(c.http.substr(colon + 1)));
+  cli->set_read_timeout(absl::ToChronoSeconds(c.timeout));
+  cli->set_connection_timeout(absl::ToChronoSeconds(c.timeout));
   ASSIGN_OR_RETURN(std::string token, auth::ReadTokenFile(c.token_file));
-  if (!token.empty()) cli.set_bearer_token_auth(token.c_str());
-  auto res = cli.Get(path);
+  if (!token.empty()) cli->set_bearer_token_auth(token.c_str());
+  return cli;
+}
+
+absl::StatusOr<json> FetchJson(const CtlConfig& c, const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<httplib::Client> cli, MasterHttp(c));
+  auto res = cli->Get(path);
   if (!res) return absl::UnavailableError(absl::StrCat("master HTTP ", c.http, ": ", httplib::to_string(res.error())));
   json j = json::parse(res->body, nullptr, false);
   if (res->status == 401 || res->status == 403) {
@@ -55,6 +61,66 @@ absl::StatusOr<json> FetchJson(const CtlConfig& c, const std::string& path) {
     return absl::InternalError(absl::StrCat("master answered ", res->status, " for ", path));
   }
   return j;
+}
+
+// Sends `body` to the master's HTTP API with `method`; the JSON answer,
+// or the master's error as a status.
+absl::StatusOr<json> SendJsonTo(const CtlConfig& c, const std::string& method, const std::string& path,
+                                const std::string& body) {
+  ASSIGN_OR_RETURN(std::unique_ptr<httplib::Client> cli, MasterHttp(c));
+  httplib::Result res = method == "PUT" ? cli->Put(path, body, "application/json") : cli->Delete(path);
+  if (!res) return absl::UnavailableError(absl::StrCat("master HTTP ", c.http, ": ", httplib::to_string(res.error())));
+  json j = json::parse(res->body, nullptr, false);
+  if (res->status != 200) {
+    const std::string why = j.is_object() && j.contains("error") ? j["error"].get<std::string>() : res->body;
+    return absl::FailedPreconditionError(absl::StrCat(method, " ", path, ": HTTP ", res->status, ": ", why));
+  }
+  return j;
+}
+
+int Tenants(const CtlConfig& c, const std::vector<std::string>& args) {
+  if (args.size() >= 2 && (args[1] == "set" || args[1] == "clear")) {
+    const bool set = args[1] == "set";
+    if ((set && (args.size() < 4 || args.size() > 5)) || (!set && args.size() != 3)) {
+      return Fail("usage: tenants set <tenant> <quota> [<guaranteed>] | tenants clear <tenant>");
+    }
+    json body = json::object();
+    if (set) {
+      absl::StatusOr<uint64_t> quota = ParseSize(args[3]);
+      if (!quota.ok()) return Fail(absl::StrCat("quota: ", quota.status().message()));
+      uint64_t guaranteed = 0;
+      if (args.size() == 5) {
+        absl::StatusOr<uint64_t> g = ParseSize(args[4]);
+        if (!g.ok()) return Fail(absl::StrCat("guaranteed: ", g.status().message()));
+        guaranteed = *g;
+      }
+      body = {{"quota_bytes", *quota}, {"guaranteed_bytes", guaranteed}};
+    }
+    absl::StatusOr<json> out = SendJsonTo(c, set ? "PUT" : "DELETE", "/v1/tenants/" + args[2], body.dump());
+    if (!out.ok()) return Fail(std::string(out.status().message()));
+    std::printf("tenant %s: quota %s, guaranteed %s\n", args[2].c_str(),
+                FormatSize((*out)["quota_bytes"].get<uint64_t>()).c_str(),
+                FormatSize((*out)["guaranteed_bytes"].get<uint64_t>()).c_str());
+    return 0;
+  }
+  if (args.size() != 1) return Fail("usage: tenants | tenants set <tenant> <quota> [<guaranteed>] | tenants clear <tenant>");
+  absl::StatusOr<json> tenants = FetchJson(c, "/v1/tenants");
+  if (!tenants.ok()) return Fail(std::string(tenants.status().message()));
+  if (c.json) {
+    std::printf("%s\n", tenants->dump().c_str());
+    return 0;
+  }
+  std::printf("%-24s %12s %12s %12s %6s %14s %14s\n", "TENANT", "QUOTA", "GUARANTEED", "USED", "USE%", "PUTS REFUSED",
+              "QUOTA EVICTED");
+  for (const json& t : *tenants) {
+    const uint64_t quota = t["quota_bytes"], used = t["used_bytes"], guaranteed = t["guaranteed_bytes"];
+    std::printf("%-24s %12s %12s %12s %6s %14llu %14s\n", t["tenant"].get<std::string>().c_str(),
+                quota ? FormatSize(quota).c_str() : "-", guaranteed ? FormatSize(guaranteed).c_str() : "-",
+                FormatSize(used).c_str(), quota ? absl::StrFormat("%.1f%%", 100.0 * used / quota).c_str() : "-",
+                static_cast<unsigned long long>(t["puts_rejected"].get<uint64_t>()),
+                FormatSize(t["quota_evicted_bytes"].get<uint64_t>()).c_str());
+  }
+  return 0;
 }
 
 absl::StatusOr<std::unique_ptr<client::Client>> Connect(const CtlConfig& c) {
@@ -352,5 +418,6 @@ int main(int argc, char** argv) {
   if (cmd == "get") return need(3), tierkv::Get(config, args[1], args[2]);
   if (cmd == "rm") return need(2), tierkv::Remove(config, args[1]);
   if (cmd == "doctor") return need(1), tierkv::Doctor(config);
+  if (cmd == "tenants") return tierkv::Tenants(config, args);
   tierkv::ExitWithUsageError("tierkvctl", "unknown subcommand '" + cmd + "'");
 }

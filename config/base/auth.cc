@@ -64,6 +64,23 @@ std::vector<std::pair<int, std::vector<absl::string_view>>> Lines(absl::string_v
 
 }  // namespace
 
+absl::Status ValidateTenant(absl::string_view tenant) {
+  if (tenant.empty() || tenant.size() > kMaxTenantLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a tenant name is 1 to ", kMaxTenantLength, " characters, not ", tenant.size()));
+  }
+  if (tenant == "default") {
+    return absl::InvalidArgumentError("tenant 'default' is the name of callers without a tenant: leave tenant= out");
+  }
+  for (char c : tenant) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tenant '", absl::CHexEscape(tenant), "': only letters, digits, '-', '_' and '.' are allowed"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint32_t> ParseRoles(absl::string_view text) {
   uint32_t roles = 0;
   for (absl::string_view word : absl::StrSplit(text, ',', absl::SkipEmpty())) {
@@ -96,7 +113,9 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text) {
     auto bad = [&, n = number](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat("token file line ", n, ": ", why));
     };
-    if (words.size() < 3 || words.size() > 4) return bad("expected: <token> <name> <roles> [expires=<RFC 3339 time>]");
+    if (words.size() < 3 || words.size() > 5) {
+      return bad("expected: <token> <name> <roles> [expires=<RFC 3339 time>] [tenant=<name>]");
+    }
     if (words[0].size() < kMinTokenLength) {
       return bad(absl::StrCat("a token must be at least ", kMinTokenLength, " characters"));
     }
@@ -105,11 +124,21 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text) {
     absl::StatusOr<uint32_t> roles = ParseRoles(words[2]);
     if (!roles.ok()) return bad(roles.status().message());
     id.roles = *roles;
-    if (words.size() == 4) {
-      absl::string_view when = words[3];
-      std::string err;
-      if (!absl::ConsumePrefix(&when, "expires=") || !absl::ParseTime(absl::RFC3339_full, when, &id.expires, &err)) {
-        return bad(absl::StrCat("'", words[3], "' is not expires=<RFC 3339 time> (2027-01-31T00:00:00Z)"));
+    bool has_expiry = false, has_tenant = false;
+    for (size_t w = 3; w < words.size(); ++w) {
+      absl::string_view attr = words[w];
+      if (absl::ConsumePrefix(&attr, "expires=") && !has_expiry) {
+        std::string err;
+        if (!absl::ParseTime(absl::RFC3339_full, attr, &id.expires, &err)) {
+          return bad(absl::StrCat("'", words[w], "' is not expires=<RFC 3339 time> (2027-01-31T00:00:00Z)"));
+        }
+        has_expiry = true;
+      } else if (absl::ConsumePrefix(&attr, "tenant=") && !has_tenant) {
+        if (absl::Status st = ValidateTenant(attr); !st.ok()) return bad(st.message());
+        id.tenant = std::string(attr);
+        has_tenant = true;
+      } else {
+        return bad(absl::StrCat("'", words[w], "' is not expires=<RFC 3339 time> or tenant=<name>, or repeats one"));
       }
     }
     if (!table.by_digest_.emplace(Digest(words[0]), std::move(id)).second) {

@@ -8,12 +8,18 @@
 //   3f9c0e7d8a1b4c2e9f7a6b5c4d3e2f10   decode-3   daemon
 //   a81d6c5e4f3b2a1908f7e6d5c4b3a291   sglang-0   client
 //   0c1d2e3f4a5b6c7d8e9fa0b1c2d3e4f5   ops        admin,client   expires=2027-06-01T00:00:00Z
+//   5e4d3c2b1a0918f7e6d5c4b3a2918f7e   vllm-a     client         tenant=team-a
 //
 // Roles: `daemon` (mount, heartbeat, unmount, its SSD listings, segment
 // descriptors), `client` (puts, gets, removes, stats, descriptor reads)
 // and `admin` (everything, remove-all included). A token is at least 16
 // characters; the file holds a hash of each, so the lookup takes the same
 // time whatever a guess shares with a real token.
+//
+// A caller with `tenant=` works in that tenant's namespace at the master
+// (master/tenants.h): its keys are its own, and its puts count against
+// the tenant's quota. A caller without one is in the default tenant, as
+// every caller is under `--auth none`; an admin without one sees all.
 //
 // With `--auth none` every caller is admitted as "anonymous" with every
 // role; a server refuses to start that way on an address other than
@@ -60,9 +66,15 @@ absl::StatusOr<uint32_t> ParseRoles(absl::string_view text);
 // kDaemon | kClient -> "daemon,client".
 std::string RoleNames(uint32_t roles);
 
+// OK for a tenant name: 1 to kMaxTenantLength letters, digits, '-', '_'
+// or '.'; INVALID_ARGUMENT saying why otherwise.
+inline constexpr size_t kMaxTenantLength = 64;
+absl::Status ValidateTenant(absl::string_view tenant);
+
 struct Identity {
   std::string name;
   uint32_t roles = 0;
+  std::string tenant;  // empty: the default tenant
   absl::Time expires = absl::InfiniteFuture();
 };
 

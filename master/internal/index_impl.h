@@ -15,6 +15,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/hash/hash.h"
 #include "master/object_index.h"
+#include "master/tenants.h"
 
 namespace tierkv::master {
 
@@ -234,7 +235,7 @@ class ObjectIndex::Impl {
   std::vector<bool> Exists(const std::vector<std::string>& keys, std::vector<KeyHit>* hits);
   size_t PrefixMatch(const std::vector<std::string>& keys, std::vector<KeyHit>* hits);
   std::vector<absl::Status> Remove(const std::vector<std::string>& keys, bool force);
-  uint64_t RemoveAll(bool force);
+  uint64_t RemoveAll(bool force, const std::string* tenant);
   absl::StatusOr<ObjectInfo> Describe(const std::string& key);
   IndexStats Stats() const;
   uint64_t PendingOf(const std::string& client);
@@ -245,8 +246,14 @@ class ObjectIndex::Impl {
   std::vector<LookupOut> Lookup(const std::vector<std::string>& keys, bool resolve_names,
                                 std::vector<size_t>* no_room, uint64_t* staged_bytes);
 
+  TenantTable& tenants() { return tenants_; }
+
   // --- eviction.cc
   uint64_t EvictTo(uint64_t target_used, bool batch_moves = false);
+  // Evicts `tenant`'s own candidates, least recently used first (soft-pinned
+  // last), until their DRAM charge freed reaches `bytes` or none is left;
+  // returns the charge freed. For a put over the tenant's quota.
+  uint64_t EvictTenant(absl::string_view tenant, uint64_t bytes);
   // Evicts down to the low watermark when above the high one; false when
   // it had nothing to do, or found nothing it could evict.
   bool MaybeEvict();
@@ -301,6 +308,17 @@ class ObjectIndex::Impl {
     return {true, o.size, tick > o.access ? tick - o.access : 0};
   }
   bool Leased(const Object& o, int64_t now_ms) const;
+  // What the object counts against its tenant's quota: its size per DRAM
+  // replica (copies staged from SSD are not charged).
+  static uint64_t DramCharge(const Object& o) {
+    uint64_t n = 0;
+    for (const Replica& r : o.replicas) n += (!r.ssd && !r.stage) ? 1 : 0;
+    return n * o.size;
+  }
+  // Charges a put of `bytes` to `tenant`, first evicting the tenant's own
+  // objects when the put would pass its quota; RESOURCE_EXHAUSTED (counted)
+  // when that cannot make room. Call with no shard lock held.
+  absl::Status ChargeQuota(absl::string_view tenant, uint64_t bytes);
   // True while some replica is a DRAM extent (only those are evicted).
   static bool InDram(const Object& o) {
     for (const Replica& r : o.replicas) {
@@ -397,6 +415,7 @@ class ObjectIndex::Impl {
   size_t evict_cursor_ ABSL_GUARDED_BY(evict_mu_) = 0;
   std::atomic<uint64_t> objects_{0}, pending_{0}, evictions_{0}, evicted_bytes_{0};
   std::atomic<uint64_t> evictor_passes_{0};
+  TenantTable tenants_;
   std::atomic<uint64_t> pinned_{0}, key_bytes_{0};
   std::atomic<uint64_t> offloaded_{0}, offload_failed_{0}, staged_{0}, stage_no_room_{0};
   std::atomic<uint64_t> leases_released_{0};

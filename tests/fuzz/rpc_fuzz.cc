@@ -35,9 +35,16 @@ const bool kQuietProtobuf = [] {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static ManualClock clock;
-  static master::Master* m = fuzz::NewFuzzMaster(&clock).release();
+  static master::Master* m = [] {
+    master::Master* fresh = fuzz::NewFuzzMaster(&clock).release();
+    fresh->index().tenants().SetLimits("fz", {64 << 10, 16 << 10});
+    return fresh;
+  }();
   if (size == 0) return 0;
   const uint8_t method = data[0] % 14;
+  // Half the calls come from a tenant with a small quota, so namespacing
+  // and quota charging see hostile bytes too.
+  const std::string tenant = (data[0] / 14) % 2 == 1 ? "fz" : "";
   ++data;
   --size;
   namespace rpc = master::rpc;
@@ -47,14 +54,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 0: Call<v1::MountSegmentRequest, v1::MountSegmentResponse>(data, size, [&](auto& q, auto* r) { rpc::MountSegment(m, q, r); }); break;
     case 1: Call<v1::UnmountSegmentRequest, v1::UnmountSegmentResponse>(data, size, [&](auto& q, auto* r) { rpc::UnmountSegment(m, q, r); }); break;
     case 2: Call<v1::HeartbeatRequest, v1::HeartbeatResponse>(data, size, [&](auto& q, auto* r) { rpc::Heartbeat(m, q, r); }); break;
-    case 3: Call<v1::PutStartRequest, v1::PutStartResponse>(data, size, [&](auto& q, auto* r) { rpc::PutStart(m, q, q.client_id().empty() ? client : q.client_id(), r); }); break;
-    case 4: Call<v1::KeysRequest, v1::KeysResponse>(data, size, [&](auto& q, auto* r) { rpc::PutEnd(m, q, r); }); break;
-    case 5: Call<v1::KeysRequest, v1::KeysResponse>(data, size, [&](auto& q, auto* r) { rpc::PutRevoke(m, q, r); }); break;
-    case 6: Call<v1::KeysRequest, v1::GetReplicasResponse>(data, size, [&](auto& q, auto* r) { rpc::GetReplicas(m, q, r); }); break;
-    case 7: Call<v1::KeysRequest, v1::ExistsResponse>(data, size, [&](auto& q, auto* r) { rpc::Exists(m, q, r); }); break;
-    case 8: Call<v1::KeysRequest, v1::PrefixMatchResponse>(data, size, [&](auto& q, auto* r) { rpc::PrefixMatch(m, q, r); }); break;
-    case 9: Call<v1::RemoveRequest, v1::KeysResponse>(data, size, [&](auto& q, auto* r) { rpc::Remove(m, q, r); }); break;
-    case 10: Call<v1::RemoveAllRequest, v1::RemoveAllResponse>(data, size, [&](auto& q, auto* r) { rpc::RemoveAll(m, q, r); }); break;
+    case 3: Call<v1::PutStartRequest, v1::PutStartResponse>(data, size, [&](auto& q, auto* r) { rpc::PutStart(m, q, q.client_id().empty() ? client : q.client_id(), tenant, r); }); break;
+    case 4: Call<v1::KeysRequest, v1::KeysResponse>(data, size, [&](auto& q, auto* r) { rpc::PutEnd(m, q, tenant, r); }); break;
+    case 5: Call<v1::KeysRequest, v1::KeysResponse>(data, size, [&](auto& q, auto* r) { rpc::PutRevoke(m, q, tenant, r); }); break;
+    case 6: Call<v1::KeysRequest, v1::GetReplicasResponse>(data, size, [&](auto& q, auto* r) { rpc::GetReplicas(m, q, tenant, r); }); break;
+    case 7: Call<v1::KeysRequest, v1::ExistsResponse>(data, size, [&](auto& q, auto* r) { rpc::Exists(m, q, tenant, r); }); break;
+    case 8: Call<v1::KeysRequest, v1::PrefixMatchResponse>(data, size, [&](auto& q, auto* r) { rpc::PrefixMatch(m, q, tenant, r); }); break;
+    case 9: Call<v1::RemoveRequest, v1::KeysResponse>(data, size, [&](auto& q, auto* r) { rpc::Remove(m, q, tenant, r); }); break;
+    case 10: Call<v1::RemoveAllRequest, v1::RemoveAllResponse>(data, size, [&](auto& q, auto* r) { rpc::RemoveAll(m, q, tenant, r); }); break;
     case 11: Call<v1::StatsRequest, v1::StatsResponse>(data, size, [&](auto& q, auto* r) { rpc::Stats(m, q, r); }); break;
     case 12: clock.Advance(absl::Seconds(size % 64)); m->Tick(); break;
     case 13: {  // keep segments alive, or the fuzzer spends its time on an empty cluster

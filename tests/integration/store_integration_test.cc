@@ -49,8 +49,8 @@ class StoreClusterTest : public ::testing::Test {
   void TearDown() override {
     if (HasFailure()) std::cerr << cluster_.Logs();
   }
-  std::unique_ptr<client::Client> Client(std::vector<std::string> transports = {}) {
-    auto c = cluster_.NewClient(std::move(transports));
+  std::unique_ptr<client::Client> Client(std::vector<std::string> transports = {}, const std::string& token = "") {
+    auto c = cluster_.NewClient(std::move(transports), token);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
   }
@@ -781,6 +781,138 @@ TEST_F(StoreClusterTest, DaemonsWithAuthTokenServeOnlyConnectionsWithAGrant) {
   ASSERT_OK(back.status());
   EXPECT_TRUE(*back == ValueFor("after-restart", 4096));
   EXPECT_TRUE(cluster_.daemon(1).Running());
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tierkv
+
+namespace tierkv {
+namespace {
+
+// Tenants with real processes: two tenants' equal keys are two objects,
+// neither sees or removes the other's, an admin sets quotas with
+// tierkvctl, a put over quota first evicts the tenant's own oldest pages
+// and is then refused naming the tenant and the quota, and the quota
+// outlives a master restart.
+TEST_F(StoreClusterTest, TenantsAreIsolatedAndQuotasRefuseVisibly) {
+  const std::string dir = testing::MakeTempDir("tierkv-tenants");
+  std::ofstream(dir + "/tokens") << "daemon-token-0000000000 decode daemon\n"
+                                    "tenant-a-token-00000000 vllm-a client tenant=team-a\n"
+                                    "tenant-b-token-00000000 vllm-b client tenant=team-b\n"
+                                    "plain-token-00000000000 sglang client\n"
+                                    "admin-token-00000000000 ops admin\n";
+  std::ofstream(dir + "/daemon.token") << "daemon-token-0000000000\n";
+  std::ofstream(dir + "/admin.token") << "admin-token-00000000000\n";
+  std::ofstream(dir + "/a.token") << "tenant-a-token-00000000\n";
+  ASSERT_OK(cluster_.Start({.daemons = 1,
+                            .segment_size = "64mib",
+                            .segment_ttl = "5s",
+                            .persist = true,
+                            .master_flags = {"--auth=token", "--token-file=" + dir + "/tokens"},
+                            .daemon_flags = {"--token-file=" + dir + "/daemon.token"},
+                            .token = "plain-token-00000000000"}));
+  auto a = Client({}, "tenant-a-token-00000000");
+  auto b = Client({}, "tenant-b-token-00000000");
+  auto plain = Client();
+  ASSERT_TRUE(a && b && plain);
+
+  // The same key, three objects.
+  ASSERT_OK(a->Put("shared", "from a"));
+  ASSERT_OK(b->Put("shared", "from b"));
+  EXPECT_EQ(*a->Get("shared"), "from a");
+  EXPECT_EQ(*b->Get("shared"), "from b");
+  EXPECT_THAT(plain->Get("shared"), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK(a->Put("a-only", "x"));
+  EXPECT_EQ(*b->PrefixMatch({"a-only"}), 0u);
+  EXPECT_EQ(*a->PrefixMatch({"a-only"}), 1u);
+  EXPECT_THAT(b->Remove("a-only", /*force=*/true), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK(b->Remove("shared", /*force=*/true));
+  EXPECT_EQ(*a->Get("shared"), "from a");
+  // /v1/objects looks in the caller's own tenant too.
+  EXPECT_TRUE(cluster_.HttpGet("/v1/objects/a-only", 0, "tenant-a-token-00000000").ok());
+  EXPECT_FALSE(cluster_.HttpGet("/v1/objects/a-only", 0, "tenant-b-token-00000000").ok());
+
+  std::vector<std::string> base{"--master=" + cluster_.master_address(),
+                                absl::StrCat("--http=127.0.0.1:", cluster_.http_port())};
+  auto ctl = [&](const std::string& token_file, std::vector<std::string> args) {
+    std::string cmd = testing::BinaryPath("tierkvctl") + " '--token-file=" + token_file + "'";
+    for (const std::string& x : base) cmd += " '" + x + "'";
+    for (const std::string& x : args) cmd += " '" + x + "'";
+    cmd += " > " + dir + "/out 2>&1";
+    int rc = std::system(cmd.c_str());
+    std::ifstream in(dir + "/out");
+    return std::make_pair(WEXITSTATUS(rc), std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+  };
+  // Only an admin sets limits.
+  auto denied = ctl(dir + "/a.token", {"tenants", "set", "team-a", "1GiB"});
+  EXPECT_EQ(denied.first, 1);
+  EXPECT_NE(denied.second.find("HTTP 403"), std::string::npos) << denied.second;
+  auto set = ctl(dir + "/admin.token", {"tenants", "set", "team-a", "256KiB", "64KiB"});
+  ASSERT_EQ(set.first, 0) << set.second;
+  EXPECT_NE(set.second.find("tenant team-a: quota 256.0 KiB"), std::string::npos) << set.second;
+  EXPECT_EQ(ctl(dir + "/admin.token", {"tenants", "set", "team-a", "1KiB", "2KiB"}).first, 1);  // guarantee > quota
+
+  // 64 KiB pages (and their 8-byte trailers): three fit the quota; each
+  // later one evicts team-a's oldest page.
+  ASSERT_OK(a->Remove("shared", /*force=*/true));
+  ASSERT_OK(a->Remove("a-only", /*force=*/true));
+  std::vector<std::string> pages;
+  for (int i = 0; i < 6; ++i) {
+    pages.push_back(absl::StrCat("page-", i));
+    ASSERT_OK(a->Put(pages.back(), ValueFor(pages.back(), 64 << 10))) << i;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // distinct access ticks
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(*a->PrefixMatch({pages[i]}), 0u) << i;  // evicted for team-a's own puts
+  for (int i = 3; i < 6; ++i) EXPECT_EQ(*a->PrefixMatch({pages[i]}), 1u) << i;
+  absl::StatusOr<std::string> newest = a->Get("page-5");
+  ASSERT_OK(newest.status());
+  EXPECT_TRUE(*newest == ValueFor("page-5", 64 << 10));
+  // Larger than the whole quota: refused, saying whose quota.
+  absl::Status over = a->Put("too-big", ValueFor("too-big", 300 << 10));
+  EXPECT_THAT(over, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_NE(over.message().find("tenant team-a is over its quota of 262144 bytes"), std::string::npos) << over;
+  // Another tenant is not held to it.
+  ASSERT_OK(b->Put("too-big", ValueFor("too-big", 300 << 10)));
+
+  // The figures: the admin sees every tenant, a tenant only itself.
+  auto listed = ctl(dir + "/admin.token", {"--json", "tenants"});
+  ASSERT_EQ(listed.first, 0) << listed.second;
+  nlohmann::json t = nlohmann::json::parse(listed.second);
+  ASSERT_EQ(t.size(), 2u) << t.dump();
+  EXPECT_EQ(t[0]["tenant"], "team-a");
+  EXPECT_EQ(t[0]["quota_bytes"], 256 << 10);
+  EXPECT_EQ(t[0]["used_bytes"], 3 * ((64 << 10) + 8));
+  EXPECT_EQ(t[0]["puts_rejected"], 1);
+  EXPECT_EQ(t[0]["quota_evicted_bytes"], 3 * ((64 << 10) + 8));
+  EXPECT_EQ(t[1]["tenant"], "team-b");
+  auto own = ctl(dir + "/a.token", {"--json", "tenants"});
+  ASSERT_EQ(own.first, 0) << own.second;
+  EXPECT_EQ(nlohmann::json::parse(own.second).size(), 1u);
+  EXPECT_NE(ctl(dir + "/admin.token", {"tenants"}).second.find("team-a"), std::string::npos);
+  absl::StatusOr<std::string> metrics = cluster_.HttpGet("/metrics");
+  ASSERT_OK(metrics.status());
+  EXPECT_NE(metrics->find("tierkv_tenant_puts_rejected_total{tenant=\"team-a\"} 1"), std::string::npos);
+  EXPECT_NE(metrics->find("tierkv_tenant_quota_bytes{tenant=\"team-a\"} 262144"), std::string::npos);
+
+  // The quota outlives a master restart; team-a's pages read back.
+  cluster_.master().Kill(SIGKILL);
+  cluster_.master().Wait();
+  ASSERT_OK(cluster_.StartMaster());
+  ASSERT_OK(cluster_.WaitForLiveSegments(1));
+  absl::StatusOr<std::string> after = cluster_.HttpGet("/v1/tenants/team-a", 0, "admin-token-00000000000");
+  ASSERT_OK(after.status());
+  nlohmann::json ta = nlohmann::json::parse(*after);
+  EXPECT_EQ(ta["quota_bytes"], 256 << 10);
+  EXPECT_EQ(ta["guaranteed_bytes"], 64 << 10);
+  EXPECT_EQ(ta["used_bytes"], 3 * ((64 << 10) + 8));
+  absl::StatusOr<std::string> kept = a->Get("page-5");
+  ASSERT_OK(kept.status());
+  EXPECT_TRUE(*kept == ValueFor("page-5", 64 << 10));
+  EXPECT_THAT(a->Put("too-big", ValueFor("too-big", 300 << 10)), StatusIs(absl::StatusCode::kResourceExhausted));
+  ASSERT_OK(ctl(dir + "/admin.token", {"tenants", "clear", "team-a"}).first == 0 ? absl::OkStatus()
+                                                                                 : absl::InternalError("clear"));
+  EXPECT_OK(a->Put("too-big", ValueFor("too-big", 300 << 10)));
   std::filesystem::remove_all(dir);
 }
 

@@ -81,21 +81,22 @@ absl::Status TestCluster::WaitForLiveSegments(size_t n, absl::Duration timeout) 
   return absl::DeadlineExceededError(absl::StrCat("only ", live, " of ", n, " segments live"));
 }
 
-absl::StatusOr<std::unique_ptr<client::Client>> TestCluster::NewClient(std::vector<std::string> transports) {
+absl::StatusOr<std::unique_ptr<client::Client>> TestCluster::NewClient(std::vector<std::string> transports,
+                                                                       const std::string& token) {
   client::ClientOptions o;
   o.master = master_address();
   o.metadata = metadata_url();
   o.transports = std::move(transports);
   o.transfer_timeout = absl::Seconds(10);
-  o.token = options_.token;
+  o.token = token.empty() ? options_.token : token;
   return client::Client::Create(o);
 }
 
-absl::StatusOr<std::string> TestCluster::HttpGet(const std::string& path, int port) {
+absl::StatusOr<std::string> TestCluster::HttpGet(const std::string& path, int port, const std::string& token) {
   httplib::Client cli("127.0.0.1", port == 0 ? http_port_ : port);
   cli.set_read_timeout(std::chrono::seconds(5));
   cli.set_connection_timeout(std::chrono::seconds(2));
-  if (!options_.token.empty()) cli.set_bearer_token_auth(options_.token);
+  if (!token.empty() || !options_.token.empty()) cli.set_bearer_token_auth(token.empty() ? options_.token : token);
   auto res = cli.Get(path);
   if (!res) return absl::UnavailableError(httplib::to_string(res.error()));
   if (res->status != 200) return absl::Status(absl::StatusCode::kUnknown, absl::StrCat("HTTP ", res->status));

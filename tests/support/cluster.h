@@ -48,10 +48,13 @@ class TestCluster {
   std::string master_address() const;
   std::string metadata_url() const;
 
-  // A client of this cluster; `transports` empty = auto.
-  absl::StatusOr<std::unique_ptr<client::Client>> NewClient(std::vector<std::string> transports = {});
-  // GET on the master's HTTP port; the body, or an error for non-200.
-  absl::StatusOr<std::string> HttpGet(const std::string& path, int port = 0);
+  // A client of this cluster; `transports` empty = auto. `token` replaces
+  // the options' token when not empty.
+  absl::StatusOr<std::unique_ptr<client::Client>> NewClient(std::vector<std::string> transports = {},
+                                                            const std::string& token = "");
+  // GET on the master's HTTP port (with `token`, else the options'); the
+  // body, or an error for non-200.
+  absl::StatusOr<std::string> HttpGet(const std::string& path, int port = 0, const std::string& token = "");
   // Prints the children's stderr (for failing tests).
   std::string Logs();
 

@@ -276,7 +276,12 @@ TEST(AuthTest, MalformedTokenFilesNameTheLine) {
       {"long-enough-token-000 d-0 daemon\nlong-enough-token-000 d-1 client\n", "line 2: the same token is listed twice"},
       {"long-enough-token-000 d-0 daemon expires=tomorrow\n", "is not expires=<RFC 3339 time>"},
       {"long-enough-token-000 d-0 daemon when=2027-01-01T00:00:00Z\n", "is not expires="},
-      {"long-enough-token-000 d-0 daemon expires=2027-01-01T00:00:00Z extra\n", "expected"},
+      {"long-enough-token-000 d-0 daemon expires=2027-01-01T00:00:00Z extra\n", "'extra' is not expires="},
+      {"long-enough-token-000 d-0 client tenant=a tenant=b\n", "or repeats one"},
+      {"long-enough-token-000 d-0 client tenant=a/b\n", "only letters, digits"},
+      {"long-enough-token-000 d-0 client tenant=\n", "1 to 64 characters"},
+      {"long-enough-token-000 d-0 client tenant=default\n", "callers without a tenant"},
+      {"long-enough-token-000 d-0 client tenant=a expires=2027-01-01T00:00:00Z x\n", "expected"},
   };
   for (const auto& [text, why] : bad) {
     absl::StatusOr<auth::TokenTable> t = auth::TokenTable::Parse(text);
@@ -284,6 +289,20 @@ TEST(AuthTest, MalformedTokenFilesNameTheLine) {
     EXPECT_NE(t.status().message().find(why), std::string::npos) << t.status() << " for " << text;
   }
   EXPECT_EQ(auth::TokenTable::Parse("# nothing but comments\n\n")->size(), 0u);
+}
+
+TEST(AuthTest, TenantComesFromTheTokenLineInEitherOrder) {
+  ASSERT_OK_AND_ASSIGN(auth::TokenTable t,
+                       auth::TokenTable::Parse("tenant-a-token-0123456 vllm-a client tenant=team-a\n"
+                                               "tenant-b-token-0123456 vllm-b client tenant=team.b "
+                                               "expires=2999-01-01T00:00:00Z\n"
+                                               "plain-token-0123456789 sglang client\n"));
+  const absl::Time now = absl::FromUnixSeconds(1800000000);
+  EXPECT_EQ(t.Find("tenant-a-token-0123456", now)->tenant, "team-a");
+  ASSERT_OK_AND_ASSIGN(auth::Identity b, t.Find("tenant-b-token-0123456", now));
+  EXPECT_EQ(b.tenant, "team.b");
+  EXPECT_EQ(b.expires, absl::FromUnixSeconds(32472144000));
+  EXPECT_EQ(t.Find("plain-token-0123456789", now)->tenant, "");
 }
 
 TEST(AuthTest, RolesParseAndPrint) {

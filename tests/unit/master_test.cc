@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "master/rpc_handlers.h"
 #include "tests/support/process.h"
 #include "tests/support/status_matchers.h"
 
@@ -559,6 +560,112 @@ TEST(RocksDbStoreTest, ConcurrentWritesAreGroupCommittedAndReadBackAfterReopenin
   EXPECT_EQ(present, rounds * kThreads * (kWrites - kWrites / 3));
   reopened->reset();
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tierkv::master
+
+namespace tierkv::master {
+namespace {
+
+TEST_F(MasterTest, TenantLimitsAndChargesSurviveARestart) {
+  {
+    auto m = NewMaster();
+    ASSERT_OK(m->Mount({Seg("a")})[0]);
+    ASSERT_OK(m->SetTenantLimits("team-a", {8000, 2000}));
+    ASSERT_OK(m->SetTenantLimits(kDefaultTenantName, {1 << 20, 0}));
+    EXPECT_THAT(m->SetTenantLimits("team-b", {1000, 2000}), StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(m->SetTenantLimits("no/slash", {1000, 0}), StatusIs(absl::StatusCode::kInvalidArgument));
+    ASSERT_OK(Put(*m, TenantKey("team-a", "k1")));
+    ASSERT_OK(Put(*m, TenantKey("team-a", "k2")));
+    ASSERT_OK(Put(*m, "plain"));
+  }
+  auto m = NewMaster();
+  std::vector<TenantUsage> t = m->Tenants();
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].tenant, "");
+  EXPECT_EQ(t[0].limits.quota_bytes, 1u << 20);
+  EXPECT_EQ(t[0].used_bytes, 1000u);
+  EXPECT_EQ(t[1].tenant, "team-a");
+  EXPECT_EQ(t[1].limits.quota_bytes, 8000u);
+  EXPECT_EQ(t[1].limits.guaranteed_bytes, 2000u);
+  EXPECT_EQ(t[1].used_bytes, 2000u);
+  // Cleared limits stay cleared.
+  ASSERT_OK(m->SetTenantLimits("team-a", {}));
+  m.reset();
+  m = NewMaster();
+  EXPECT_EQ(m->index().tenants().Limits("team-a").quota_bytes, 0u);
+  EXPECT_OK(m->index().CheckInvariants());
+}
+
+// The RPC handlers take every key a caller names in its tenant's
+// namespace, and answer in the caller's terms.
+TEST_F(MasterTest, RpcHandlersKeepEachTenantInItsNamespace) {
+  auto m = NewMaster();
+  ASSERT_OK(m->Mount({Seg("a")})[0]);
+  auto put = [&](const std::string& tenant, const std::string& key, uint64_t size) {
+    v1::PutStartRequest req;
+    auto* item = req.add_items();
+    item->set_key(key);
+    item->set_size(size);
+    v1::PutStartResponse resp;
+    rpc::PutStart(m.get(), req, "c", tenant, &resp);
+    if (resp.results(0).has_status()) {
+      return absl::Status(static_cast<absl::StatusCode>(resp.results(0).status().code()),
+                          resp.results(0).status().message());
+    }
+    v1::KeysRequest end;
+    end.add_keys(key);
+    v1::KeysResponse done;
+    rpc::PutEnd(m.get(), end, tenant, &done);
+    return absl::Status(static_cast<absl::StatusCode>(done.status(0).code()), done.status(0).message());
+  };
+  auto size_of = [&](const std::string& tenant, const std::string& key) -> uint64_t {
+    v1::KeysRequest req;
+    req.add_keys(key);
+    v1::GetReplicasResponse resp;
+    rpc::GetReplicas(m.get(), req, tenant, &resp);
+    return resp.sizes(0);
+  };
+  ASSERT_OK(put("team-a", "k", 100));
+  ASSERT_OK(put("team-b", "k", 200));
+  ASSERT_OK(put("", "k", 300));
+  EXPECT_EQ(size_of("team-a", "k"), 100u);
+  EXPECT_EQ(size_of("team-b", "k"), 200u);
+  EXPECT_EQ(size_of("", "k"), 300u);
+  // A NUL in a key is refused at the door: it would spell another tenant's key.
+  absl::Status nul = put("", std::string("team-a\0k", 8), 10);
+  EXPECT_THAT(nul, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(nul.message().find("NUL"), std::string::npos) << nul;
+  EXPECT_EQ(size_of("", std::string("team-a\0k", 8)), 0u);
+  {
+    v1::KeysRequest req;
+    req.add_keys(std::string("team-a\0k", 8));
+    v1::ExistsResponse resp;
+    rpc::Exists(m.get(), req, "", &resp);
+    EXPECT_FALSE(resp.present(0));
+  }
+  // Errors name the key as the caller does.
+  absl::Status again = put("team-a", "k", 100);
+  EXPECT_THAT(again, StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_EQ(again.message(), "k: exists");
+  // A remove reaches only the caller's own object.
+  clock_.Advance(absl::Seconds(30));
+  v1::RemoveRequest rm;
+  rm.add_keys("k");
+  v1::KeysResponse removed;
+  rpc::Remove(m.get(), rm, "team-b", &removed);
+  EXPECT_EQ(removed.status(0).code(), 0);
+  EXPECT_EQ(size_of("team-b", "k"), 0u);
+  EXPECT_EQ(size_of("team-a", "k"), 100u);
+  // An admin in a tenant removes that tenant's objects only.
+  v1::RemoveAllRequest everything;
+  everything.set_force(true);  // the reads above hold leases
+  v1::RemoveAllResponse all;
+  rpc::RemoveAll(m.get(), everything, "team-a", &all);
+  EXPECT_EQ(all.removed(), 1u);
+  EXPECT_EQ(size_of("", "k"), 300u);
+  EXPECT_OK(m->index().CheckInvariants());
 }
 
 }  // namespace
