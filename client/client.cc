@@ -253,6 +253,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   c->options_ = options;
   MasterClientOptions mo;
   mo.token = options.token;
+  mo.tls = options.tls;
   mo.rpc_timeout = options.rpc_timeout;
   mo.client_id = options.client_id;
   mo.reply_spin = options.reply_spin;

@@ -79,6 +79,8 @@ struct ClientOptions {
   // (read once by Create; `token` wins). Both empty: no token.
   std::string token;
   std::string token_file;
+  // TLS to the master's gRPC port (MasterClientOptions::tls); empty: plain.
+  auth::TlsFiles tls;
   std::vector<std::string> transports;  // preference; empty = auto
   std::vector<std::string> rdma_devices;  // NICs for rdma ("mlx5_0"); empty = every active port
   int connections = 4;

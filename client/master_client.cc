@@ -1,6 +1,8 @@
 #include "client/master_client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 
 #include <algorithm>
 #include <iterator>
@@ -30,14 +32,31 @@ absl::StatusOr<std::unique_ptr<MasterClient>> MasterClient::Create(const std::st
   // Reconnect quickly after a master restart.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  return std::unique_ptr<MasterClient>(
-      new MasterClient(address, options, v1::Master::NewStub(channel)));
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (options.tls.enabled()) {
+    RETURN_IF_ERROR(auth::CheckTlsFiles(options.tls, /*server=*/false, "master client"));
+    // Watched files: a renewed certificate is picked up without a restart.
+    auto provider = options.tls.cert.empty()
+                        ? std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(options.tls.ca,
+                                                                                              auth::kTlsRefreshSeconds)
+                        : std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+                              options.tls.key, options.tls.cert, options.tls.ca, auth::kTlsRefreshSeconds);
+    grpc::experimental::TlsChannelCredentialsOptions tls;
+    tls.set_certificate_provider(provider);
+    tls.watch_root_certs();
+    if (!options.tls.cert.empty()) tls.watch_identity_key_cert_pairs();
+    creds = grpc::experimental::TlsCredentials(tls);
+    options.direct = false;  // the direct lane would carry the token in the clear
+  }
+  auto channel = grpc::CreateCustomChannel(address, creds, args);
+  return std::unique_ptr<MasterClient>(new MasterClient(address, options, std::move(channel)));
 }
 
-MasterClient::MasterClient(std::string address, MasterClientOptions options,
-                           std::unique_ptr<v1::Master::Stub> stub)
-    : address_(std::move(address)), options_(options), stub_(std::move(stub)) {
+MasterClient::MasterClient(std::string address, MasterClientOptions options, std::shared_ptr<grpc::Channel> channel)
+    : address_(std::move(address)),
+      options_(options),
+      channel_(std::move(channel)),
+      stub_(v1::Master::NewStub(channel_)) {
   // A gRPC target URI ("dns:///h:p", "unix:...") names nothing the lane can dial.
   if (options_.direct && address_.find('/') == std::string::npos && address_.rfind("unix:", 0) != 0) {
     direct_ = std::make_unique<internal::DirectChannel>(address_, static_cast<uint32_t>(options_.max_message_size),
@@ -78,6 +97,16 @@ absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direc
       if (!options_.token.empty()) ctx.AddMetadata(auth::kAuthorizationHeader, absl::StrCat("Bearer ", options_.token));
       grpc::Status s = call(&ctx, *send, resp);
       if (s.ok()) return absl::OkStatus();
+      if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+          channel_->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+        // Most likely no connection came up before the deadline; the code
+        // stays (a connection that broke may have carried the call).
+        return absl::DeadlineExceededError(absl::StrCat(
+            "master ", address_, " ", method, ": no connection before the deadline (nothing listening",
+            options_.tls.enabled() ? ", or the TLS handshake failed: check --tls-ca, --tls-cert and the master's"
+                                   : ", or the master serves TLS: give --tls-ca",
+            ")"));
+      }
       st = absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                         absl::StrCat("master ", address_, " ", method, ": ", s.error_message()));
     }

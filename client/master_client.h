@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/internal/direct_channel.h"
+#include "config/base/auth.h"
 #include "config/base/mutex.h"
 #include "proto/direct_frame.h"
 #include "proto/master.grpc.pb.h"
@@ -41,6 +42,10 @@ struct MasterClientOptions {
   // A bearer token for a master running --auth token (config/base/auth.h),
   // sent with every call; empty: none.
   std::string token;
+  // TLS to a master serving gRPC with --tls-cert (config/base/auth.h):
+  // `tls.ca` verifies it, tls.cert/tls.key are ours for one that requires
+  // them. With TLS the direct lane is off (it is plain TCP). Empty: plain.
+  auth::TlsFiles tls;
 };
 
 class MasterClient {
@@ -98,8 +103,7 @@ class MasterClient {
   void AttachReleases(Req* req);
   v1::KeysRequest KeysWithReleases(const std::vector<std::string>& keys);
 
-  MasterClient(std::string address, MasterClientOptions options,
-               std::unique_ptr<v1::Master::Stub> stub);
+  MasterClient(std::string address, MasterClientOptions options, std::shared_ptr<grpc::Channel> channel);
   // `direct`: the method's direct id, or 0 for gRPC only.
   template <class Req, class Resp, class Call>
   // `deadline`: the call's, when sooner than rpc_timeout from now.
@@ -108,6 +112,7 @@ class MasterClient {
 
   std::string address_;
   MasterClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Master::Stub> stub_;
   std::unique_ptr<internal::DirectChannel> direct_;  // null when options_.direct is off
   Mutex release_mu_;

@@ -27,6 +27,11 @@ const FlagTable<CtlConfig>& CtlFlags() {
           StringFlag<C>("token-file", &C::token_file, "",
                         "file whose first word is the token to present to a master running --auth token "
                         "(remove-all needs role admin); empty: none"),
+          StringFlag<C>("tls-ca", &C::tls_ca, "",
+                        "PEM certificates that sign the master's: reach its gRPC port over TLS (a master with "
+                        "--tls-cert); empty: plain"),
+          StringFlag<C>("tls-cert", &C::tls_cert, "", "with --tls-ca: our PEM certificate, for a master that requires one"),
+          StringFlag<C>("tls-key", &C::tls_key, "", "PEM private key of --tls-cert"),
           BoolFlag<C>("json", &C::json, "false", "print JSON instead of a table"),
           StringFlag<C>("transport", &C::transport, "", "transport preference for data (tcp,shm)"),
           IntFlag<C>("replicas", &C::replicas, "1", 1, 8, "put: replicas to write"),

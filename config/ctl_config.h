@@ -13,6 +13,10 @@ struct CtlConfig {
   std::string master;     // gRPC host:port
   std::string http;       // the master's HTTP host:port
   std::string token_file;  // the caller's token for a master running --auth token
+  // TLS on the master's gRPC port (config/base/auth.h TlsFiles).
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
   bool json = false;
   std::string transport;  // comma-separated preference for put/get/doctor
   int64_t replicas = 0;

@@ -19,6 +19,13 @@ const FlagTable<MasterConfig>& MasterFlags() {
           StringFlag<C>("token-file", &C::token_file, "",
                         "for --auth token: the accepted tokens, one '<token> <name> <roles> "
                         "[expires=<RFC 3339>]' per line (roles: daemon, client, admin); re-read on SIGHUP"),
+          StringFlag<C>("tls-cert", &C::tls_cert, "",
+                        "PEM certificate chain: serve gRPC over TLS (the direct lane is then off); with --tls-key; "
+                        "re-read every minute"),
+          StringFlag<C>("tls-key", &C::tls_key, "", "PEM private key of --tls-cert"),
+          StringFlag<C>("tls-ca", &C::tls_ca, "",
+                        "PEM certificates that sign clients' certificates: with it every gRPC caller must present "
+                        "one they sign (mutual TLS); needs --tls-cert"),
           BoolFlag<C>("insecure-allow-remote", &C::insecure_allow_remote, "false",
                       "serve --auth none on a routable --listen (logged as a warning)"),
           BoolFlag<C>("open-metrics", &C::open_metrics, "false",
@@ -130,6 +137,10 @@ const FlagTable<MasterConfig>& MasterFlags() {
         if (c.auth == "token" && c.token_file.empty()) {
           return absl::InvalidArgumentError("--auth token needs --token-file");
         }
+        if (c.tls_cert.empty() != c.tls_key.empty()) {
+          return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+        }
+        if (!c.tls_ca.empty() && c.tls_cert.empty()) return absl::InvalidArgumentError("--tls-ca needs --tls-cert");
         if (c.kv_events_endpoint.empty() && !c.kv_events_replay_endpoint.empty()) {
           return absl::InvalidArgumentError("--kv-events-replay-endpoint needs --kv-events-endpoint");
         }

@@ -13,6 +13,10 @@ struct MasterConfig {
   std::string listen;
   std::string auth;        // none | token (config/base/auth.h)
   std::string token_file;  // the accepted tokens, for --auth token
+  // TLS on the master's gRPC port (config/base/auth.h TlsFiles).
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
   bool insecure_allow_remote = false;
   bool open_metrics = false;  // /metrics without a token
   bool open_health = true;    // /health and /ready without a token

@@ -15,6 +15,11 @@ const FlagTable<StoreConfig>& StoreFlags() {
           StringFlag<C>("token-file", &C::token_file, "",
                         "file whose first word is this daemon's token (role daemon) for a master running "
                         "--auth token; empty: none"),
+          StringFlag<C>("tls-ca", &C::tls_ca, "",
+                        "PEM certificates that sign the master's: reach its gRPC port over TLS (a master with "
+                        "--tls-cert); empty: plain"),
+          StringFlag<C>("tls-cert", &C::tls_cert, "", "with --tls-ca: our PEM certificate, for a master that requires one"),
+          StringFlag<C>("tls-key", &C::tls_key, "", "PEM private key of --tls-cert"),
           ChoiceFlag<C>("auth", &C::auth, "none", {"none", "token"},
                         "who may move bytes: none (anyone who reaches the port; only on a loopback --listen "
                         "unless --insecure-allow-remote) or token (a connection needs a data grant from the "

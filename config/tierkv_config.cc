@@ -18,6 +18,11 @@ const FlagTable<TierkvConfig>& TierkvFlags() {
           StringFlag<C>("token-file", &C::token_file, "",
                         "with --master: file whose first word is the token (role client) for a master running "
                         "--auth token; empty: none"),
+          StringFlag<C>("tls-ca", &C::tls_ca, "",
+                        "PEM certificates that sign the master's: reach its gRPC port over TLS (a master with "
+                        "--tls-cert); empty: plain"),
+          StringFlag<C>("tls-cert", &C::tls_cert, "", "with --tls-ca: our PEM certificate, for a master that requires one"),
+          StringFlag<C>("tls-key", &C::tls_key, "", "PEM private key of --tls-cert"),
           StringFlag<C>("trace", &C::trace, "data/synthetic_trace.jsonl",
                         "JSONL request trace; a relative path not found here is looked up in the source tree and share/tierkv"),
           IntFlag<C>("offset", &C::offset, "0", 0, 1e9, "skip this many trace requests"),

@@ -13,6 +13,10 @@ struct TierkvConfig {
   std::string master;        // host:port; empty = an embedded cluster
   std::string metadata;      // http://host:port (with --master)
   std::string token_file;    // with --master: the token for a master running --auth token
+  // TLS on the master's gRPC port (config/base/auth.h TlsFiles).
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
   std::string trace;
   int64_t offset = 0;
   int64_t requests = 0;

@@ -1,6 +1,9 @@
 #include "master/server.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 
 #include <sched.h>
 
@@ -100,15 +103,34 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   const ServiceLimits limits{static_cast<size_t>(config.max_batch)};
   s->rpc_ = std::make_unique<MasterRpcService>(s->master_.get(), s->rpc_metrics_.get(), limits,
                                                RpcThreads(config.rpc_threads), s->auth_.get());
-  // The port is ours: the direct lane reads each connection's first bytes
-  // and hands gRPC the ones that are not direct calls.
-  absl::StatusOr<transport::tcp::Fd> listener =
-      transport::tcp::Listen(config.listen, static_cast<int>(config.rpc_port), &s->rpc_port_);
-  if (!listener.ok()) {
-    return absl::UnavailableError(absl::StrCat("cannot serve RPCs on ", config.listen, ":", config.rpc_port, ": ",
-                                               listener.status().message()));
-  }
+  const auth::TlsFiles tls{config.tls_ca, config.tls_cert, config.tls_key};
+  absl::StatusOr<transport::tcp::Fd> listener;
   grpc::ServerBuilder builder;
+  if (tls.enabled()) {
+    // gRPC owns the port and its TLS; the direct lane, plain TCP, is off
+    // (it would carry tokens and answers in the clear).
+    RETURN_IF_ERROR(auth::CheckTlsFiles(tls, /*server=*/true, "tierkv-master"));
+    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        tls.key, tls.cert, tls.ca, auth::kTlsRefreshSeconds);
+    grpc::experimental::TlsServerCredentialsOptions creds(provider);
+    creds.watch_identity_key_cert_pairs();
+    if (!tls.ca.empty()) {
+      creds.watch_root_certs();
+      creds.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    }
+    builder.AddListeningPort(absl::StrCat(config.listen, ":", config.rpc_port),
+                             grpc::experimental::TlsServerCredentials(creds), &s->rpc_port_);
+    TKV_LOG(INFO) << "gRPC over TLS" << (tls.ca.empty() ? "" : ", client certificates required")
+                  << "; the direct lane is off";
+  } else {
+    // The port is ours: the direct lane reads each connection's first bytes
+    // and hands gRPC the ones that are not direct calls.
+    listener = transport::tcp::Listen(config.listen, static_cast<int>(config.rpc_port), &s->rpc_port_);
+    if (!listener.ok()) {
+      return absl::UnavailableError(absl::StrCat("cannot serve RPCs on ", config.listen, ":", config.rpc_port, ": ",
+                                                 listener.status().message()));
+    }
+  }
   // Bandwidth probing pings ride on data frames and cost a write and a
   // wake-up each; lookups are small, latency-bound messages.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
@@ -116,16 +138,20 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_size));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_size));
   s->grpc_ = builder.BuildAndStart();
-  if (s->grpc_ == nullptr) return absl::UnavailableError("cannot start the gRPC server");
+  if (s->grpc_ == nullptr || (tls.enabled() && s->rpc_port_ == 0)) {
+    return absl::UnavailableError(absl::StrCat("cannot start the gRPC server on ", config.listen, ":", config.rpc_port));
+  }
   s->rpc_->Start();
-  DirectLane::Options direct;
-  direct.limits = limits;
-  direct.max_message = static_cast<uint32_t>(config.max_message_size);
-  direct.max_connections = static_cast<size_t>(config.direct_max_connections);
-  direct.idle_timeout = config.direct_idle_timeout;
-  direct.auth = s->auth_.get();
-  s->direct_ = std::make_unique<DirectLane>(s->master_.get(), s->rpc_metrics_.get(), direct);
-  s->direct_->Start(std::move(*listener), s->grpc_.get());
+  if (!tls.enabled()) {
+    DirectLane::Options direct;
+    direct.limits = limits;
+    direct.max_message = static_cast<uint32_t>(config.max_message_size);
+    direct.max_connections = static_cast<size_t>(config.direct_max_connections);
+    direct.idle_timeout = config.direct_idle_timeout;
+    direct.auth = s->auth_.get();
+    s->direct_ = std::make_unique<DirectLane>(s->master_.get(), s->rpc_metrics_.get(), direct);
+    s->direct_->Start(std::move(*listener), s->grpc_.get());
+  }
 
   HttpServer::Options http;
   http.threads = static_cast<int>(config.http_threads);
@@ -137,7 +163,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
                      s->auth_.get(), config.open_metrics, config.open_health});
   s->http_port_ = s->http_->Bind(config.listen, static_cast<int>(config.http_port));
   if (s->http_port_ <= 0) {
-    s->direct_->StopAccepting();
+    if (s->direct_) s->direct_->StopAccepting();
     s->grpc_->Shutdown();
     return absl::UnavailableError(
         absl::StrCat("cannot serve HTTP on ", config.listen, ":", config.http_port));

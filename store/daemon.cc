@@ -53,6 +53,7 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   RETURN_IF_ERROR(auth::CheckBind(config.auth, config.listen, config.insecure_allow_remote, "tierkv-store"));
   client::MasterClientOptions mo;
   ASSIGN_OR_RETURN(mo.token, auth::ReadTokenFile(config.token_file));
+  mo.tls = {config.tls_ca, config.tls_cert, config.tls_key};
   ASSIGN_OR_RETURN(d->master_, client::MasterClient::Create(config.master, mo));
   transport::EngineOptions eo;
   ASSIGN_OR_RETURN(std::unique_ptr<transport::MetadataClient> metadata,

@@ -128,6 +128,7 @@ absl::StatusOr<std::unique_ptr<client::Client>> Connect(const CtlConfig& c) {
   o.master = c.master;
   o.metadata = "http://" + c.http;
   o.token_file = c.token_file;
+  o.tls = {c.tls_ca, c.tls_cert, c.tls_key};
   o.rpc_timeout = c.timeout;
   o.transfer_timeout = c.timeout;
   for (absl::string_view t : absl::StrSplit(c.transport, ',', absl::SkipWhitespace())) o.transports.emplace_back(t);

@@ -51,6 +51,7 @@ absl::StatusOr<Session> Connect(const TierkvConfig& c, const tools::EmbeddedSsd&
     o.metadata = c.metadata.empty() ? absl::StrCat("http://", c.master.substr(0, c.master.rfind(':')), ":8080")
                                     : c.metadata;
     o.token_file = c.token_file;
+    o.tls = {c.tls_ca, c.tls_cert, c.tls_key};
   }
   for (absl::string_view t : absl::StrSplit(c.transport, ',', absl::SkipWhitespace())) o.transports.emplace_back(t);
   o.transfer_timeout = absl::Seconds(5);

@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <openssl/crypto.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <openssl/sha.h>
@@ -22,6 +24,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "config/base/log.h"
+#include "config/base/status.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 
@@ -380,6 +383,43 @@ void RequireHttpAuth(httplib::Server* server, const Authenticator* auth,
     res.set_content(nlohmann::json{{"error", std::string(id.status().message())}}.dump(), "application/json");
     return httplib::Server::HandlerResponse::Handled;
   });
+}
+
+absl::Status CheckTlsFiles(const TlsFiles& files, bool server, absl::string_view who) {
+  auto bad = [&](absl::string_view why) { return absl::InvalidArgumentError(absl::StrCat(who, ": ", why)); };
+  if (files.cert.empty() != files.key.empty()) return bad("--tls-cert and --tls-key go together");
+  if (server && files.cert.empty()) return bad("TLS needs --tls-cert and --tls-key");
+  if (!server && files.ca.empty()) return bad("TLS needs --tls-ca (the certificates that sign the master's)");
+  // Each file read into a BIO, so a path that cannot be read says so apart
+  // from one that holds no PEM.
+  auto open = [&](const std::string& path) -> absl::StatusOr<std::unique_ptr<BIO, int (*)(BIO*)>> {
+    std::unique_ptr<BIO, int (*)(BIO*)> bio(BIO_new_file(path.c_str(), "r"), BIO_free);
+    if (bio == nullptr) return bad(absl::StrCat("cannot read ", path));
+    return bio;
+  };
+  X509* cert = nullptr;
+  if (!files.ca.empty()) {
+    ASSIGN_OR_RETURN(auto bio, open(files.ca));
+    X509* ca = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr);
+    if (ca == nullptr) return bad(absl::StrCat(files.ca, " holds no PEM certificate"));
+    X509_free(ca);
+  }
+  if (!files.cert.empty()) {
+    ASSIGN_OR_RETURN(auto cbio, open(files.cert));
+    cert = PEM_read_bio_X509(cbio.get(), nullptr, nullptr, nullptr);
+    if (cert == nullptr) return bad(absl::StrCat(files.cert, " holds no PEM certificate"));
+    ASSIGN_OR_RETURN(auto kbio, open(files.key));
+    EVP_PKEY* key = PEM_read_bio_PrivateKey(kbio.get(), nullptr, nullptr, nullptr);
+    if (key == nullptr) {
+      X509_free(cert);
+      return bad(absl::StrCat(files.key, " holds no PEM private key (or one with a passphrase)"));
+    }
+    const bool match = X509_check_private_key(cert, key) == 1;
+    EVP_PKEY_free(key);
+    X509_free(cert);
+    if (!match) return bad(absl::StrCat(files.key, " is not the key of ", files.cert));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tierkv::auth

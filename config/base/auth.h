@@ -191,6 +191,26 @@ std::vector<std::pair<std::string, std::string>> SignTierRequest(absl::string_vi
 // UNAUTHENTICATED saying what is missing or wrong otherwise.
 absl::Status CheckTierRequest(absl::string_view data_key, const httplib::Request& req, absl::Time now);
 
+// --- TLS on the master's gRPC port (docs/security.md, "TLS").
+//
+// PEM files: `cert` and `key` are one's own certificate chain and private
+// key (a server always has them; a client only for mutual TLS), `ca` the
+// certificates that sign the peer's (a client's verify the master; a
+// master's, when given, are required of every client). Servers and clients
+// re-read the files every kTlsRefreshSeconds, so a renewed certificate
+// takes effect without a restart.
+struct TlsFiles {
+  std::string ca;
+  std::string cert;
+  std::string key;
+  bool enabled() const { return !ca.empty() || !cert.empty() || !key.empty(); }
+};
+inline constexpr unsigned kTlsRefreshSeconds = 60;
+// OK when the files given parse as PEM, `cert` and `key` come together and
+// match, and a server has both; INVALID_ARGUMENT naming the file and the
+// problem otherwise. `who` names the flags' owner in the message.
+absl::Status CheckTlsFiles(const TlsFiles& files, bool server, absl::string_view who);
+
 // Makes `server` answer a request without an accepted token 401 and one
 // whose caller lacks the roles `required(request)` returns 403, each with
 // the reason as a JSON body ({"error": "..."}); `required` returning 0 leaves the path

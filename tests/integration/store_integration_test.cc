@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -19,6 +20,7 @@
 #include "tests/support/cluster.h"
 #include "tests/support/promtool.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/tls_certs.h"
 #include "tests/support/values.h"
 #include "transport/descriptor.h"
 #include "transport/tcp/connection.h"
@@ -913,6 +915,91 @@ TEST_F(StoreClusterTest, TenantsAreIsolatedAndQuotasRefuseVisibly) {
   ASSERT_OK(ctl(dir + "/admin.token", {"tenants", "clear", "team-a"}).first == 0 ? absl::OkStatus()
                                                                                  : absl::InternalError("clear"));
   EXPECT_OK(a->Put("too-big", ValueFor("too-big", 300 << 10)));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tierkv
+
+namespace tierkv {
+namespace {
+
+// The master's gRPC port over mutual TLS, with certificates made by the
+// openssl command: a daemon and a client holding certificates the
+// master's CA signs mount, put and get (tokens on top); a caller without
+// TLS, without a certificate, with one another CA signed, or trusting
+// another CA is refused, and the master stays up. A key that does not
+// match its certificate stops the master at start, saying so.
+TEST_F(StoreClusterTest, MutualTlsAdmitsOnlyCertificatesTheMastersCaSigns) {
+  const std::string dir = testing::MakeTempDir("tierkv-tls");
+  absl::StatusOr<testing::TestCerts> certs = testing::MakeTestCerts(dir);
+  ASSERT_OK(certs.status());
+  std::ofstream(dir + "/tokens") << "daemon-token-0000000000 decode daemon\nclient-token-0000000000 worker client\n";
+  std::ofstream(dir + "/daemon.token") << "daemon-token-0000000000\n";
+  const auth::TlsFiles client_tls{certs->ca, certs->client_cert, certs->client_key};
+  ASSERT_OK(cluster_.Start({.daemons = 1,
+                            .segment_size = "64mib",
+                            .master_flags = {"--auth=token", "--token-file=" + dir + "/tokens",
+                                             "--tls-cert=" + certs->server_cert, "--tls-key=" + certs->server_key,
+                                             "--tls-ca=" + certs->ca},
+                            .daemon_flags = {"--token-file=" + dir + "/daemon.token", "--tls-ca=" + certs->ca,
+                                             "--tls-cert=" + certs->client_cert, "--tls-key=" + certs->client_key},
+                            .token = "client-token-0000000000",
+                            .tls = client_tls}));
+  auto client = Client({"tcp"});
+  ASSERT_NE(client, nullptr);
+  for (int i = 0; i < 20; ++i) {
+    const std::string key = absl::StrCat("tls-", i);
+    ASSERT_OK(client->Put(key, ValueFor(key, 4096 + i)));
+  }
+  for (int i = 0; i < 20; ++i) {
+    const std::string key = absl::StrCat("tls-", i);
+    absl::StatusOr<std::string> v = client->Get(key);
+    ASSERT_OK(v.status()) << key;
+    EXPECT_TRUE(*v == ValueFor(key, 4096 + i)) << key;
+  }
+
+  // Each wrong caller: refused (no answer over a TLS handshake that fails).
+  auto stats_with = [&](auth::TlsFiles tls) {
+    client::MasterClientOptions o;
+    o.rpc_timeout = absl::Seconds(2);
+    o.token = "client-token-0000000000";
+    o.tls = std::move(tls);
+    absl::StatusOr<std::unique_ptr<client::MasterClient>> m = client::MasterClient::Create(cluster_.master_address(), o);
+    if (!m.ok()) return m.status();
+    return (*m)->Stats().status();
+  };
+  EXPECT_OK(stats_with(client_tls));
+  auto refused = [](const absl::Status& s) {
+    return absl::IsDeadlineExceeded(s) && absl::StrContains(s.message(), "no connection before the deadline");
+  };
+  EXPECT_PRED1(refused, stats_with({}));                                                     // plain
+  EXPECT_PRED1(refused, stats_with({certs->ca, "", ""}));                                    // no certificate
+  EXPECT_PRED1(refused, stats_with({certs->ca, certs->rogue_cert, certs->rogue_key}));       // another CA's
+  EXPECT_PRED1(refused, stats_with({certs->other_ca, certs->client_cert, certs->client_key}));  // master not trusted
+  EXPECT_THAT(stats_with({certs->ca, certs->client_cert, certs->server_key}),                 // a key not its own
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // Plain bytes on the port (a direct-lane ping) get no answer a client could use.
+  {
+    const absl::Time deadline = absl::Now() + absl::Seconds(3);
+    ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd,
+                         transport::tcp::Dial(absl::StrCat("127.0.0.1:", cluster_.rpc_port()), deadline));
+    const std::string junk(64, '\x01');
+    (void)transport::tcp::WriteFull(fd.get(), junk.data(), junk.size(), deadline);
+    char reply[64];
+    absl::Status read = transport::tcp::ReadFull(fd.get(), reply, sizeof reply, deadline);
+    EXPECT_FALSE(read.ok());
+  }
+  EXPECT_TRUE(cluster_.master().Running());
+  EXPECT_OK(client->Put("still-served", "yes"));
+
+  // A key that is not the certificate's: the master does not start.
+  absl::StatusOr<std::unique_ptr<testing::ChildProcess>> bad = testing::ChildProcess::Start(
+      testing::BinaryPath("tierkv-master"),
+      {"--rpc-port=0", "--http-port=0", "--tls-cert=" + certs->server_cert, "--tls-key=" + certs->client_key},
+      {}, absl::Seconds(10));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("is not the key of"), std::string::npos) << bad.status();
   std::filesystem::remove_all(dir);
 }
 

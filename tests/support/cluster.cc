@@ -89,6 +89,7 @@ absl::StatusOr<std::unique_ptr<client::Client>> TestCluster::NewClient(std::vect
   o.transports = std::move(transports);
   o.transfer_timeout = absl::Seconds(10);
   o.token = token.empty() ? options_.token : token;
+  o.tls = options_.tls;
   return client::Client::Create(o);
 }
 

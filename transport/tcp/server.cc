@@ -419,6 +419,9 @@ bool Server::ServeOne(Conn* conn, uint8_t* scratch) {
       }
       return SendReply(fd, h.id, absl::OkStatus(), answer->data(), answer->size()).ok();
     }
+    case WireOp::kChallenge:
+    case WireOp::kAuth:
+      break;  // answered by ServeGrant before this switch
   }
   return false;
 }
