@@ -230,10 +230,11 @@ std::string LocalHostName() {
 uint64_t StoredSize(uint64_t value_size) { return value_size + kTrailer; }
 
 absl::StatusOr<std::string> DiscoverMetadata(const std::string& master, absl::Duration timeout,
-                                             const std::string& token) {
+                                             const std::string& token, const auth::TlsFiles& tls) {
   MasterClientOptions mo;
   mo.rpc_timeout = timeout;
   mo.token = token;
+  mo.tls = tls;
   ASSIGN_OR_RETURN(std::unique_ptr<MasterClient> m, MasterClient::Create(master, mo));
   ASSIGN_OR_RETURN(v1::StatsResponse stats, m->Stats());
   if (stats.http_port() == 0) return absl::NotFoundError(absl::StrCat("master ", master, " reports no HTTP port"));

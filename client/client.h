@@ -204,10 +204,10 @@ class Client {
 // (host:port): the host from `master`, the port the master reports. For
 // clients told only where the master is (Mooncake's "P2PHANDSHAKE").
 // UNAVAILABLE when the master cannot be reached; NOT_FOUND from a master
-// that does not report its HTTP port. `token`: as ClientOptions::token.
+// that does not report its HTTP port. `token`, `tls`: as in ClientOptions.
 absl::StatusOr<std::string> DiscoverMetadata(const std::string& master,
                                              absl::Duration timeout = absl::Seconds(5),
-                                             const std::string& token = "");
+                                             const std::string& token = "", const auth::TlsFiles& tls = {});
 
 // Bytes a value of `size` occupies in the store (value + checksum trailer).
 uint64_t StoredSize(uint64_t value_size);

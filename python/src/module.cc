@@ -106,9 +106,11 @@ class PyClient {
            std::vector<std::string> rdma_devices, uint64_t lend_size, const std::string& lend_name,
            const std::string& host, const std::string& client_id, const std::string& listen,
            double rpc_timeout, double transfer_timeout, bool verify_checksums, int connections, int workers,
-           double reply_spin, const std::string& token) {
+           double reply_spin, const std::string& token, const std::string& tls_ca, const std::string& tls_cert,
+           const std::string& tls_key) {
     ClientOptions o;
     o.token = token;
+    o.tls = {tls_ca, tls_cert, tls_key};
     o.master = master;
     o.metadata = metadata;
     o.transports = std::move(transports);
@@ -555,16 +557,18 @@ PYBIND11_MODULE(_tierkv, m) {
 
   m.def(
       "discover_metadata",
-      [](const std::string& master, double timeout, const std::string& token) {
+      [](const std::string& master, double timeout, const std::string& token, const std::string& tls_ca,
+         const std::string& tls_cert, const std::string& tls_key) {
         absl::StatusOr<std::string> r;
         {
           py::gil_scoped_release nogil;
-          r = tierkv::client::DiscoverMetadata(master, absl::Seconds(timeout), token);
+          r = tierkv::client::DiscoverMetadata(master, absl::Seconds(timeout), token, {tls_ca, tls_cert, tls_key});
         }
         if (!r.ok()) Throw(r.status());
         return *r;
       },
-      py::arg("master"), py::arg("timeout") = 5.0, py::arg("token") = "",
+      py::arg("master"), py::arg("timeout") = 5.0, py::arg("token") = "", py::arg("tls_ca") = "",
+      py::arg("tls_cert") = "", py::arg("tls_key") = "",
       "http://host:port of the metadata server of the master at host:port, as it reports it.");
   m.def(
       "read_token_file",
@@ -586,11 +590,13 @@ PYBIND11_MODULE(_tierkv, m) {
   py::class_<PyClient>(m, "_Client")
       .def(py::init<const std::string&, const std::string&, std::vector<std::string>, std::vector<std::string>,
                     uint64_t, const std::string&, const std::string&, const std::string&, const std::string&,
-                    double, double, bool, int, int, double, const std::string&>(),
+                    double, double, bool, int, int, double, const std::string&, const std::string&,
+                    const std::string&, const std::string&>(),
            py::arg("master"), py::arg("metadata"), py::arg("transports"), py::arg("rdma_devices"),
            py::arg("lend_size"), py::arg("lend_name"), py::arg("host"), py::arg("client_id"), py::arg("listen"),
            py::arg("rpc_timeout"), py::arg("transfer_timeout"), py::arg("verify_checksums"),
-           py::arg("connections"), py::arg("workers"), py::arg("reply_spin"), py::arg("token"))
+           py::arg("connections"), py::arg("workers"), py::arg("reply_spin"), py::arg("token"), py::arg("tls_ca"),
+           py::arg("tls_cert"), py::arg("tls_key"))
       .def("close", &PyClient::Close)
       .def("put",
            [](PyClient& c, const std::string& key, py::handle value, int replicas, const std::string& preferred,

@@ -130,3 +130,56 @@ def test_a_revoked_daemon_token_unreadies_it_with_the_reason_and_a_restored_one_
         c.wait_live(1)
     finally:
         c.stop()
+
+
+def _openssl(cwd, *args):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory):
+    """A master serving gRPC over TLS (certificates made here by openssl),
+    with tokens, two of them in tenants."""
+    d = tmp_path_factory.mktemp("tls")
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    _openssl(d, "req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=py-ca")
+    _openssl(d, "req", *key, "-keyout", "master.key", "-out", "master.csr", "-subj", "/CN=master")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    _openssl(d, "x509", "-req", "-in", "master.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "2", "-out", "master.pem", "-extfile", "san.ext")
+    (d / "tokens").write_text(f"{DAEMON} decode-0 daemon\n{CLIENT} sglang-0 client tenant=team-a\n"
+                              f"{ADMIN} ops admin tenant=team-b\n")
+    (d / "daemon.token").write_text(DAEMON + "\n")
+    c = Cluster(daemons=1, segment_size="64mib",
+                master_args=["--auth=token", f"--token-file={d / 'tokens'}", f"--tls-cert={d / 'master.pem'}",
+                             f"--tls-key={d / 'master.key'}"],
+                daemon_args=[f"--token-file={d / 'daemon.token'}", f"--tls-ca={d / 'ca.pem'}"], token=CLIENT)
+    c.ca = str(d / "ca.pem")
+    yield c
+    c.stop()
+
+
+def test_tls_and_tenants_from_python(tls_cluster, monkeypatch):
+    # The CA by argument, metadata discovered over TLS.
+    a = tierkv.Client(tls_cluster.master_address, token=CLIENT, tls_ca=tls_cluster.ca, transfer_timeout=10)
+    # The CA from the environment, as Mooncake's API and SGLang get it.
+    monkeypatch.setenv("TIERKV_TLS_CA", tls_cluster.ca)
+    b = tierkv.Client(tls_cluster.master_address, tls_cluster.metadata_url, token=ADMIN, transfer_timeout=10)
+    try:
+        a.put("py-tenant-key", b"from team-a")
+        b.put("py-tenant-key", b"from team-b")
+        assert bytes(a.get("py-tenant-key")) == b"from team-a"
+        assert bytes(b.get("py-tenant-key")) == b"from team-b"
+        assert b.batch_exists(["py-tenant-key", "only-a"]) == [True, False]
+        a.put("only-a", b"1")
+        assert b.batch_exists(["only-a"]) == [False]
+        assert b.remove_all(force=True) == 1  # team-b's admin removes team-b's objects only
+        assert bytes(a.get("py-tenant-key")) == b"from team-a"
+    finally:
+        a.close()
+        b.close()
+    # Without the CA the master cannot be reached, and the error says what to check.
+    monkeypatch.delenv("TIERKV_TLS_CA")
+    with pytest.raises(tierkv.DeadlineExceeded, match="give --tls-ca"):
+        tierkv.Client(tls_cluster.master_address, tls_cluster.metadata_url, token=CLIENT, rpc_timeout=1.0).put(
+            "x", b"y")

@@ -50,7 +50,11 @@ class Client:
     Timeouts are in seconds. reply_spin: seconds a call busy-polls for its
     reply before sleeping (0: never). token (or token_file, a file whose
     first word is the token; default $TIERKV_TOKEN_FILE): the bearer token
-    for a master running --auth token. Raises Unavailable when the master
+    for a master running --auth token. tls_ca (default $TIERKV_TLS_CA): the
+    PEM certificates that sign the master's, to reach a master serving gRPC
+    over TLS; tls_cert and tls_key (default $TIERKV_TLS_CERT,
+    $TIERKV_TLS_KEY): ours, for one that requires client certificates.
+    Raises Unavailable when the master
     cannot be reached, Unauthenticated or PermissionDenied when it refuses
     the token, InvalidArgument for bad options.
     """
@@ -58,15 +62,17 @@ class Client:
     def __init__(self, master="127.0.0.1:50051", metadata=None, *, transports=None, rdma_devices=None,
                  lend_size=0, lend_name="", host="", client_id="", listen="127.0.0.1", rpc_timeout=5.0,
                  transfer_timeout=30.0, verify_checksums=True, connections=4, workers=4, reply_spin=50e-6,
-                 token=None, token_file=None):
+                 token=None, token_file=None, tls_ca=None, tls_cert=None, tls_key=None):
         if not token:
             token_file = token_file or os.environ.get("TIERKV_TOKEN_FILE", "")
             token = read_token_file(token_file) if token_file else ""
+        tls = (tls_ca or os.environ.get("TIERKV_TLS_CA", ""), tls_cert or os.environ.get("TIERKV_TLS_CERT", ""),
+               tls_key or os.environ.get("TIERKV_TLS_KEY", ""))
         if not metadata:
-            metadata = discover_metadata(master, rpc_timeout, token)
+            metadata = discover_metadata(master, rpc_timeout, token, *tls)
         self._c = _Client(master, metadata, list(transports or []), list(rdma_devices or []), int(lend_size),
                           lend_name, host, client_id, listen, float(rpc_timeout), float(transfer_timeout),
-                          bool(verify_checksums), int(connections), int(workers), float(reply_spin), token)
+                          bool(verify_checksums), int(connections), int(workers), float(reply_spin), token, *tls)
         self._token = token
         self.master = master
         self.metadata = metadata
