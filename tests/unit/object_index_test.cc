@@ -1371,3 +1371,44 @@ TEST_F(OffloadTest, AMoveToSsdReleasesTheTenantsCharge) {
 
 }  // namespace
 }  // namespace tierkv::master
+
+namespace tierkv::master {
+namespace {
+
+// Threads of two tenants put, read and remove under a quota that keeps
+// evicting: every charge ends where the objects left say it must.
+TEST_F(TenantIndexTest, ConcurrentTenantsKeepTheirChargesExact) {
+  Mount("seg-a", 4 << 20);
+  Mount("seg-b", 4 << 20);
+  index_->tenants().SetLimits("team-a", {256 << 10, 0});
+  index_->tenants().SetLimits("team-b", {0, 64 << 10});
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([this, t] {
+      const std::string tenant = t % 2 == 0 ? "team-a" : "team-b";
+      for (int i = 0; i < 300; ++i) {
+        const std::string key = TenantKey(tenant, absl::StrCat("t", t, "-", i));
+        PutItem item;
+        item.key = key;
+        item.size = 4096;
+        item.replicas = 1 + i % 2;
+        if (index_->PutStart({item})[0].status.ok()) {
+          if (i % 7 == 0) {
+            index_->PutRevoke({key});
+          } else {
+            index_->PutEnd({key});
+          }
+        }
+        index_->GetReplicas({key});
+        if (i % 5 == 0) index_->Remove({key}, /*force=*/true);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_LE(Used("team-a"), 256u << 10);
+  EXPECT_GT(Used("team-b"), 0u);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+}  // namespace
+}  // namespace tierkv::master
