@@ -112,10 +112,7 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves) {
             if (tie) break;
             continue;
           }
-          std::optional<std::string> tier;
-          if (options_.offload && (o.read || options_.offload_unread) && o.group == nullptr && o.replicas.size() == 1 && !o.replicas[0].ssd) {
-            tier = registry_->TierFor(o.replicas[0].segment_id, o.size);
-          }
+          std::optional<std::string> tier = OffloadTier(o);
           if (tier) {
             // The extent stays the object's until the daemon has copied
             // it; a remove meanwhile defers its free (Erase).
@@ -173,6 +170,14 @@ absl::Status ObjectIndex::Impl::ChargeQuota(absl::string_view tenant, uint64_t b
   return st;
 }
 
+std::optional<std::string> ObjectIndex::Impl::OffloadTier(const Object& o) const {
+  if (!options_.offload || !(o.read || options_.offload_unread) || o.group != nullptr || o.replicas.size() != 1 ||
+      o.replicas[0].ssd) {
+    return std::nullopt;
+  }
+  return registry_->TierFor(o.replicas[0].segment_id, o.size);
+}
+
 uint64_t ObjectIndex::Impl::EvictTenant(absl::string_view tenant, uint64_t bytes) {
   // Most candidates looked at per list and shard in one round: the walk
   // holds the shard lock, and a tenant with nothing near the lists' old
@@ -209,6 +214,7 @@ uint64_t ObjectIndex::Impl::EvictTenant(absl::string_view tenant, uint64_t bytes
       return a.pinned != b.pinned ? b.pinned : a.access < b.access;
     });
     FollowUp follow;
+    std::vector<Move> moves;
     for (const Candidate& c : found) {
       if (freed >= bytes) break;
       Shard& s = *shards_[c.shard];
@@ -219,14 +225,24 @@ uint64_t ObjectIndex::Impl::EvictTenant(absl::string_view tenant, uint64_t bytes
         continue;  // read, removed or moved since the walk
       }
       const uint64_t charge = DramCharge(o);
+      freed += charge;
+      // As the evictor would: a page its SSD tier admits moves there (its
+      // charge is released when the daemon confirms), the rest are dropped.
+      if (std::optional<std::string> tier = OffloadTier(o)) {
+        o.moving = true;
+        Unlist(s, c.slot);
+        moves.push_back({c.shard, c.slot, o.gen, std::move(*tier), {o.key, o.replicas[0].offset, o.size}});
+        continue;
+      }
       std::vector<Mutation> mutations;
       evicted_bytes_.fetch_add(o.size);
       evictions_.fetch_add(1);
       Erase(s, c.slot, &mutations, &follow);
       Persist(&mutations, &follow);
-      freed += charge;
     }
     RunFollowUps(std::move(follow));
+    // The put waits for these orders, as a request-path eviction does.
+    if (!moves.empty()) FinishMoves(std::move(moves));
   }
   return freed;
 }

@@ -14,7 +14,8 @@
 // timeout, remove, eviction, a move to the SSD tier, a lost segment).
 // Copies staged from SSD for a read are not charged: reads never fail
 // for a quota. A put that would pass the tenant's quota first evicts the
-// tenant's own least recently used objects, and fails RESOURCE_EXHAUSTED
+// tenant's own least recently used objects (to the SSD tier where the
+// evictor would move them), and fails RESOURCE_EXHAUSTED
 // naming the tenant and the quota when that cannot make room. While a
 // tenant uses no more than its guaranteed bytes, the evictor making room
 // for others passes its objects by.

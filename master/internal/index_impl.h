@@ -334,6 +334,9 @@ class ObjectIndex::Impl {
     std::string tier_http;
     TierOrder order;
   };
+  // The SSD tier an eviction of `o` moves it to (docs/eviction.md, the
+  // admission rule), or nullopt when it is dropped instead.
+  std::optional<std::string> OffloadTier(const Object& o) const;
   // Sends the orders and applies the answers: a confirmed object keeps an
   // SSD replica in place of its extent, the others are evicted.
   void FinishMoves(std::vector<Move> moves);

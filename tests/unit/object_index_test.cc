@@ -1348,6 +1348,28 @@ TEST_F(TenantIndexTest, AnotherTenantsPressureNeverEvictsBelowTheGuaranteedBytes
   EXPECT_OK(index_->CheckInvariants());
 }
 
+TEST_F(OffloadTest, APutOverTheQuotaMovesTheTenantsOldestReadPagesToSsd) {
+  MountWithTier("seg-a", 1 << 20, 1 << 20);
+  index_->tenants().SetLimits("team-a", {4 * 1024, 0});
+  for (int i = 0; i < 4; ++i) {
+    const std::string key = TenantKey("team-a", absl::StrCat("k", i));
+    ASSERT_OK(Put(key, 1024));
+    ASSERT_OK(index_->GetReplicas({key})[0].status);  // read: the tier admits it
+    clock_.Advance(absl::Seconds(1));
+  }
+  clock_.Advance(options_.lease_ttl + absl::Seconds(1));
+  ASSERT_OK(Put(TenantKey("team-a", "k4"), 1024));
+  ASSERT_EQ(ordered_.size(), 1u);
+  EXPECT_EQ(ordered_[0].key, TenantKey("team-a", "k0"));
+  // Still there, on SSD, and no longer charged.
+  EXPECT_TRUE(Present(TenantKey("team-a", "k0")));
+  ASSERT_OK_AND_ASSIGN(ObjectInfo info, index_->Describe(TenantKey("team-a", "k0")));
+  ASSERT_EQ(info.replicas.size(), 1u);
+  EXPECT_TRUE(info.replicas[0].ssd);
+  EXPECT_EQ(index_->tenants().UsedBy("team-a"), 4u * 1024);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
 TEST_F(OffloadTest, AMoveToSsdReleasesTheTenantsCharge) {
   MountWithTier("seg-a", 100 * 1024, 1 << 20);
   for (int i = 0; i < 95; ++i) {
