@@ -154,9 +154,24 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves) {
   return freed;
 }
 
-absl::Status ObjectIndex::Impl::ChargeQuota(absl::string_view tenant, uint64_t bytes) {
+absl::Status ObjectIndex::Impl::ChargeQuota(absl::string_view tenant, uint64_t bytes, const std::string& key) {
   absl::Status st = tenants_.TryCharge(tenant, bytes);
   if (st.ok()) return st;
+  {
+    // A put PutStart would refuse ALREADY_EXISTS must not evict first.
+    Shard& s = *shards_[ShardOf(key)];
+    MutexLock lock(&s.mu);
+    const uint32_t slot = Find(s, key);
+    if (slot != kNil) {
+      const Object& o = s.objects[slot];
+      const bool pending = o.state == ObjState::kPending && o.deadline_ms > NowMs();
+      const bool kept = o.state == ObjState::kComplete &&
+                        (o.moving || std::any_of(o.replicas.begin(), o.replicas.end(), [this](const Replica& r) {
+                           return registry_->IsLive(r.segment_id);
+                         }));
+      if (pending || kept) return absl::AlreadyExistsError(pending ? "put in progress" : "exists");
+    }
+  }
   // Over its quota: the tenant's own least valuable objects make room,
   // unless the put alone is larger than the quota.
   const TenantLimits limits = tenants_.Limits(tenant);

@@ -489,7 +489,7 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
     Group* group = item.group.empty() ? nullptr : groups.at(item.group);
     const absl::string_view tenant = TenantOf(item.key);
     const uint64_t charge = item.size * static_cast<uint64_t>(replicas);
-    if (absl::Status st = ChargeQuota(tenant, charge); !st.ok()) {
+    if (absl::Status st = ChargeQuota(tenant, charge, item.key); !st.ok()) {
       res.status = absl::Status(st.code(), absl::StrCat(UserKey(item.key), ": ", st.message()));
       continue;
     }

@@ -317,8 +317,9 @@ class ObjectIndex::Impl {
   }
   // Charges a put of `bytes` to `tenant`, first evicting the tenant's own
   // objects when the put would pass its quota; RESOURCE_EXHAUSTED (counted)
-  // when that cannot make room. Call with no shard lock held.
-  absl::Status ChargeQuota(absl::string_view tenant, uint64_t bytes);
+  // when that cannot make room, or ALREADY_EXISTS (nothing evicted) when
+  // `key` is taken. Call with no shard lock held.
+  absl::Status ChargeQuota(absl::string_view tenant, uint64_t bytes, const std::string& key);
   // True while some replica is a DRAM extent (only those are evicted).
   static bool InDram(const Object& o) {
     for (const Replica& r : o.replicas) {

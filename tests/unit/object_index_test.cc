@@ -1303,6 +1303,9 @@ TEST_F(TenantIndexTest, APutOverTheQuotaEvictsTheTenantsOwnOldestThenIsRefusedNa
   EXPECT_EQ(Used("team-a"), 3000u);
   EXPECT_OK(index_->CheckInvariants());
 
+  // A key the tenant already holds is refused without evicting anything.
+  EXPECT_THAT(index_->PutStart({{A("k3"), 1000}})[0].status, StatusIs(absl::StatusCode::kAlreadyExists));
+  for (const char* k : {"k0", "k2", "k3"}) EXPECT_TRUE(Present(A(k))) << k;
   // Every object of the tenant leased: nothing to evict, refused whole.
   ASSERT_OK(index_->GetReplicas({A("k0"), A("k2"), A("k3")})[0].status);
   PutStartOut refused = index_->PutStart({{A("k4"), 1000}})[0];
