@@ -81,7 +81,8 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves) {
           bool filling = o.group != nullptr && !o.group->visible.load() && !o.group->dead;
           // A tenant within its guaranteed bytes keeps them whoever's put
           // needs room.
-          if (Leased(o, now) || filling || tenants_.Protected(TenantOf(o.key), DramCharge(o))) {
+          if (Leased(o, now) || filling ||
+              (tenants_.any_guarantee() && tenants_.Protected(TenantOf(o.key), DramCharge(o)))) {
             // In use (or its group is still being written): skip it by
             // making it most recent; it was just read anyway.
             Unlist(s, slot);
@@ -162,15 +163,7 @@ absl::Status ObjectIndex::Impl::ChargeQuota(absl::string_view tenant, uint64_t b
     Shard& s = *shards_[ShardOf(key)];
     MutexLock lock(&s.mu);
     const uint32_t slot = Find(s, key);
-    if (slot != kNil) {
-      const Object& o = s.objects[slot];
-      const bool pending = o.state == ObjState::kPending && o.deadline_ms > NowMs();
-      const bool kept = o.state == ObjState::kComplete &&
-                        (o.moving || std::any_of(o.replicas.begin(), o.replicas.end(), [this](const Replica& r) {
-                           return registry_->IsLive(r.segment_id);
-                         }));
-      if (pending || kept) return absl::AlreadyExistsError(pending ? "put in progress" : "exists");
-    }
+    if (slot != kNil) RETURN_IF_ERROR(KeyTaken(s.objects[slot], NowMs()));
   }
   // Over its quota: the tenant's own least valuable objects make room,
   // unless the put alone is larger than the quota.

@@ -231,6 +231,16 @@ void ObjectIndex::Impl::Touch(Shard& s, uint32_t slot) {
   o.read = true;
 }
 
+absl::Status ObjectIndex::Impl::KeyTaken(const Object& o, int64_t now_ms) const {
+  if (o.state == ObjState::kPending && o.deadline_ms > now_ms) return absl::AlreadyExistsError("put in progress");
+  if (o.state == ObjState::kComplete &&
+      (o.moving || std::any_of(o.replicas.begin(), o.replicas.end(),
+                               [this](const Replica& r) { return registry_->IsLive(r.segment_id); }))) {
+    return absl::AlreadyExistsError("exists");
+  }
+  return absl::OkStatus();
+}
+
 bool ObjectIndex::Impl::Visible(const Object& o) const {
   return o.state == ObjState::kComplete &&
          (o.group == nullptr || o.group->visible.load(std::memory_order_acquire));
@@ -499,22 +509,20 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
       uint32_t slot = Find(s, item.key);
       if (slot != kNil) {
         Object& o = s.objects[slot];
-        if (o.state == ObjState::kPending && o.deadline_ms <= NowMs()) {
+        if (absl::Status taken = KeyTaken(o, NowMs()); !taken.ok()) {
+          res.status = absl::Status(taken.code(), absl::StrCat(item.key, ": ", taken.message()));
+          break;
+        }
+        if (o.state == ObjState::kPending) {
           std::vector<Mutation> none;
           Erase(s, slot, &none, &follow);  // a timed-out put: reclaim it now
-        } else if (o.state == ObjState::kComplete && !o.moving &&
-                   std::none_of(o.replicas.begin(), o.replicas.end(),
-                                [this](const Replica& r) { return registry_->IsLive(r.segment_id); })) {
+        } else {
           // Its only copies wait on daemons that are away (the SSD record
           // of a dormant segment, a segment recovering after a master
           // restart): a new put of the key replaces them.
           std::vector<Mutation> gone;
           Erase(s, slot, &gone, &follow);
           Persist(&gone, &follow);
-        } else {
-          res.status = absl::AlreadyExistsError(
-              absl::StrCat(item.key, o.state == ObjState::kPending ? ": put in progress" : ": exists"));
-          break;
         }
       }
       auto home = group != nullptr ? homes.find(group) : homes.end();
@@ -543,11 +551,9 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
       o.key = item.key;
       o.size = item.size;
       o.replicas.assign(placed->begin(), placed->end());
-      // The put was charged for the replicas it asked; the object owes
-      // what it holds (Erase releases that).
-      if (const uint64_t held = DramCharge(o); held != charge) {
-        held > charge ? tenants_.Charge(tenant, held - charge) : tenants_.Release(tenant, charge - held);
-      }
+      // The put was charged for the replicas it asked; fewer are placed
+      // when fewer segments have room, and the object owes what it holds.
+      tenants_.Release(tenant, charge - DramCharge(o));
       o.deadline_ms = NowMs() + absl::ToInt64Milliseconds(options_.put_timeout);
       o.state = ObjState::kPending;
       o.soft_pin = item.soft_pin;

@@ -84,6 +84,9 @@ class TenantTable {
   // evicting it would take the tenant below its guaranteed bytes. Cheap
   // while no tenant has a guarantee.
   bool Protected(absl::string_view tenant, uint64_t bytes) const;
+  // Whether any tenant has guaranteed bytes: the evictor's check of each
+  // candidate is skipped (and so costs nothing) while none has.
+  bool any_guarantee() const { return guarantees_.load(std::memory_order_relaxed) != 0; }
   void NoteRejected(absl::string_view tenant);
   void NoteEvictedForQuota(absl::string_view tenant, uint64_t bytes);
 

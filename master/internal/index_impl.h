@@ -302,6 +302,11 @@ class ObjectIndex::Impl {
   // current deadline in the lease wheel.
   void MoveLease(const Object& o, int64_t old_deadline_ms, int64_t now_ms);
   bool Visible(const Object& o) const;
+  // ALREADY_EXISTS ("put in progress", "exists") when a put of the
+  // object's key must be refused: a put not yet timed out, or a complete
+  // object with a copy on a live segment (or being moved). OK when a new
+  // put replaces it.
+  absl::Status KeyTaken(const Object& o, int64_t now_ms) const;
   // What the query stats learn of a found object; call before Touch.
   KeyHit HitOf(const Object& o) const {
     const uint32_t tick = AccessTick();
