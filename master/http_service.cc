@@ -124,12 +124,10 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
   });
   // Under --auth token the writer's name owns the key (Master::PutMetadata).
   auto writer = [limits](const httplib::Request& req, std::string* name, bool* admin) {
-    if (limits.auth == nullptr || !limits.auth->enabled()) return;
-    absl::StatusOr<auth::Identity> id =
-        limits.auth->Authorize(auth::BearerToken(req.get_header_value("Authorization")), auth::kDaemon, "metadata");
-    if (!id.ok()) return;  // the pre-routing check already refused such a caller
-    *name = id->name;
-    *admin = (id->roles & auth::kAdmin) != 0;
+    if (limits.auth == nullptr || !limits.auth->enabled()) return;  // no owners without names
+    const auth::Identity id = CallerOf(req, limits);
+    *name = id.name;
+    *admin = (id.roles & auth::kAdmin) != 0;
   };
   server->Put("/metadata", [=](const httplib::Request& req, httplib::Response& res) {
     std::string key, name;
