@@ -1,12 +1,15 @@
 #include "config/base/auth.h"
 
 #include <arpa/inet.h>
+#include <signal.h>
 #include <openssl/crypto.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <openssl/sha.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -119,7 +122,10 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text) {
     if (words.size() < 3 || words.size() > 5) {
       return bad("expected: <token> <name> <roles> [expires=<RFC 3339 time>] [tenant=<name>]");
     }
-    if (words[0].size() < kMinTokenLength) {
+    absl::string_view certificate = words[0];
+    const bool by_certificate = absl::ConsumePrefix(&certificate, "cert:");
+    if (by_certificate && certificate.empty()) return bad("'cert:' needs the certificate's name after it");
+    if (!by_certificate && words[0].size() < kMinTokenLength) {
       return bad(absl::StrCat("a token must be at least ", kMinTokenLength, " characters"));
     }
     Identity id;
@@ -144,7 +150,11 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text) {
         return bad(absl::StrCat("'", words[w], "' is not expires=<RFC 3339 time> or tenant=<name>, or repeats one"));
       }
     }
-    if (!table.by_digest_.emplace(Digest(words[0]), std::move(id)).second) {
+    if (by_certificate) {
+      if (!table.by_certificate_.emplace(certificate, std::move(id)).second) {
+        return bad(absl::StrCat("certificate name '", certificate, "' is listed twice"));
+      }
+    } else if (!table.by_digest_.emplace(Digest(words[0]), std::move(id)).second) {
       return bad("the same token is listed twice");
     }
   }
@@ -161,12 +171,28 @@ absl::StatusOr<Identity> TokenTable::Find(absl::string_view token, absl::Time no
   return it->second;
 }
 
+absl::StatusOr<Identity> TokenTable::FindCertificate(const std::vector<std::string>& names, absl::Time now) const {
+  for (const std::string& name : names) {
+    auto it = by_certificate_.find(name);
+    if (it == by_certificate_.end()) continue;
+    if (now >= it->second.expires) {
+      return absl::UnauthenticatedError(absl::StrCat("the certificate entry of '", it->second.name, "' expired at ",
+                                                     absl::FormatTime(it->second.expires)));
+    }
+    return it->second;
+  }
+  return absl::UnauthenticatedError(
+      absl::StrCat("no cert: line of the token file names the client certificate (", absl::StrJoin(names, ", "), ")"));
+}
+
 absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(const std::string& mode,
                                                                      const std::string& token_file) {
-  if (mode.empty() || mode == "none") return std::unique_ptr<Authenticator>(new Authenticator(false, ""));
-  if (mode != "token") return absl::InvalidArgumentError(absl::StrCat("--auth '", mode, "': expected none or token"));
-  if (token_file.empty()) return absl::InvalidArgumentError("--auth token needs --token-file");
-  std::unique_ptr<Authenticator> a(new Authenticator(true, token_file));
+  if (mode.empty() || mode == "none") return std::unique_ptr<Authenticator>(new Authenticator(false, false, ""));
+  if (mode != "token" && mode != "mtls") {
+    return absl::InvalidArgumentError(absl::StrCat("--auth '", mode, "': expected none, token or mtls"));
+  }
+  if (token_file.empty()) return absl::InvalidArgumentError(absl::StrCat("--auth ", mode, " needs --token-file"));
+  std::unique_ptr<Authenticator> a(new Authenticator(true, mode == "mtls", token_file));
   if (absl::Status s = a->Reload(); !s.ok()) return s;
   return a;
 }
@@ -177,23 +203,33 @@ absl::Status Authenticator::Reload() {
   if (!text.ok()) return text.status();
   absl::StatusOr<TokenTable> table = TokenTable::Parse(*text);
   if (!table.ok()) return absl::InvalidArgumentError(absl::StrCat(token_file_, ": ", table.status().message()));
-  if (table->size() == 0) return absl::InvalidArgumentError(absl::StrCat(token_file_, ": no token listed"));
+  if ((certificates_ ? table->certificates() : table->size()) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(token_file_, certificates_ ? ": no cert: line (--auth mtls)" : ": no token listed"));
+  }
   auto fresh = std::make_shared<const TokenTable>(*std::move(table));
   MutexLock lock(&mu_);
   table_ = std::move(fresh);
   return absl::OkStatus();
 }
 
-absl::StatusOr<Identity> Authenticator::Authorize(absl::string_view token, uint32_t any_of,
+absl::StatusOr<Identity> Authenticator::Authorize(const Credentials& caller, uint32_t any_of,
                                                   absl::string_view what) const {
   if (!enabled_) return Identity{"anonymous", kAnyRole};
-  if (token.empty()) return absl::UnauthenticatedError(absl::StrCat(what, ": no token (the server runs --auth token)"));
+  if (certificates_ && caller.certificate.empty()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(what, ": no verified client certificate (the server runs --auth mtls)"));
+  }
+  if (!certificates_ && caller.token.empty()) {
+    return absl::UnauthenticatedError(absl::StrCat(what, ": no token (the server runs --auth token)"));
+  }
   std::shared_ptr<const TokenTable> table;
   {
     MutexLock lock(&mu_);
     table = table_;
   }
-  absl::StatusOr<Identity> id = table->Find(token, absl::Now());
+  absl::StatusOr<Identity> id =
+      certificates_ ? table->FindCertificate(caller.certificate, absl::Now()) : table->Find(caller.token, absl::Now());
   if (!id.ok()) return absl::UnauthenticatedError(absl::StrCat(what, ": ", id.status().message()));
   if ((id->roles & (any_of | kAdmin)) == 0) {
     return absl::PermissionDeniedError(absl::StrCat(what, ": '", id->name, "' has role ", RoleNames(id->roles),
@@ -367,15 +403,88 @@ absl::Status CheckTierRequest(absl::string_view data_key, const httplib::Request
   return absl::OkStatus();
 }
 
+std::vector<std::string> VerifiedPeerNames(const httplib::Request& req) {
+  std::vector<std::string> names;
+  SSL* ssl = const_cast<SSL*>(req.ssl);
+  // Only a server with a client CA asks for, and so verifies, certificates.
+  if (ssl == nullptr || SSL_get_verify_mode(ssl) == SSL_VERIFY_NONE) return names;
+  X509* cert = SSL_get0_peer_certificate(ssl);
+  if (cert == nullptr || SSL_get_verify_result(ssl) != X509_V_OK) return names;
+  if (auto* sans = static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr))) {
+    for (int i = 0; i < sk_GENERAL_NAME_num(sans); ++i) {
+      const GENERAL_NAME* n = sk_GENERAL_NAME_value(sans, i);
+      if (n->type == GEN_DNS || n->type == GEN_URI) {
+        const ASN1_IA5STRING* v = n->type == GEN_DNS ? n->d.dNSName : n->d.uniformResourceIdentifier;
+        names.emplace_back(reinterpret_cast<const char*>(ASN1_STRING_get0_data(v)),
+                           static_cast<size_t>(ASN1_STRING_length(v)));
+      } else if (n->type == GEN_IPADD) {
+        const ASN1_OCTET_STRING* ip = n->d.iPAddress;
+        char text[INET6_ADDRSTRLEN] = {};
+        const int family = ASN1_STRING_length(ip) == 4 ? AF_INET : ASN1_STRING_length(ip) == 16 ? AF_INET6 : 0;
+        if (family != 0 && inet_ntop(family, ASN1_STRING_get0_data(ip), text, sizeof(text)) != nullptr) {
+          names.emplace_back(text);
+        }
+      }
+    }
+    GENERAL_NAMES_free(sans);
+  }
+  char cn[256] = {};
+  if (X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof(cn)) > 0) names.emplace_back(cn);
+  return names;
+}
+
+Credentials CredentialsOf(const httplib::Request& req, bool certificate) {
+  Credentials c{std::string(BearerToken(req.get_header_value("Authorization"))), {}};
+  if (certificate) c.certificate = VerifiedPeerNames(req);
+  return c;
+}
+
+std::string HttpUrl(absl::string_view endpoint, bool tls) {
+  if (absl::StartsWith(endpoint, "http://") || absl::StartsWith(endpoint, "https://")) return std::string(endpoint);
+  return absl::StrCat(tls ? "https://" : "http://", endpoint);
+}
+
+std::unique_ptr<httplib::Client> NewHttpClient(absl::string_view endpoint, const TlsFiles& tls,
+                                               absl::Duration timeout) {
+  const std::string url = HttpUrl(endpoint, false);
+  std::unique_ptr<httplib::Client> cli;
+  if (absl::StartsWith(url, "https://")) {
+    // OpenSSL writes to its socket without MSG_NOSIGNAL: a server that
+    // closes mid-request (one refusing our certificate) would kill the
+    // process with SIGPIPE. A handler the program installed stays.
+    static const bool kPipeIgnored = [] {
+      struct sigaction old {};
+      if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+      return true;
+    }();
+    (void)kPipeIgnored;
+    cli = std::make_unique<httplib::Client>(url, tls.cert, tls.key);
+    if (!tls.ca.empty()) cli->set_ca_cert_path(tls.ca.c_str());
+    cli->enable_server_certificate_verification(true);
+  } else {
+    cli = std::make_unique<httplib::Client>(url);
+  }
+  const auto us = absl::ToChronoMicroseconds(timeout);
+  cli->set_connection_timeout(us);
+  cli->set_read_timeout(us);
+  cli->set_write_timeout(us);
+  return cli;
+}
+
 void RequireHttpAuth(httplib::Server* server, const Authenticator* auth,
-                     std::function<uint32_t(const httplib::Request&)> required) {
-  if (!auth->enabled()) return;
-  server->set_pre_routing_handler([auth, required = std::move(required)](const httplib::Request& req,
-                                                                         httplib::Response& res) {
+                     std::function<uint32_t(const httplib::Request&)> required, bool require_certificate) {
+  if (!auth->enabled() && !require_certificate) return;
+  server->set_pre_routing_handler([auth, required = std::move(required), require_certificate](
+                                      const httplib::Request& req, httplib::Response& res) {
     const uint32_t roles = required(req);
     if (roles == 0) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string what = absl::StrCat(req.method, " ", req.path);
+    const Credentials caller = CredentialsOf(req, require_certificate || auth->certificates());
     absl::StatusOr<Identity> id =
-        auth->Authorize(BearerToken(req.get_header_value("Authorization")), roles, absl::StrCat(req.method, " ", req.path));
+        require_certificate && caller.certificate.empty()
+            ? absl::UnauthenticatedError(
+                  absl::StrCat(what, ": no client certificate signed by the server's --tls-ca"))
+            : auth->Authorize(caller, roles, what);
     if (id.ok()) return httplib::Server::HandlerResponse::Unhandled;
     const bool unknown = absl::IsUnauthenticated(id.status());
     res.status = unknown ? 401 : 403;

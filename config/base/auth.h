@@ -30,6 +30,17 @@
 // <token>" metadata, over HTTP as the same header, over the master's
 // direct lane in the connection's first frame.
 //
+// With `--auth mtls` a caller is its TLS client certificate instead: the
+// server verifies it against its --tls-ca, and the file's lines whose
+// first word is `cert:<name>` say which certificates are whom, <name>
+// matched against the certificate's DNS, URI and IP subject alternative
+// names, then its common name:
+//
+//   cert:decode-3.tierkv.internal      decode-3   daemon
+//   cert:spiffe://prod/sglang-0        sglang-0   client   tenant=team-a
+//
+// Tokens are not accepted under mtls, and certificate lines not under token.
+//
 // Thread-safe: Authorize may run on any thread while Reload swaps tables.
 #pragma once
 
@@ -47,6 +58,7 @@
 #include "config/base/mutex.h"
 
 namespace httplib {
+class Client;
 class Server;
 struct Request;
 }  // namespace httplib
@@ -78,31 +90,47 @@ struct Identity {
   absl::Time expires = absl::InfiniteFuture();
 };
 
-// The accepted tokens, parsed from a token file's text.
+// The accepted tokens and certificate names, parsed from a token file's text.
 class TokenTable {
  public:
   // INVALID_ARGUMENT naming the line for a malformed one, a short token,
-  // a duplicate token or an unknown role.
+  // a duplicate token or certificate name, or an unknown role.
   static absl::StatusOr<TokenTable> Parse(absl::string_view text);
   // UNAUTHENTICATED for an unknown token or one expired by `now`.
   absl::StatusOr<Identity> Find(absl::string_view token, absl::Time now) const;
+  // The identity of the first of a certificate's `names` listed as
+  // `cert:<name>`; UNAUTHENTICATED naming them when none is, or when it
+  // expired by `now`.
+  absl::StatusOr<Identity> FindCertificate(const std::vector<std::string>& names, absl::Time now) const;
   size_t size() const { return by_digest_.size(); }
+  size_t certificates() const { return by_certificate_.size(); }
 
   static constexpr size_t kMinTokenLength = 16;
 
  private:
-  absl::flat_hash_map<std::string, Identity> by_digest_;  // SHA-256 of the token
+  absl::flat_hash_map<std::string, Identity> by_digest_;       // SHA-256 of the token
+  absl::flat_hash_map<std::string, Identity> by_certificate_;  // the name after "cert:"
+};
+
+// What a caller presented: a bearer token, and the names of a TLS client
+// certificate the server verified (empty without one).
+struct Credentials {
+  std::string token;
+  std::vector<std::string> certificate;
 };
 
 // What a server checks each caller against.
 class Authenticator {
  public:
-  // `mode` is "none" or "token"; "token" reads `token_file` (which must
-  // name a readable, valid file). INVALID_ARGUMENT otherwise.
+  // `mode` is "none", "token" or "mtls"; the last two read `token_file`
+  // (which must name a readable, valid file listing tokens, or certificate
+  // names for mtls). INVALID_ARGUMENT otherwise.
   static absl::StatusOr<std::unique_ptr<Authenticator>> Create(const std::string& mode,
                                                                const std::string& token_file);
 
   bool enabled() const { return enabled_; }
+  // Callers are their client certificates (--auth mtls).
+  bool certificates() const { return certificates_; }
   // Re-reads the token file; on an error the table in use stays and the
   // error comes back (a bad edit never locks every caller out).
   absl::Status Reload();
@@ -110,12 +138,18 @@ class Authenticator {
   // UNAUTHENTICATED without a token or with one not accepted,
   // PERMISSION_DENIED naming the caller, `what` and the roles it needs.
   // With auth off: "anonymous", every role.
-  absl::StatusOr<Identity> Authorize(absl::string_view token, uint32_t any_of, absl::string_view what) const;
+  absl::StatusOr<Identity> Authorize(absl::string_view token, uint32_t any_of, absl::string_view what) const {
+    return Authorize(Credentials{std::string(token), {}}, any_of, what);
+  }
+  // The same, for a token (--auth token) or a certificate (--auth mtls).
+  absl::StatusOr<Identity> Authorize(const Credentials& caller, uint32_t any_of, absl::string_view what) const;
 
  private:
-  Authenticator(bool enabled, std::string token_file) : enabled_(enabled), token_file_(std::move(token_file)) {}
+  Authenticator(bool enabled, bool certificates, std::string token_file)
+      : enabled_(enabled), certificates_(certificates), token_file_(std::move(token_file)) {}
 
   const bool enabled_;
+  const bool certificates_;
   const std::string token_file_;
   mutable Mutex mu_;
   std::shared_ptr<const TokenTable> table_ ABSL_GUARDED_BY(mu_);
@@ -191,7 +225,7 @@ std::vector<std::pair<std::string, std::string>> SignTierRequest(absl::string_vi
 // UNAUTHENTICATED saying what is missing or wrong otherwise.
 absl::Status CheckTierRequest(absl::string_view data_key, const httplib::Request& req, absl::Time now);
 
-// --- TLS on the master's gRPC port (docs/security.md, "TLS").
+// --- TLS on the master's ports and the daemons' HTTP (docs/security.md, "TLS").
 //
 // PEM files: `cert` and `key` are one's own certificate chain and private
 // key (a server always has them; a client only for mutual TLS), `ca` the
@@ -211,11 +245,34 @@ inline constexpr unsigned kTlsRefreshSeconds = 60;
 // problem otherwise. `who` names the flags' owner in the message.
 absl::Status CheckTlsFiles(const TlsFiles& files, bool server, absl::string_view who);
 
-// Makes `server` answer a request without an accepted token 401 and one
-// whose caller lacks the roles `required(request)` returns 403, each with
-// the reason as a JSON body ({"error": "..."}); `required` returning 0 leaves the path
-// open. `auth` must outlive the server.
+// The names a request's TLS client certificate carries (DNS, URI and IP
+// subject alternative names, then the common name) when the server asked
+// for one, the client sent it, and it verified; empty otherwise.
+std::vector<std::string> VerifiedPeerNames(const httplib::Request& req);
+// What an HTTP request presents: its bearer token, and its verified
+// certificate's names when `certificate`.
+Credentials CredentialsOf(const httplib::Request& req, bool certificate);
+
+// A client of `endpoint`: "https://host:port" speaks TLS, verifying the
+// server against `tls.ca` (the system's trust store without one) and
+// presenting `tls.cert`/`tls.key` when given; "http://host:port" or a
+// bare "host:port" is plain. Connect, read and write bounded by `timeout`.
+// The first HTTPS client ignores SIGPIPE if the process left it at its
+// default (OpenSSL's writes would raise it when a server hangs up).
+std::unique_ptr<httplib::Client> NewHttpClient(absl::string_view endpoint, const TlsFiles& tls,
+                                               absl::Duration timeout);
+// "host:port" as a URL: https:// when `tls`, http:// otherwise; an
+// endpoint that already has a scheme is returned as it is.
+std::string HttpUrl(absl::string_view endpoint, bool tls);
+
+// Makes `server` answer a request without accepted credentials (a token,
+// or a certificate under mtls) 401 and one whose caller lacks the roles
+// `required(request)` returns 403, each with the reason as a JSON body
+// ({"error": "..."}); `required` returning 0 leaves the path open. With
+// `require_certificate` (a TLS server with a client CA) a request to a
+// path that is not open also needs a verified client certificate, as the
+// gRPC port does. `auth` must outlive the server.
 void RequireHttpAuth(httplib::Server* server, const Authenticator* auth,
-                     std::function<uint32_t(const httplib::Request&)> required);
+                     std::function<uint32_t(const httplib::Request&)> required, bool require_certificate = false);
 
 }  // namespace tierkv::auth

@@ -6,24 +6,130 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <fcntl.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "config/base/log.h"
+#include "config/base/status.h"
 
 namespace tierkv {
 
 // One client connection. `buf[pos..]` holds bytes read past the end of the
 // last request (a pipelining client), so none is lost between requests.
 struct HttpServer::Conn {
+  ~Conn() {
+    if (ssl != nullptr) SSL_free(ssl);
+  }
   int fd = -1;
+  SSL* ssl = nullptr;  // with TLS; `buf` then holds decrypted bytes
+  bool handshaken = false;
   std::string buf;
   size_t pos = 0;
   absl::Time last_active;
   bool parked = false;
+  bool lingering = false;  // answered and shut for writing; reading what is left until the peer closes
+};
+
+// The server's TLS context, rebuilt when its files change. Connections
+// hold the context they were accepted under (SSL_new takes a reference).
+class HttpServer::Tls {
+ public:
+  explicit Tls(auth::TlsFiles files) : files_(std::move(files)) {}
+  ~Tls() {
+    if (ctx_ != nullptr) SSL_CTX_free(ctx_);
+  }
+
+  absl::Status Load() {
+    absl::StatusOr<SSL_CTX*> ctx = Build();
+    if (!ctx.ok()) return ctx.status();
+    MutexLock lock(&mu_);
+    ctx_ = *ctx;
+    stamp_ = Stamp();
+    checked_ = absl::Now();
+    return absl::OkStatus();
+  }
+
+  // A new connection's SSL, under the newest context that loads.
+  SSL* NewSsl() {
+    MutexLock lock(&mu_);
+    if (ctx_ == nullptr) return nullptr;  // never loaded: the server did not start
+    const absl::Time now = absl::Now();
+    if (now - checked_ >= absl::Seconds(auth::kTlsRefreshSeconds)) {
+      checked_ = now;
+      std::string stamp = Stamp();
+      if (stamp != stamp_) {
+        absl::StatusOr<SSL_CTX*> ctx = Build();
+        if (ctx.ok()) {
+          SSL_CTX_free(ctx_);
+          ctx_ = *ctx;
+          stamp_ = std::move(stamp);
+          TKV_LOG(INFO) << "HTTP TLS: reloaded " << files_.cert;
+        } else {
+          TKV_LOG(WARNING) << "HTTP TLS: the renewed files do not load, the ones in use stay: " << ctx.status();
+        }
+      }
+    }
+    return SSL_new(ctx_);
+  }
+
+ private:
+  // The files' sizes and modification times: a renewal changes them.
+  std::string Stamp() const {
+    std::string out;
+    for (const std::string* f : {&files_.cert, &files_.key, &files_.ca}) {
+      struct stat st {};
+      if (!f->empty() && ::stat(f->c_str(), &st) == 0) {
+        absl::StrAppend(&out, st.st_size, ":", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, ";");
+      }
+    }
+    return out;
+  }
+
+  absl::StatusOr<SSL_CTX*> Build() const {
+    RETURN_IF_ERROR(auth::CheckTlsFiles(files_, /*server=*/true, "HTTP"));
+    SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+    if (ctx == nullptr) return absl::InternalError("SSL_CTX_new failed");
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+    // Writes may take what the socket accepts and retry from a moved buffer.
+    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    static constexpr unsigned char kSessionContext[] = "tierkv-http";
+    SSL_CTX_set_session_id_context(ctx, kSessionContext, sizeof(kSessionContext) - 1);
+    ERR_clear_error();
+    bool ok = SSL_CTX_use_certificate_chain_file(ctx, files_.cert.c_str()) == 1 &&
+              SSL_CTX_use_PrivateKey_file(ctx, files_.key.c_str(), SSL_FILETYPE_PEM) == 1 &&
+              SSL_CTX_check_private_key(ctx) == 1;
+    if (ok && !files_.ca.empty()) {
+      // Asked for, verified when sent; a request without one is the
+      // routes' call (a probe of /health need not carry one).
+      ok = SSL_CTX_load_verify_locations(ctx, files_.ca.c_str(), nullptr) == 1;
+      if (ok) {
+        SSL_CTX_set_client_CA_list(ctx, SSL_load_client_CA_file(files_.ca.c_str()));
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+      }
+    }
+    if (!ok) {
+      char why[256] = {};
+      ERR_error_string_n(ERR_get_error(), why, sizeof(why));
+      SSL_CTX_free(ctx);
+      return absl::InvalidArgumentError(absl::StrCat("HTTP TLS (", files_.cert, ", ", files_.key, "): ", why));
+    }
+    return ctx;
+  }
+
+  const auth::TlsFiles files_;
+  Mutex mu_;
+  SSL_CTX* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::string stamp_ ABSL_GUARDED_BY(mu_);
+  absl::Time checked_ ABSL_GUARDED_BY(mu_);
 };
 
 namespace {
@@ -49,6 +155,9 @@ void PeerOf(int fd, bool local, std::string& ip, int& port) {
   ip = text;
 }
 
+// How long a closed connection's last bytes are read before the socket goes.
+constexpr absl::Duration kLinger = absl::Seconds(2);
+
 int PollMs(absl::Duration d) {
   return static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));
 }
@@ -65,16 +174,9 @@ class HttpServer::SocketStream final : public httplib::Stream {
 
   ssize_t read(char* ptr, size_t size) override {
     if (conn_->pos == conn_->buf.size()) {
-      conn_->buf.resize(4096);
+      conn_->buf.resize(conn_->ssl != nullptr ? 16384 : 4096);  // TLS: a whole record
       conn_->pos = 0;
-      ssize_t n;
-      do {
-        if (!Wait(POLLIN)) {
-          conn_->buf.clear();
-          return -1;
-        }
-        n = ::recv(conn_->fd, conn_->buf.data(), conn_->buf.size(), MSG_DONTWAIT);
-      } while (n < 0 && (errno == EAGAIN || errno == EINTR));
+      ssize_t n = conn_->ssl != nullptr ? ReadTls() : ReadPlain();
       conn_->buf.resize(n > 0 ? static_cast<size_t>(n) : 0);
       if (n <= 0) return n;
     }
@@ -85,6 +187,7 @@ class HttpServer::SocketStream final : public httplib::Stream {
   }
 
   ssize_t write(const char* ptr, size_t size) override {
+    if (conn_->ssl != nullptr) return WriteTls(ptr, size);
     size_t done = 0;
     while (done < size) {
       ssize_t n = ::send(conn_->fd, ptr + done, size - done, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -102,6 +205,50 @@ class HttpServer::SocketStream final : public httplib::Stream {
   void get_remote_ip_and_port(std::string& ip, int& port) const override { PeerOf(conn_->fd, false, ip, port); }
   void get_local_ip_and_port(std::string& ip, int& port) const override { PeerOf(conn_->fd, true, ip, port); }
   socket_t socket() const override { return conn_->fd; }
+
+ private:
+  ssize_t ReadPlain() {
+    ssize_t n;
+    do {
+      if (!Wait(POLLIN)) return -1;
+      n = ::recv(conn_->fd, conn_->buf.data(), conn_->buf.size(), MSG_DONTWAIT);
+    } while (n < 0 && (errno == EAGAIN || errno == EINTR));
+    return n;
+  }
+
+  ssize_t ReadTls() {
+    for (;;) {
+      ERR_clear_error();
+      int n = SSL_read(conn_->ssl, conn_->buf.data(), static_cast<int>(conn_->buf.size()));
+      if (n > 0) return n;
+      int err = SSL_get_error(conn_->ssl, n);
+      if (err == SSL_ERROR_ZERO_RETURN) return 0;
+      if (!TlsWait(err)) return -1;
+    }
+  }
+
+  ssize_t WriteTls(const char* ptr, size_t size) {
+    size_t done = 0;
+    while (done < size) {
+      ERR_clear_error();
+      int n = SSL_write(conn_->ssl, ptr + done, static_cast<int>(std::min<size_t>(size - done, 1 << 20)));
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+      } else if (!TlsWait(SSL_get_error(conn_->ssl, n))) {
+        return -1;
+      }
+    }
+    return static_cast<ssize_t>(size);
+  }
+
+ public:
+  // Waits for what OpenSSL's `err` asks for; false for any other error or
+  // past the deadline.
+  bool TlsWait(int err) const {
+    if (err == SSL_ERROR_WANT_READ) return Wait(POLLIN);
+    if (err == SSL_ERROR_WANT_WRITE) return Wait(POLLOUT);
+    return false;
+  }
 
  private:
   bool Wait(short events) const {
@@ -152,6 +299,10 @@ class HttpServer::MemoryStream final : public httplib::Stream {
 };
 
 HttpServer::HttpServer(Options options) : options_(options) {
+  if (!options_.tls.cert.empty() || !options_.tls.key.empty()) {
+    tls_ = std::make_unique<Tls>(options_.tls);
+    tls_status_ = tls_->Load();
+  }
   // httplib's own pool only hands accepted sockets over; that never blocks.
   new_task_queue = [] { return new httplib::ThreadPool(1); };
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
@@ -227,6 +378,17 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   }
   auto conn = std::make_unique<Conn>();
   conn->fd = sock;
+  if (tls_ != nullptr) {
+    conn->ssl = tls_->NewSsl();
+    if (conn->ssl == nullptr) {
+      ::close(sock);  // TLS did not load: serve nothing in the clear
+      return true;
+    }
+    // Nonblocking, so OpenSSL reports what it waits for instead of blocking.
+    ::fcntl(sock, F_SETFL, ::fcntl(sock, F_GETFL) | O_NONBLOCK);
+    SSL_set_fd(conn->ssl, sock);
+    SSL_set_accept_state(conn->ssl);
+  }
   Conn* raw = conn.get();
   {
     MutexLock lock(&mu_);
@@ -253,10 +415,45 @@ void HttpServer::Park(Conn* conn) {
 }
 
 void HttpServer::Close(Conn* conn) {
+  if (conn->ssl != nullptr && conn->handshaken) {
+    ERR_clear_error();
+    SSL_shutdown(conn->ssl);  // one try: a close_notify if the socket takes it
+  }
+  // Closing a socket with unread bytes in it resets the connection, and a
+  // peer that gets the reset before it has read our answer loses it (a TLS
+  // client sends a request's body in a record of its own, which a refused
+  // request leaves unread). So: shut for writing, and read what the peer
+  // still sends until it closes (or kLinger passes) in the poller.
+  ::shutdown(conn->fd, SHUT_WR);
+  MutexLock lock(&mu_);
+  conn->lingering = true;
+  conn->parked = true;
+  conn->last_active = absl::Now();
+  if (Drain(conn)) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+  ev.data.ptr = conn;
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, conn->fd, &ev) != 0 &&
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, conn->fd, &ev) != 0) {
+    Release(conn);
+  }
+}
+
+bool HttpServer::Drain(Conn* conn) {
+  char scratch[4096];
+  for (;;) {
+    ssize_t n = ::recv(conn->fd, scratch, sizeof(scratch), MSG_DONTWAIT);
+    if (n > 0 || (n < 0 && errno == EINTR)) continue;
+    if (n < 0 && errno == EAGAIN) return false;
+    Release(conn);  // the peer closed (or the socket failed)
+    return true;
+  }
+}
+
+void HttpServer::Release(Conn* conn) {
   // Under the lock: once the fd is closed its number may be reused by the
   // next accepted connection, which must not find this entry.
-  MutexLock lock(&mu_);
-  int fd = conn->fd;
+  const int fd = conn->fd;
   ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
   ::close(fd);
   conns_.erase(fd);
@@ -272,6 +469,15 @@ void HttpServer::PollLoop() {
     for (int i = 0; i < n; ++i) {
       auto* conn = static_cast<Conn*>(events[i].data.ptr);
       if (conn == nullptr || !conn->parked) continue;
+      if (conn->lingering) {
+        if (!Drain(conn)) {
+          epoll_event ev{};
+          ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+          ev.data.ptr = conn;
+          if (::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, conn->fd, &ev) != 0) Release(conn);
+        }
+        continue;
+      }
       conn->parked = false;
       ready_.push_back(conn);
       cv_.Signal();
@@ -280,17 +486,12 @@ void HttpServer::PollLoop() {
     absl::Time now = absl::Now();
     if (now - last_sweep < absl::Seconds(1)) continue;
     last_sweep = now;
-    for (auto it = conns_.begin(); it != conns_.end();) {
-      Conn* c = it->second.get();
-      if (c->parked && now - c->last_active > options_.idle_timeout) {
-        ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
-        ::close(c->fd);
-        it = conns_.erase(it);
-        open_.fetch_sub(1);
-      } else {
-        ++it;
-      }
+    std::vector<Conn*> expired;
+    for (auto& [fd, c] : conns_) {
+      const absl::Duration limit = c->lingering ? std::min(kLinger, options_.idle_timeout) : options_.idle_timeout;
+      if (c->parked && now - c->last_active > limit) expired.push_back(c.get());
     }
+    for (Conn* c : expired) Release(c);
   }
 }
 
@@ -308,17 +509,51 @@ void HttpServer::WorkLoop() {
   }
 }
 
+bool HttpServer::Handshake(Conn* conn) {
+  SocketStream strm(conn, absl::Now() + options_.request_timeout);
+  for (;;) {
+    ERR_clear_error();
+    int rc = SSL_do_handshake(conn->ssl);
+    if (rc == 1) break;
+    int err = SSL_get_error(conn->ssl, rc);
+    if (!strm.TlsWait(err)) {
+      tls_failures_.fetch_add(1);
+      std::string ip;
+      int port = 0;
+      PeerOf(conn->fd, false, ip, port);
+      char why[256] = "timed out or closed";
+      if (unsigned long e = ERR_peek_error(); e != 0) ERR_error_string_n(e, why, sizeof(why));
+      TKV_LOG(INFO) << "HTTP TLS handshake with " << ip << ":" << port << " failed: " << why;
+      return false;
+    }
+  }
+  conn->handshaken = true;
+  return true;
+}
+
 void HttpServer::ServeConn(Conn* conn) {
-  // Requests already buffered (pipelined) are served without waiting.
+  if (conn->ssl != nullptr && !conn->handshaken) {
+    if (!Handshake(conn)) {
+      Close(conn);
+      return;
+    }
+    if (SSL_pending(conn->ssl) == 0) {
+      Park(conn);  // the first request is yet to come
+      return;
+    }
+  }
+  auto setup = [conn](httplib::Request& req) { req.ssl = conn->ssl; };
+  // Requests already buffered (pipelined, or decrypted by TLS) are served
+  // without waiting.
   do {
     SocketStream strm(conn, absl::Now() + options_.request_timeout);
     bool closed = false;
-    bool ok = process_request(strm, /*close_connection=*/stopping_.load(), closed, nullptr);
+    bool ok = process_request(strm, /*close_connection=*/stopping_.load(), closed, setup);
     if (!ok || closed || stopping_.load()) {
       Close(conn);
       return;
     }
-  } while (conn->pos < conn->buf.size());
+  } while (conn->pos < conn->buf.size() || (conn->ssl != nullptr && SSL_pending(conn->ssl) > 0));
   // Nothing buffered: a peer that hung up is found by the next recv.
   Park(conn);
 }

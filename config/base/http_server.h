@@ -15,6 +15,16 @@
 //     sender cannot hold a worker);
 //   - bodies over set_payload_max_length get 413 (httplib's own check).
 //
+// With Options::tls (a certificate and key) every connection is TLS: the
+// handshake runs on a worker once the first bytes arrive, bounded by
+// `request_timeout`, and a peer that fails it is closed (counted in
+// tls_handshake_failures()). With a CA in it, a client certificate is asked
+// for and, when one is sent, must be signed by that CA; whether a request
+// without one is served is the routes' call (auth::VerifiedPeerNames). The files are
+// re-read when they change, checked at most every auth::kTlsRefreshSeconds,
+// so renewed certificates take effect without a restart; a renewal that
+// does not load is logged and the files in use stay.
+//
 // Usage is httplib's: install routes, Bind, listen_after_bind() on a thread,
 // then stop(); the destructor closes whatever is still parked.
 #pragma once
@@ -31,6 +41,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "config/base/auth.h"
 #include "config/base/mutex.h"
 #include "httplib.h"
 
@@ -43,8 +54,10 @@ class HttpServer : public httplib::Server {
     size_t max_connections = 8192;
     absl::Duration idle_timeout = absl::Seconds(60);
     absl::Duration request_timeout = absl::Seconds(10);
+    auth::TlsFiles tls;  // cert and key: serve TLS; ca: verify client certificates
   };
 
+  // With Options::tls set, check tls_status() before Bind.
   explicit HttpServer(Options options);
   HttpServer() : HttpServer(Options{}) {}
   ~HttpServer() override;
@@ -68,9 +81,16 @@ class HttpServer : public httplib::Server {
   std::string ServeBytes(std::string_view request);
 
   size_t open_connections() const { return open_.load(); }
+  uint64_t tls_handshake_failures() const { return tls_failures_.load(); }
+  bool tls() const { return tls_ != nullptr; }
+  // OK, or why the TLS files given in Options do not load (naming the
+  // file); a server whose TLS did not load refuses every connection.
+  const absl::Status& tls_status() const { return tls_status_; }
+
 
  private:
   struct Conn;
+  class Tls;
   class SocketStream;
   class MemoryStream;
 
@@ -79,14 +99,25 @@ class HttpServer : public httplib::Server {
   void WorkLoop();
   // Serves the requests that have arrived on `conn`, then parks or closes it.
   void ServeConn(Conn* conn);
+  // Completes `conn`'s TLS handshake within the request timeout.
+  bool Handshake(Conn* conn);
   void Park(Conn* conn);
+  // Ends `conn` gracefully: shut for writing, the rest read (lingering).
   void Close(Conn* conn);
+  // A lingering connection's pending bytes read and dropped; true when the
+  // peer closed and `conn` is gone.
+  bool Drain(Conn* conn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes the socket and forgets `conn`.
+  void Release(Conn* conn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::atomic<size_t> open_{0};
   std::atomic<bool> stopping_{false};
+  std::unique_ptr<Tls> tls_;
+  absl::Status tls_status_;
+  std::atomic<uint64_t> tls_failures_{0};
 
   Mutex mu_;
   CondVar cv_;

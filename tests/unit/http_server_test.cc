@@ -1,8 +1,20 @@
 // HttpServer's life cycle: a server stopped right after it was started (a
-// SIGTERM at start-up) stops; a started one answers until stopped.
+// SIGTERM at start-up) stops; a started one answers until stopped. Over
+// TLS: requests on a kept-alive connection, bodies larger than a TLS
+// record, client certificates, and peers that fail the handshake.
 #include "config/base/http_server.h"
 
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "config/base/auth.h"
+#include "tests/support/process.h"
+#include "tests/support/tls_certs.h"
 
 namespace tierkv {
 namespace {
@@ -28,6 +40,110 @@ TEST(HttpServerTest, StopRightAfterStartReturnsAndAStartedServerAnswers) {
   EXPECT_EQ(res->body, "pong");
   server.Stop();
   EXPECT_FALSE(client.Get("/ping"));
+}
+
+class HttpServerTlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("tierkv-http-tls");
+    absl::StatusOr<testing::TestCerts> certs = testing::MakeTestCerts(dir_);
+    ASSERT_TRUE(certs.ok()) << certs.status();
+    certs_ = *certs;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // A server with `tls` answering /echo with the body it was sent, /big
+  // with 1 MiB, and /whoami with the verified certificate's names.
+  std::unique_ptr<HttpServer> Serve(auth::TlsFiles tls) {
+    auto server = std::make_unique<HttpServer>(HttpServer::Options{.threads = 2, .tls = std::move(tls)});
+    EXPECT_TRUE(server->tls_status().ok()) << server->tls_status();
+    server->Post("/echo", [](const httplib::Request& req, httplib::Response& res) {
+      res.set_content(req.body, "application/octet-stream");
+    });
+    server->Get("/big", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(std::string(1 << 20, 'b'), "application/octet-stream");
+    });
+    server->Get("/whoami", [](const httplib::Request& req, httplib::Response& res) {
+      res.set_content(absl::StrJoin(auth::VerifiedPeerNames(req), ","), "text/plain");
+    });
+    port_ = server->Bind("127.0.0.1", 0);
+    EXPECT_GT(port_, 0);
+    server->Start();
+    return server;
+  }
+  std::unique_ptr<httplib::Client> Dial(const auth::TlsFiles& tls, bool https = true) {
+    return auth::NewHttpClient(absl::StrCat(https ? "https" : "http", "://127.0.0.1:", port_), tls,
+                               absl::Seconds(5));
+  }
+
+  std::string dir_;
+  testing::TestCerts certs_;
+  int port_ = 0;
+};
+
+TEST_F(HttpServerTlsTest, ServesKeptAliveRequestsAndLargeBodiesOverTls) {
+  auto server = Serve({"", certs_.server_cert, certs_.server_key});
+  ASSERT_TRUE(server->tls());
+  auto client = Dial({certs_.ca, "", ""});
+  client->set_keep_alive(true);
+  // Bodies around and past a TLS record (16 KiB) and the read buffer.
+  for (size_t size : {size_t{0}, size_t{1}, size_t{4095}, size_t{16384}, size_t{16385}, size_t{300000}}) {
+    std::string body(size, '\0');
+    for (size_t i = 0; i < size; ++i) body[i] = static_cast<char>(i * 131 + size);
+    httplib::Result res = client->Post("/echo", body, "application/octet-stream");
+    ASSERT_TRUE(res) << size << ": " << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, 200);
+    EXPECT_TRUE(res->body == body) << size;
+  }
+  httplib::Result big = client->Get("/big");
+  ASSERT_TRUE(big);
+  EXPECT_EQ(big->body.size(), size_t{1} << 20);
+  EXPECT_EQ(server->open_connections(), 1u);  // all of it on one connection
+  // Without a CA asked of clients, none is verified.
+  httplib::Result who = client->Get("/whoami");
+  ASSERT_TRUE(who);
+  EXPECT_EQ(who->body, "");
+  EXPECT_EQ(server->tls_handshake_failures(), 0u);
+
+  // Plain HTTP and a client that does not trust the server: no answer, and
+  // the server serves on.
+  EXPECT_FALSE(Dial({}, /*https=*/false)->Get("/big"));
+  for (int i = 0; i < 100 && server->tls_handshake_failures() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(server->tls_handshake_failures(), 1u);
+  // (httplib's client checks the server's certificate after the handshake,
+  // so to the server this one is a connection that closes.)
+  EXPECT_FALSE(Dial({certs_.other_ca, "", ""})->Get("/big"));
+  httplib::Result again = Dial({certs_.ca, "", ""})->Post("/echo", "still here", "text/plain");
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->body, "still here");
+}
+
+TEST_F(HttpServerTlsTest, ClientCertificatesAreVerifiedAgainstTheCa) {
+  auto server = Serve({certs_.ca, certs_.server_cert, certs_.server_key});
+  // A certificate the CA signs: its SAN, then its common name.
+  httplib::Result who = Dial({certs_.ca, certs_.client_cert, certs_.client_key})->Get("/whoami");
+  ASSERT_TRUE(who) << httplib::to_string(who.error());
+  EXPECT_EQ(who->body, "decode-1.tierkv,decode-1");
+  // None: served, with no names (the routes decide).
+  who = Dial({certs_.ca, "", ""})->Get("/whoami");
+  ASSERT_TRUE(who);
+  EXPECT_EQ(who->body, "");
+  // Another CA's: the handshake fails.
+  EXPECT_FALSE(Dial({certs_.ca, certs_.rogue_cert, certs_.rogue_key})->Get("/whoami"));
+  // The server's alert reaches the client before the server counts it.
+  for (int i = 0; i < 100 && server->tls_handshake_failures() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(server->tls_handshake_failures(), 1u);
+}
+
+TEST_F(HttpServerTlsTest, FilesThatDoNotLoadAreReportedAndNothingIsServedInTheClear) {
+  HttpServer server(HttpServer::Options{.tls = {"", certs_.server_cert, certs_.client_key}});
+  EXPECT_FALSE(server.tls_status().ok());
+  EXPECT_NE(server.tls_status().message().find("is not the key of"), std::string::npos) << server.tls_status();
+  server.Get("/x", [](const httplib::Request&, httplib::Response& res) { res.set_content("x", "text/plain"); });
+  port_ = server.Bind("127.0.0.1", 0);
+  ASSERT_GT(port_, 0);
+  server.Start();
+  EXPECT_FALSE(Dial({}, /*https=*/false)->Get("/x"));
 }
 
 }  // namespace
