@@ -75,7 +75,8 @@ constexpr uint64_t kTrailer = internal::kTrailerBytes;
 // value could not be staged (the record was dropped, the tier is down):
 // a miss, as an eviction would have been.
 std::vector<absl::Status> StageSsdHits(const v1::GetReplicasResponse& resp, const std::vector<std::string>& keys,
-                                       absl::Duration timeout, internal::GrantCache* grants) {
+                                       absl::Duration timeout, internal::GrantCache* grants,
+                                       const auth::TlsFiles& tls) {
   std::vector<absl::Status> out(keys.size());
   if (resp.replica_stage_size() == 0) return out;
   struct Batch {
@@ -114,10 +115,9 @@ std::vector<absl::Status> StageSsdHits(const v1::GetReplicasResponse& resp, cons
     if (endpoint == resp.stage_endpoints().end() || endpoint->second.empty()) {
       failed = absl::UnavailableError("its daemon has no SSD tier now");
     } else {
-      httplib::Client cli(absl::StrCat("http://", endpoint->second));
-      cli.set_connection_timeout(us);
-      cli.set_read_timeout(us);
-      cli.set_write_timeout(us);
+      // A daemon serving HTTPS advertises https://host:port.
+      std::unique_ptr<httplib::Client> cli =
+          auth::NewHttpClient(endpoint->second, tls, absl::FromChrono(us));
       // What is left of the lease bounds the daemon's writes into our
       // extents, measured from here so no clocks need agree.
       const int64_t within = std::max<int64_t>(0, absl::ToInt64Milliseconds(timeout - (absl::Now() - start)));
@@ -133,7 +133,7 @@ std::vector<absl::Status> StageSsdHits(const v1::GetReplicasResponse& resp, cons
           }
         }
       }
-      httplib::Result res = cli.Post("/tier/stage", headers, body, "application/x-protobuf");
+      httplib::Result res = cli->Post("/tier/stage", headers, body, "application/x-protobuf");
       if (!res) {
         failed = absl::UnavailableError(absl::StrCat(endpoint->second, ": ", httplib::to_string(res.error())));
       } else if (res->status != 200 || !answer.ParseFromString(res->body)) {
@@ -239,7 +239,7 @@ absl::StatusOr<std::string> DiscoverMetadata(const std::string& master, absl::Du
   ASSIGN_OR_RETURN(v1::StatsResponse stats, m->Stats());
   if (stats.http_port() == 0) return absl::NotFoundError(absl::StrCat("master ", master, " reports no HTTP port"));
   size_t colon = master.rfind(':');
-  return absl::StrCat("http://", master.substr(0, colon), ":", stats.http_port());
+  return absl::StrCat(stats.http_tls() ? "https://" : "http://", master.substr(0, colon), ":", stats.http_port());
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
@@ -274,7 +274,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
     eo.metadata = options.metadata_client;
   } else {
     ASSIGN_OR_RETURN(std::unique_ptr<transport::MetadataClient> m,
-                     transport::NewHttpMetadata(options.metadata, options.rpc_timeout, options.token));
+                     transport::NewHttpMetadata(options.metadata, options.rpc_timeout, options.token, options.tls));
     eo.metadata = std::move(m);
   }
   eo.transports = options.transports;
@@ -705,7 +705,7 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
     if (resp.ok()) {
       got = Impl::Locate(*resp, asked);
       staged = StageSsdHits(*resp, asked_keys, timeout > absl::ZeroDuration() ? timeout : options_.transfer_timeout,
-                            grants_.get());
+                            grants_.get(), options_.tls);
     }
     for (size_t k = 0; k < which.size(); ++k) {
       const size_t i = which[k];

@@ -23,7 +23,8 @@ const FlagTable<CtlConfig>& CtlFlags() {
       "  tierkvctl [flags] tenants clear <tenant>  remove a tenant's limits (role admin)",
       {
           StringFlag<C>("master", &C::master, "127.0.0.1:50051", "the master's gRPC address"),
-          StringFlag<C>("http", &C::http, "127.0.0.1:8080", "the master's HTTP address"),
+          StringFlag<C>("http", &C::http, "127.0.0.1:8080",
+                        "the master's HTTP address host:port (spoken over HTTPS when --tls-ca is given)"),
           StringFlag<C>("token-file", &C::token_file, "",
                         "file whose first word is the token to present to a master running --auth token "
                         "(remove-all needs role admin); empty: none"),

@@ -1,5 +1,7 @@
 #include "config/master_config.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace tierkv {
 
 const FlagTable<MasterConfig>& MasterFlags() {
@@ -12,20 +14,23 @@ const FlagTable<MasterConfig>& MasterFlags() {
       "(\"no segment mounted\"), so gate clients on /ready and launchers of daemons on /health.",
       {
           StringFlag<C>("listen", &C::listen, "127.0.0.1", "address the gRPC and HTTP servers bind"),
-          ChoiceFlag<C>("auth", &C::auth, "none", {"none", "token"},
+          ChoiceFlag<C>("auth", &C::auth, "none", {"none", "token", "mtls"},
                         "who may call: none (anyone; only on a loopback --listen unless "
-                        "--insecure-allow-remote) or token (a bearer token from --token-file on every "
-                        "RPC and HTTP request); docs/security.md"),
+                        "--insecure-allow-remote), token (a bearer token from --token-file on every "
+                        "RPC and HTTP request) or mtls (the caller's client certificate, verified against "
+                        "--tls-ca and named by a cert: line of --token-file); docs/security.md"),
           StringFlag<C>("token-file", &C::token_file, "",
                         "for --auth token: the accepted tokens, one '<token> <name> <roles> "
-                        "[expires=<RFC 3339>]' per line (roles: daemon, client, admin); re-read on SIGHUP"),
+                        "[expires=<RFC 3339>] [tenant=<name>]' per line (roles: daemon, client, admin); "
+                        "for --auth mtls: 'cert:<certificate name> <name> <roles> ...' lines; re-read on SIGHUP"),
           StringFlag<C>("tls-cert", &C::tls_cert, "",
-                        "PEM certificate chain: serve gRPC over TLS (the direct lane is then off); with --tls-key; "
-                        "re-read every minute"),
+                        "PEM certificate chain: serve gRPC and HTTP over TLS (the direct lane is then off); "
+                        "with --tls-key; re-read every minute"),
           StringFlag<C>("tls-key", &C::tls_key, "", "PEM private key of --tls-cert"),
           StringFlag<C>("tls-ca", &C::tls_ca, "",
-                        "PEM certificates that sign clients' certificates: with it every gRPC caller must present "
-                        "one they sign (mutual TLS); needs --tls-cert"),
+                        "PEM certificates that sign clients' certificates: with it every gRPC caller, and every "
+                        "HTTP request but the open probes, must present one they sign (mutual TLS); it also "
+                        "verifies daemons' HTTPS; needs --tls-cert"),
           BoolFlag<C>("insecure-allow-remote", &C::insecure_allow_remote, "false",
                       "serve --auth none on a routable --listen (logged as a warning)"),
           BoolFlag<C>("open-metrics", &C::open_metrics, "false",
@@ -134,8 +139,12 @@ const FlagTable<MasterConfig>& MasterFlags() {
         if (c.low_watermark > c.high_watermark) {
           return absl::InvalidArgumentError("--low-watermark must not exceed --high-watermark");
         }
-        if (c.auth == "token" && c.token_file.empty()) {
-          return absl::InvalidArgumentError("--auth token needs --token-file");
+        if (c.auth != "none" && c.token_file.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat("--auth ", c.auth, " needs --token-file"));
+        }
+        if (c.auth == "mtls" && (c.tls_cert.empty() || c.tls_ca.empty())) {
+          return absl::InvalidArgumentError(
+              "--auth mtls needs --tls-cert, --tls-key and --tls-ca (the CA that signs callers' certificates)");
         }
         if (c.tls_cert.empty() != c.tls_key.empty()) {
           return absl::InvalidArgumentError("--tls-cert and --tls-key go together");

@@ -18,12 +18,15 @@ const FlagTable<StoreConfig>& StoreFlags() {
           StringFlag<C>("tls-ca", &C::tls_ca, "",
                         "PEM certificates that sign the master's: reach its gRPC port over TLS (a master with "
                         "--tls-cert); empty: plain"),
-          StringFlag<C>("tls-cert", &C::tls_cert, "", "with --tls-ca: our PEM certificate, for a master that requires one"),
+          StringFlag<C>("tls-cert", &C::tls_cert, "",
+                        "our PEM certificate: presented to a master that requires one, and served on our HTTP "
+                        "port, which is then HTTPS (it must name the address others dial: --host or --listen)"),
           StringFlag<C>("tls-key", &C::tls_key, "", "PEM private key of --tls-cert"),
-          ChoiceFlag<C>("auth", &C::auth, "none", {"none", "token"},
+          ChoiceFlag<C>("auth", &C::auth, "none", {"none", "token", "mtls"},
                         "who may move bytes: none (anyone who reaches the port; only on a loopback --listen "
-                        "unless --insecure-allow-remote) or token (a connection needs a data grant from the "
-                        "master for this segment; needs --token-file); docs/security.md"),
+                        "unless --insecure-allow-remote), token or mtls (a connection needs a data grant from "
+                        "the master for this segment; token: we are --token-file to the master, mtls: we are "
+                        "--tls-cert); docs/security.md"),
           BoolFlag<C>("insecure-allow-remote", &C::insecure_allow_remote, "false",
                       "serve --auth none on a routable --listen (logged as a warning)"),
           SizeFlag<C>("segment-size", &C::segment_size, "1gib", 1 << 20, 1e15,
@@ -81,6 +84,13 @@ const FlagTable<StoreConfig>& StoreFlags() {
       [](const C& c) -> absl::Status {
         if (c.auth == "token" && c.token_file.empty()) {
           return absl::InvalidArgumentError("--auth token needs --token-file (this daemon's token, role daemon)");
+        }
+        if (c.auth == "mtls" && (c.tls_ca.empty() || c.tls_cert.empty() || c.tls_key.empty())) {
+          return absl::InvalidArgumentError(
+              "--auth mtls needs --tls-ca, --tls-cert and --tls-key (this daemon's certificate, role daemon)");
+        }
+        if (c.tls_cert.empty() != c.tls_key.empty()) {
+          return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
         }
         if (!c.ssd_dir.empty() && c.ssd_size == 0) {
           return absl::InvalidArgumentError("--ssd-size: needed with --ssd-dir");

@@ -20,6 +20,18 @@ namespace {
 
 using rpc::MethodStats;
 
+// The names of the caller's verified client certificate: its subject
+// alternative names (DNS, URI, IP), then its common name.
+std::vector<std::string> PeerCertificateNames(const grpc::ServerContext& ctx) {
+  std::vector<std::string> names;
+  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return names;
+  for (const char* property : {"x509_subject_alternative_name", "x509_common_name"}) {
+    for (const grpc::string_ref& v : auth->FindPropertyValues(property)) names.emplace_back(v.data(), v.size());
+  }
+  return names;
+}
+
 // A call with more items than this, or of a method marked slow, runs on the
 // slow lane instead of its poller, so a long batch never holds the queue it
 // came in on (and the lookups behind it).
@@ -149,12 +161,17 @@ class Call final : public CallBase {
     if (state_->auth != nullptr && state_->auth->enabled()) {
       // The one check every gRPC call passes; the direct lane checks its
       // connections' first frame the same way.
-      absl::string_view token;
-      auto md = ctx_.client_metadata().find(auth::kAuthorizationHeader);
-      if (md != ctx_.client_metadata().end()) {
-        token = auth::BearerToken(absl::string_view(md->second.data(), md->second.size()));
+      auth::Credentials caller;
+      if (state_->auth->certificates()) {
+        // gRPC verified the certificate against --tls-ca in the handshake.
+        caller.certificate = PeerCertificateNames(ctx_);
+      } else {
+        auto md = ctx_.client_metadata().find(auth::kAuthorizationHeader);
+        if (md != ctx_.client_metadata().end()) {
+          caller.token = std::string(auth::BearerToken(absl::string_view(md->second.data(), md->second.size())));
+        }
       }
-      absl::StatusOr<auth::Identity> id = state_->auth->Authorize(token, method_->roles, method_->name);
+      absl::StatusOr<auth::Identity> id = state_->auth->Authorize(caller, method_->roles, method_->name);
       if (!id.ok()) {
         st.errors->Increment();
         Refuse(grpc::Status(static_cast<grpc::StatusCode>(id.status().code()), std::string(id.status().message())));

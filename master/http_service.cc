@@ -68,7 +68,7 @@ json TenantJson(const TenantUsage& t) {
 auth::Identity CallerOf(const httplib::Request& req, const HttpLimits& limits) {
   if (limits.auth == nullptr || !limits.auth->enabled()) return {"anonymous", auth::kAnyRole, ""};
   absl::StatusOr<auth::Identity> id =
-      limits.auth->Authorize(auth::BearerToken(req.get_header_value("Authorization")), auth::kAnyRole, req.path);
+      limits.auth->Authorize(auth::CredentialsOf(req, limits.auth->certificates()), auth::kAnyRole, req.path);
   return id.ok() ? *id : auth::Identity{};
 }
 
@@ -112,7 +112,7 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
       // Tenant limits are set by an admin.
       if (absl::StartsWith(req.path, "/v1/tenants/") && req.method != "GET" && req.method != "HEAD") return auth::kAdmin;
       return auth::kClient | auth::kDaemon;
-    });
+    }, limits.require_certificate);
   }
 
   server->Get("/metadata", [=](const httplib::Request& req, httplib::Response& res) {

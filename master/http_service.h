@@ -37,6 +37,9 @@ struct HttpLimits {
   const auth::Authenticator* auth = nullptr;  // null: every caller is admitted; must outlive the server
   bool open_metrics = false;
   bool open_health = true;
+  // Served over TLS with a client CA: a request to anything but the open
+  // probes also needs a verified client certificate, as the gRPC port does.
+  bool require_certificate = false;
 };
 
 // Installs the routes on `server`; `master` must outlive it.

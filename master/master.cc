@@ -27,7 +27,7 @@ constexpr char kTenantPrefix[] = "t/";           // tenant -> "<quota bytes> <gu
 // --auth token refuses an unsigned one); empty: unsigned.
 std::vector<absl::Status> OffloadOverHttp(const std::string& tier_http, const std::vector<TierOrder>& orders,
                                           absl::Duration timeout, const std::string& data_key,
-                                          absl::Duration grant_ttl) {
+                                          absl::Duration grant_ttl, const auth::TlsFiles& tls) {
   v1::TierMoveRequest req;
   for (const TierOrder& o : orders) {
     v1::TierMoveItem* item = req.add_items();
@@ -35,11 +35,9 @@ std::vector<absl::Status> OffloadOverHttp(const std::string& tier_http, const st
     item->set_offset(o.offset);
     item->set_length(o.length);
   }
-  httplib::Client cli(absl::StrCat("http://", tier_http));
-  const auto us = std::max<int64_t>(absl::ToInt64Microseconds(timeout), 1000);
-  cli.set_connection_timeout(std::chrono::microseconds(us));
-  cli.set_read_timeout(std::chrono::microseconds(us));
-  cli.set_write_timeout(std::chrono::microseconds(us));
+  // A daemon serving HTTPS advertises its tier as https://host:port.
+  std::unique_ptr<httplib::Client> cli =
+      auth::NewHttpClient(tier_http, {tls.ca, "", ""}, std::max(timeout, absl::Milliseconds(1)));
   const std::string body = req.SerializeAsString();
   httplib::Headers headers;
   if (!data_key.empty()) {
@@ -49,7 +47,7 @@ std::vector<absl::Status> OffloadOverHttp(const std::string& tier_http, const st
       headers.emplace(name, value);
     }
   }
-  httplib::Result res = cli.Post("/tier/offload", headers, body, "application/x-protobuf");
+  httplib::Result res = cli->Post("/tier/offload", headers, body, "application/x-protobuf");
   v1::TierMoveResponse resp;
   absl::Status failed;
   if (!res) {
@@ -93,7 +91,8 @@ Master::Master(MasterOptions options, std::unique_ptr<IndexStore> store, Clock* 
   if (!index_options.offload) {
     index_options.offload = [this](const std::string& tier_http, const std::vector<TierOrder>& orders,
                                    absl::Duration timeout) {
-      return OffloadOverHttp(tier_http, orders, timeout, registry_.DataKeyOfTier(tier_http), options_.data_grant_ttl);
+      return OffloadOverHttp(tier_http, orders, timeout, registry_.DataKeyOfTier(tier_http), options_.data_grant_ttl,
+                             options_.tls);
     };
   }
   if (!options_.kv_events.endpoint.empty()) {

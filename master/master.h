@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "config/base/auth.h"
 #include "config/base/clock.h"
 #include "config/base/metrics.h"
 #include "master/kv_events.h"
@@ -50,6 +51,10 @@ struct MasterOptions {
   // Whether the RPC servers check callers' tokens (--auth token): without,
   // a daemon's data grants protect nothing, which a mount then says.
   bool callers_authenticated = false;
+  // The master's TLS files: its HTTP port serves TLS when they hold a
+  // certificate (Stats then says so), and `ca` verifies daemons whose SSD
+  // tier answers over HTTPS (the system's trust store without one).
+  auth::TlsFiles tls;
 };
 
 // A data grant and its session key; both empty for a segment whose daemon

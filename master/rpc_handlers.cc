@@ -288,6 +288,7 @@ void Stats(Master* m, const v1::StatsRequest&, v1::StatsResponse* resp) {
   resp->set_capacity_bytes(capacity);
   resp->set_segments(resp->segment_info_size());
   resp->set_http_port(static_cast<uint32_t>(m->http_port()));
+  resp->set_http_tls(!m->options().tls.cert.empty());
 }
 
 void RemoveAll(Master* m, const v1::RemoveAllRequest& req, const std::string& tenant, v1::RemoveAllResponse* resp) {

@@ -69,6 +69,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   options.ssd_grace = config.ssd_grace;
   options.data_grant_ttl = config.data_grant_ttl;
   options.callers_authenticated = s->auth_->enabled();
+  options.tls = {config.tls_ca, config.tls_cert, config.tls_key};
   options.max_pending_per_client = static_cast<uint64_t>(config.max_pending_per_client);
   options.queries.key_prefix_separator = config.query_stats_key_prefix_separator;
   options.queries.max_prefixes = static_cast<size_t>(config.query_stats_max_prefixes);
@@ -157,10 +158,16 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   http.threads = static_cast<int>(config.http_threads);
   http.max_connections = static_cast<size_t>(config.http_max_connections);
   http.idle_timeout = config.http_idle_timeout;
+  http.tls = tls;  // one certificate for both ports: clients trust one name
   s->http_ = std::make_unique<HttpServer>(http);
+  if (!s->http_->tls_status().ok()) {
+    if (s->direct_) s->direct_->StopAccepting();
+    s->grpc_->Shutdown();
+    return s->http_->tls_status();
+  }
   InstallHttpRoutes(s->http_.get(), s->master_.get(),
                     {static_cast<size_t>(config.max_http_body), static_cast<size_t>(config.max_key_bytes),
-                     s->auth_.get(), config.open_metrics, config.open_health});
+                     s->auth_.get(), config.open_metrics, config.open_health, !tls.ca.empty()});
   s->http_port_ = s->http_->Bind(config.listen, static_cast<int>(config.http_port));
   if (s->http_port_ <= 0) {
     if (s->direct_) s->direct_->StopAccepting();

@@ -57,7 +57,7 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   ASSIGN_OR_RETURN(d->master_, client::MasterClient::Create(config.master, mo));
   transport::EngineOptions eo;
   ASSIGN_OR_RETURN(std::unique_ptr<transport::MetadataClient> metadata,
-                   transport::NewHttpMetadata(config.metadata, absl::Seconds(5), mo.token));
+                   transport::NewHttpMetadata(config.metadata, absl::Seconds(5), mo.token, mo.tls));
   eo.metadata = std::move(metadata);
   for (absl::string_view t : absl::StrSplit(config.transport, ',', absl::SkipWhitespace())) {
     eo.transports.emplace_back(t);
@@ -66,7 +66,7 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
     eo.backend.rdma_devices.emplace_back(t);
   }
   eo.backend.listen = config.listen;
-  eo.data_grants = config.auth == "token";
+  eo.data_grants = config.auth == "token" || config.auth == "mtls";
   eo.backend.advertise = config.host;
   eo.backend.port = static_cast<int>(config.port);
   eo.backend.connections = static_cast<int>(config.connections);
@@ -120,7 +120,11 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   if (d->ssd_ != nullptr) d->sync_thread_ = std::thread([self] { self->SyncLoop(); });
 
   d->RegisterMetrics();
-  d->http_ = std::make_unique<HttpServer>(HttpServer::Options{.threads = 2, .max_connections = 1024});
+  // With a certificate of our own the HTTP port is HTTPS: its tier orders
+  // are signed with grants, so it asks no client certificate.
+  d->http_ = std::make_unique<HttpServer>(
+      HttpServer::Options{.threads = 2, .max_connections = 1024, .tls = {"", config.tls_cert, config.tls_key}});
+  RETURN_IF_ERROR(d->http_->tls_status());
   StoreDaemon* raw = d.get();
   d->http_->Get("/ready", [raw](const httplib::Request&, httplib::Response& res) {
     bool ready = raw->ready();
@@ -155,7 +159,7 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   }
   d->http_->Start();
   if (d->ssd_ != nullptr) {
-    d->tier_http_ = absl::StrCat(d->engine_->advertised_address(), ":", d->http_port_);
+    d->tier_http_ = auth::HttpUrl(absl::StrCat(d->engine_->advertised_address(), ":", d->http_port_), d->http_->tls());
     d->tier_ready_.store(true, std::memory_order_release);
   }
   return d;

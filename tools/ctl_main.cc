@@ -32,13 +32,13 @@ int Fail(const std::string& what) {
   return 1;
 }
 
-// A client of the master's HTTP port (--http) presenting our token.
+// A client of the master's HTTP port (--http) presenting our token (and
+// certificate): HTTPS when we were given TLS files, as a master with
+// --tls-cert serves both its ports over TLS.
 absl::StatusOr<std::unique_ptr<httplib::Client>> MasterHttp(const CtlConfig& c) {
-  size_t colon = c.http.rfind(':');
-  if (colon == std::string::npos) return absl::InvalidArgumentError("--http must be host:port");
-  auto cli = std::make_unique<httplib::Client>(c.http.substr(0, colon), std::stoi(c.http.substr(colon + 1)));
-  cli->set_read_timeout(absl::ToChronoSeconds(c.timeout));
-  cli->set_connection_timeout(absl::ToChronoSeconds(c.timeout));
+  if (c.http.rfind(':') == std::string::npos) return absl::InvalidArgumentError("--http must be host:port");
+  const auth::TlsFiles tls{c.tls_ca, c.tls_cert, c.tls_key};
+  auto cli = auth::NewHttpClient(auth::HttpUrl(c.http, tls.enabled()), tls, c.timeout);
   ASSIGN_OR_RETURN(std::string token, auth::ReadTokenFile(c.token_file));
   if (!token.empty()) cli->set_bearer_token_auth(token.c_str());
   return cli;

@@ -6,6 +6,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "config/base/auth.h"
 #include "config/base/mutex.h"
 #include "httplib.h"
 
@@ -38,8 +39,8 @@ class InMemoryMetadata final : public MetadataClient {
 
 class HttpMetadata final : public MetadataClient {
  public:
-  HttpMetadata(std::string host, int port, absl::Duration timeout, std::string token)
-      : host_(std::move(host)), port_(port), timeout_(timeout), token_(std::move(token)) {}
+  HttpMetadata(std::string url, absl::Duration timeout, std::string token, auth::TlsFiles tls)
+      : url_(std::move(url)), timeout_(timeout), token_(std::move(token)), tls_(std::move(tls)) {}
 
   absl::StatusOr<std::string> Get(const std::string& key) override {
     auto cli = Client();
@@ -69,11 +70,7 @@ class HttpMetadata final : public MetadataClient {
   // A client per call keeps this object thread-safe without a lock;
   // descriptor traffic is rare (cached by the engine).
   std::unique_ptr<httplib::Client> Client() {
-    auto cli = std::make_unique<httplib::Client>(host_, port_);
-    auto t = absl::ToChronoMicroseconds(timeout_);
-    cli->set_connection_timeout(t);
-    cli->set_read_timeout(t);
-    cli->set_write_timeout(t);
+    auto cli = auth::NewHttpClient(url_, tls_, timeout_);
     if (!token_.empty()) cli->set_bearer_token_auth(token_.c_str());
     return cli;
   }
@@ -81,23 +78,22 @@ class HttpMetadata final : public MetadataClient {
     return absl::StrCat("/metadata?key=", httplib::detail::encode_query_param(key));
   }
   absl::Status Unreachable(const char* method, httplib::Error e) {
-    return absl::UnavailableError(absl::StrCat("metadata ", method, " to ", host_, ":", port_,
-                                               " failed: ", httplib::to_string(e)));
+    return absl::UnavailableError(absl::StrCat("metadata ", method, " to ", url_, " failed: ", httplib::to_string(e)));
   }
   absl::Status BadStatus(const char* method, int status, const std::string& body) {
     if (status == 401 || status == 403) {
       return absl::Status(status == 401 ? absl::StatusCode::kUnauthenticated : absl::StatusCode::kPermissionDenied,
-                          absl::StrCat("metadata ", method, " to ", host_, ":", port_, " refused: ",
+                          absl::StrCat("metadata ", method, " to ", url_, " refused: ",
                                        body.substr(0, 200)));
     }
-    return absl::InternalError(absl::StrCat("metadata ", method, " to ", host_, ":", port_,
-                                            " answered ", status, ": ", body.substr(0, 200)));
+    return absl::InternalError(absl::StrCat("metadata ", method, " to ", url_, " answered ", status, ": ",
+                                            body.substr(0, 200)));
   }
 
-  std::string host_;
-  int port_;
+  std::string url_;  // scheme://host:port
   absl::Duration timeout_;
   std::string token_;
+  auth::TlsFiles tls_;
 };
 
 }  // namespace
@@ -106,10 +102,12 @@ std::shared_ptr<MetadataClient> NewInMemoryMetadata() { return std::make_shared<
 
 absl::StatusOr<std::unique_ptr<MetadataClient>> NewHttpMetadata(const std::string& url,
                                                                 absl::Duration timeout,
-                                                                const std::string& token) {
+                                                                const std::string& token,
+                                                                const auth::TlsFiles& tls) {
   absl::string_view rest = url;
-  if (!absl::ConsumePrefix(&rest, "http://")) {
-    return absl::InvalidArgumentError(absl::StrCat("metadata URL '", url, "' must start with http://"));
+  const bool https = absl::ConsumePrefix(&rest, "https://");
+  if (!https && !absl::ConsumePrefix(&rest, "http://")) {
+    return absl::InvalidArgumentError(absl::StrCat("metadata URL '", url, "' must start with http:// or https://"));
   }
   while (absl::ConsumeSuffix(&rest, "/")) {
   }
@@ -120,7 +118,7 @@ absl::StatusOr<std::unique_ptr<MetadataClient>> NewHttpMetadata(const std::strin
     return absl::InvalidArgumentError(absl::StrCat("metadata URL '", url, "' needs host:port"));
   }
   return std::unique_ptr<MetadataClient>(
-      new HttpMetadata(std::string(rest.substr(0, colon)), port, timeout, token));
+      new HttpMetadata(absl::StrCat(https ? "https://" : "http://", rest), timeout, token, tls));
 }
 
 }  // namespace tierkv::transport

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "config/base/auth.h"
 
 namespace tierkv::transport {
 
@@ -28,10 +29,14 @@ class MetadataClient {
 // Shared by everything in one process that holds the pointer.
 std::shared_ptr<MetadataClient> NewInMemoryMetadata();
 
-// `url` is "http://host:port". INVALID_ARGUMENT for another scheme. A
+// `url` is "http://host:port" or "https://host:port" (a master with
+// --tls-cert; `tls.ca` verifies it, `tls.cert`/`key` answer a master that
+// asks for a client certificate). INVALID_ARGUMENT for another scheme. A
 // non-empty `token` goes with every request as "Authorization: Bearer";
 // a master that refuses it answers UNAUTHENTICATED or PERMISSION_DENIED.
-absl::StatusOr<std::unique_ptr<MetadataClient>> NewHttpMetadata(
-    const std::string& url, absl::Duration timeout = absl::Seconds(5), const std::string& token = "");
+absl::StatusOr<std::unique_ptr<MetadataClient>> NewHttpMetadata(const std::string& url,
+                                                                absl::Duration timeout = absl::Seconds(5),
+                                                                const std::string& token = "",
+                                                                const auth::TlsFiles& tls = {});
 
 }  // namespace tierkv::transport

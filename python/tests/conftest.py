@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -71,11 +72,13 @@ class Cluster:
 
     daemon_args = ()  # extra daemon flags
     token = ""  # the bearer token the fixture's own HTTP reads present
+    ca = None  # a CA: the master serves TLS (--tls-cert) under a certificate it signs
 
-    def __init__(self, daemons=2, segment_size="256mib", master_args=(), daemon_args=(), token=""):
+    def __init__(self, daemons=2, segment_size="256mib", master_args=(), daemon_args=(), token="", tls_ca=None):
         self.segment_size = segment_size
         self.daemon_args = list(daemon_args)
         self.token = token
+        self.ca = tls_ca
         self.master = Process("tierkv-master", ["--rpc-port=0", "--http-port=0", "--segment-ttl=1s",
                                                 "--check-interval=100ms"] + list(master_args))
         self.daemons = []
@@ -89,7 +92,7 @@ class Cluster:
 
     @property
     def metadata_url(self):
-        return f"http://127.0.0.1:{self.master.http_port}"
+        return f"{'https' if self.ca else 'http'}://127.0.0.1:{self.master.http_port}"
 
     def add_daemon(self, i):
         d = Process("tierkv-store", [f"--master={self.master_address}", f"--metadata={self.metadata_url}",
@@ -102,7 +105,8 @@ class Cluster:
         req = urllib.request.Request(self.metadata_url + "/v1/segments")
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
-        with urllib.request.urlopen(req, timeout=5) as r:
+        context = ssl.create_default_context(cafile=self.ca) if self.ca else None
+        with urllib.request.urlopen(req, timeout=5, context=context) as r:
             return json.loads(r.read())
 
     def wait_live(self, n, timeout=20):

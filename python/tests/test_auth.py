@@ -2,6 +2,7 @@
 it: tierkv.Client with a token or a token file, Mooncake's store API with
 TIERKV_TOKEN_FILE, and a caller without a token, refused with the reason."""
 
+import json
 import os
 import signal
 import subprocess
@@ -153,8 +154,8 @@ def tls_cluster(tmp_path_factory):
     c = Cluster(daemons=1, segment_size="64mib",
                 master_args=["--auth=token", f"--token-file={d / 'tokens'}", f"--tls-cert={d / 'master.pem'}",
                              f"--tls-key={d / 'master.key'}"],
-                daemon_args=[f"--token-file={d / 'daemon.token'}", f"--tls-ca={d / 'ca.pem'}"], token=CLIENT)
-    c.ca = str(d / "ca.pem")
+                daemon_args=[f"--token-file={d / 'daemon.token'}", f"--tls-ca={d / 'ca.pem'}"], token=CLIENT,
+                tls_ca=str(d / "ca.pem"))
     yield c
     c.stop()
 
@@ -175,6 +176,12 @@ def test_tls_and_tenants_from_python(tls_cluster, monkeypatch):
         assert b.batch_exists(["only-a"]) == [False]
         assert b.remove_all(force=True) == 1  # team-b's admin removes team-b's objects only
         assert bytes(a.get("py-tenant-key")) == b"from team-a"
+        # The master's HTTP port is HTTPS too: the discovered URL says so, and
+        # the client reads it with its CA.
+        assert a.metadata.startswith("https://") and a.metadata == tls_cluster.metadata_url
+        assert json.loads(a.http_get("/v1/objects/py-tenant-key"))["size"] > len(b"from team-a")
+        with pytest.raises(OSError):
+            urllib.request.urlopen(tls_cluster.metadata_url.replace("https", "http") + "/health", timeout=5)
     finally:
         a.close()
         b.close()

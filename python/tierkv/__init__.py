@@ -44,16 +44,18 @@ def _results(pair, ok_value):
 class Client:
     """The C++ client (client::Client). Thread-safe: share one per process.
 
-    master: host:port of the master's RPC port. metadata: http://host:port of
-    the metadata server; None asks the master for it. lend_size: bytes of this
+    master: host:port of the master's RPC port. metadata: http://host:port
+    (https:// for a master with --tls-cert) of the metadata server; None asks
+    the master for it. lend_size: bytes of this
     process's memory lent to the cluster as a segment (0: none).
     Timeouts are in seconds. reply_spin: seconds a call busy-polls for its
     reply before sleeping (0: never). token (or token_file, a file whose
     first word is the token; default $TIERKV_TOKEN_FILE): the bearer token
     for a master running --auth token. tls_ca (default $TIERKV_TLS_CA): the
-    PEM certificates that sign the master's, to reach a master serving gRPC
-    over TLS; tls_cert and tls_key (default $TIERKV_TLS_CERT,
-    $TIERKV_TLS_KEY): ours, for one that requires client certificates.
+    PEM certificates that sign the master's (and daemons'), to reach a master
+    serving TLS; tls_cert and tls_key (default $TIERKV_TLS_CERT,
+    $TIERKV_TLS_KEY): ours, for one that requires client certificates (with
+    --auth mtls they are who we are).
     Raises Unavailable when the master
     cannot be reached, Unauthenticated or PermissionDenied when it refuses
     the token, InvalidArgument for bad options.
@@ -74,8 +76,29 @@ class Client:
                           lend_name, host, client_id, listen, float(rpc_timeout), float(transfer_timeout),
                           bool(verify_checksums), int(connections), int(workers), float(reply_spin), token, *tls)
         self._token = token
+        self._tls = tls
         self.master = master
         self.metadata = metadata
+
+    def http_get(self, path, timeout=5.0):
+        """GET `path` on the master's HTTP port (the metadata URL), with this
+        client's token and, for an https:// URL, its TLS files; the body as
+        bytes. Raises urllib.error.HTTPError for an error status, OSError
+        when the master cannot be reached."""
+        import ssl
+        import urllib.request
+
+        req = urllib.request.Request(self.metadata.rstrip("/") + path)
+        if self._token:
+            req.add_header("Authorization", f"Bearer {self._token}")
+        context = None
+        if self.metadata.startswith("https://"):
+            ca, cert, key = self._tls
+            context = ssl.create_default_context(cafile=ca or None)
+            if cert:
+                context.load_cert_chain(cert, key or None)
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
+            return r.read()
 
     def close(self):
         """Stops the client (and unlends its segment). Later calls raise FailedPrecondition."""

@@ -187,7 +187,7 @@ class MooncakeDistributedStore:
             log.info("setup(engine=...) ignored: tierkv has its own transfer engine")
         master = str(a["master_server_addr"])
         metadata = str(a["metadata_server"] or "")
-        if metadata.startswith("http://"):
+        if metadata.startswith(("http://", "https://")):
             metadata = metadata.rstrip("/")
             if metadata.endswith("/metadata"):
                 metadata = metadata[: -len("/metadata")]
@@ -462,13 +462,9 @@ class MooncakeDistributedStore:
         if c is None:
             return UNAVAILABLE_IN_CURRENT_STATUS
         k = key.decode("latin-1") if isinstance(key, bytes) else str(key)
-        url = f"{c.metadata}/v1/objects/{urllib.parse.quote(k, safe='')}"
         try:
-            req = urllib.request.Request(url)
-            if c._token:
-                req.add_header("Authorization", f"Bearer {c._token}")
-            with urllib.request.urlopen(req, timeout=_env_seconds("TIERKV_RPC_TIMEOUT", 5.0)) as r:
-                info = json.loads(r.read())
+            info = json.loads(c.http_get(f"/v1/objects/{urllib.parse.quote(k, safe='')}",
+                                         timeout=_env_seconds("TIERKV_RPC_TIMEOUT", 5.0)))
         except urllib.error.HTTPError as e:
             return OBJECT_NOT_FOUND if e.code == 404 else INTERNAL_ERROR
         except (OSError, ValueError):

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "config/base/auth.h"
@@ -18,6 +19,7 @@
 #include "store/ssd_tier.h"
 #include "tests/support/cluster.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/tls_certs.h"
 #include "tests/support/values.h"
 
 namespace tierkv {
@@ -181,7 +183,9 @@ class SsdDaemonTest : public ::testing::Test {
       values->push_back(std::move(value));
     }
     if (missed_ > 0) std::printf("%d of %d pages were evicted before their first lookup\n", missed_, kPages);
-    if (env.empty()) ASSERT_LE(missed_, kPages / 16);
+    if (env.empty()) {
+      ASSERT_LE(missed_, kPages / 16);
+    }
   }
 
   TestCluster cluster_;
@@ -439,6 +443,114 @@ TEST_F(SsdDaemonAuthTest, SignedTierOrdersMovePagesAndOthersAreRefused) {
   // A stage signed for /tier/stage does not pass as an offload.
   EXPECT_EQ(Post("/tier/offload", body, signed_by(g.session_key(), body, absl::Now())), 401);
   EXPECT_EQ(Post("/tier/stage", body, signed_by(g.session_key(), body, absl::Now())), 200);
+  EXPECT_TRUE(daemon_->Running());
+}
+
+// Every port over TLS, every caller named by its certificate (--auth mtls):
+// the master's gRPC and HTTP, the daemon's HTTP tier (the master's
+// offloads and the clients' stages go over HTTPS), metadata included.
+class SsdDaemonTlsTest : public SsdDaemonTest {
+ protected:
+  void SetUp() override {
+    if (absl::Status u = store::UringAvailable(); !u.ok()) GTEST_SKIP() << u.message();
+    dir_ = testing::MakeTempDir("tierkv-ssd");
+    std::filesystem::create_directories(dir_ + "/certs");
+    absl::StatusOr<testing::TestCerts> certs = testing::MakeTestCerts(dir_ + "/certs");
+    ASSERT_OK(certs.status());
+    certs_ = *certs;
+    // The daemon serves its HTTP with the certificate for 127.0.0.1
+    // (SAN "localhost"); the reader is decode-1.tierkv.
+    WriteIdentities(true);
+    ASSERT_OK(cluster_.Start({.daemons = 0,
+                              .master_flags = {"--lease-ttl=200ms", "--revoke-grace=0s", "--check-interval=50ms",
+                                               "--auth=mtls", "--token-file=" + dir_ + "/identities",
+                                               "--tls-cert=" + certs_.server_cert, "--tls-key=" + certs_.server_key,
+                                               "--tls-ca=" + certs_.ca},
+                              .tls = {certs_.ca, certs_.client_cert, certs_.client_key}}));
+    extra_daemon_args_ = {"--auth=mtls", "--tls-ca=" + certs_.ca, "--tls-cert=" + certs_.server_cert,
+                          "--tls-key=" + certs_.server_key};
+  }
+  void WriteIdentities(bool with_reader) {
+    std::ofstream out(dir_ + "/identities");
+    out << "cert:localhost ssd daemon\n";
+    if (with_reader) out << "cert:decode-1.tierkv reader client\n";
+  }
+  // The status of `method` `path` on the master's HTTP port, over `url`'s
+  // scheme with `tls`; -1 when no HTTP answer came.
+  int MasterHttp(const std::string& method, const std::string& url, const auth::TlsFiles& tls,
+                 const std::string& path, std::string* body = nullptr) {
+    auto cli = auth::NewHttpClient(url, tls, absl::Seconds(3));
+    httplib::Result res = method == "GET" ? cli->Get(path) : cli->Put(path, "x", "application/octet-stream");
+    if (!res) return -1;
+    if (body != nullptr) *body = res->body;
+    return res->status;
+  }
+
+  testing::TestCerts certs_;
+};
+
+TEST_F(SsdDaemonTlsTest, EveryPortServesTlsAndCallersAreTheirCertificates) {
+  std::vector<std::string> keys, values;
+  ASSERT_NO_FATAL_FAILURE(StartAndFill(&keys, &values));
+  // The master's offloads reached the daemon's HTTPS tier, and reads stage
+  // pages back through it.
+  EXPECT_GT(Metric(Get("/metrics"), "tierkv_store_ssd_records"), 100);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    absl::StatusOr<std::string> got = client_->Get(keys[i]);
+    if (absl::IsNotFound(got.status())) {
+      absl::SleepFor(absl::Milliseconds(300));  // staging extents still leased
+      got = client_->Get(keys[i]);
+    }
+    ASSERT_OK(got.status()) << keys[i];
+    ASSERT_EQ(*got, values[i]) << keys[i];
+  }
+  EXPECT_GT(Metric(Get("/metrics"), "tierkv_store_ssd_bytes_total{direction=\"read\"}"), 0);
+
+  // The master's HTTP port: TLS only; a certificate for everything but the
+  // probes; the caller's roles are its certificate's line.
+  const std::string https = cluster_.metadata_url();
+  ASSERT_TRUE(absl::StartsWith(https, "https://")) << https;
+  const std::string plain = absl::StrCat("http://127.0.0.1:", cluster_.http_port());
+  const auth::TlsFiles reader{certs_.ca, certs_.client_cert, certs_.client_key};
+  std::string body;
+  EXPECT_EQ(MasterHttp("GET", https, reader, "/v1/stats", &body), 200);
+  EXPECT_EQ(MasterHttp("GET", plain, {}, "/health"), -1);
+  EXPECT_EQ(MasterHttp("GET", https, {certs_.ca, "", ""}, "/health"), 200);
+  EXPECT_EQ(MasterHttp("GET", https, {certs_.ca, "", ""}, "/v1/stats", &body), 401);
+  EXPECT_THAT(body, ::testing::HasSubstr("no client certificate"));
+  EXPECT_EQ(MasterHttp("GET", https, {certs_.ca, certs_.rogue_cert, certs_.rogue_key}, "/v1/stats"), -1);
+  EXPECT_EQ(MasterHttp("GET", https, {certs_.other_ca, certs_.client_cert, certs_.client_key}, "/health"), -1);
+  EXPECT_EQ(MasterHttp("PUT", https, reader, "/metadata?key=ssd-daemon", &body), 403);
+  EXPECT_THAT(body, ::testing::HasSubstr("'reader' has role client"));
+  // The daemon's HTTP port is TLS too; a tier order without a grant is
+  // refused there as before.
+  const std::string daemon_https = absl::StrCat("https://127.0.0.1:", daemon_->port("http"));
+  EXPECT_EQ(MasterHttp("GET", absl::StrCat("http://127.0.0.1:", daemon_->port("http")), {}, "/health"), -1);
+  {
+    auto cli = auth::NewHttpClient(daemon_https, {certs_.ca, "", ""}, absl::Seconds(3));
+    httplib::Result res = cli->Post("/tier/stage", "", "application/x-protobuf");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 401);
+  }
+
+  // A certificate the CA signs but no line names: refused, naming it.
+  WriteIdentities(false);
+  cluster_.master().Kill(SIGHUP);
+  client::MasterClientOptions mo;
+  mo.rpc_timeout = absl::Seconds(3);
+  mo.tls = reader;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::MasterClient> m,
+                       client::MasterClient::Create(cluster_.master_address(), mo));
+  absl::Status refused;
+  for (int i = 0; i < 50; ++i) {  // the reload is asynchronous
+    refused = m->Stats().status();
+    if (!refused.ok()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_THAT(refused, testing::StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("decode-1.tierkv"));
+  EXPECT_EQ(MasterHttp("GET", https, reader, "/v1/stats"), 401);
+  EXPECT_TRUE(cluster_.master().Running());
   EXPECT_TRUE(daemon_->Running());
 }
 

@@ -16,7 +16,10 @@ TestCluster::~TestCluster() {
 }
 
 std::string TestCluster::master_address() const { return absl::StrCat("127.0.0.1:", rpc_port_); }
-std::string TestCluster::metadata_url() const { return absl::StrCat("http://127.0.0.1:", http_port_); }
+// A cluster whose callers use TLS has a master serving both its ports over it.
+std::string TestCluster::metadata_url() const {
+  return auth::HttpUrl(absl::StrCat("127.0.0.1:", http_port_), options_.tls.enabled());
+}
 
 absl::Status TestCluster::Start(ClusterOptions options) {
   options_ = std::move(options);
@@ -94,11 +97,11 @@ absl::StatusOr<std::unique_ptr<client::Client>> TestCluster::NewClient(std::vect
 }
 
 absl::StatusOr<std::string> TestCluster::HttpGet(const std::string& path, int port, const std::string& token) {
-  httplib::Client cli("127.0.0.1", port == 0 ? http_port_ : port);
-  cli.set_read_timeout(std::chrono::seconds(5));
-  cli.set_connection_timeout(std::chrono::seconds(2));
-  if (!token.empty() || !options_.token.empty()) cli.set_bearer_token_auth(token.empty() ? options_.token : token);
-  auto res = cli.Get(path);
+  auto cli = auth::NewHttpClient(
+      auth::HttpUrl(absl::StrCat("127.0.0.1:", port == 0 ? http_port_ : port), options_.tls.enabled()), options_.tls,
+      absl::Seconds(5));
+  if (!token.empty() || !options_.token.empty()) cli->set_bearer_token_auth(token.empty() ? options_.token : token);
+  auto res = cli->Get(path);
   if (!res) return absl::UnavailableError(httplib::to_string(res.error()));
   if (res->status != 200) return absl::Status(absl::StatusCode::kUnknown, absl::StrCat("HTTP ", res->status));
   return res->body;

@@ -28,8 +28,9 @@ struct ClusterOptions {
   // The bearer token NewClient and HttpGet present (a master running
   // --auth token); empty: none.
   std::string token;
-  // TLS files NewClient uses for the master's gRPC port (master_flags and
-  // daemon_flags carry the binaries' own); empty: plain.
+  // TLS files NewClient and HttpGet use (master_flags and daemon_flags
+  // carry the binaries' own); given, the master's ports and the daemons'
+  // HTTP are taken to serve TLS; empty: plain.
   auth::TlsFiles tls;
 };
 
