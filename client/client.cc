@@ -282,6 +282,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   eo.backend.connections = options.connections;
   eo.backend.reply_spin = options.reply_spin;
   eo.backend.rdma_devices = options.rdma_devices;
+  eo.backend.tls = options.tls;  // its CA verifies daemons serving --data-tls
   eo.workers = options.workers;
   eo.host = options.host;
   eo.default_timeout = options.transfer_timeout;

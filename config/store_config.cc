@@ -29,6 +29,9 @@ const FlagTable<StoreConfig>& StoreFlags() {
                         "--tls-cert); docs/security.md"),
           BoolFlag<C>("insecure-allow-remote", &C::insecure_allow_remote, "false",
                       "serve --auth none on a routable --listen (logged as a warning)"),
+          BoolFlag<C>("data-tls", &C::data_tls, "false",
+                      "serve the transfer port over TLS with --tls-cert/--tls-key (advertised as tls://host:port; "
+                      "clients verify it with their TLS CA); bulk bytes then cost a cipher pass each way"),
           SizeFlag<C>("segment-size", &C::segment_size, "1gib", 1 << 20, 1e15,
                       "DRAM to lend (512mb, 180gb, 1.5tb, 4gib); refused at start (exit 2) when "
                       "this host or cgroup cannot back it with RAM"),
@@ -91,6 +94,9 @@ const FlagTable<StoreConfig>& StoreFlags() {
         }
         if (c.tls_cert.empty() != c.tls_key.empty()) {
           return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+        }
+        if (c.data_tls && c.tls_cert.empty()) {
+          return absl::InvalidArgumentError("--data-tls needs --tls-cert and --tls-key (the transfer port's certificate)");
         }
         if (!c.ssd_dir.empty() && c.ssd_size == 0) {
           return absl::InvalidArgumentError("--ssd-size: needed with --ssd-dir");

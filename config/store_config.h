@@ -19,6 +19,7 @@ struct StoreConfig {
   std::string tls_key;
   std::string auth;           // none | token: data grants on the transfer port
   bool insecure_allow_remote = false;
+  bool data_tls = false;
   uint64_t segment_size = 0;
   std::string listen;
   std::string host;           // address peers dial; default: --listen

@@ -66,6 +66,8 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
     eo.backend.rdma_devices.emplace_back(t);
   }
   eo.backend.listen = config.listen;
+  eo.backend.tls = mo.tls;
+  eo.backend.serve_tls = config.data_tls;
   eo.data_grants = config.auth == "token" || config.auth == "mtls";
   eo.backend.advertise = config.host;
   eo.backend.port = static_cast<int>(config.port);

@@ -598,9 +598,12 @@ class Engine final : public TransferEngine, public ServedMemory {
     PrepareContext ctx;
     ctx.local_host_id = options_.host_id;
     ctx.deadline = deadline;
+    const std::string ca = options_.backend.tls.ca;
     if (!desc.auth) {
-      ctx.handshake = [](const std::string& control, const std::string& transport, const std::string& request,
-                         absl::Time dl) { return internal::TcpHandshake(control, transport, request, dl); };
+      ctx.handshake = [ca](const std::string& control, const std::string& transport, const std::string& request,
+                           absl::Time dl) {
+        return internal::TcpHandshake(control, transport, request, dl, nullptr, 0, 0, ca);
+      };
       return ctx;
     }
     auto grants = options_.grants;
@@ -611,9 +614,11 @@ class Engine final : public TransferEngine, public ServedMemory {
       }
       return grants(segment, renew, deadline);
     };
-    ctx.handshake = [grant = ctx.grant, index = desc.segment_index, id = desc.segment_id](
+    ctx.handshake = [grant = ctx.grant, index = desc.segment_index, id = desc.segment_id, ca](
                         const std::string& control, const std::string& transport, const std::string& request,
-                        absl::Time dl) { return internal::TcpHandshake(control, transport, request, dl, grant, index, id); };
+                        absl::Time dl) {
+      return internal::TcpHandshake(control, transport, request, dl, grant, index, id, ca);
+    };
     return ctx;
   }
 

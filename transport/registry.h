@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "config/base/auth.h"
 #include "transport/backend.h"
 
 namespace tierkv::transport {
@@ -31,6 +32,12 @@ struct BackendOptions {
   int io_threads = 4;
   absl::Duration idle_timeout = absl::Minutes(10);
   std::vector<std::string> rdma_devices;
+  // `tls.ca` verifies the daemons this process dials at tls:// endpoints
+  // (the system's trust store without one); with `serve_tls` the tcp
+  // server speaks TLS with `tls.cert` and `tls.key` and advertises
+  // tls://host:port (a daemon's --data-tls; tcp/tls.h).
+  auth::TlsFiles tls;
+  bool serve_tls = false;
 };
 
 using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendOptions&)>;

@@ -1,7 +1,6 @@
 #include "config/base/auth.h"
 
 #include <arpa/inet.h>
-#include <signal.h>
 #include <openssl/crypto.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
@@ -27,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "config/base/log.h"
+#include "config/base/signals.h"
 #include "config/base/status.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
@@ -449,15 +449,8 @@ std::unique_ptr<httplib::Client> NewHttpClient(absl::string_view endpoint, const
   const std::string url = HttpUrl(endpoint, false);
   std::unique_ptr<httplib::Client> cli;
   if (absl::StartsWith(url, "https://")) {
-    // OpenSSL writes to its socket without MSG_NOSIGNAL: a server that
-    // closes mid-request (one refusing our certificate) would kill the
-    // process with SIGPIPE. A handler the program installed stays.
-    static const bool kPipeIgnored = [] {
-      struct sigaction old {};
-      if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
-      return true;
-    }();
-    (void)kPipeIgnored;
+    // A server that closes mid-request (one refusing our certificate).
+    IgnoreSigpipeUnlessHandled();
     cli = std::make_unique<httplib::Client>(url, tls.cert, tls.key);
     if (!tls.ca.empty()) cli->set_ca_cert_path(tls.ca.c_str());
     cli->enable_server_certificate_verification(true);

@@ -257,8 +257,8 @@ Credentials CredentialsOf(const httplib::Request& req, bool certificate);
 // server against `tls.ca` (the system's trust store without one) and
 // presenting `tls.cert`/`tls.key` when given; "http://host:port" or a
 // bare "host:port" is plain. Connect, read and write bounded by `timeout`.
-// The first HTTPS client ignores SIGPIPE if the process left it at its
-// default (OpenSSL's writes would raise it when a server hangs up).
+// The first HTTPS client ignores SIGPIPE unless the program handles it
+// (IgnoreSigpipeUnlessHandled).
 std::unique_ptr<httplib::Client> NewHttpClient(absl::string_view endpoint, const TlsFiles& tls,
                                                absl::Duration timeout);
 // "host:port" as a URL: https:// when `tls`, http:// otherwise; an

@@ -43,4 +43,13 @@ long RaiseFileLimit() {
   return static_cast<long>(lim.rlim_cur);
 }
 
+void IgnoreSigpipeUnlessHandled() {
+  static const bool done = [] {
+    struct sigaction old {};
+    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+    return true;
+  }();
+  (void)done;
+}
+
 }  // namespace tierkv

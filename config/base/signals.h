@@ -17,5 +17,10 @@ int WaitForStopSignal(const std::function<void()>& on_reload = nullptr);
 // per client connection, and the common soft limit of 1024 is too few.
 // Returns the new soft limit.
 long RaiseFileLimit();
+// Ignores SIGPIPE if the process left it at its default. OpenSSL writes to
+// its sockets without MSG_NOSIGNAL, so a peer that hangs up mid-write
+// would otherwise kill a program linking our TLS clients or servers; a
+// handler the program installed is left alone. Idempotent, thread-safe.
+void IgnoreSigpipeUnlessHandled();
 
 }  // namespace tierkv

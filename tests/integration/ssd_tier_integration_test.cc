@@ -16,6 +16,7 @@
 #include "config/base/auth.h"
 #include "httplib.h"
 #include "store/file_io.h"
+#include "transport/descriptor.h"
 #include "store/ssd_tier.h"
 #include "tests/support/cluster.h"
 #include "tests/support/status_matchers.h"
@@ -160,7 +161,7 @@ class SsdDaemonTest : public ::testing::Test {
   void StartAndFill(std::vector<std::string>* keys, std::vector<std::string>* values,
                     const std::map<std::string, std::string>& env = {}) {
     ASSERT_OK(StartDaemon(dir_, env, kRegion, "16mib"));
-    auto client = cluster_.NewClient();
+    auto client = cluster_.NewClient(client_transports_);
     ASSERT_OK(client.status());
     client_ = std::move(*client);
     // Ready only once its records are listed to the master, with the
@@ -190,6 +191,7 @@ class SsdDaemonTest : public ::testing::Test {
 
   TestCluster cluster_;
   std::vector<std::string> extra_daemon_args_;
+  std::vector<std::string> client_transports_;  // StartAndFill's client; empty: auto
   int missed_ = 0;  // pages StartAndFill's lookup missed
   std::string dir_;
   std::unique_ptr<ChildProcess> daemon_;
@@ -448,7 +450,8 @@ TEST_F(SsdDaemonAuthTest, SignedTierOrdersMovePagesAndOthersAreRefused) {
 
 // Every port over TLS, every caller named by its certificate (--auth mtls):
 // the master's gRPC and HTTP, the daemon's HTTP tier (the master's
-// offloads and the clients' stages go over HTTPS), metadata included.
+// offloads and the clients' stages go over HTTPS), metadata included, and
+// the daemon's transfer port (--data-tls).
 class SsdDaemonTlsTest : public SsdDaemonTest {
  protected:
   void SetUp() override {
@@ -468,7 +471,8 @@ class SsdDaemonTlsTest : public SsdDaemonTest {
                                                "--tls-ca=" + certs_.ca},
                               .tls = {certs_.ca, certs_.client_cert, certs_.client_key}}));
     extra_daemon_args_ = {"--auth=mtls", "--tls-ca=" + certs_.ca, "--tls-cert=" + certs_.server_cert,
-                          "--tls-key=" + certs_.server_key};
+                          "--tls-key=" + certs_.server_key, "--data-tls"};
+    client_transports_ = {"tcp"};  // the bytes over the TLS port, not shm
   }
   void WriteIdentities(bool with_reader) {
     std::ofstream out(dir_ + "/identities");
@@ -522,6 +526,12 @@ TEST_F(SsdDaemonTlsTest, EveryPortServesTlsAndCallersAreTheirCertificates) {
   EXPECT_EQ(MasterHttp("GET", https, {certs_.other_ca, certs_.client_cert, certs_.client_key}, "/health"), -1);
   EXPECT_EQ(MasterHttp("PUT", https, reader, "/metadata?key=ssd-daemon", &body), 403);
   EXPECT_THAT(body, ::testing::HasSubstr("'reader' has role client"));
+  // The pages above moved over the TLS transfer port the daemon advertises.
+  EXPECT_EQ(MasterHttp("GET", https, reader,
+                       "/metadata?key=" + httplib::detail::encode_query_param(transport::DescriptorKey("ssd-daemon")),
+                       &body),
+            200);
+  EXPECT_THAT(body, ::testing::HasSubstr("\"tcp\":\"tls://127.0.0.1:"));
   // The daemon's HTTP port is TLS too; a tier order without a grant is
   // refused there as before.
   const std::string daemon_https = absl::StrCat("https://127.0.0.1:", daemon_->port("http"));

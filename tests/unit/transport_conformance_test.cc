@@ -1,5 +1,6 @@
 // One suite that every transport backend must pass: the in-process fake
-// (loopback), tcp, shm, and rdma over the fake fabric (two NICs). Two
+// (loopback), tcp, tcp over TLS (--data-tls), shm, and rdma over the fake
+// fabric (two NICs). Two
 // engines in this process: one serves a segment, the other is the client
 // restricted to the transport under test. Local buffers come from memory
 // registered with the client engine, as rdma requires.
@@ -10,9 +11,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "config/base/crc32c.h"
+#include "tests/support/process.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/tls_certs.h"
 #include "transport/engine.h"
 #include "transport/memory.h"
+#include "transport/tcp/socket.h"
+#include "transport/tcp/wire.h"
 
 namespace tierkv::transport {
 namespace {
@@ -37,6 +42,28 @@ std::vector<char> Pattern(size_t n, uint64_t seed) {
   return v;
 }
 
+// Certificates for the "tls" case, made once per process.
+const testing::TestCerts& Certs() {
+  static const testing::TestCerts* certs = [] {
+    absl::StatusOr<testing::TestCerts> c = testing::MakeTestCerts(testing::MakeTempDir("tierkv-data-tls"));
+    if (!c.ok()) ADD_FAILURE() << c.status();
+    return new testing::TestCerts(c.ok() ? *c : testing::TestCerts{});
+  }();
+  return *certs;
+}
+
+// The engine options for a case: "tls" is tcp with the server on TLS and
+// the client trusting its CA.
+EngineOptions OptionsFor(const std::string& param, bool server) {
+  EngineOptions o;
+  o.transports = {param == "tls" ? "tcp" : param};
+  if (param == "tls") {
+    o.backend.tls = {Certs().ca, server ? Certs().server_cert : "", server ? Certs().server_key : ""};
+    o.backend.serve_tls = server;
+  }
+  return o;
+}
+
 class TransportConformance : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -45,9 +72,8 @@ class TransportConformance : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(region.ok()) << region.status();
     region_ = std::move(*region);
     StartServer();
-    EngineOptions c;
+    EngineOptions c = OptionsFor(GetParam(), /*server=*/false);
     c.metadata = metadata_;
-    c.transports = {GetParam()};
     auto client = TransferEngine::Create(c);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = std::move(*client);
@@ -71,9 +97,8 @@ class TransportConformance : public ::testing::TestWithParam<std::string> {
 
   void StartServer(SharedRegion* region = nullptr) {
     if (region == nullptr) region = region_.get();
-    EngineOptions s;
+    EngineOptions s = OptionsFor(GetParam(), /*server=*/true);
     s.metadata = metadata_;
-    s.transports = {GetParam()};
     auto server = TransferEngine::Create(s);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -315,8 +340,62 @@ TEST_P(TransportConformance, PeerRestartedUnderALongLivedClientIsReachedAgain) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TransportConformance,
-                         ::testing::Values("loopback", "tcp", "shm", "rdma"),
+                         ::testing::Values("loopback", "tcp", "tls", "shm", "rdma"),
                          [](const auto& info) { return info.param; });
+
+// A daemon's transfer port over TLS: it advertises tls://, refuses a
+// plain peer (the process serving on), and a client that does not trust
+// its certificate is told so.
+TEST(TcpTls, PlainPeersAndUntrustingClientsAreRefusedClearly) {
+  auto metadata = NewInMemoryMetadata();
+  auto region = SharedRegion::Create(8 << 20, {});
+  ASSERT_TRUE(region.ok()) << region.status();
+  EngineOptions s = OptionsFor("tls", /*server=*/true);
+  s.metadata = metadata;
+  auto server = TransferEngine::Create(s);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_OK((*server)->RegisterMemory((*region)->data(), (*region)->size(), "cpu:0"));
+  ASSERT_OK((*server)->ServeSegment("seg", {(*region)->data()}));
+  auto desc = SegmentDescriptor::FromJson(*metadata->Get(DescriptorKey("seg")));
+  ASSERT_TRUE(desc.ok()) << desc.status();
+  const std::string endpoint = desc->transports.at("tcp");
+  EXPECT_EQ(endpoint.rfind("tls://127.0.0.1:", 0), 0u) << endpoint;
+
+  // Plain frames on the TLS port: no reply, the connection closes.
+  {
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    ASSERT_OK_AND_ASSIGN(tcp::Fd fd, tcp::Dial(endpoint.substr(6), deadline));
+    tcp::RequestHeader h;
+    h.op = tcp::WireOp::kPing;
+    h.id = 1;
+    uint8_t head[tcp::kRequestSize];
+    tcp::EncodeRequest(h, head);
+    (void)tcp::WriteFull(fd.get(), head, sizeof head, deadline);
+    uint8_t reply[tcp::kReplySize];
+    EXPECT_FALSE(tcp::ReadFull(fd.get(), reply, sizeof reply, deadline).ok());
+  }
+  // A client without the CA (the system's trust store) is refused, and told why.
+  EngineOptions c;
+  c.metadata = metadata;
+  c.transports = {"tcp"};
+  auto client = TransferEngine::Create(c);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<char> buf(4096);
+  ASSERT_OK((*client)->RegisterMemory(buf.data(), buf.size(), "cpu:0"));
+  std::vector<absl::Status> st = (*client)->Transfer({{Op::kRead, buf.data(), "seg", 0, 4096}}, absl::Seconds(5));
+  ASSERT_FALSE(st[0].ok());
+  EXPECT_NE(st[0].message().find("not trusted"), std::string::npos) << st[0];
+  // One that trusts it gets the bytes, from the same server.
+  std::memcpy((*region)->data(), "tls-bytes", 9);
+  EngineOptions t = OptionsFor("tls", /*server=*/false);
+  t.metadata = metadata;
+  auto trusting = TransferEngine::Create(t);
+  ASSERT_TRUE(trusting.ok()) << trusting.status();
+  ASSERT_OK((*trusting)->RegisterMemory(buf.data(), buf.size(), "cpu:0"));
+  st = (*trusting)->Transfer({{Op::kRead, buf.data(), "seg", 0, 4096}}, absl::Seconds(5));
+  ASSERT_OK(st[0]);
+  EXPECT_EQ(std::string(buf.data(), 9), "tls-bytes");
+}
 
 TEST(TransportSelection, FallsBackWhenThePreferredTransportCannotReach) {
   auto metadata = NewInMemoryMetadata();

@@ -16,8 +16,69 @@
 
 namespace tierkv::transport::tcp {
 
+void Connection::RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices,
+                             absl::Time deadline) {
+  const size_t n = slices.size();
+  std::vector<bool> done(n, false);
+  // A failed call leaves the stream mid-frame: every slice not yet
+  // answered fails with it, and the connection is broken.
+  auto fail = [&](const char* what, const absl::Status& why) {
+    const absl::Status st(why.code(), absl::StrCat(what, endpoint_, ": ", why.message()));
+    for (size_t i = 0; i < n; ++i) {
+      if (!done[i]) slices[i]->status = st;
+    }
+    broken_ = true;
+  };
+  for (const Op group : {Op::kRead, Op::kWrite}) {
+    std::vector<std::pair<size_t, uint64_t>> sent;  // slice index, request id
+    for (size_t i = 0; i < n; ++i) {
+      Slice* s = slices[i];
+      if (s->op != group) continue;
+      RequestHeader h;
+      h.op = group == Op::kRead ? WireOp::kRead : WireOp::kWrite;
+      h.segment = segment;
+      h.segment_id = segment_id;
+      h.id = next_id_++;
+      h.offset = s->remote_offset;
+      h.length = s->length;
+      if (h.op == WireOp::kWrite) {
+        h.flags |= kHasDeadline;
+        h.deadline_ms32 = DeadlineMs32(deadline);
+      }
+      uint8_t head[kRequestSize];
+      EncodeRequest(h, head);
+      iovec iov[2] = {{head, kRequestSize}, {s->local, group == Op::kWrite ? s->length : 0}};
+      if (absl::Status st = TlsWriteVecFull(ssl_.get(), iov, group == Op::kWrite ? 2 : 1, deadline); !st.ok()) {
+        return fail("send to ", st);
+      }
+      sent.emplace_back(i, h.id);
+    }
+    for (const auto& [i, id] : sent) {
+      Slice* s = slices[i];
+      uint8_t reply[kReplySize];
+      if (absl::Status st = TlsReadFull(ssl_.get(), reply, kReplySize, deadline); !st.ok()) {
+        return fail("recv from ", st);
+      }
+      absl::StatusOr<ReplyHeader> h = DecodeReply(reply, kReplySize);
+      const uint64_t want = s->op == Op::kRead ? s->length : 0;
+      if (!h.ok() || h->id != id || (h->status == WireStatus::kOk && h->length != want) ||
+          (h->status != WireStatus::kOk && h->length > kMaxErrorText)) {
+        return fail("protocol error from ", absl::UnavailableError("unexpected reply"));
+      }
+      std::string text(h->status == WireStatus::kOk ? 0 : h->length, '\0');
+      void* into = h->status == WireStatus::kOk ? static_cast<void*>(s->local) : text.data();
+      if (absl::Status st = TlsReadFull(ssl_.get(), into, h->length, deadline); !st.ok()) {
+        return fail("recv from ", st);
+      }
+      s->status = ReplyToStatus(h->status, text);
+      done[i] = true;
+    }
+  }
+}
+
 void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices,
                           absl::Time deadline) {
+  if (ssl_ != nullptr) return RunBatchTls(segment, segment_id, slices, deadline);
   const size_t n = slices.size();
   // A single get or put fits inline: no allocation per batch.
   absl::InlinedVector<uint8_t, 4 * kRequestSize> heads(n * kRequestSize);
@@ -233,7 +294,7 @@ void Connection::ArmTimeout(absl::Time deadline) {
 
 bool Connection::Stale() const {
   pollfd p{fd_.get(), POLLIN | POLLRDHUP, 0};
-  return broken_ || ::poll(&p, 1, 0) != 0;
+  return broken_ || (ssl_ != nullptr && TlsPending(ssl_.get())) || ::poll(&p, 1, 0) != 0;
 }
 
 void Connection::SetBlocking(bool on) {
@@ -281,9 +342,14 @@ absl::StatusOr<std::string> Connection::Exchange(RequestHeader h, const std::str
   uint8_t head[kRequestSize];
   EncodeRequest(h, head);
   iovec iov[2] = {{head, kRequestSize}, {const_cast<char*>(body.data()), body.size()}};
-  absl::Status st = WriteVecFull(fd_.get(), iov, body.empty() ? 1 : 2, deadline);
+  const int count = body.empty() ? 1 : 2;
+  absl::Status st = ssl_ != nullptr ? TlsWriteVecFull(ssl_.get(), iov, count, deadline)
+                                    : WriteVecFull(fd_.get(), iov, count, deadline);
   uint8_t reply[kReplySize];
-  if (st.ok()) st = ReadFull(fd_.get(), reply, kReplySize, deadline);
+  if (st.ok()) {
+    st = ssl_ != nullptr ? TlsReadFull(ssl_.get(), reply, kReplySize, deadline)
+                         : ReadFull(fd_.get(), reply, kReplySize, deadline);
+  }
   if (!st.ok()) {
     broken_ = true;
     return absl::UnavailableError(absl::StrCat(what, " with ", endpoint_, ": ", st.message()));
@@ -294,7 +360,9 @@ absl::StatusOr<std::string> Connection::Exchange(RequestHeader h, const std::str
     return absl::UnavailableError(absl::StrCat(what, " with ", endpoint_, ": protocol error"));
   }
   std::string answer(r->length, '\0');
-  if (absl::Status s = ReadFull(fd_.get(), answer.data(), answer.size(), deadline); !s.ok()) {
+  if (absl::Status s = ssl_ != nullptr ? TlsReadFull(ssl_.get(), answer.data(), answer.size(), deadline)
+                                        : ReadFull(fd_.get(), answer.data(), answer.size(), deadline);
+      !s.ok()) {
     broken_ = true;
     return absl::UnavailableError(absl::StrCat(what, " with ", endpoint_, ": ", s.message()));
   }

@@ -14,6 +14,7 @@
 #include "absl/types/span.h"
 #include "transport/backend.h"
 #include "transport/tcp/socket.h"
+#include "transport/tcp/tls.h"
 #include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {
@@ -22,8 +23,9 @@ class Connection {
  public:
   // `reply_spin`: how long to busy-poll for each reply before sleeping in
   // the kernel (BackendOptions::reply_spin).
-  Connection(Fd fd, std::string endpoint, absl::Duration reply_spin = absl::ZeroDuration())
-      : fd_(std::move(fd)), endpoint_(std::move(endpoint)), reply_spin_(reply_spin) {}
+  // `ssl`: the connection's TLS (its handshake done), or null for plain.
+  Connection(Fd fd, std::string endpoint, absl::Duration reply_spin = absl::ZeroDuration(), SslPtr ssl = nullptr)
+      : fd_(std::move(fd)), endpoint_(std::move(endpoint)), reply_spin_(reply_spin), ssl_(std::move(ssl)) {}
 
   // Moves the slices of one segment (its index and id, from the
   // descriptor). On a socket error or the deadline, the unfinished slices
@@ -53,6 +55,10 @@ class Connection {
   // payload, or the server's status; UNAVAILABLE (broken) on I/O errors.
   absl::StatusOr<std::string> Exchange(RequestHeader h, const std::string& body, absl::Time deadline,
                                        const char* what);
+  // RunBatch over TLS: the reads, then the writes, each group's requests
+  // sent and then its replies read (so neither side waits on the other
+  // with full buffers), every call bounded by the deadline.
+  void RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices, absl::Time deadline);
   void SetBlocking(bool on);
   // Sets the socket's receive/send timeout so a blocking call returns by
   // about `deadline`, unless the armed one already does.
@@ -64,6 +70,7 @@ class Connection {
   const absl::Duration reply_spin_;
   uint64_t next_id_ = 1;
   bool broken_ = false;
+  SslPtr ssl_;  // declared after fd_: freed before the socket closes
   bool blocking_ = false;                             // O_NONBLOCK cleared (after the first batch)
   absl::Duration timeout_set_ = absl::ZeroDuration();  // the socket's armed timeout; zero: none
 };

@@ -44,8 +44,13 @@ WireStatus ToWire(const absl::Status& s) {
   }
 }
 
-// Server sockets are blocking with per-call timeouts (SetTimeouts).
-absl::Status SendReply(int fd, uint64_t id, const absl::Status& status, const char* payload,
+// Server sockets are blocking with per-call timeouts (SetTimeouts); `ssl`
+// set: the connection is TLS.
+absl::Status Recv(int fd, SSL* ssl, void* buf, size_t len) {
+  return ssl != nullptr ? TlsRecvAll(ssl, buf, len) : RecvAll(fd, buf, len);
+}
+
+absl::Status SendReply(int fd, SSL* ssl, uint64_t id, const absl::Status& status, const char* payload,
                        uint64_t length) {
   ReplyHeader h;
   h.id = id;
@@ -60,7 +65,7 @@ absl::Status SendReply(int fd, uint64_t id, const absl::Status& status, const ch
   uint8_t head[kReplySize];
   EncodeReply(h, head);
   iovec iov[2] = {{head, kReplySize}, {const_cast<char*>(payload), length}};
-  return SendVecAll(fd, iov, length > 0 ? 2 : 1);
+  return ssl != nullptr ? TlsSendVecAll(ssl, iov, length > 0 ? 2 : 1) : SendVecAll(fd, iov, length > 0 ? 2 : 1);
 }
 
 constexpr uint64_t kWakeId = 0;
@@ -219,11 +224,15 @@ void Server::Refuse(Fd fd, const char* why) {
 
 void Server::ServeConn(Conn* conn, uint8_t* scratch) {
   const int fd = conn->fd.get();
-  for (int i = 0; i < kFramesPerTurn; ++i) {
+  for (int i = 0;; ++i) {
     if (stopping_.load() || !ServeOne(conn, scratch)) {
       Close(conn);
       return;
     }
+    // Bytes TLS has decrypted already are invisible to the poller: serve
+    // them now, past the turn's limit (they are at most one record).
+    if (conn->ssl != nullptr && TlsPending(conn->ssl.get())) continue;
+    if (i + 1 >= kFramesPerTurn) break;
     // Frames already buffered (a pipelining client) are served now; none
     // buffered: back to the poller.
     pollfd p{fd, POLLIN, 0};
@@ -276,48 +285,59 @@ void Server::ReapIdle() {
 
 bool Server::ServeGrant(Conn* conn, const RequestHeader& h) {
   const int fd = conn->fd.get();
+  SSL* const ssl = conn->ssl.get();
   if (h.op == WireOp::kChallenge) {
     if (h.length != 0) {
-      (void)SendReply(fd, h.id, absl::InvalidArgumentError("a challenge carries no payload"), nullptr, 0);
+      (void)SendReply(fd, ssl, h.id, absl::InvalidArgumentError("a challenge carries no payload"), nullptr, 0);
       return false;
     }
     conn->nonce = auth::RandomBytes(auth::kNonceBytes);
-    return SendReply(fd, h.id, absl::OkStatus(), conn->nonce.data(), conn->nonce.size()).ok();
+    return SendReply(fd, ssl, h.id, absl::OkStatus(), conn->nonce.data(), conn->nonce.size()).ok();
   }
   if (h.length != auth::kGrantBytes + auth::kProofBytes) {
-    (void)SendReply(fd, h.id, absl::InvalidArgumentError("an auth frame carries a grant and a proof"), nullptr, 0);
+    (void)SendReply(fd, ssl, h.id, absl::InvalidArgumentError("an auth frame carries a grant and a proof"), nullptr, 0);
     return false;
   }
   std::string body(h.length, '\0');
-  if (!RecvAll(fd, body.data(), body.size()).ok()) return false;
+  if (!Recv(fd, ssl, body.data(), body.size()).ok()) return false;
   // A nonce answers one AUTH: a second try on the connection needs a new challenge.
   const std::string nonce = std::move(conn->nonce);
   conn->nonce.clear();
   absl::StatusOr<std::string> key = served_->DataKey(h.segment, h.segment_id);
   // A segment gone from here is a stale descriptor, as for READ: the
   // client re-reads it and the connection stays.
-  if (!key.ok()) return SendReply(fd, h.id, key.status(), nullptr, 0).ok();
+  if (!key.ok()) return SendReply(fd, ssl, h.id, key.status(), nullptr, 0).ok();
   absl::Status ok = auth::CheckGrant(*key, absl::string_view(body).substr(0, auth::kGrantBytes),
                                      absl::string_view(body).substr(auth::kGrantBytes), nonce, h.segment,
                                      h.segment_id, absl::Now());
   if (!ok.ok()) {
-    (void)SendReply(fd, h.id, ok, nullptr, 0);
+    (void)SendReply(fd, ssl, h.id, ok, nullptr, 0);
     return false;
   }
   conn->admitted = std::make_pair(h.segment, h.segment_id);
-  return SendReply(fd, h.id, absl::OkStatus(), nullptr, 0).ok();
+  return SendReply(fd, ssl, h.id, absl::OkStatus(), nullptr, 0).ok();
 }
 
 bool Server::ServeOne(Conn* conn, uint8_t* scratch) {
   const int fd = conn->fd.get();
+  if (options_.tls != nullptr && conn->ssl == nullptr) {
+    // The first bytes of a TLS connection: its handshake, within the
+    // socket's timeouts. A peer that fails it (plain frames, a client that
+    // does not trust us) is closed.
+    absl::StatusOr<SslPtr> ssl = TlsAccept(fd, options_.tls.get());
+    if (!ssl.ok()) return false;
+    conn->ssl = *std::move(ssl);
+    return true;
+  }
+  SSL* const ssl = conn->ssl.get();
   uint8_t head[kRequestSize];
   // The poller saw bytes (or EOF) arrive; a started frame must complete
   // within the socket's frame timeout per blocking call.
-  if (!RecvAll(fd, head, kRequestSize).ok()) return false;
+  if (!Recv(fd, ssl, head, kRequestSize).ok()) return false;
   absl::StatusOr<RequestHeader> req = DecodeRequest(head, kRequestSize);
   if (!req.ok()) {
     // The stream cannot be trusted any more: explain, then close.
-    (void)SendReply(fd, 0, absl::InvalidArgumentError(req.status().message()), nullptr, 0);
+    (void)SendReply(fd, ssl, 0, absl::InvalidArgumentError(req.status().message()), nullptr, 0);
     return false;
   }
   const RequestHeader& h = *req;
@@ -335,11 +355,11 @@ bool Server::ServeOne(Conn* conn, uint8_t* scratch) {
       if (h.op != WireOp::kRead && h.length <= kMaxHandshake) {
         for (uint64_t left = h.length; left > 0;) {
           size_t n = static_cast<size_t>(std::min<uint64_t>(left, kScratch));
-          if (!RecvAll(fd, scratch, n).ok()) return false;
+          if (!Recv(fd, ssl, scratch, n).ok()) return false;
           left -= n;
         }
       }
-      (void)SendReply(fd, h.id,
+      (void)SendReply(fd, ssl, h.id,
                       absl::UnauthenticatedError(
                           conn->admitted ? absl::StrCat("this connection's data grant is for segment #",
                                                         conn->admitted->first, ", not #", h.segment)
@@ -355,19 +375,19 @@ bool Server::ServeOne(Conn* conn, uint8_t* scratch) {
     if (h.op == WireOp::kWrite) {
       for (uint64_t left = std::min<uint64_t>(h.length, options_.max_frame); left > 0;) {
         size_t n = static_cast<size_t>(std::min<uint64_t>(left, kScratch));
-        if (!RecvAll(fd, scratch, n).ok()) return false;
+        if (!Recv(fd, ssl, scratch, n).ok()) return false;
         left -= n;
       }
       if (h.length > options_.max_frame) return false;
     }
-    return SendReply(fd, h.id, absl::InternalError("failpoint transport.tcp.serve"), nullptr, 0).ok();
+    return SendReply(fd, ssl, h.id, absl::InternalError("failpoint transport.tcp.serve"), nullptr, 0).ok();
   }
   switch (h.op) {
     case WireOp::kPing:
-      return SendReply(fd, h.id, absl::OkStatus(), nullptr, 0).ok();
+      return SendReply(fd, ssl, h.id, absl::OkStatus(), nullptr, 0).ok();
     case WireOp::kRead: {
       if (h.length > options_.max_frame) {
-        return SendReply(fd, h.id,
+        return SendReply(fd, ssl, h.id,
                          absl::ResourceExhaustedError(absl::StrCat("read of ", h.length,
                                                                    " bytes exceeds the frame cap ",
                                                                    options_.max_frame)),
@@ -375,13 +395,13 @@ bool Server::ServeOne(Conn* conn, uint8_t* scratch) {
             .ok();
       }
       absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.segment_id, h.offset, h.length);
-      if (!pin.ok()) return SendReply(fd, h.id, pin.status(), nullptr, 0).ok();
-      return SendReply(fd, h.id, absl::OkStatus(), pin->addr, h.length).ok();
+      if (!pin.ok()) return SendReply(fd, ssl, h.id, pin.status(), nullptr, 0).ok();
+      return SendReply(fd, ssl, h.id, absl::OkStatus(), pin->addr, h.length).ok();
     }
     case WireOp::kWrite: {
       if (h.length > options_.max_frame) {
         // Draining this much is not worth it; the connection closes.
-        (void)SendReply(fd, h.id,
+        (void)SendReply(fd, ssl, h.id,
                         absl::ResourceExhaustedError(absl::StrCat("write of ", h.length,
                                                                   " bytes exceeds the frame cap ",
                                                                   options_.max_frame)),
@@ -396,28 +416,28 @@ bool Server::ServeOne(Conn* conn, uint8_t* scratch) {
       if (!pin.ok()) {
         for (uint64_t left = h.length; left > 0;) {
           size_t n = static_cast<size_t>(std::min<uint64_t>(left, kScratch));
-          if (!RecvAll(fd, scratch, n).ok()) return false;
+          if (!Recv(fd, ssl, scratch, n).ok()) return false;
           left -= n;
         }
-        return SendReply(fd, h.id, pin.status(), nullptr, 0).ok();
+        return SendReply(fd, ssl, h.id, pin.status(), nullptr, 0).ok();
       }
-      if (!RecvAll(fd, pin->addr, h.length).ok()) return false;
-      return SendReply(fd, h.id, absl::OkStatus(), nullptr, 0).ok();
+      if (!Recv(fd, ssl, pin->addr, h.length).ok()) return false;
+      return SendReply(fd, ssl, h.id, absl::OkStatus(), nullptr, 0).ok();
     }
     case WireOp::kHandshake: {
       if (h.length > kMaxHandshake || h.offset > h.length) {
-        (void)SendReply(fd, h.id, absl::InvalidArgumentError("bad handshake frame"), nullptr, 0);
+        (void)SendReply(fd, ssl, h.id, absl::InvalidArgumentError("bad handshake frame"), nullptr, 0);
         return false;
       }
       std::string body(h.length, '\0');
-      if (!RecvAll(fd, body.data(), body.size()).ok()) return false;
+      if (!Recv(fd, ssl, body.data(), body.size()).ok()) return false;
       std::string transport = body.substr(0, h.offset);
       absl::StatusOr<std::string> answer = served_->Handshake(transport, body.substr(h.offset), conn->admitted);
       if (!answer.ok()) {
         // A handshake for a segment the grant does not cover closes, as any frame beyond the grant does.
-        return SendReply(fd, h.id, answer.status(), nullptr, 0).ok() && !absl::IsUnauthenticated(answer.status());
+        return SendReply(fd, ssl, h.id, answer.status(), nullptr, 0).ok() && !absl::IsUnauthenticated(answer.status());
       }
-      return SendReply(fd, h.id, absl::OkStatus(), answer->data(), answer->size()).ok();
+      return SendReply(fd, ssl, h.id, absl::OkStatus(), answer->data(), answer->size()).ok();
     }
     case WireOp::kChallenge:
     case WireOp::kAuth:

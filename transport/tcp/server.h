@@ -31,6 +31,10 @@
 // HANDSHAKE, which may then name only the segment it was admitted to; any
 // other frame gets UNAUTHENTICATED and the connection closes.
 //
+// TLS (ServerOptions::tls): a connection's first bytes are its TLS
+// handshake, and every frame after it travels inside TLS; the rest is as
+// above, bytes copied once more by the cipher.
+//
 // Limits: at most `max_connections` open; one more gets a BUSY reply and
 // is closed (counted in refused(), logged at most every 10 s), as is one
 // accepted while the process is out of file descriptors. A connection idle
@@ -52,6 +56,7 @@
 #include "config/base/mutex.h"
 #include "transport/backend.h"
 #include "transport/tcp/socket.h"
+#include "transport/tcp/tls.h"
 #include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {
@@ -64,6 +69,9 @@ struct ServerOptions {
   int io_threads = 4;
   absl::Duration idle_timeout = absl::Minutes(10);
   absl::Duration frame_timeout = absl::Seconds(30);
+  // Set: every connection is TLS (tls.h), its handshake the first step
+  // served, before any frame.
+  std::shared_ptr<SSL_CTX> tls;
 };
 
 class Server {
@@ -89,6 +97,7 @@ class Server {
     // nonce of its last CHALLENGE, and the segment an AUTH admitted it to.
     std::string nonce;
     std::optional<std::pair<uint32_t, uint64_t>> admitted;
+    SslPtr ssl;  // with ServerOptions::tls, once its handshake is done
   };
   static constexpr int kFramesPerTurn = 64;
 

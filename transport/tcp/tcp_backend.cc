@@ -25,10 +25,18 @@ using tcp::Connection;
 // master's status (UNAUTHENTICATED for a client without a token).
 absl::StatusOr<std::unique_ptr<Connection>> DialAdmitted(const std::string& endpoint, uint32_t segment,
                                                          uint64_t segment_id, const GrantFn& grant,
-                                                         absl::Duration reply_spin, absl::Time deadline) {
+                                                         absl::Duration reply_spin, absl::Time deadline,
+                                                         const std::string& tls_ca) {
+  std::string address;
+  const bool tls = tcp::SplitTlsEndpoint(endpoint, &address);
   for (int attempt = 0;; ++attempt) {
-    ASSIGN_OR_RETURN(tcp::Fd fd, tcp::Dial(endpoint, deadline));
-    auto conn = std::make_unique<Connection>(std::move(fd), endpoint, reply_spin);
+    ASSIGN_OR_RETURN(tcp::Fd fd, tcp::Dial(address, deadline));
+    tcp::SslPtr ssl;
+    if (tls) {
+      ASSIGN_OR_RETURN(std::shared_ptr<SSL_CTX> ctx, tcp::ClientContext(tls_ca));
+      ASSIGN_OR_RETURN(ssl, tcp::TlsConnect(fd.get(), ctx.get(), address.substr(0, address.rfind(':')), deadline));
+    }
+    auto conn = std::make_unique<Connection>(std::move(fd), endpoint, reply_spin, std::move(ssl));
     if (!grant) return conn;
     ASSIGN_OR_RETURN(DataGrant g, grant(/*renew=*/attempt > 0, deadline));
     absl::Status st = conn->Authenticate(segment, segment_id, g, deadline);
@@ -48,13 +56,14 @@ absl::StatusOr<std::unique_ptr<Connection>> DialAdmitted(const std::string& endp
 class TcpChannel final : public PeerChannel {
  public:
   TcpChannel(std::string endpoint, uint32_t segment, uint64_t segment_id, int max_connections,
-             absl::Duration reply_spin, GrantFn grant)
+             absl::Duration reply_spin, GrantFn grant, std::string tls_ca)
       : endpoint_(std::move(endpoint)),
         segment_(segment),
         segment_id_(segment_id),
         max_(max_connections),
         reply_spin_(reply_spin),
-        grant_(std::move(grant)) {}
+        grant_(std::move(grant)),
+        tls_ca_(std::move(tls_ca)) {}
 
   void Post(absl::Span<Slice* const> slices, absl::Time deadline) override {
     absl::StatusOr<std::unique_ptr<Connection>> conn = Acquire(deadline);
@@ -94,7 +103,7 @@ class TcpChannel final : public PeerChannel {
       ++open_;
     }
     absl::StatusOr<std::unique_ptr<Connection>> conn =
-        DialAdmitted(endpoint_, segment_, segment_id_, grant_, reply_spin_, deadline);
+        DialAdmitted(endpoint_, segment_, segment_id_, grant_, reply_spin_, deadline, tls_ca_);
     if (!conn.ok()) {
       MutexLock lock(&mu_);
       --open_;
@@ -125,6 +134,7 @@ class TcpChannel final : public PeerChannel {
   const int max_;
   const absl::Duration reply_spin_;
   const GrantFn grant_;  // null: the server needs none
+  const std::string tls_ca_;  // verifies a tls:// endpoint's certificate
   std::atomic<bool> healthy_{true};
   Mutex mu_;
   CondVar cv_;
@@ -148,6 +158,9 @@ class TcpBackend final : public Backend {
     so.max_connections = options_.max_connections;
     so.io_threads = options_.io_threads;
     so.idle_timeout = options_.idle_timeout;
+    if (options_.serve_tls) {
+      ASSIGN_OR_RETURN(so.tls, tcp::NewServerContext(options_.tls));
+    }
     server_ = std::make_unique<tcp::Server>(so, served);
     return server_->Start();
   }
@@ -156,7 +169,7 @@ class TcpBackend final : public Backend {
   }
   std::string endpoint() const override {
     std::string host = options_.advertise.empty() ? options_.listen : options_.advertise;
-    return absl::StrCat(host, ":", server_ ? server_->port() : 0);
+    return absl::StrCat(options_.serve_tls ? tcp::kTlsScheme : "", host, ":", server_ ? server_->port() : 0);
   }
   absl::StatusOr<std::string> RegisterBuffer(const LocalBuffer&) override { return std::string(); }
   void UnregisterBuffer(const LocalBuffer&) override {}
@@ -168,11 +181,13 @@ class TcpBackend final : public Backend {
       return absl::UnavailableError(absl::StrCat("segment ", remote.name, " offers no tcp endpoint"));
     }
     // Prove reachability with one connection now, so selection can fall back.
-    absl::StatusOr<tcp::Fd> probe = tcp::Dial(it->second, ctx.deadline);
+    std::string address;
+    (void)tcp::SplitTlsEndpoint(it->second, &address);
+    absl::StatusOr<tcp::Fd> probe = tcp::Dial(address, ctx.deadline);
     if (!probe.ok()) return absl::UnavailableError(probe.status().message());
-    return std::unique_ptr<PeerChannel>(
-        new TcpChannel(it->second, remote.segment_index, remote.segment_id, options_.connections,
-                       options_.reply_spin, remote.auth ? ctx.grant : nullptr));
+    return std::unique_ptr<PeerChannel>(new TcpChannel(it->second, remote.segment_index, remote.segment_id,
+                                                       options_.connections, options_.reply_spin,
+                                                       remote.auth ? ctx.grant : nullptr, options_.tls.ca));
   }
 
  private:
@@ -188,9 +203,9 @@ absl::StatusOr<std::unique_ptr<Backend>> NewTcpBackend(const BackendOptions& opt
 
 absl::StatusOr<std::string> TcpHandshake(const std::string& control, const std::string& transport,
                                          const std::string& request, absl::Time deadline, const GrantFn& grant,
-                                         uint32_t segment, uint64_t segment_id) {
+                                         uint32_t segment, uint64_t segment_id, const std::string& tls_ca) {
   ASSIGN_OR_RETURN(std::unique_ptr<Connection> conn,
-                   DialAdmitted(control, segment, segment_id, grant, absl::ZeroDuration(), deadline));
+                   DialAdmitted(control, segment, segment_id, grant, absl::ZeroDuration(), deadline, tls_ca));
   return conn->Handshake(transport, request, deadline, segment, segment_id);
 }
 

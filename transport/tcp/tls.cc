@@ -1,0 +1,214 @@
+#include "transport/tcp/tls.h"
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <poll.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "config/base/mutex.h"
+#include "config/base/signals.h"
+#include "config/base/status.h"
+
+namespace tierkv::transport::tcp {
+namespace {
+
+// Small iovecs (frame headers, small payloads) are gathered into one
+// record rather than sent as a record each.
+constexpr size_t kGather = 16 << 10;
+constexpr size_t kReadBuffer = 256 << 10;
+
+std::string SslError(const char* what) {
+  char why[256] = "closed or timed out";
+  if (unsigned long e = ERR_peek_last_error(); e != 0) ERR_error_string_n(e, why, sizeof(why));
+  ERR_clear_error();
+  return absl::StrCat(what, ": ", why);
+}
+
+// Waits for what OpenSSL asked for after a call on a non-blocking socket;
+// false past the deadline.
+bool WaitFor(SSL* ssl, int err, absl::Time deadline) {
+  pollfd p{SSL_get_fd(ssl), static_cast<short>(err == SSL_ERROR_WANT_WRITE ? POLLOUT : POLLIN), 0};
+  for (;;) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms < 0) return false;
+    int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms + 1, 1 << 30)));
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+// One OpenSSL call retried until it moves bytes (or completes): > 0, or
+// the error. `deadline` null: a blocking socket, whose timeout ends the
+// wait (WANT_* then means it fired).
+template <typename Op>
+absl::StatusOr<size_t> Retry(SSL* ssl, Op op, const absl::Time* deadline, const char* what) {
+  for (;;) {
+    ERR_clear_error();
+    int n = op();
+    if (n > 0) return static_cast<size_t>(n);
+    const int err = SSL_get_error(ssl, n);
+    if (err == SSL_ERROR_ZERO_RETURN) return absl::UnavailableError("connection closed by peer");
+    if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+      if (deadline == nullptr || !WaitFor(ssl, err, *deadline)) {
+        return absl::DeadlineExceededError(absl::StrCat(what, " timed out"));
+      }
+      continue;
+    }
+    if (err == SSL_ERROR_SYSCALL && errno == EINTR) continue;
+    return absl::UnavailableError(SslError(what));
+  }
+}
+
+absl::Status ReadAll(SSL* ssl, void* buf, size_t len, const absl::Time* deadline) {
+  char* p = static_cast<char*>(buf);
+  while (len > 0) {
+    const int want = static_cast<int>(std::min<size_t>(len, 1 << 30));
+    ASSIGN_OR_RETURN(size_t n, Retry(ssl, [&] { return SSL_read(ssl, p, want); }, deadline, "read"));
+    p += n;
+    len -= n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteOne(SSL* ssl, const char* p, size_t len, const absl::Time* deadline) {
+  while (len > 0) {
+    const int want = static_cast<int>(std::min<size_t>(len, 1 << 30));
+    ASSIGN_OR_RETURN(size_t n, Retry(ssl, [&] { return SSL_write(ssl, p, want); }, deadline, "write"));
+    p += n;
+    len -= n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteAll(SSL* ssl, const iovec* iov, int count, const absl::Time* deadline) {
+  std::string gather;
+  for (int i = 0; i < count; ++i) {
+    const char* base = static_cast<const char*>(iov[i].iov_base);
+    if (iov[i].iov_len <= kGather - std::min(gather.size(), kGather)) {
+      gather.append(base, iov[i].iov_len);
+      continue;
+    }
+    if (!gather.empty()) {
+      RETURN_IF_ERROR(WriteOne(ssl, gather.data(), gather.size(), deadline));
+      gather.clear();
+    }
+    RETURN_IF_ERROR(WriteOne(ssl, base, iov[i].iov_len, deadline));
+  }
+  return gather.empty() ? absl::OkStatus() : WriteOne(ssl, gather.data(), gather.size(), deadline);
+}
+
+SSL_CTX* NewContext(const SSL_METHOD* method) {
+  SSL_CTX* ctx = SSL_CTX_new(method);
+  if (ctx == nullptr) return nullptr;
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+  // A write returns once all its records are out (no partial writes): one
+  // call per payload, not one per 16 KiB record.
+  SSL_CTX_set_mode(ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  // Several records per receive, not a header and a body per record: a
+  // MiB is 64 records.
+  SSL_CTX_set_read_ahead(ctx, 1);
+  SSL_CTX_set_default_read_buffer_len(ctx, kReadBuffer);
+  // AES-128-GCM first: the cheapest cipher with AES instructions, and bulk
+  // bytes are what these connections carry.
+  SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256");
+  return ctx;
+}
+
+}  // namespace
+
+void SslFree::operator()(SSL* ssl) const { SSL_free(ssl); }
+
+bool SplitTlsEndpoint(absl::string_view endpoint, std::string* address) {
+  const bool tls = absl::StartsWith(endpoint, kTlsScheme);
+  if (tls) endpoint.remove_prefix(sizeof(kTlsScheme) - 1);
+  *address = std::string(endpoint);
+  return tls;
+}
+
+absl::StatusOr<std::shared_ptr<SSL_CTX>> NewServerContext(const auth::TlsFiles& files) {
+  RETURN_IF_ERROR(auth::CheckTlsFiles({"", files.cert, files.key}, /*server=*/true, "--data-tls"));
+  IgnoreSigpipeUnlessHandled();  // a client that hangs up mid-reply
+  std::shared_ptr<SSL_CTX> ctx(NewContext(TLS_server_method()), SSL_CTX_free);
+  if (ctx == nullptr) return absl::InternalError("SSL_CTX_new failed");
+  // No tickets: a client's idle pooled connection must stay silent.
+  SSL_CTX_set_num_tickets(ctx.get(), 0);
+  SSL_CTX_set_session_cache_mode(ctx.get(), SSL_SESS_CACHE_OFF);
+  ERR_clear_error();
+  if (SSL_CTX_use_certificate_chain_file(ctx.get(), files.cert.c_str()) != 1 ||
+      SSL_CTX_use_PrivateKey_file(ctx.get(), files.key.c_str(), SSL_FILETYPE_PEM) != 1 ||
+      SSL_CTX_check_private_key(ctx.get()) != 1) {
+    return absl::InvalidArgumentError(SslError(absl::StrCat("--data-tls with ", files.cert).c_str()));
+  }
+  return ctx;
+}
+
+absl::StatusOr<std::shared_ptr<SSL_CTX>> ClientContext(const std::string& ca) {
+  IgnoreSigpipeUnlessHandled();  // a daemon that hangs up mid-request
+  static Mutex mu;
+  static auto* cache = new std::map<std::string, std::shared_ptr<SSL_CTX>>();
+  MutexLock lock(&mu);
+  auto it = cache->find(ca);
+  if (it != cache->end()) return it->second;
+  std::shared_ptr<SSL_CTX> ctx(NewContext(TLS_client_method()), SSL_CTX_free);
+  if (ctx == nullptr) return absl::InternalError("SSL_CTX_new failed");
+  ERR_clear_error();
+  const bool loaded = ca.empty() ? SSL_CTX_set_default_verify_paths(ctx.get()) == 1
+                                 : SSL_CTX_load_verify_locations(ctx.get(), ca.c_str(), nullptr) == 1;
+  if (!loaded) return absl::InvalidArgumentError(SslError(absl::StrCat("TLS CA ", ca).c_str()));
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  cache->emplace(ca, ctx);
+  return ctx;
+}
+
+absl::StatusOr<SslPtr> TlsConnect(int fd, SSL_CTX* ctx, const std::string& host, absl::Time deadline) {
+  SslPtr ssl(SSL_new(ctx));
+  if (ssl == nullptr || SSL_set_fd(ssl.get(), fd) != 1) return absl::InternalError("SSL_new failed");
+  // The certificate must name the host dialled (an IP or a DNS name).
+  std::string name = host;
+  if (name.size() > 2 && name.front() == '[' && name.back() == ']') name = name.substr(1, name.size() - 2);
+  SSL_set1_host(ssl.get(), name.c_str());
+  if (name.find_first_not_of("0123456789.:abcdefABCDEF") != std::string::npos) {
+    SSL_set_tlsext_host_name(ssl.get(), name.c_str());
+  }
+  absl::StatusOr<size_t> done = Retry(ssl.get(), [&] { return SSL_connect(ssl.get()); }, &deadline, "TLS handshake");
+  if (!done.ok()) {
+    const long verify = SSL_get_verify_result(ssl.get());
+    if (verify != X509_V_OK) {
+      return absl::UnavailableError(absl::StrCat("TLS handshake with ", host, ": the certificate is not trusted (",
+                                                 X509_verify_cert_error_string(verify),
+                                                 "; give the CA that signs the daemon's: tls_ca / --tls-ca)"));
+    }
+    return absl::UnavailableError(absl::StrCat("TLS handshake with ", host, ": ", done.status().message()));
+  }
+  return ssl;
+}
+
+absl::StatusOr<SslPtr> TlsAccept(int fd, SSL_CTX* ctx) {
+  SslPtr ssl(SSL_new(ctx));
+  if (ssl == nullptr || SSL_set_fd(ssl.get(), fd) != 1) return absl::InternalError("SSL_new failed");
+  absl::StatusOr<size_t> done = Retry(ssl.get(), [&] { return SSL_accept(ssl.get()); }, nullptr, "TLS handshake");
+  if (!done.ok()) return done.status();
+  return ssl;
+}
+
+absl::Status TlsRecvAll(SSL* ssl, void* buf, size_t len) { return ReadAll(ssl, buf, len, nullptr); }
+
+absl::Status TlsSendVecAll(SSL* ssl, const iovec* iov, int count) { return WriteAll(ssl, iov, count, nullptr); }
+
+absl::Status TlsReadFull(SSL* ssl, void* buf, size_t len, absl::Time deadline) {
+  return ReadAll(ssl, buf, len, &deadline);
+}
+
+absl::Status TlsWriteVecFull(SSL* ssl, const iovec* iov, int count, absl::Time deadline) {
+  return WriteAll(ssl, iov, count, &deadline);
+}
+
+bool TlsPending(SSL* ssl) { return SSL_has_pending(ssl) == 1; }
+
+}  // namespace tierkv::transport::tcp
