@@ -33,6 +33,9 @@ const FlagTable<BenchConfig>& BenchFlags() {
           BoolFlag<C>("auth-compare", &C::auth_compare, "false",
                       "store: also run the same cases against a second embedded cluster running --auth token "
                       "(bearer tokens at the master, data grants at the daemon), printed as with/without"),
+          BoolFlag<C>("tls-compare", &C::tls_compare, "false",
+                      "store: also run the same cases against a second embedded cluster with TLS on every port "
+                      "(the master's, and the daemon's transfer port with --data-tls), printed as with/without"),
           IntFlag<C>("replica-cache", &C::replica_cache, "0", 0, 1 << 24,
                      "store: keys whose replicas the client remembers while their read lease runs (0: off, "
                      "as the library's default; e.g. 65536 to measure the cache)"),

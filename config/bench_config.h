@@ -26,6 +26,7 @@ struct BenchConfig {
   std::string peer;            // store: none, or redis (a peer store measured beside ours)
   int64_t replica_cache = 0;   // store: the client's replica cache entries (0: off)
   bool auth_compare = false;   // store: also a cluster running --auth token, same cases
+  bool tls_compare = false;    // store: also a cluster with TLS on every port, same cases
   absl::Duration reply_spin;   // master/store: the client's busy-poll for replies
 };
 

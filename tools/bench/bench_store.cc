@@ -6,8 +6,16 @@
 // workload (tools/bench/redis_peer.h), printed beside ours. With
 // --auth-compare, also a second embedded cluster running --auth token
 // (bearer tokens at the master, data grants at the daemon), driven with
-// the same cases, printed as ours with auth over ours without.
+// the same cases, printed as ours with auth over ours without. With
+// --tls-compare, likewise a cluster with TLS on every port (the master's,
+// and the daemon's transfer port with --data-tls) under a certificate made
+// at start.
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509v3.h>
+
 #include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -103,29 +111,74 @@ struct Cluster {
   std::unique_ptr<master::MasterServer> master;
   std::unique_ptr<store::StoreDaemon> daemon;
   std::shared_ptr<client::Client> client;
-  std::string auth_dir;  // tokens, with auth on
+  std::string dir;  // tokens or certificates, with auth or TLS on
   ~Cluster() {
     client.reset();
     if (daemon) daemon->Stop();
     if (master) master->Shutdown();
-    if (!auth_dir.empty()) std::filesystem::remove_all(auth_dir);
+    if (!dir.empty()) std::filesystem::remove_all(dir);
   }
 };
 
+enum class Variant { kPlain, kAuth, kTls };
+
+// A self-signed P-256 certificate for 127.0.0.1, its own CA, and its key.
+absl::Status WriteSelfSigned(const std::string& cert_path, const std::string& key_path) {
+  std::unique_ptr<EVP_PKEY, void (*)(EVP_PKEY*)> key(EVP_EC_gen("P-256"), EVP_PKEY_free);
+  std::unique_ptr<X509, void (*)(X509*)> x(X509_new(), X509_free);
+  if (key == nullptr || x == nullptr) return absl::InternalError("cannot make a key");
+  X509_set_version(x.get(), 2);
+  ASN1_INTEGER_set(X509_get_serialNumber(x.get()), 1);
+  X509_gmtime_adj(X509_getm_notBefore(x.get()), -60);
+  X509_gmtime_adj(X509_getm_notAfter(x.get()), 86400);
+  X509_set_pubkey(x.get(), key.get());
+  X509_NAME* name = X509_get_subject_name(x.get());
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("tierkv-bench"), -1,
+                             -1, 0);
+  X509_set_issuer_name(x.get(), name);
+  X509V3_CTX ctx;
+  X509V3_set_ctx_nodb(&ctx);
+  X509V3_set_ctx(&ctx, x.get(), x.get(), nullptr, nullptr, 0);
+  for (auto [nid, value] : {std::pair{NID_subject_alt_name, "IP:127.0.0.1"}, {NID_basic_constraints, "critical,CA:TRUE"}}) {
+    X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
+    if (ext == nullptr) return absl::InternalError("cannot make a certificate extension");
+    X509_add_ext(x.get(), ext, -1);
+    X509_EXTENSION_free(ext);
+  }
+  if (X509_sign(x.get(), key.get(), EVP_sha256()) == 0) return absl::InternalError("cannot sign the certificate");
+  std::unique_ptr<FILE, int (*)(FILE*)> cert(std::fopen(cert_path.c_str(), "w"), std::fclose);
+  std::unique_ptr<FILE, int (*)(FILE*)> pem(std::fopen(key_path.c_str(), "w"), std::fclose);
+  if (cert == nullptr || pem == nullptr || PEM_write_X509(cert.get(), x.get()) != 1 ||
+      PEM_write_PrivateKey(pem.get(), key.get(), nullptr, nullptr, 0, nullptr, nullptr) != 1) {
+    return absl::InternalError(absl::StrCat("cannot write ", cert_path));
+  }
+  return absl::OkStatus();
+}
+
 // Starts a cluster whose daemon lends `segment` bytes as `name`, with
-// --auth token everywhere when `auth`, and warms the whole segment.
+// --auth token everywhere (kAuth) or TLS on every port (kTls), and warms
+// the whole segment.
 absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const BenchConfig& config, uint64_t segment,
-                                                      const std::string& name, bool auth, int threads) {
+                                                      const std::string& name, Variant variant, int threads) {
   auto c = std::make_unique<Cluster>();
   std::vector<std::string> margs{"tierkv-master", "--rpc-port=0", "--http-port=0"};
   std::vector<std::string> sargs{"tierkv-store", "--port=0", "--http-port=0",
                                  absl::StrCat("--segment-size=", segment), "--name=" + name,
                                  "--heartbeat-interval=1s"};
   std::string client_token;
-  if (auth) {
-    char dir[] = "/tmp/tierkv-bench-auth.XXXXXX";
+  if (variant != Variant::kPlain) {
+    char dir[] = "/tmp/tierkv-bench.XXXXXX";
     if (::mkdtemp(dir) == nullptr) return absl::InternalError("mkdtemp failed");
-    c->auth_dir = dir;
+    c->dir = dir;
+  }
+  auth::TlsFiles tls;
+  if (variant == Variant::kTls) {
+    tls = {c->dir + "/cert.pem", c->dir + "/cert.pem", c->dir + "/key.pem"};
+    RETURN_IF_ERROR(WriteSelfSigned(tls.cert, tls.key));
+    margs.insert(margs.end(), {"--tls-cert=" + tls.cert, "--tls-key=" + tls.key});
+    sargs.insert(sargs.end(), {"--tls-ca=" + tls.ca, "--tls-cert=" + tls.cert, "--tls-key=" + tls.key, "--data-tls"});
+  }
+  if (variant == Variant::kAuth) {
     const std::string daemon_token = auth::RandomBytes(16), raw_client = auth::RandomBytes(16);
     auto hex = [](const std::string& b) {
       std::string out;
@@ -133,11 +186,11 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const BenchConfig& config,
       return out;
     };
     client_token = hex(raw_client);
-    std::ofstream(c->auth_dir + "/tokens") << hex(daemon_token) << " bench-daemon daemon\n"
-                                           << client_token << " bench-client client\n";
-    std::ofstream(c->auth_dir + "/daemon.token") << hex(daemon_token) << "\n";
-    margs.insert(margs.end(), {"--auth=token", "--token-file=" + c->auth_dir + "/tokens"});
-    sargs.insert(sargs.end(), {"--auth=token", "--token-file=" + c->auth_dir + "/daemon.token"});
+    std::ofstream(c->dir + "/tokens") << hex(daemon_token) << " bench-daemon daemon\n"
+                                      << client_token << " bench-client client\n";
+    std::ofstream(c->dir + "/daemon.token") << hex(daemon_token) << "\n";
+    margs.insert(margs.end(), {"--auth=token", "--token-file=" + c->dir + "/tokens"});
+    sargs.insert(sargs.end(), {"--auth=token", "--token-file=" + c->dir + "/daemon.token"});
   }
   auto parse = [](const auto& table, const std::vector<std::string>& args) {
     std::vector<const char*> argv;
@@ -147,7 +200,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const BenchConfig& config,
   ASSIGN_OR_RETURN(MasterConfig mcfg, parse(MasterFlags(), margs));
   ASSIGN_OR_RETURN(c->master, master::MasterServer::Start(mcfg));
   const std::string rpc = absl::StrCat("127.0.0.1:", c->master->rpc_port());
-  const std::string meta = absl::StrCat("http://127.0.0.1:", c->master->http_port());
+  const std::string meta = auth::HttpUrl(absl::StrCat("127.0.0.1:", c->master->http_port()), tls.enabled());
   sargs.insert(sargs.end(), {"--master=" + rpc, "--metadata=" + meta});
   ASSIGN_OR_RETURN(StoreConfig scfg, parse(StoreFlags(), sargs));
   ASSIGN_OR_RETURN(c->daemon, store::StoreDaemon::Start(scfg));
@@ -157,6 +210,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const BenchConfig& config,
   co.master = rpc;
   co.metadata = meta;
   co.token = client_token;
+  co.tls = {tls.ca, "", ""};
   co.transports = {config.transport};
   co.connections = static_cast<int>(config.connections);
   co.workers = std::max<int>(static_cast<int>(config.connections), threads);
@@ -185,20 +239,31 @@ int RunStore(const BenchConfig& config) {
   // Room for every thread's working set several times over; puts beyond
   // that recycle memory through eviction, as in steady state.
   uint64_t segment = std::max<uint64_t>(1ull << 30, 16 * value * batch * threads);
-  absl::StatusOr<std::unique_ptr<Cluster>> plain = StartCluster(config, segment, "bench-store", false, threads);
+  absl::StatusOr<std::unique_ptr<Cluster>> plain =
+      StartCluster(config, segment, "bench-store", Variant::kPlain, threads);
   if (!plain.ok()) {
     std::fprintf(stderr, "tierkv-bench: %s\n", std::string(plain.status().message()).c_str());
     return 1;
   }
   std::shared_ptr<client::Client> cli = (*plain)->client;
-  std::unique_ptr<Cluster> authed;
-  if (config.auth_compare) {
-    absl::StatusOr<std::unique_ptr<Cluster>> a = StartCluster(config, segment, "bench-auth", true, threads);
-    if (!a.ok()) {
-      std::fprintf(stderr, "tierkv-bench: the --auth token cluster: %s\n", std::string(a.status().message()).c_str());
+  // The clusters compared with the plain one: its prefix, its column's
+  // label, and itself.
+  struct Compared {
+    std::string prefix, label;
+    std::unique_ptr<Cluster> cluster;
+  };
+  std::vector<Compared> compared;
+  for (auto [on, variant, prefix, label] :
+       {std::tuple{config.auth_compare, Variant::kAuth, "auth", "--auth token (grants)"},
+        std::tuple{config.tls_compare, Variant::kTls, "tls", "TLS, --data-tls"}}) {
+    if (!on) continue;
+    absl::StatusOr<std::unique_ptr<Cluster>> c =
+        StartCluster(config, segment, absl::StrCat("bench-", prefix), variant, threads);
+    if (!c.ok()) {
+      std::fprintf(stderr, "tierkv-bench: the %s cluster: %s\n", label, std::string(c.status().message()).c_str());
       return 1;
     }
-    authed = std::move(*a);
+    compared.push_back({prefix, label, std::move(*c)});
   }
   // Our cases at `batch` keys per call and, when comparing with a peer,
   // also one key per call (the peer's unpipelined run).
@@ -206,7 +271,9 @@ int RunStore(const BenchConfig& config) {
   if (config.peer != "none" && batch > 1) batches.push_back(1);
   for (int b : batches) {
     if (!RegisterStoreCases(cli, value, b, threads, absl::StrCat("tierkv/b", b))) return 1;
-    if (authed && !RegisterStoreCases(authed->client, value, b, threads, absl::StrCat("auth/b", b))) return 1;
+    for (const Compared& c : compared) {
+      if (!RegisterStoreCases(c.cluster->client, value, b, threads, absl::StrCat(c.prefix, "/b", b))) return 1;
+    }
   }
 
   // The same bytes straight through the engine (no master, no checksum),
@@ -326,31 +393,34 @@ int RunStore(const BenchConfig& config) {
     }
     out["peer_cases"] = peer_cases;
   }
-  // With auth over without, per case: the cost of tokens and data grants.
-  std::string auth_table;
-  if (authed) {
-    nlohmann::json auth_cases = nlohmann::json::array();
+  // Each compared cluster over the plain one, per case: the cost of
+  // tokens and data grants, or of TLS.
+  std::string compare_tables;
+  for (const Compared& cmp : compared) {
+    nlohmann::json cases = nlohmann::json::array();
+    std::string table;
     for (int b : batches) {
       for (const char* op : {"put", "get"}) {
-        const std::string off = absl::StrCat("tierkv/b", b, "/", op), on = absl::StrCat("auth/b", b, "/", op);
+        const std::string off = absl::StrCat("tierkv/b", b, "/", op), on = absl::StrCat(cmp.prefix, "/b", b, "/", op);
         double ops_off = fig(off, "items_per_second"), ops_on = fig(on, "items_per_second");
         double ratio = ops_off > 0 ? ops_on / ops_off : 0;
-        auth_cases.push_back({{"case", absl::StrCat(op, " batch ", b)},
-                              {"ops_per_s", ops_off},
-                              {"auth_ops_per_s", ops_on},
-                              {"auth_p50_us", fig(on, "p50_us")},
-                              {"p50_us", fig(off, "p50_us")},
-                              {"ratio", ratio}});
-        absl::StrAppend(&auth_table,
-                        absl::StrFormat("%-14s %10.0f ops/s p50 %7.1f us | %10.0f ops/s p50 %7.1f us | %5.3fx\n",
-                                        absl::StrCat(op, " batch ", b), ops_off, fig(off, "p50_us"), ops_on,
-                                        fig(on, "p50_us"), ratio));
+        cases.push_back({{"case", absl::StrCat(op, " batch ", b)},
+                         {"ops_per_s", ops_off},
+                         {cmp.prefix + "_ops_per_s", ops_on},
+                         {cmp.prefix + "_p50_us", fig(on, "p50_us")},
+                         {"p50_us", fig(off, "p50_us")},
+                         {"ratio", ratio}});
+        absl::StrAppend(&table, absl::StrFormat("%-14s %10.0f ops/s p50 %7.1f us | %10.0f ops/s p50 %7.1f us | %5.3fx\n",
+                                                absl::StrCat(op, " batch ", b), ops_off, fig(off, "p50_us"), ops_on,
+                                                fig(on, "p50_us"), ratio));
       }
     }
-    out["auth_cases"] = auth_cases;
+    out[cmp.prefix + "_cases"] = cases;
+    absl::StrAppend(&compare_tables, absl::StrFormat("\n%-14s %-32s | %-32s | with/without\n%s", "case", "plain",
+                                                     cmp.label, table));
   }
   cli.reset();
-  authed.reset();
+  compared.clear();
   plain->reset();
   if (config.json) {
     std::printf("%s\n", out.dump().c_str());
@@ -358,10 +428,7 @@ int RunStore(const BenchConfig& config) {
     if (!peer_table.empty()) {
       std::printf("\n%-14s %-52s | %-52s | ratio\n%s", "case", "tierkv", config.peer.c_str(), peer_table.c_str());
     }
-    if (!auth_table.empty()) {
-      std::printf("\n%-14s %-32s | %-32s | with/without\n%s", "case", "--auth none", "--auth token (grants)",
-                  auth_table.c_str());
-    }
+    std::printf("%s", compare_tables.c_str());
     std::printf("\nput %.2f GB/s (%.2fx raw %.2f), get %.2f GB/s (%.2fx raw %.2f); target >= 0.85: %s\n", put,
                 put_ratio, raw_w, get, get_ratio, raw_r, std::min(put_ratio, get_ratio) >= 0.85 ? "met" : "MISSED");
   }
