@@ -428,8 +428,12 @@ std::vector<std::string> VerifiedPeerNames(const httplib::Request& req) {
     }
     GENERAL_NAMES_free(sans);
   }
-  char cn[256] = {};
-  if (X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof(cn)) > 0) names.emplace_back(cn);
+  X509_NAME* subject = X509_get_subject_name(cert);
+  if (int at = X509_NAME_get_index_by_NID(subject, NID_commonName, -1); at >= 0) {
+    const ASN1_STRING* cn = X509_NAME_ENTRY_get_data(X509_NAME_get_entry(subject, at));
+    std::string text(reinterpret_cast<const char*>(ASN1_STRING_get0_data(cn)), static_cast<size_t>(ASN1_STRING_length(cn)));
+    if (text.find('\0') == std::string::npos) names.push_back(std::move(text));  // "admin\0x" is no name
+  }
   return names;
 }
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "config/base/log.h"
+#include "config/base/signals.h"
 #include "config/base/status.h"
 
 namespace tierkv {
@@ -95,6 +96,7 @@ class HttpServer::Tls {
 
   absl::StatusOr<SSL_CTX*> Build() const {
     RETURN_IF_ERROR(auth::CheckTlsFiles(files_, /*server=*/true, "HTTP"));
+    IgnoreSigpipeUnlessHandled();  // OpenSSL's writes to a peer that hung up
     SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
     if (ctx == nullptr) return absl::InternalError("SSL_CTX_new failed");
     SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
@@ -114,6 +116,10 @@ class HttpServer::Tls {
       if (ok) {
         SSL_CTX_set_client_CA_list(ctx, SSL_load_client_CA_file(files_.ca.c_str()));
         SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+        // Every connection shows its certificate afresh: a resumed session
+        // would keep admitting one that has since expired.
+        SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+        SSL_CTX_set_num_tickets(ctx, 0);
       }
     }
     if (!ok) {
@@ -441,13 +447,16 @@ void HttpServer::Close(Conn* conn) {
 
 bool HttpServer::Drain(Conn* conn) {
   char scratch[4096];
-  for (;;) {
+  // Bounded per call (the lock is held): a peer still sending is read on
+  // later wake-ups, until it closes or kLinger passes.
+  for (int i = 0; i < 16; ++i) {
     ssize_t n = ::recv(conn->fd, scratch, sizeof(scratch), MSG_DONTWAIT);
     if (n > 0 || (n < 0 && errno == EINTR)) continue;
     if (n < 0 && errno == EAGAIN) return false;
     Release(conn);  // the peer closed (or the socket failed)
     return true;
   }
+  return false;
 }
 
 void HttpServer::Release(Conn* conn) {

@@ -343,6 +343,26 @@ INSTANTIATE_TEST_SUITE_P(Backends, TransportConformance,
                          ::testing::Values("loopback", "tcp", "tls", "shm", "rdma"),
                          [](const auto& info) { return info.param; });
 
+// A batch far larger than socket buffers hold, of small writes (many
+// small replies) and then small reads (many requests before their data):
+// neither side may end up waiting on the other.
+TEST_P(TransportConformance, ABatchOfTwentyThousandSmallRequestsCompletes) {
+  constexpr int kRequests = 20000;
+  constexpr uint64_t kBlock = 64;
+  char* out = LocalPattern(kRequests * kBlock, 5);
+  char* in = Local(kRequests * kBlock);
+  std::vector<Request> writes, reads;
+  for (int i = 0; i < kRequests; ++i) {
+    writes.push_back({Op::kWrite, out + i * kBlock, "seg", i * kBlock, kBlock});
+    reads.push_back({Op::kRead, in + i * kBlock, "seg", i * kBlock, kBlock});
+  }
+  int bad = 0;
+  for (const absl::Status& s : client_->Transfer(writes, absl::Seconds(60))) bad += !s.ok();
+  for (const absl::Status& s : client_->Transfer(reads, absl::Seconds(60))) bad += !s.ok();
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(std::memcmp(in, out, kRequests * kBlock), 0);
+}
+
 // A daemon's transfer port over TLS: it advertises tls://, refuses a
 // plain peer (the process serving on), and a client that does not trust
 // its certificate is told so.

@@ -19,23 +19,33 @@ namespace tierkv::transport::tcp {
 void Connection::RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices,
                              absl::Time deadline) {
   const size_t n = slices.size();
-  std::vector<bool> done(n, false);
+  size_t answered = 0;
   // A failed call leaves the stream mid-frame: every slice not yet
   // answered fails with it, and the connection is broken.
   auto fail = [&](const char* what, const absl::Status& why) {
     const absl::Status st(why.code(), absl::StrCat(what, endpoint_, ": ", why.message()));
-    for (size_t i = 0; i < n; ++i) {
-      if (!done[i]) slices[i]->status = st;
-    }
+    for (size_t i = answered; i < n; ++i) slices[i]->status = st;
     broken_ = true;
   };
-  for (const Op group : {Op::kRead, Op::kWrite}) {
-    std::vector<std::pair<size_t, uint64_t>> sent;  // slice index, request id
-    for (size_t i = 0; i < n; ++i) {
+  // Windows of consecutive slices of one kind, in order: the requests of a
+  // window are sent, then its replies read. A window of reads sends only
+  // headers, and one of writes draws only small replies, so neither side
+  // ever waits on the other with full buffers.
+  while (answered < n) {
+    const Op op = slices[answered]->op;
+    size_t end = answered;
+    uint64_t bytes = 0;
+    while (end < n && slices[end]->op == op && end - answered < kTlsWindow &&
+           (op == Op::kRead || end == answered || bytes + slices[end]->length <= kTlsWindowBytes)) {
+      bytes += slices[end]->length;
+      ++end;
+    }
+    const uint64_t first_id = next_id_;
+    const size_t start = answered;
+    for (size_t i = start; i < end; ++i) {
       Slice* s = slices[i];
-      if (s->op != group) continue;
       RequestHeader h;
-      h.op = group == Op::kRead ? WireOp::kRead : WireOp::kWrite;
+      h.op = op == Op::kRead ? WireOp::kRead : WireOp::kWrite;
       h.segment = segment;
       h.segment_id = segment_id;
       h.id = next_id_++;
@@ -47,21 +57,20 @@ void Connection::RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<S
       }
       uint8_t head[kRequestSize];
       EncodeRequest(h, head);
-      iovec iov[2] = {{head, kRequestSize}, {s->local, group == Op::kWrite ? s->length : 0}};
-      if (absl::Status st = TlsWriteVecFull(ssl_.get(), iov, group == Op::kWrite ? 2 : 1, deadline); !st.ok()) {
+      iovec iov[2] = {{head, kRequestSize}, {s->local, op == Op::kWrite ? s->length : 0}};
+      if (absl::Status st = TlsWriteVecFull(ssl_.get(), iov, op == Op::kWrite ? 2 : 1, deadline); !st.ok()) {
         return fail("send to ", st);
       }
-      sent.emplace_back(i, h.id);
     }
-    for (const auto& [i, id] : sent) {
+    for (size_t i = start; i < end; ++i) {
       Slice* s = slices[i];
       uint8_t reply[kReplySize];
       if (absl::Status st = TlsReadFull(ssl_.get(), reply, kReplySize, deadline); !st.ok()) {
         return fail("recv from ", st);
       }
       absl::StatusOr<ReplyHeader> h = DecodeReply(reply, kReplySize);
-      const uint64_t want = s->op == Op::kRead ? s->length : 0;
-      if (!h.ok() || h->id != id || (h->status == WireStatus::kOk && h->length != want) ||
+      const uint64_t want = op == Op::kRead ? s->length : 0;
+      if (!h.ok() || h->id != first_id + (i - start) || (h->status == WireStatus::kOk && h->length != want) ||
           (h->status != WireStatus::kOk && h->length > kMaxErrorText)) {
         return fail("protocol error from ", absl::UnavailableError("unexpected reply"));
       }
@@ -71,7 +80,7 @@ void Connection::RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<S
         return fail("recv from ", st);
       }
       s->status = ReplyToStatus(h->status, text);
-      done[i] = true;
+      answered = i + 1;
     }
   }
 }

@@ -55,10 +55,13 @@ class Connection {
   // payload, or the server's status; UNAVAILABLE (broken) on I/O errors.
   absl::StatusOr<std::string> Exchange(RequestHeader h, const std::string& body, absl::Time deadline,
                                        const char* what);
-  // RunBatch over TLS: the reads, then the writes, each group's requests
-  // sent and then its replies read (so neither side waits on the other
-  // with full buffers), every call bounded by the deadline.
+  // RunBatch over TLS, in windows of like slices sent and then answered
+  // (see there), every call bounded by the deadline.
   void RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices, absl::Time deadline);
+  // A TLS window: at most this many slices, and for writes this many
+  // payload bytes (beyond one slice), whose replies fit in socket buffers.
+  static constexpr size_t kTlsWindow = 64;
+  static constexpr uint64_t kTlsWindowBytes = 4 << 20;
   void SetBlocking(bool on);
   // Sets the socket's receive/send timeout so a blocking call returns by
   // about `deadline`, unless the armed one already does.

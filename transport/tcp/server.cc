@@ -224,15 +224,13 @@ void Server::Refuse(Fd fd, const char* why) {
 
 void Server::ServeConn(Conn* conn, uint8_t* scratch) {
   const int fd = conn->fd.get();
-  for (int i = 0;; ++i) {
+  for (int i = 0; i < kFramesPerTurn; ++i) {
     if (stopping_.load() || !ServeOne(conn, scratch)) {
       Close(conn);
       return;
     }
-    // Bytes TLS has decrypted already are invisible to the poller: serve
-    // them now, past the turn's limit (they are at most one record).
+    // Bytes TLS has read already are invisible to the poller.
     if (conn->ssl != nullptr && TlsPending(conn->ssl.get())) continue;
-    if (i + 1 >= kFramesPerTurn) break;
     // Frames already buffered (a pipelining client) are served now; none
     // buffered: back to the poller.
     pollfd p{fd, POLLIN, 0};
@@ -247,6 +245,9 @@ void Server::Park(Conn* conn) {
   conn->parked = true;
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+  // Frames TLS holds already (the turn ended first): a writable socket
+  // wakes a thread for them at once, as new bytes would.
+  if (conn->ssl != nullptr && TlsPending(conn->ssl.get())) ev.events |= EPOLLOUT;
   ev.data.u64 = conn->id;
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, conn->fd.get(), &ev) != 0 &&
       ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, conn->fd.get(), &ev) != 0) {

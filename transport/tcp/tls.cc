@@ -2,6 +2,7 @@
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <arpa/inet.h>
 #include <poll.h>
 
 #include <algorithm>
@@ -172,10 +173,12 @@ absl::StatusOr<SslPtr> TlsConnect(int fd, SSL_CTX* ctx, const std::string& host,
   // The certificate must name the host dialled (an IP or a DNS name).
   std::string name = host;
   if (name.size() > 2 && name.front() == '[' && name.back() == ']') name = name.substr(1, name.size() - 2);
-  SSL_set1_host(ssl.get(), name.c_str());
-  if (name.find_first_not_of("0123456789.:abcdefABCDEF") != std::string::npos) {
-    SSL_set_tlsext_host_name(ssl.get(), name.c_str());
+  if (name.empty() || SSL_set1_host(ssl.get(), name.c_str()) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("TLS: cannot check a certificate for host '", host, "'"));
   }
+  in6_addr ip{};
+  const bool literal = inet_pton(AF_INET, name.c_str(), &ip) == 1 || inet_pton(AF_INET6, name.c_str(), &ip) == 1;
+  if (!literal) SSL_set_tlsext_host_name(ssl.get(), name.c_str());  // SNI names hosts, never addresses
   absl::StatusOr<size_t> done = Retry(ssl.get(), [&] { return SSL_connect(ssl.get()); }, &deadline, "TLS handshake");
   if (!done.ok()) {
     const long verify = SSL_get_verify_result(ssl.get());
