@@ -222,9 +222,15 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
     // What clients asked and found, per call, cumulative and windowed, and
     // what was possible (docs: README "stats").
     const QueryStats::View view = master->queries().Snapshot(master->clock()->Now());
+    // A tenant's caller sees its own tenant's clients and prefixes, named
+    // as it knows them; an admin, or a caller outside any tenant, all of
+    // them with their tenant.
+    const auth::Identity caller = CallerOf(req, limits);
+    const bool all = (caller.roles & auth::kAdmin) != 0 || caller.tenant.empty();
     auto rate = [](uint64_t n, uint64_t asked) { return asked ? static_cast<double>(n) / asked : 0.0; };
     auto row_json = [&](const char* label, const QueryStats::Row& r) {
-      json row = {{label, r.name}};
+      json row = {{label, std::string(UserKey(r.name))}};
+      if (all && !TenantOf(r.name).empty()) row["tenant"] = std::string(TenantOf(r.name));
       for (int k = 0; k < QueryStats::kKinds; ++k) {
         const QueryStats::Counts& t = r.total[k];
         const QueryStats::Counts& w = r.window[k];
@@ -254,8 +260,13 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
                     {"prefixes", json::array()},
                     {"prefix_match_pages", histo_json(view.prefix_match_pages)},
                     {"reuse_seconds", json::object()}};
-    for (const QueryStats::Row& r : view.clients) queries["clients"].push_back(row_json("client", r));
-    for (const QueryStats::Row& r : view.prefixes) queries["prefixes"].push_back(row_json("key_prefix", r));  // "prefix" is a call
+    auto visible = [&](const QueryStats::Row& r) { return all || TenantOf(r.name) == caller.tenant; };
+    for (const QueryStats::Row& r : view.clients) {
+      if (visible(r)) queries["clients"].push_back(row_json("client", r));
+    }
+    for (const QueryStats::Row& r : view.prefixes) {
+      if (visible(r)) queries["prefixes"].push_back(row_json("key_prefix", r));  // "prefix" is a call
+    }
     for (int k = 0; k < QueryStats::kKinds; ++k) {
       queries["reuse_seconds"][QueryStats::KindName(static_cast<QueryStats::Kind>(k))] =
           histo_json(view.reuse_seconds[k]);
@@ -274,7 +285,7 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
               {"capacity_bytes", capacity},
               {"segments", master->registry().Snapshot().size()},
               {"clients", master->clients_seen()},
-              {"tenants", TenantsJson(master, CallerOf(req, limits))},
+              {"tenants", TenantsJson(master, caller)},
               {"queries", std::move(queries)}});
   });
   server->Get("/metrics", [=](const httplib::Request&, httplib::Response& res) {

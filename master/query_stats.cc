@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/hash/hash.h"
+#include "master/tenants.h"
 
 namespace tierkv::master {
 namespace {
@@ -150,7 +151,10 @@ QueryStats::Entry& QueryStats::EntryFor(std::map<std::string, Entry>* map, const
   Entry& e = it->second;
   if (f.asked != nullptr && e.metrics[0].asked == nullptr) {
     for (int k = 0; k < kKinds; ++k) {
-      metrics::Labels labels{{label, kept}, {"call", KindName(static_cast<Kind>(k))}};
+      // A tenant's client or prefix is labelled by tenant and its own name
+      // (never the index's "tenant\0name", which no scraper should see).
+      metrics::Labels labels{{label, std::string(UserKey(kept))}, {"call", KindName(static_cast<Kind>(k))}};
+      if (!TenantOf(kept).empty()) labels.emplace("tenant", std::string(TenantOf(kept)));
       e.metrics[k] = {&f.asked->Add(labels), &f.found->Add(labels), &f.possible->Add(labels),
                       &f.bytes_found->Add(labels)};
     }

@@ -14,6 +14,11 @@
 //   q.Record("worker-3", QueryStats::kPrefix, keys, hits, now);
 //   QueryStats::View v = q.Snapshot(now);         // v.clients[0] is "all"
 //
+// Tenants (master/tenants.h): keys come as the index holds them, and a
+// tenant's client id as TenantKey(tenant, id), so a tenant's clients and
+// prefixes are rows of their own ("tenant\0name"); /metrics labels them
+// with `tenant` and the name, and /v1/stats shows a tenant's caller its own.
+//
 // Thread-safe. At most `max_clients` clients and `max_prefixes` prefixes
 // are kept by name; later ones count under "other", so a flood of client
 // ids or keys cannot grow the master or the metrics without bound. The

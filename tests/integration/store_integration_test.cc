@@ -821,7 +821,8 @@ TEST_F(StoreClusterTest, TenantsAreIsolatedAndQuotasRefuseVisibly) {
                             .segment_size = "64mib",
                             .segment_ttl = "5s",
                             .persist = true,
-                            .master_flags = {"--auth=token", "--token-file=" + dir + "/tokens"},
+                            .master_flags = {"--auth=token", "--token-file=" + dir + "/tokens",
+                                             "--query-stats-key-prefix-separator=/"},
                             .daemon_flags = {"--token-file=" + dir + "/daemon.token"},
                             .token = "plain-token-00000000000"}));
   auto a = Client({}, "tenant-a-token-00000000");
@@ -844,6 +845,36 @@ TEST_F(StoreClusterTest, TenantsAreIsolatedAndQuotasRefuseVisibly) {
   // /v1/objects looks in the caller's own tenant too.
   EXPECT_TRUE(cluster_.HttpGet("/v1/objects/a-only", 0, "tenant-a-token-00000000").ok());
   EXPECT_FALSE(cluster_.HttpGet("/v1/objects/a-only", 0, "tenant-b-token-00000000").ok());
+  // So do the query statistics: a tenant sees its own clients and key
+  // prefixes, by the names it uses; a caller outside any tenant sees
+  // every tenant's, each with its tenant.
+  EXPECT_EQ(*a->PrefixMatch({"model-a/p0"}), 0u);
+  EXPECT_EQ(*b->PrefixMatch({"model-b/p0"}), 0u);
+  auto query_rows = [&](const std::string& token, const char* rows) {
+    absl::StatusOr<std::string> body = cluster_.HttpGet("/v1/stats", 0, token);
+    EXPECT_TRUE(body.ok()) << body.status();
+    nlohmann::json j = nlohmann::json::parse(body.ok() ? *body : "{}", nullptr, false);
+    return j.is_object() && j.contains("queries") ? j["queries"][rows] : nlohmann::json::array();
+  };
+  auto prefixes = [&](const std::string& token) {
+    std::set<std::string> out;
+    for (const auto& r : query_rows(token, "prefixes")) {
+      out.insert(r.value("tenant", "") + ":" + r["key_prefix"].get<std::string>());
+    }
+    return out;
+  };
+  EXPECT_EQ(prefixes("tenant-a-token-00000000"), std::set<std::string>{":model-a"});
+  EXPECT_EQ(prefixes("tenant-b-token-00000000"), std::set<std::string>{":model-b"});
+  const std::set<std::string> every = prefixes("plain-token-00000000000");
+  EXPECT_TRUE(every.count("team-a:model-a") == 1 && every.count("team-b:model-b") == 1) << ::testing::PrintToString(every);
+  for (const auto& r : query_rows("tenant-a-token-00000000", "clients")) EXPECT_FALSE(r.contains("tenant")) << r;
+  size_t tenant_clients = 0;
+  for (const auto& r : query_rows("plain-token-00000000000", "clients")) tenant_clients += r.contains("tenant");
+  EXPECT_GE(tenant_clients, 2u);
+  absl::StatusOr<std::string> labelled = cluster_.HttpGet("/metrics", 0, "admin-token-00000000000");
+  ASSERT_OK(labelled.status());
+  EXPECT_THAT(*labelled, ::testing::HasSubstr("prefix=\"model-a\",tenant=\"team-a\""));
+  EXPECT_EQ(labelled->find('\0'), std::string::npos);
 
   std::vector<std::string> base{"--master=" + cluster_.master_address(),
                                 absl::StrCat("--http=127.0.0.1:", cluster_.http_port())};
