@@ -1,12 +1,14 @@
 #include "config/base/auth.h"
 
 #include <arpa/inet.h>
+#include <sys/stat.h>
 #include <openssl/crypto.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <openssl/sha.h>
+#include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
@@ -401,6 +403,70 @@ absl::Status CheckTierRequest(absl::string_view data_key, const httplib::Request
     return absl::UnauthenticatedError("tier request: the proof does not match this segment's key and the request");
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ServerTlsContext>> ServerTlsContext::Create(TlsFiles files, std::string who,
+                                                                           Configure configure,
+                                                                           absl::Duration refresh) {
+  std::unique_ptr<ServerTlsContext> t(
+      new ServerTlsContext(std::move(files), std::move(who), std::move(configure), refresh));
+  ASSIGN_OR_RETURN(std::shared_ptr<SSL_CTX> ctx, t->Build());
+  MutexLock lock(&t->mu_);
+  t->ctx_ = std::move(ctx);
+  t->stamp_ = t->Stamp();
+  t->checked_ = absl::Now();
+  return t;
+}
+
+std::shared_ptr<SSL_CTX> ServerTlsContext::Current() {
+  MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (now - checked_ >= refresh_) {
+    checked_ = now;
+    std::string stamp = Stamp();
+    if (stamp != stamp_) {
+      absl::StatusOr<std::shared_ptr<SSL_CTX>> ctx = Build();
+      if (ctx.ok()) {
+        ctx_ = *std::move(ctx);
+        stamp_ = std::move(stamp);
+        TKV_LOG(INFO) << who_ << ": reloaded " << files_.cert;
+      } else {
+        TKV_LOG(WARNING) << who_ << ": the renewed files do not load, the ones in use stay: " << ctx.status();
+      }
+    }
+  }
+  return ctx_;
+}
+
+std::string ServerTlsContext::Stamp() const {
+  std::string out;
+  for (const std::string* f : {&files_.cert, &files_.key, &files_.ca}) {
+    struct stat st {};
+    if (!f->empty() && ::stat(f->c_str(), &st) == 0) {
+      absl::StrAppend(&out, st.st_size, ":", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, ";");
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<SSL_CTX>> ServerTlsContext::Build() const {
+  RETURN_IF_ERROR(CheckTlsFiles(files_, /*server=*/true, who_));
+  IgnoreSigpipeUnlessHandled();  // OpenSSL's writes to a peer that hung up
+  std::shared_ptr<SSL_CTX> ctx(SSL_CTX_new(TLS_server_method()), SSL_CTX_free);
+  if (ctx == nullptr) return absl::InternalError("SSL_CTX_new failed");
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
+  SSL_CTX_set_options(ctx.get(), SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+  ERR_clear_error();
+  const bool ok = SSL_CTX_use_certificate_chain_file(ctx.get(), files_.cert.c_str()) == 1 &&
+                  SSL_CTX_use_PrivateKey_file(ctx.get(), files_.key.c_str(), SSL_FILETYPE_PEM) == 1 &&
+                  SSL_CTX_check_private_key(ctx.get()) == 1 && (!configure_ || configure_(ctx.get(), files_));
+  if (!ok) {
+    char why[256] = "rejected";
+    if (unsigned long e = ERR_peek_last_error(); e != 0) ERR_error_string_n(e, why, sizeof(why));
+    ERR_clear_error();
+    return absl::InvalidArgumentError(absl::StrCat(who_, " TLS (", files_.cert, ", ", files_.key, "): ", why));
+  }
+  return ctx;
 }
 
 std::vector<std::string> VerifiedPeerNames(const httplib::Request& req) {

@@ -57,6 +57,8 @@
 #include "absl/time/time.h"
 #include "config/base/mutex.h"
 
+struct ssl_ctx_st;
+
 namespace httplib {
 class Client;
 class Server;
@@ -244,6 +246,40 @@ inline constexpr unsigned kTlsRefreshSeconds = 60;
 // match, and a server has both; INVALID_ARGUMENT naming the file and the
 // problem otherwise. `who` names the flags' owner in the message.
 absl::Status CheckTlsFiles(const TlsFiles& files, bool server, absl::string_view who);
+
+// A server's TLS context built from its files (`cert`, `key`; `ca` as the
+// caller's `configure` uses it), rebuilt when they change, checked at most
+// every kTlsRefreshSeconds, so renewed certificates take effect without a
+// restart. A renewal that does not load is logged and the context in use
+// stays. Every context is TLS 1.2 or later without renegotiation or
+// compression; `configure` adds the server's own settings (false: it
+// failed, with OpenSSL's error queue saying why). Thread-safe.
+class ServerTlsContext {
+ public:
+  using Configure = std::function<bool(ssl_ctx_st* ctx, const TlsFiles& files)>;
+  // INVALID_ARGUMENT naming the files (`who`: the flags' owner) when they
+  // do not load.
+  static absl::StatusOr<std::unique_ptr<ServerTlsContext>> Create(
+      TlsFiles files, std::string who, Configure configure,
+      absl::Duration refresh = absl::Seconds(kTlsRefreshSeconds));
+  // The context for a new connection (SSL_new takes its own reference).
+  std::shared_ptr<ssl_ctx_st> Current();
+
+ private:
+  ServerTlsContext(TlsFiles files, std::string who, Configure configure, absl::Duration refresh)
+      : files_(std::move(files)), who_(std::move(who)), configure_(std::move(configure)), refresh_(refresh) {}
+  absl::StatusOr<std::shared_ptr<ssl_ctx_st>> Build() const;
+  std::string Stamp() const;  // the files' sizes and modification times
+
+  const TlsFiles files_;
+  const std::string who_;
+  const Configure configure_;
+  const absl::Duration refresh_;
+  Mutex mu_;
+  std::shared_ptr<ssl_ctx_st> ctx_ ABSL_GUARDED_BY(mu_);
+  std::string stamp_ ABSL_GUARDED_BY(mu_);
+  absl::Time checked_ ABSL_GUARDED_BY(mu_);
+};
 
 // The names a request's TLS client certificate carries (DNS, URI and IP
 // subject alternative names, then the common name) when the server asked

@@ -9,7 +9,6 @@
 #include <fcntl.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -37,105 +36,6 @@ struct HttpServer::Conn {
   absl::Time last_active;
   bool parked = false;
   bool lingering = false;  // answered and shut for writing; reading what is left until the peer closes
-};
-
-// The server's TLS context, rebuilt when its files change. Connections
-// hold the context they were accepted under (SSL_new takes a reference).
-class HttpServer::Tls {
- public:
-  explicit Tls(auth::TlsFiles files) : files_(std::move(files)) {}
-  ~Tls() {
-    if (ctx_ != nullptr) SSL_CTX_free(ctx_);
-  }
-
-  absl::Status Load() {
-    absl::StatusOr<SSL_CTX*> ctx = Build();
-    if (!ctx.ok()) return ctx.status();
-    MutexLock lock(&mu_);
-    ctx_ = *ctx;
-    stamp_ = Stamp();
-    checked_ = absl::Now();
-    return absl::OkStatus();
-  }
-
-  // A new connection's SSL, under the newest context that loads.
-  SSL* NewSsl() {
-    MutexLock lock(&mu_);
-    if (ctx_ == nullptr) return nullptr;  // never loaded: the server did not start
-    const absl::Time now = absl::Now();
-    if (now - checked_ >= absl::Seconds(auth::kTlsRefreshSeconds)) {
-      checked_ = now;
-      std::string stamp = Stamp();
-      if (stamp != stamp_) {
-        absl::StatusOr<SSL_CTX*> ctx = Build();
-        if (ctx.ok()) {
-          SSL_CTX_free(ctx_);
-          ctx_ = *ctx;
-          stamp_ = std::move(stamp);
-          TKV_LOG(INFO) << "HTTP TLS: reloaded " << files_.cert;
-        } else {
-          TKV_LOG(WARNING) << "HTTP TLS: the renewed files do not load, the ones in use stay: " << ctx.status();
-        }
-      }
-    }
-    return SSL_new(ctx_);
-  }
-
- private:
-  // The files' sizes and modification times: a renewal changes them.
-  std::string Stamp() const {
-    std::string out;
-    for (const std::string* f : {&files_.cert, &files_.key, &files_.ca}) {
-      struct stat st {};
-      if (!f->empty() && ::stat(f->c_str(), &st) == 0) {
-        absl::StrAppend(&out, st.st_size, ":", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, ";");
-      }
-    }
-    return out;
-  }
-
-  absl::StatusOr<SSL_CTX*> Build() const {
-    RETURN_IF_ERROR(auth::CheckTlsFiles(files_, /*server=*/true, "HTTP"));
-    IgnoreSigpipeUnlessHandled();  // OpenSSL's writes to a peer that hung up
-    SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
-    if (ctx == nullptr) return absl::InternalError("SSL_CTX_new failed");
-    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
-    // Writes may take what the socket accepts and retry from a moved buffer.
-    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-    static constexpr unsigned char kSessionContext[] = "tierkv-http";
-    SSL_CTX_set_session_id_context(ctx, kSessionContext, sizeof(kSessionContext) - 1);
-    ERR_clear_error();
-    bool ok = SSL_CTX_use_certificate_chain_file(ctx, files_.cert.c_str()) == 1 &&
-              SSL_CTX_use_PrivateKey_file(ctx, files_.key.c_str(), SSL_FILETYPE_PEM) == 1 &&
-              SSL_CTX_check_private_key(ctx) == 1;
-    if (ok && !files_.ca.empty()) {
-      // Asked for, verified when sent; a request without one is the
-      // routes' call (a probe of /health need not carry one).
-      ok = SSL_CTX_load_verify_locations(ctx, files_.ca.c_str(), nullptr) == 1;
-      if (ok) {
-        SSL_CTX_set_client_CA_list(ctx, SSL_load_client_CA_file(files_.ca.c_str()));
-        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
-        // Every connection shows its certificate afresh: a resumed session
-        // would keep admitting one that has since expired.
-        SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
-        SSL_CTX_set_num_tickets(ctx, 0);
-      }
-    }
-    if (!ok) {
-      char why[256] = {};
-      ERR_error_string_n(ERR_get_error(), why, sizeof(why));
-      SSL_CTX_free(ctx);
-      return absl::InvalidArgumentError(absl::StrCat("HTTP TLS (", files_.cert, ", ", files_.key, "): ", why));
-    }
-    return ctx;
-  }
-
-  const auth::TlsFiles files_;
-  Mutex mu_;
-  SSL_CTX* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::string stamp_ ABSL_GUARDED_BY(mu_);
-  absl::Time checked_ ABSL_GUARDED_BY(mu_);
 };
 
 namespace {
@@ -306,8 +206,30 @@ class HttpServer::MemoryStream final : public httplib::Stream {
 
 HttpServer::HttpServer(Options options) : options_(options) {
   if (!options_.tls.cert.empty() || !options_.tls.key.empty()) {
-    tls_ = std::make_unique<Tls>(options_.tls);
-    tls_status_ = tls_->Load();
+    absl::StatusOr<std::unique_ptr<auth::ServerTlsContext>> tls =
+        auth::ServerTlsContext::Create(options_.tls, "HTTP", [](SSL_CTX* ctx, const auth::TlsFiles& files) {
+          // Writes may take what the socket accepts and retry from a moved buffer.
+          SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+          static constexpr unsigned char kSessionContext[] = "tierkv-http";
+          SSL_CTX_set_session_id_context(ctx, kSessionContext, sizeof(kSessionContext) - 1);
+          if (files.ca.empty()) return true;
+          // Asked for, verified when sent; a request without one is the
+          // routes' call (a probe of /health need not carry one).
+          if (SSL_CTX_load_verify_locations(ctx, files.ca.c_str(), nullptr) != 1) return false;
+          SSL_CTX_set_client_CA_list(ctx, SSL_load_client_CA_file(files.ca.c_str()));
+          SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+          // Every connection shows its certificate afresh: a resumed session
+          // would keep admitting one that has since expired.
+          SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+          SSL_CTX_set_num_tickets(ctx, 0);
+          return true;
+        });
+    if (tls.ok()) {
+      tls_ = *std::move(tls);
+    } else {
+      tls_status_ = tls.status();
+      tls_failed_ = true;
+    }
   }
   // httplib's own pool only hands accepted sockets over; that never blocks.
   new_task_queue = [] { return new httplib::ThreadPool(1); };
@@ -384,8 +306,8 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   }
   auto conn = std::make_unique<Conn>();
   conn->fd = sock;
-  if (tls_ != nullptr) {
-    conn->ssl = tls_->NewSsl();
+  if (tls_ != nullptr || tls_failed_) {
+    conn->ssl = tls_ != nullptr ? SSL_new(tls_->Current().get()) : nullptr;
     if (conn->ssl == nullptr) {
       ::close(sock);  // TLS did not load: serve nothing in the clear
       return true;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,30 @@ TEST_F(HttpServerTlsTest, ClientCertificatesAreVerifiedAgainstTheCa) {
   // The server's alert reaches the client before the server counts it.
   for (int i = 0; i < 100 && server->tls_handshake_failures() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
   EXPECT_EQ(server->tls_handshake_failures(), 1u);
+}
+
+// Renewed files replace the context for new connections; a renewal that
+// does not load leaves the one in use.
+TEST_F(HttpServerTlsTest, RenewedCertificatesAreTakenUpAndBrokenOnesIgnored) {
+  const std::string cert = dir_ + "/live.pem", key = dir_ + "/live.key";
+  auto copy = [](const std::string& from, const std::string& to) {
+    std::filesystem::copy_file(from, to, std::filesystem::copy_options::overwrite_existing);
+  };
+  copy(certs_.server_cert, cert);
+  copy(certs_.server_key, key);
+  absl::StatusOr<std::unique_ptr<auth::ServerTlsContext>> tls =
+      auth::ServerTlsContext::Create({"", cert, key}, "test", nullptr, absl::ZeroDuration());
+  ASSERT_TRUE(tls.ok()) << tls.status();
+  std::shared_ptr<ssl_ctx_st> first = (*tls)->Current();
+  EXPECT_EQ((*tls)->Current(), first);  // unchanged files: the same context
+  absl::SleepFor(absl::Milliseconds(20));  // a modification time of its own
+  copy(certs_.client_cert, cert);
+  copy(certs_.client_key, key);
+  std::shared_ptr<ssl_ctx_st> renewed = (*tls)->Current();
+  EXPECT_NE(renewed, first);
+  absl::SleepFor(absl::Milliseconds(20));
+  std::ofstream(cert) << "not a certificate\n";
+  EXPECT_EQ((*tls)->Current(), renewed);
 }
 
 TEST_F(HttpServerTlsTest, FilesThatDoNotLoadAreReportedAndNothingIsServedInTheClear) {

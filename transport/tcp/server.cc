@@ -325,7 +325,7 @@ bool Server::ServeOne(Conn* conn, uint8_t* scratch) {
     // The first bytes of a TLS connection: its handshake, within the
     // socket's timeouts. A peer that fails it (plain frames, a client that
     // does not trust us) is closed.
-    absl::StatusOr<SslPtr> ssl = TlsAccept(fd, options_.tls.get());
+    absl::StatusOr<SslPtr> ssl = TlsAccept(fd, options_.tls->Current().get());
     if (!ssl.ok()) return false;
     conn->ssl = *std::move(ssl);
     return true;

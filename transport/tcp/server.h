@@ -71,7 +71,7 @@ struct ServerOptions {
   absl::Duration frame_timeout = absl::Seconds(30);
   // Set: every connection is TLS (tls.h), its handshake the first step
   // served, before any frame.
-  std::shared_ptr<SSL_CTX> tls;
+  std::shared_ptr<auth::ServerTlsContext> tls;
 };
 
 class Server {

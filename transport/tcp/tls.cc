@@ -103,11 +103,8 @@ absl::Status WriteAll(SSL* ssl, const iovec* iov, int count, const absl::Time* d
   return gather.empty() ? absl::OkStatus() : WriteOne(ssl, gather.data(), gather.size(), deadline);
 }
 
-SSL_CTX* NewContext(const SSL_METHOD* method) {
-  SSL_CTX* ctx = SSL_CTX_new(method);
-  if (ctx == nullptr) return nullptr;
-  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-  SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+// What both ends of a data connection set: bulk transfer.
+void Tune(SSL_CTX* ctx) {
   // A write returns once all its records are out (no partial writes): one
   // call per payload, not one per 16 KiB record.
   SSL_CTX_set_mode(ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
@@ -118,7 +115,6 @@ SSL_CTX* NewContext(const SSL_METHOD* method) {
   // AES-128-GCM first: the cheapest cipher with AES instructions, and bulk
   // bytes are what these connections carry.
   SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256");
-  return ctx;
 }
 
 }  // namespace
@@ -132,21 +128,14 @@ bool SplitTlsEndpoint(absl::string_view endpoint, std::string* address) {
   return tls;
 }
 
-absl::StatusOr<std::shared_ptr<SSL_CTX>> NewServerContext(const auth::TlsFiles& files) {
-  RETURN_IF_ERROR(auth::CheckTlsFiles({"", files.cert, files.key}, /*server=*/true, "--data-tls"));
-  IgnoreSigpipeUnlessHandled();  // a client that hangs up mid-reply
-  std::shared_ptr<SSL_CTX> ctx(NewContext(TLS_server_method()), SSL_CTX_free);
-  if (ctx == nullptr) return absl::InternalError("SSL_CTX_new failed");
-  // No tickets: a client's idle pooled connection must stay silent.
-  SSL_CTX_set_num_tickets(ctx.get(), 0);
-  SSL_CTX_set_session_cache_mode(ctx.get(), SSL_SESS_CACHE_OFF);
-  ERR_clear_error();
-  if (SSL_CTX_use_certificate_chain_file(ctx.get(), files.cert.c_str()) != 1 ||
-      SSL_CTX_use_PrivateKey_file(ctx.get(), files.key.c_str(), SSL_FILETYPE_PEM) != 1 ||
-      SSL_CTX_check_private_key(ctx.get()) != 1) {
-    return absl::InvalidArgumentError(SslError(absl::StrCat("--data-tls with ", files.cert).c_str()));
-  }
-  return ctx;
+absl::StatusOr<std::unique_ptr<auth::ServerTlsContext>> NewServerContext(const auth::TlsFiles& files) {
+  return auth::ServerTlsContext::Create({"", files.cert, files.key}, "--data-tls", [](SSL_CTX* ctx, const auth::TlsFiles&) {
+    Tune(ctx);
+    // No tickets: a client's idle pooled connection must stay silent.
+    SSL_CTX_set_num_tickets(ctx, 0);
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+    return true;
+  });
 }
 
 absl::StatusOr<std::shared_ptr<SSL_CTX>> ClientContext(const std::string& ca) {
@@ -156,8 +145,11 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> ClientContext(const std::string& ca) {
   MutexLock lock(&mu);
   auto it = cache->find(ca);
   if (it != cache->end()) return it->second;
-  std::shared_ptr<SSL_CTX> ctx(NewContext(TLS_client_method()), SSL_CTX_free);
+  std::shared_ptr<SSL_CTX> ctx(SSL_CTX_new(TLS_client_method()), SSL_CTX_free);
   if (ctx == nullptr) return absl::InternalError("SSL_CTX_new failed");
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
+  SSL_CTX_set_options(ctx.get(), SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+  Tune(ctx.get());
   ERR_clear_error();
   const bool loaded = ca.empty() ? SSL_CTX_set_default_verify_paths(ctx.get()) == 1
                                  : SSL_CTX_load_verify_locations(ctx.get(), ca.c_str(), nullptr) == 1;

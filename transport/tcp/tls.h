@@ -39,9 +39,10 @@ inline constexpr char kTlsScheme[] = "tls://";
 // "host:port" -> false and itself.
 bool SplitTlsEndpoint(absl::string_view endpoint, std::string* address);
 
-// A server's context from its certificate and key (files.cert, files.key);
-// INVALID_ARGUMENT naming the file that does not load.
-absl::StatusOr<std::shared_ptr<SSL_CTX>> NewServerContext(const auth::TlsFiles& files);
+// A server's context from its certificate and key (files.cert, files.key),
+// renewed when they change (auth::ServerTlsContext); INVALID_ARGUMENT
+// naming the file that does not load.
+absl::StatusOr<std::unique_ptr<auth::ServerTlsContext>> NewServerContext(const auth::TlsFiles& files);
 // A client's context verifying servers against `ca` (the system's trust
 // store when empty); one per CA file per process.
 absl::StatusOr<std::shared_ptr<SSL_CTX>> ClientContext(const std::string& ca);
