@@ -552,7 +552,11 @@ void RequireHttpAuth(httplib::Server* server, const Authenticator* auth,
     const bool unknown = absl::IsUnauthenticated(id.status());
     res.status = unknown ? 401 : 403;
     if (unknown) res.set_header("WWW-Authenticate", "Bearer");
-    res.set_content(nlohmann::json{{"error", std::string(id.status().message())}}.dump(), "application/json");
+    // The message quotes the path, which may hold any bytes: invalid UTF-8
+    // is replaced, not thrown on.
+    res.set_content(nlohmann::json{{"error", std::string(id.status().message())}}.dump(
+                        -1, ' ', false, nlohmann::json::error_handler_t::replace),
+                    "application/json");
     return httplib::Server::HandlerResponse::Handled;
   });
 }
