@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "config/base/auth.h"
 #include "config/base/log.h"
 #include "config/base/notify.h"
 #include "config/base/signals.h"
@@ -30,6 +31,9 @@ int main(int argc, char** argv) {
   tierkv::NotifyReady(absl::StrCat("serving rpc=", (*server)->rpc_port(), " http=", (*server)->http_port()));
 
   int sig = tierkv::WaitForStopSignal([&server] {
+    // Renewed certificates: the HTTP port's at its next connection (gRPC's
+    // watcher takes them within a minute).
+    tierkv::auth::ServerTlsContext::RecheckAll();
     if (absl::Status s = (*server)->ReloadAuth(); s.ok()) {
       TKV_LOG(INFO) << "SIGHUP: token file re-read";
     } else {

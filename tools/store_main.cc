@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "config/base/auth.h"
 #include "config/base/log.h"
 #include "config/base/notify.h"
 #include "config/base/signals.h"
@@ -85,7 +86,12 @@ int main(int argc, char** argv) {
   TKV_LOG(INFO) << "lending " << config.segment_size << " bytes as segment " << (*daemon)->segment() << " at "
                 << (*daemon)->location();
   MountNotifier notifier(daemon->get());
-  int sig = tierkv::WaitForStopSignal();
+  // SIGHUP: renewed certificates (HTTP, --data-tls) are read at the next
+  // connection.
+  int sig = tierkv::WaitForStopSignal([] {
+    tierkv::auth::ServerTlsContext::RecheckAll();
+    TKV_LOG(INFO) << "SIGHUP: TLS files are re-read at the next connection";
+  });
   TKV_LOG(INFO) << "signal " << sig << ": unmounting and exiting";
   tierkv::NotifyStopping();
   notifier.Stop();

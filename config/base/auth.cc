@@ -13,6 +13,7 @@
 #include <openssl/x509v3.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -418,10 +419,18 @@ absl::StatusOr<std::unique_ptr<ServerTlsContext>> ServerTlsContext::Create(TlsFi
   return t;
 }
 
+namespace {
+std::atomic<uint64_t> tls_rechecks{0};
+}  // namespace
+
+void ServerTlsContext::RecheckAll() { tls_rechecks.fetch_add(1); }
+
 std::shared_ptr<SSL_CTX> ServerTlsContext::Current() {
   MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
-  if (now - checked_ >= refresh_) {
+  const uint64_t rechecks = tls_rechecks.load();
+  if (now - checked_ >= refresh_ || rechecks != recheck_seen_) {
+    recheck_seen_ = rechecks;
     checked_ = now;
     std::string stamp = Stamp();
     if (stamp != stamp_) {

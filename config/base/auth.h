@@ -264,6 +264,9 @@ class ServerTlsContext {
       absl::Duration refresh = absl::Seconds(kTlsRefreshSeconds));
   // The context for a new connection (SSL_new takes its own reference).
   std::shared_ptr<ssl_ctx_st> Current();
+  // Makes every context re-check its files at its next connection, however
+  // recently it checked (a SIGHUP after renewing certificates).
+  static void RecheckAll();
 
  private:
   ServerTlsContext(TlsFiles files, std::string who, Configure configure, absl::Duration refresh)
@@ -279,6 +282,7 @@ class ServerTlsContext {
   std::shared_ptr<ssl_ctx_st> ctx_ ABSL_GUARDED_BY(mu_);
   std::string stamp_ ABSL_GUARDED_BY(mu_);
   absl::Time checked_ ABSL_GUARDED_BY(mu_);
+  uint64_t recheck_seen_ ABSL_GUARDED_BY(mu_) = 0;  // RecheckAll calls seen
 };
 
 // The names a request's TLS client certificate carries (DNS, URI and IP

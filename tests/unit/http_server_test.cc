@@ -158,6 +158,20 @@ TEST_F(HttpServerTlsTest, RenewedCertificatesAreTakenUpAndBrokenOnesIgnored) {
   absl::SleepFor(absl::Milliseconds(20));
   std::ofstream(cert) << "not a certificate\n";
   EXPECT_EQ((*tls)->Current(), renewed);
+  // With an hour between checks, a renewal waits for the hour, or for
+  // RecheckAll (SIGHUP).
+  copy(certs_.server_cert, cert);
+  copy(certs_.server_key, key);
+  absl::StatusOr<std::unique_ptr<auth::ServerTlsContext>> hourly =
+      auth::ServerTlsContext::Create({"", cert, key}, "test", nullptr, absl::Hours(1));
+  ASSERT_TRUE(hourly.ok()) << hourly.status();
+  std::shared_ptr<ssl_ctx_st> before = (*hourly)->Current();
+  absl::SleepFor(absl::Milliseconds(20));
+  copy(certs_.client_cert, cert);
+  copy(certs_.client_key, key);
+  EXPECT_EQ((*hourly)->Current(), before);
+  auth::ServerTlsContext::RecheckAll();
+  EXPECT_NE((*hourly)->Current(), before);
 }
 
 TEST_F(HttpServerTlsTest, FilesThatDoNotLoadAreReportedAndNothingIsServedInTheClear) {
