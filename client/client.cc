@@ -283,6 +283,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   eo.backend.reply_spin = options.reply_spin;
   eo.backend.rdma_devices = options.rdma_devices;
   eo.backend.tls = options.tls;  // its CA verifies daemons serving --data-tls
+  // A segment this process lends, in a cluster whose callers authenticate,
+  // takes data grants as a daemon's does: whoever reaches this process's
+  // port needs the master's word for it.
+  eo.data_grants = options.lend_size > 0 && (!options.token.empty() || !options.tls.cert.empty());
   eo.workers = options.workers;
   eo.host = options.host;
   eo.default_timeout = options.transfer_timeout;

@@ -104,6 +104,9 @@ struct ClientOptions {
   // 0 gives it back at once and never caches it.
   absl::Duration replica_cache_hold = absl::Milliseconds(100);
   // Lend this much of the client's own memory as a segment (0: none).
+  // With a token or a certificate (a master that authenticates; the
+  // credential then needs the daemon role to mount), the segment admits
+  // only connections with a data grant, as a daemon running --auth does.
   uint64_t lend_size = 0;
   std::string lend_name;  // default: "client-<id>"
   std::string host;       // host identity for replica spreading; default: the machine's

@@ -697,6 +697,64 @@ TEST_F(StoreClusterTest, CtlCommands) {
 // grants and moves bytes (tcp, shm), through a daemon's restart; a raw
 // frame without a grant, and a real grant for one daemon's segment shown
 // to another, are refused by the daemons themselves.
+// A client lending its own memory in a cluster with tokens: its port, like
+// a daemon's, moves bytes only for a connection the master granted.
+TEST_F(StoreClusterTest, ALentSegmentAdmitsOnlyConnectionsWithAGrant) {
+  const std::string dir = testing::MakeTempDir("tierkv-lend-auth");
+  std::ofstream(dir + "/tokens") << "daemon-token-0000000000 decode daemon\n"
+                                    "lender-token-0000000000 lender daemon,client\n"
+                                    "client-token-0000000000 worker client\n";
+  std::ofstream(dir + "/daemon.token") << "daemon-token-0000000000\n";
+  ASSERT_OK(cluster_.Start({.daemons = 1,
+                            .segment_size = "32mib",
+                            .master_flags = {"--auth=token", "--token-file=" + dir + "/tokens"},
+                            .daemon_flags = {"--auth=token", "--token-file=" + dir + "/daemon.token"},
+                            .token = "client-token-0000000000"}));
+  client::ClientOptions lo;
+  lo.master = cluster_.master_address();
+  lo.metadata = cluster_.metadata_url();
+  lo.transports = {"tcp"};
+  lo.token = "lender-token-0000000000";
+  lo.lend_size = 16 << 20;
+  lo.lend_name = "lent-0";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::Client> lender, client::Client::Create(lo));
+  ASSERT_OK(cluster_.WaitForLiveSegments(2));
+  auto reader = Client({"tcp"});
+  ASSERT_NE(reader, nullptr);
+  client::PutOptions there;
+  there.preferred_segment = "lent-0";
+  for (int i = 0; i < 10; ++i) {
+    const std::string key = absl::StrCat("page-", i);
+    ASSERT_OK(reader->Put(key, ValueFor(key, 4096 + i), there));
+    absl::StatusOr<std::string> v = reader->Get(key);
+    ASSERT_OK(v.status()) << key;
+    EXPECT_TRUE(*v == ValueFor(key, 4096 + i)) << key;
+  }
+  absl::StatusOr<std::string> placed = cluster_.HttpGet("/v1/objects/page-0");
+  ASSERT_OK(placed.status());
+  EXPECT_THAT(*placed, ::testing::HasSubstr("\"segment\":\"lent-0\"")) << "the value went elsewhere";
+  absl::StatusOr<std::string> body = cluster_.HttpGet("/metadata?key=" + transport::DescriptorKey("lent-0"));
+  ASSERT_OK(body.status());
+  transport::SegmentDescriptor d = *transport::SegmentDescriptor::FromJson(*body);
+  EXPECT_TRUE(d.auth);
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd, transport::tcp::Dial(d.transports["tcp"], deadline));
+  transport::tcp::RequestHeader h;
+  h.op = transport::tcp::WireOp::kRead;
+  h.segment = d.segment_index;
+  h.segment_id = d.segment_id;
+  h.id = 1;
+  h.length = 4096;
+  uint8_t head[transport::tcp::kRequestSize];
+  transport::tcp::EncodeRequest(h, head);
+  ASSERT_OK(transport::tcp::WriteFull(fd.get(), head, sizeof head, deadline));
+  uint8_t reply[transport::tcp::kReplySize];
+  ASSERT_OK(transport::tcp::ReadFull(fd.get(), reply, sizeof reply, deadline));
+  ASSERT_OK_AND_ASSIGN(transport::tcp::ReplyHeader r, transport::tcp::DecodeReply(reply, sizeof reply));
+  EXPECT_EQ(r.status, transport::tcp::WireStatus::kUnauthenticated);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(StoreClusterTest, DaemonsWithAuthTokenServeOnlyConnectionsWithAGrant) {
   const std::string dir = testing::MakeTempDir("tierkv-data-auth");
   std::ofstream(dir + "/tokens") << "daemon-token-0000000000 decode daemon\nclient-token-0000000000 worker client\n";
