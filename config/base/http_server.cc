@@ -228,7 +228,6 @@ HttpServer::HttpServer(Options options) : options_(options) {
       tls_ = *std::move(tls);
     } else {
       tls_status_ = tls.status();
-      tls_failed_ = true;
     }
   }
   // httplib's own pool only hands accepted sockets over; that never blocks.
@@ -306,7 +305,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   }
   auto conn = std::make_unique<Conn>();
   conn->fd = sock;
-  if (tls_ != nullptr || tls_failed_) {
+  if (tls()) {
     conn->ssl = tls_ != nullptr ? SSL_new(tls_->Current().get()) : nullptr;
     if (conn->ssl == nullptr) {
       ::close(sock);  // TLS did not load: serve nothing in the clear

@@ -82,7 +82,8 @@ class HttpServer : public httplib::Server {
 
   size_t open_connections() const { return open_.load(); }
   uint64_t tls_handshake_failures() const { return tls_failures_.load(); }
-  bool tls() const { return tls_ != nullptr || tls_failed_; }
+  // Asked for in Options (served, or refused whole when it did not load).
+  bool tls() const { return tls_ != nullptr || !tls_status_.ok(); }
   // OK, or why the TLS files given in Options do not load (naming the
   // file); a server whose TLS did not load refuses every connection.
   const absl::Status& tls_status() const { return tls_status_; }
@@ -116,7 +117,6 @@ class HttpServer : public httplib::Server {
   std::atomic<bool> stopping_{false};
   std::unique_ptr<auth::ServerTlsContext> tls_;
   absl::Status tls_status_;
-  bool tls_failed_ = false;  // asked for, not loaded: every connection is refused
   std::atomic<uint64_t> tls_failures_{0};
 
   Mutex mu_;

@@ -56,6 +56,30 @@ class StoreClusterTest : public ::testing::Test {
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
   }
+  // A raw READ on segment `d`'s tcp port from a connection without a data
+  // grant: refused UNAUTHENTICATED saying a grant is needed, then closed.
+  void ExpectRawReadRefused(const transport::SegmentDescriptor& d) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd, transport::tcp::Dial(d.transports.at("tcp"), deadline));
+    transport::tcp::RequestHeader h;
+    h.op = transport::tcp::WireOp::kRead;
+    h.segment = d.segment_index;
+    h.segment_id = d.segment_id;
+    h.id = 1;
+    h.length = 4096;
+    uint8_t head[transport::tcp::kRequestSize];
+    transport::tcp::EncodeRequest(h, head);
+    ASSERT_OK(transport::tcp::WriteFull(fd.get(), head, sizeof head, deadline));
+    uint8_t reply[transport::tcp::kReplySize];
+    ASSERT_OK(transport::tcp::ReadFull(fd.get(), reply, sizeof reply, deadline));
+    ASSERT_OK_AND_ASSIGN(transport::tcp::ReplyHeader r, transport::tcp::DecodeReply(reply, sizeof reply));
+    EXPECT_EQ(r.status, transport::tcp::WireStatus::kUnauthenticated);
+    std::string why(r.length, '\0');
+    ASSERT_OK(transport::tcp::ReadFull(fd.get(), why.data(), why.size(), deadline));
+    EXPECT_NE(why.find("needs a data grant"), std::string::npos) << why;
+    char more;
+    EXPECT_FALSE(transport::tcp::ReadFull(fd.get(), &more, 1, deadline).ok());
+  }
   nlohmann::json Stats() {
     auto body = cluster_.HttpGet("/v1/stats");
     EXPECT_TRUE(body.ok());
@@ -737,21 +761,7 @@ TEST_F(StoreClusterTest, ALentSegmentAdmitsOnlyConnectionsWithAGrant) {
   ASSERT_OK(body.status());
   transport::SegmentDescriptor d = *transport::SegmentDescriptor::FromJson(*body);
   EXPECT_TRUE(d.auth);
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd, transport::tcp::Dial(d.transports["tcp"], deadline));
-  transport::tcp::RequestHeader h;
-  h.op = transport::tcp::WireOp::kRead;
-  h.segment = d.segment_index;
-  h.segment_id = d.segment_id;
-  h.id = 1;
-  h.length = 4096;
-  uint8_t head[transport::tcp::kRequestSize];
-  transport::tcp::EncodeRequest(h, head);
-  ASSERT_OK(transport::tcp::WriteFull(fd.get(), head, sizeof head, deadline));
-  uint8_t reply[transport::tcp::kReplySize];
-  ASSERT_OK(transport::tcp::ReadFull(fd.get(), reply, sizeof reply, deadline));
-  ASSERT_OK_AND_ASSIGN(transport::tcp::ReplyHeader r, transport::tcp::DecodeReply(reply, sizeof reply));
-  EXPECT_EQ(r.status, transport::tcp::WireStatus::kUnauthenticated);
+  ExpectRawReadRefused(d);
   std::filesystem::remove_all(dir);
 }
 
@@ -789,28 +799,8 @@ TEST_F(StoreClusterTest, DaemonsWithAuthTokenServeOnlyConnectionsWithAGrant) {
   };
   transport::SegmentDescriptor d0 = desc_of("daemon-0"), d1 = desc_of("daemon-1");
   EXPECT_TRUE(d0.auth);
+  ExpectRawReadRefused(d0);
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  {
-    ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd, transport::tcp::Dial(d0.transports["tcp"], deadline));
-    transport::tcp::RequestHeader h;
-    h.op = transport::tcp::WireOp::kRead;
-    h.segment = d0.segment_index;
-    h.segment_id = d0.segment_id;
-    h.id = 1;
-    h.length = 4096;
-    uint8_t head[transport::tcp::kRequestSize];
-    transport::tcp::EncodeRequest(h, head);
-    ASSERT_OK(transport::tcp::WriteFull(fd.get(), head, sizeof head, deadline));
-    uint8_t reply[transport::tcp::kReplySize];
-    ASSERT_OK(transport::tcp::ReadFull(fd.get(), reply, sizeof reply, deadline));
-    ASSERT_OK_AND_ASSIGN(transport::tcp::ReplyHeader r, transport::tcp::DecodeReply(reply, sizeof reply));
-    EXPECT_EQ(r.status, transport::tcp::WireStatus::kUnauthenticated);
-    std::string why(r.length, '\0');
-    ASSERT_OK(transport::tcp::ReadFull(fd.get(), why.data(), why.size(), deadline));
-    EXPECT_NE(why.find("needs a data grant"), std::string::npos) << why;
-    char more;
-    EXPECT_FALSE(transport::tcp::ReadFull(fd.get(), &more, 1, deadline).ok());
-  }
   // The master's grant for daemon-0, shown to daemon-1 for its segment.
   ASSERT_OK_AND_ASSIGN(v1::DataGrant g0, tcp->master().GrantData("daemon-0"));
   ASSERT_EQ(g0.grant().size(), auth::kGrantBytes);
