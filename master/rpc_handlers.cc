@@ -57,11 +57,6 @@ std::vector<std::string> Keys(const google::protobuf::RepeatedPtrField<std::stri
   return out;
 }
 
-// The query statistics' name for the caller: its client id, in its tenant.
-std::string ClientOf(const v1::KeysRequest& req, const std::string& tenant) {
-  return tenant.empty() ? req.client_id() : TenantKey(tenant, req.client_id());
-}
-
 // A status as its caller should read it: keys named as the tenant knows them.
 absl::Status AsCallerSees(const absl::Status& s, const std::string& tenant) {
   if (s.ok() || tenant.empty()) return s;
@@ -236,7 +231,7 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
   for (size_t i = 0; i < found.size(); ++i) {
     if (resp->sizes(static_cast<int>(i)) > 0) hits[i] = {true, found[i].size, found[i].idle_s};
   }
-  m->queries().Record(ClientOf(req, tenant), QueryStats::kGet, keys, hits, m->clock()->Now());
+  m->queries().Record(TenantKey(tenant, req.client_id()), QueryStats::kGet, keys, hits, m->clock()->Now());
 }
 
 void Exists(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::ExistsResponse* resp) {
@@ -244,7 +239,7 @@ void Exists(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1
   std::vector<std::string> keys = Keys(req.keys(), tenant);
   std::vector<KeyHit> hits;
   for (bool b : m->index().Exists(keys, &hits)) resp->add_present(b);
-  m->queries().Record(ClientOf(req, tenant), QueryStats::kExists, keys, hits, m->clock()->Now());
+  m->queries().Record(TenantKey(tenant, req.client_id()), QueryStats::kExists, keys, hits, m->clock()->Now());
 }
 
 void PrefixMatch(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::PrefixMatchResponse* resp) {
@@ -253,7 +248,7 @@ void PrefixMatch(Master* m, const v1::KeysRequest& req, const std::string& tenan
   std::vector<KeyHit> hits;
   const size_t matched = m->index().PrefixMatch(keys, &hits);
   resp->set_matched(static_cast<uint32_t>(matched));
-  m->queries().Record(ClientOf(req, tenant), QueryStats::kPrefix, keys, hits, m->clock()->Now());
+  m->queries().Record(TenantKey(tenant, req.client_id()), QueryStats::kPrefix, keys, hits, m->clock()->Now());
 }
 
 void Remove(Master* m, const v1::RemoveRequest& req, const std::string& tenant, v1::KeysResponse* resp) {

@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   eo.backend.listen = config.listen;
   eo.backend.tls = mo.tls;
   eo.backend.serve_tls = config.data_tls;
-  eo.data_grants = config.auth == "token" || config.auth == "mtls";
+  eo.data_grants = config.auth != "none";  // token or mtls
   eo.backend.advertise = config.host;
   eo.backend.port = static_cast<int>(config.port);
   eo.backend.connections = static_cast<int>(config.connections);
