@@ -153,7 +153,19 @@ std::string FlagEnvName(absl::string_view flag) {
 
 const char* Getenv(const char* name) { return std::getenv(name); }
 
-std::string PrintDuration(absl::Duration d) { return absl::FormatDuration(d); }
+// In the largest unit that holds it whole, so that ParseDuration reads it
+// back (absl's own form, "1m30s" or a bare "0", it does not).
+std::string PrintDuration(absl::Duration d) {
+  if (d == absl::InfiniteDuration()) return absl::FormatDuration(d);
+  const int64_t ns = absl::ToInt64Nanoseconds(d);
+  static constexpr std::pair<int64_t, const char*> kUnits[] = {
+      {3'600'000'000'000, "h"}, {60'000'000'000, "m"}, {1'000'000'000, "s"}, {1'000'000, "ms"}, {1'000, "us"}};
+  if (ns == 0) return "0s";
+  for (const auto& [per, unit] : kUnits) {
+    if (ns % per == 0) return absl::StrCat(ns / per, unit);
+  }
+  return absl::StrCat(ns, "ns");
+}
 
 absl::StatusOr<ParsedArgs> ParseFlags(const std::vector<FlagSpec>& specs, void* cfg, int argc,
                                       const char* const* argv,

@@ -239,6 +239,28 @@ TEST(FlagsTest, StoreTransferServerLimits) {
   EXPECT_THAT(StoreFlags().Parse(2, bad, nullptr, none), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// What --print-config prints reads back as a --config file, zero durations
+// (a spin turned off) included.
+template <class C>
+void ExpectDumpReadsBack(const FlagTable<C>& table, std::vector<const char*> argv) {
+  auto none = [](const char*) -> const char* { return nullptr; };
+  absl::StatusOr<C> first = table.Parse(static_cast<int>(argv.size()), argv.data(), nullptr, none);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string dump = table.Dump(*first);
+  const std::string path = ::testing::TempDir() + "/dump-reads-back.conf";
+  std::ofstream(path) << dump;
+  const std::string arg = "--config=" + path;
+  const char* again[] = {argv[0], arg.c_str()};
+  absl::StatusOr<C> second = table.Parse(2, again, nullptr, none);
+  ASSERT_TRUE(second.ok()) << second.status() << "\n" << dump;
+  EXPECT_EQ(table.Dump(*second), dump);
+}
+
+TEST(FlagsTest, PrintedConfigurationsReadBack) {
+  ExpectDumpReadsBack(MasterFlags(), {"tierkv-master", "--segment-ttl=90s", "--ssd-grace=1500ms"});
+  ExpectDumpReadsBack(StoreFlags(), {"tierkv-store"});
+}
+
 // --- auth: token tables, roles, binds --------------------------------------
 
 constexpr char kTokens[] =
