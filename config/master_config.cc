@@ -114,6 +114,14 @@ const FlagTable<MasterConfig>& MasterFlags() {
           DurationFlag<C>("direct-idle-timeout", &C::direct_idle_timeout, "5m", 0.01, 86400,
                           "a direct-lane connection idle this long is closed (clients reuse theirs only "
                           "within 60 s)"),
+          DurationFlag<C>("direct-spin", &C::direct_spin, "100us", 0, 0.001,
+                          "after a reply, a direct-lane connection whose last call came within this of "
+                          "the reply before it polls for its next call this long before sleeping, which "
+                          "saves a client calling back to back a wake-up per call; 0s: never spin "
+                          "(docs/performance.md)"),
+          IntFlag<C>("direct-spinners", &C::direct_spinners, "0", 0, 256,
+                     "at most this many direct-lane connections spin at once (others sleep); 0: a "
+                     "quarter of the usable cores, at least 1"),
           StringFlag<C>("kv-events-endpoint", &C::kv_events_endpoint, "",
                         "ZeroMQ PUB endpoint for KV events in vLLM's layout (tcp://*:5557; a "
                         "port of * picks one, logged); empty: no events. docs/kv-events.md"),

@@ -51,6 +51,8 @@ struct MasterConfig {
   absl::Duration http_idle_timeout;
   int64_t direct_max_connections = 0;
   absl::Duration direct_idle_timeout;
+  absl::Duration direct_spin;
+  int64_t direct_spinners = 0;
   std::string kv_events_endpoint;
   std::string kv_events_replay_endpoint;
   std::string kv_events_topic;

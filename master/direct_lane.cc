@@ -98,7 +98,7 @@ void DrainBeforeClose(int fd) {
 }  // namespace
 
 DirectLane::DirectLane(Master* master, rpc::RpcMetrics* metrics, Options options)
-    : master_(master), options_(options) {
+    : master_(master), options_(options), spin_(options.spin, options.max_spinners) {
   // Pings are not RPCs of the master's: they count nowhere.
   for (uint8_t m = 1; m < direct::kMaxMethod; ++m) {
     stats_[m] = metrics->For(direct::MethodName(static_cast<DirectMethod>(m)));
@@ -113,6 +113,27 @@ DirectLane::DirectLane(Master* master, rpc::RpcMetrics* metrics, Options options
                   .Help("Direct RPC connections closed for a malformed frame or at the connection cap")
                   .Register(master->metrics())
                   .Add({});
+  auto& spins = metrics::BuildCounter()
+                    .Name("tierkv_master_direct_spins_total")
+                    .Help("Waits for a hot direct connection's next call by outcome: it arrived while the "
+                          "thread spun (call), the window passed (idle), or the thread slept because "
+                          "--direct-spinners others spun (capped)")
+                    .Register(master->metrics());
+  spin_call_ = &spins.Add({{"outcome", "call"}});
+  spin_idle_ = &spins.Add({{"outcome", "idle"}});
+  spin_capped_ = &spins.Add({{"outcome", "capped"}});
+}
+
+transport::tcp::ServerSpin::Counts DirectLane::spins() const {
+  return {static_cast<uint64_t>(spin_call_->Value()), static_cast<uint64_t>(spin_idle_->Value()),
+          static_cast<uint64_t>(spin_capped_->Value())};
+}
+
+void DirectLane::SpinForNextCall(int fd, transport::tcp::SpinTracker* tracker) {
+  using Outcome = transport::tcp::ServerSpin::Outcome;
+  const Outcome outcome = spin_.Spin(fd);
+  tracker->Spun(outcome);
+  (outcome == Outcome::kCall ? spin_call_ : outcome == Outcome::kIdle ? spin_idle_ : spin_capped_)->Increment();
 }
 
 DirectLane::~DirectLane() { Stop(); }
@@ -301,8 +322,13 @@ void DirectLane::Serve(Conn* conn, std::string peer) {
   char header[direct::kHeaderSize];
   bool admitted = options_.auth == nullptr || !options_.auth->enabled();
   std::string tenant;
-  while (transport::tcp::RecvAll(fd, header, sizeof header).ok() &&
-         Call(fd, peer, header, &buf, &admitted, &tenant)) {
+  transport::tcp::SpinTracker spin(&spin_);
+  for (;;) {
+    if (spin.hot()) SpinForNextCall(fd, &spin);
+    if (!transport::tcp::RecvAll(fd, header, sizeof header).ok()) break;
+    spin.Arrived();
+    if (!Call(fd, peer, header, &buf, &admitted, &tenant)) break;
+    spin.Replied();
   }
   Close(conn);
   connections_->Decrement();

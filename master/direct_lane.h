@@ -26,8 +26,15 @@
 //   - with `auth` enabled, a connection's calls are served only after its
 //     first call, a ping, carried a token with the client role: otherwise
 //     UNAUTHENTICATED or PERMISSION_DENIED, and it closes.
+//
+// Spinning (transport::tcp::ServerSpin): a connection's thread that
+// polls for the next call a little after its reply spares a client
+// calling back to back the wake-up each call would cost; `spin` is the
+// window, `max_spinners` the connections spinning at once.
+//
 // Metrics: tierkv_master_rpc_* per method (shared with gRPC),
-// tierkv_master_direct_connections, tierkv_master_direct_refused_total.
+// tierkv_master_direct_connections, tierkv_master_direct_refused_total,
+// tierkv_master_direct_spins_total{outcome="call"|"idle"|"capped"}.
 //
 //   DirectLane lane(master, &metrics, options);
 //   lane.Start(std::move(listener), grpc_server);  // after BuildAndStart
@@ -76,6 +83,8 @@ class DirectLane {
     absl::Duration idle_timeout = absl::Minutes(5);
     absl::Duration first_bytes_timeout = absl::Seconds(10);
     const auth::Authenticator* auth = nullptr;  // null: every caller is admitted
+    absl::Duration spin = absl::ZeroDuration();  // 0: never spin; cut to 1 ms
+    size_t max_spinners = 1;
   };
 
   // `master`, `metrics` and `options.auth` must outlive it.
@@ -92,6 +101,8 @@ class DirectLane {
   // StopAccepting, then shuts every direct connection down (a handler
   // running finishes first) and joins the threads. Idempotent.
   void Stop();
+
+  transport::tcp::ServerSpin::Counts spins() const;
 
  private:
   struct Conn {
@@ -110,12 +121,18 @@ class DirectLane {
   // which also sets the connection's `tenant` (master/tenants.h).
   bool Call(int fd, const std::string& peer, const char* header, std::string* buf, bool* admitted,
             std::string* tenant);
+  // Polls `fd` for the next call and counts how the spin ended.
+  void SpinForNextCall(int fd, transport::tcp::SpinTracker* tracker);
 
   Master* const master_;
   const Options options_;
   rpc::MethodStats stats_[direct::kMaxMethod + 1];
   metrics::Gauge* connections_;
   metrics::Counter* refused_;
+  metrics::Counter* spin_call_;
+  metrics::Counter* spin_idle_;
+  metrics::Counter* spin_capped_;
+  transport::tcp::ServerSpin spin_;
   transport::tcp::Fd listener_;
   grpc::Server* grpc_ = nullptr;
   std::thread acceptor_;

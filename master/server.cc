@@ -51,6 +51,13 @@ int RpcThreads(int64_t flag) {
   return static_cast<int>(std::clamp(UsableCores() / 4, 1u, 16u));
 }
 
+// A quarter of the cores too: one on a small host, where a second spinner
+// would take the core the client itself runs on.
+size_t DirectSpinners(int64_t flag) {
+  if (flag > 0) return static_cast<size_t>(flag);
+  return std::max(1u, UsableCores() / 4);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterConfig& config,
@@ -149,6 +156,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
     direct.max_message = static_cast<uint32_t>(config.max_message_size);
     direct.max_connections = static_cast<size_t>(config.direct_max_connections);
     direct.idle_timeout = config.direct_idle_timeout;
+    direct.spin = config.direct_spin;
+    direct.max_spinners = DirectSpinners(config.direct_spinners);
     direct.auth = s->auth_.get();
     s->direct_ = std::make_unique<DirectLane>(s->master_.get(), s->rpc_metrics_.get(), direct);
     s->direct_->Start(std::move(*listener), s->grpc_.get());

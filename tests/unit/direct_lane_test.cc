@@ -247,5 +247,42 @@ TEST_F(DirectLaneTest, ConnectionsPastTheCapAreToldSoAndOthersKeepTheirs) {
   EXPECT_OK(third);
 }
 
+// A connection calling back to back is polled for its next call after
+// each reply; one calling every 10 ms never is; with the spin off (the
+// default of these options) nothing is.
+TEST_F(DirectLaneTest, OnlyAConnectionCallingBackToBackIsSpunFor) {
+  master::DirectLane::Options o;
+  o.spin = absl::Milliseconds(1);
+  StartLane(o);
+  transport::tcp::Fd quick = Connect();
+  // Bursts of 200 until one was spun for (at most 20: on a loaded machine
+  // this thread may be off its core for the 2 ms that heat a connection).
+  int pings = 0;
+  for (int burst = 0; burst < 20 && lane_->spins().call == 0; ++burst) {
+    for (int i = 0; i < 200; ++i, ++pings) ASSERT_OK(Ping(quick.get()));
+  }
+  absl::SleepFor(absl::Milliseconds(20));  // its last spin ends, empty
+  const transport::tcp::ServerSpin::Counts after_quick = lane_->spins();
+  EXPECT_GT(after_quick.call, 0u);
+  EXPECT_LE(after_quick.call + after_quick.idle, static_cast<uint64_t>(pings));
+  transport::tcp::Fd slow = Connect();
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_OK(Ping(slow.get()));
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const transport::tcp::ServerSpin::Counts after_slow = lane_->spins();
+  EXPECT_EQ(after_slow.call, after_quick.call);
+  EXPECT_EQ(after_slow.idle, after_quick.idle);
+  EXPECT_EQ(after_slow.capped, after_quick.capped);
+}
+
+TEST_F(DirectLaneTest, NothingSpinsWithTheSpinOff) {
+  StartLane({});
+  transport::tcp::Fd fd = Connect();
+  for (int i = 0; i < 100; ++i) ASSERT_OK(Ping(fd.get()));
+  const transport::tcp::ServerSpin::Counts none = lane_->spins();
+  EXPECT_EQ(none.call + none.idle + none.capped, 0u);
+}
+
 }  // namespace
 }  // namespace tierkv

@@ -380,6 +380,7 @@ TEST(TcpStaleDescriptor, WritesForARestartedServersOldSegmentAreRefusedUntouched
 
 #include <sys/socket.h>
 
+#include <atomic>
 #include <thread>
 
 #include "transport/tcp/connection.h"
@@ -411,6 +412,97 @@ TEST(TcpSpinTest, SpinUntilReadableSeesDataAndHangupsAndGivesUpAfterItsWindow) {
   ASSERT_EQ(::recv(a.get(), &c, 1, 0), 1);
   b = Fd();  // the peer hangs up: readable (EOF), not a wait for the window
   EXPECT_TRUE(SpinUntilReadable(a.get(), absl::Seconds(5)));
+}
+
+// A spin's permit: with one place, a second thread asking while the first
+// spins is told kCapped and never polls.
+TEST(TcpSpinTest, ServerSpinLetsAtMostItsCapSpinAtOnce) {
+  int a[2], b[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, a), 0);
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, b), 0);
+  Fd a0(a[0]), a1(a[1]), b0(b[0]), b1(b[1]);
+  ServerSpin spin(absl::Seconds(5), 1);  // cut to 1 ms
+  EXPECT_TRUE(spin.enabled());
+  EXPECT_EQ(spin.window(), absl::Milliseconds(1));
+  EXPECT_EQ(spin.Spin(a0.get()), ServerSpin::Outcome::kIdle);
+  ASSERT_EQ(::send(a1.get(), "x", 1, 0), 1);
+  EXPECT_EQ(spin.Spin(a0.get()), ServerSpin::Outcome::kCall);
+  char c;
+  ASSERT_EQ(::recv(a0.get(), &c, 1, 0), 1);
+  // One thread spins back to back (idle windows of 1 ms, or refused while
+  // this one holds the place) while this one asks: it must be refused a
+  // place. Both loops end by 10 s.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    while (!stop.load() && absl::Now() < until) (void)spin.Spin(a0.get());
+  });
+  bool capped = false;
+  while (!capped && absl::Now() < until) capped = spin.Spin(b0.get()) == ServerSpin::Outcome::kCapped;
+  stop = true;
+  busy.join();
+  EXPECT_TRUE(capped);
+  EXPECT_FALSE(ServerSpin(absl::ZeroDuration(), 4).enabled());
+  EXPECT_FALSE(ServerSpin(absl::Milliseconds(1), 0).enabled());
+}
+
+// When a connection is worth spinning for: a call soon after the reply
+// heats it, an empty spin cools it for 1, then 2 ... calls, a call caught
+// by a spin keeps it hot and ends the back-off, a long gap cools it.
+TEST(TcpSpinTest, SpinTrackerHeatsOnQuickCallsAndBacksOffAfterEmptySpins) {
+  ServerSpin spin(absl::Milliseconds(1), 1);
+  SpinTracker t(&spin);
+  EXPECT_FALSE(t.hot());
+  // A call within 2 ms of the reply heats it (retried: this thread may be
+  // descheduled between the two calls on a loaded machine).
+  auto heat = [&t] {
+    for (int i = 0; i < 50 && !t.hot(); ++i) {
+      t.Replied();
+      t.Arrived();
+    }
+    return t.hot();
+  };
+  ASSERT_TRUE(heat());
+  t.Spun(ServerSpin::Outcome::kIdle);
+  EXPECT_FALSE(t.hot());
+  t.Replied();
+  t.Arrived();  // the one call it sleeps through, however soon it came
+  EXPECT_FALSE(t.hot());
+  ASSERT_TRUE(heat());
+  t.Spun(ServerSpin::Outcome::kIdle);  // a second empty spin in a row: two calls
+  for (int i = 0; i < 2; ++i) {
+    t.Replied();
+    t.Arrived();
+    EXPECT_FALSE(t.hot()) << i;
+  }
+  ASSERT_TRUE(heat());
+  // A call caught by the spin keeps it hot whatever the clock says, and
+  // the back-off starts over at one call.
+  t.Spun(ServerSpin::Outcome::kCall);
+  t.Arrived();
+  EXPECT_TRUE(t.hot());
+  t.Spun(ServerSpin::Outcome::kIdle);
+  t.Replied();
+  t.Arrived();
+  EXPECT_FALSE(t.hot());
+  ASSERT_TRUE(heat());
+  // A capped spin changes nothing; a call 5 ms after the reply cools it.
+  t.Spun(ServerSpin::Outcome::kCapped);
+  EXPECT_TRUE(t.hot());
+  t.Replied();
+  absl::SleepFor(absl::Milliseconds(5));
+  t.Arrived();
+  EXPECT_FALSE(t.hot());
+  // Without a spin, or with it off, never hot.
+  SpinTracker none;
+  none.Replied();
+  none.Arrived();
+  EXPECT_FALSE(none.hot());
+  ServerSpin off(absl::ZeroDuration(), 1);
+  SpinTracker cold(&off);
+  cold.Replied();
+  cold.Arrived();
+  EXPECT_FALSE(cold.hot());
 }
 
 // A read reply that arrives in pieces, some sooner and some later than the

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -196,8 +197,55 @@ bool SpinUntilReadable(int fd, absl::Duration window) {
   do {
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, 0) > 0) return true;
+    // A spinner gives way to any thread waiting for its core (often the
+    // very peer it waits for, on a small or busy host): spinning then
+    // costs only cycles nobody else wants.
+    sched_yield();
   } while (std::chrono::steady_clock::now() < until);
   return false;
+}
+
+ServerSpin::ServerSpin(absl::Duration window, size_t max_spinners)
+    : window_(std::clamp(window, absl::ZeroDuration(), absl::Milliseconds(1))),
+      max_spinners_(max_spinners),
+      enabled_(window_ > absl::ZeroDuration() && max_spinners > 0) {}
+
+ServerSpin::Outcome ServerSpin::Spin(int fd) {
+  size_t n = spinning_.load(std::memory_order_relaxed);
+  do {
+    if (n >= max_spinners_) return Outcome::kCapped;
+  } while (!spinning_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
+  const bool arrived = SpinUntilReadable(fd, window_);
+  spinning_.fetch_sub(1, std::memory_order_relaxed);
+  return arrived ? Outcome::kCall : Outcome::kIdle;
+}
+
+void SpinTracker::Spun(ServerSpin::Outcome outcome) {
+  if (outcome == ServerSpin::Outcome::kCall) {
+    came_in_spin_ = true;
+    backoff_ = 0;
+  } else if (outcome == ServerSpin::Outcome::kIdle) {
+    hot_ = false;
+    backoff_ = std::min(std::max(1u, 2 * backoff_), 64u);
+    skip_ = backoff_;
+  }
+}
+
+void SpinTracker::Arrived() {
+  if (spin_ == nullptr || !spin_->enabled()) return;
+  if (came_in_spin_) {
+    came_in_spin_ = false;
+    return;
+  }
+  if (skip_ > 0) {
+    --skip_;
+    return;
+  }
+  hot_ = std::chrono::steady_clock::now() - replied_ <= 2 * absl::ToChronoNanoseconds(spin_->window());
+}
+
+void SpinTracker::Replied() {
+  if (spin_ != nullptr && spin_->enabled()) replied_ = std::chrono::steady_clock::now();
 }
 
 absl::Status RecvAll(int fd, void* buf, size_t len) {

@@ -3,6 +3,8 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
+#include <chrono>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -48,8 +50,63 @@ absl::Status WriteVecFull(int fd, struct iovec* iov, int count, absl::Time deadl
 // has an error or hangup to report), false once the window has passed
 // without either. A reply due within microseconds is cheaper to spin for
 // than to sleep for: a sleeping thread's wake-up costs tens of
-// microseconds on virtual machines. A zero window returns at once.
+// microseconds on virtual machines. It yields its core between polls to
+// any thread waiting for it. A zero window returns at once.
 bool SpinUntilReadable(int fd, absl::Duration window);
+
+// Server-side busy polling for clients that call back to back (a lookup, a
+// copy, the next lookup). A server thread that sleeps for each request
+// makes every call pay a wake-up, which the client's own spin cannot save;
+// one that polls the connection a little after its reply takes the next
+// call at once. ServerSpin holds the window (cut to 1 ms) and the cap on
+// threads spinning at once, so spinning never takes more cores than that
+// however many clients call; each connection keeps a SpinTracker, which
+// says when spinning pays.
+class ServerSpin {
+ public:
+  enum class Outcome { kCall, kIdle, kCapped };  // a call came; the window passed; no place free
+  // How a server's spins ended, by outcome.
+  struct Counts {
+    uint64_t call = 0, idle = 0, capped = 0;
+  };
+
+  ServerSpin(absl::Duration window, size_t max_spinners);
+  bool enabled() const { return enabled_; }
+  absl::Duration window() const { return window_; }
+  // Polls `fd` for up to the window, if fewer than max_spinners threads
+  // are spinning. Thread-safe.
+  Outcome Spin(int fd);
+
+ private:
+  const absl::Duration window_;
+  const size_t max_spinners_;
+  const bool enabled_;
+  std::atomic<size_t> spinning_{0};
+};
+
+// One connection's record (used by the thread serving it): a call that
+// came during a spin keeps the connection hot; a spin that saw nothing
+// makes it sleep through the next 1, 2, 4 ... 64 calls, so a client whose
+// calls come just past the window wastes few; after a sleep it is hot
+// again if the call came within twice the window of the last reply (the
+// gap then also holds the wake-up). A monotonic clock, read only while
+// spinning is enabled.
+class SpinTracker {
+ public:
+  // Without a ServerSpin (or with one disabled) it is never hot.
+  explicit SpinTracker(const ServerSpin* spin = nullptr) : spin_(spin) {}
+  bool hot() const { return hot_; }
+  void Spun(ServerSpin::Outcome outcome);  // after ServerSpin::Spin
+  void Arrived();                          // a call is here, after a spin or a sleep
+  void Replied();                          // its reply went out
+
+ private:
+  const ServerSpin* spin_;
+  std::chrono::steady_clock::time_point replied_{};
+  bool hot_ = false;
+  bool came_in_spin_ = false;
+  unsigned skip_ = 0, backoff_ = 0;
+};
 
 // For blocking sockets whose SO_RCVTIMEO/SO_SNDTIMEO bound each call (the
 // server's connections): MSG_WAITALL receives a whole payload in one call
