@@ -258,7 +258,21 @@ uint32_t CopyBlocks(uint32_t crc, void* dst, const void* src, size_t size) {
 uint32_t Crc32cCopy(uint32_t crc, void* dst, const void* src, size_t size) {
 #if defined(__x86_64__)
   if (size >= kFoldMin && FoldAvailable()) {
-    return ~Folded<true>(~crc, static_cast<char*>(dst), static_cast<const uint8_t*>(src), size);
+    // The fold stores whole registers: into a destination off a 64-byte
+    // line (a malloc'd buffer usually is, by 16) every store would split
+    // two lines, so the bytes up to dst's next line go first.
+    char* out = static_cast<char*>(dst);
+    const uint8_t* in = static_cast<const uint8_t*>(src);
+    const size_t head = (64 - reinterpret_cast<uintptr_t>(out) % 64) % 64;
+    uint32_t raw = ~crc;
+    if (head > 0 && size - head >= kFoldMin) {
+      std::memcpy(out, in, head);
+      raw = Hardware(raw, reinterpret_cast<const uint8_t*>(out), head);  // what landed, as the fold's tail
+      out += head;
+      in += head;
+      size -= head;
+    }
+    return ~Folded<true>(raw, out, in, size);
   }
 #endif
   return CopyBlocks(crc, dst, src, size);
