@@ -42,10 +42,9 @@ const FlagTable<BenchConfig>& BenchFlags() {
           DurationFlag<C>("reply-spin", &C::reply_spin, "50us", 0, 1,
                           "master/store: how long a client call busy-polls for its reply before sleeping "
                           "(0s: never, as before; the library's default is 50us)"),
-          DurationFlag<C>("server-spin", &C::server_spin, "100us", 0, 0.001,
-                          "master/store: how long the embedded master's direct lane (--direct-spin) and "
-                          "daemon's transfer server (--serve-spin) poll a hot connection for its next "
-                          "call (0s: never; their default is 100us)"),
+          DurationFlag<C>("direct-spin", &C::direct_spin, "100us", 0, 0.001,
+                          "master/store: the embedded master's --direct-spin, how long its direct lane "
+                          "polls a connection calling back to back for the next call (0s: never)"),
           IntFlag<C>("repetitions", &C::repetitions, "3", 1, 100,
                      "interleaved repetitions of each case; medians are reported"),
       });

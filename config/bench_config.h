@@ -28,7 +28,7 @@ struct BenchConfig {
   bool auth_compare = false;   // store: also a cluster running --auth token, same cases
   bool tls_compare = false;    // store: also a cluster with TLS on every port, same cases
   absl::Duration reply_spin;   // master/store: the client's busy-poll for replies
-  absl::Duration server_spin;  // master/store: the embedded servers' busy-poll for the next call
+  absl::Duration direct_spin;  // master/store: the embedded master's --direct-spin
 };
 
 const FlagTable<BenchConfig>& BenchFlags();

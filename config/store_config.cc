@@ -67,12 +67,6 @@ const FlagTable<StoreConfig>& StoreFlags() {
                      "threads of the transfer server, serving every connection"),
           DurationFlag<C>("idle-timeout", &C::idle_timeout, "10m", 0.01, 86400 * 7,
                           "a transfer connection idle this long is closed"),
-          DurationFlag<C>("serve-spin", &C::serve_spin, "100us", 0, 0.001,
-                          "after serving a connection whose requests come back to back, an I/O thread "
-                          "polls it this long for the next before sleeping, which saves its client a "
-                          "wake-up per request; 0s: never (docs/performance.md)"),
-          IntFlag<C>("serve-spinners", &C::serve_spinners, "1", 0, 256,
-                     "I/O threads that may spin at once (each takes a core while it spins); 0: none"),
           StringFlag<C>("ssd-dir", &C::ssd_dir, "",
                         "directory of the SSD tier's file (tierkv-ssd.dat); empty: no SSD tier. A daemon "
                         "restarted on the same directory finds its records again"),

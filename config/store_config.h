@@ -37,8 +37,6 @@ struct StoreConfig {
   int64_t connections = 0;
   int64_t max_connections = 0;  // tcp server: open connections it accepts
   int64_t io_threads = 0;       // tcp server: threads serving every connection
-  absl::Duration serve_spin;    // tcp server: how long a hot connection is polled after its turn
-  int64_t serve_spinners = 0;   // and by how many threads at once
   absl::Duration idle_timeout;  // tcp server: an idle connection is closed after this
   // The SSD tier (store/ssd_tier.h); off while ssd_dir is empty.
   std::string ssd_dir;

@@ -115,9 +115,9 @@ DirectLane::DirectLane(Master* master, rpc::RpcMetrics* metrics, Options options
                   .Add({});
   auto& spins = metrics::BuildCounter()
                     .Name("tierkv_master_direct_spins_total")
-                    .Help("Waits for a hot direct connection's next call by outcome: it arrived while the "
-                          "thread spun (call), the window passed (idle), or the thread slept because "
-                          "--direct-spinners others spun (capped)")
+                    .Help("Waits for a hot direct connection's next call by outcome: it arrived (or the "
+                          "client closed) while the thread spun (call), the window passed (idle), or the "
+                          "thread slept because --direct-spinners others spun (capped)")
                     .Register(master->metrics());
   spin_call_ = &spins.Add({{"outcome", "call"}});
   spin_idle_ = &spins.Add({{"outcome", "idle"}});

@@ -75,8 +75,6 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   eo.backend.max_connections = static_cast<int>(config.max_connections);
   eo.backend.io_threads = static_cast<int>(config.io_threads);
   eo.backend.idle_timeout = config.idle_timeout;
-  eo.backend.serve_spin = config.serve_spin;
-  eo.backend.serve_spinners = static_cast<int>(config.serve_spinners);
   ASSIGN_OR_RETURN(d->engine_, transport::TransferEngine::Create(eo));
 
   char host[256] = {};

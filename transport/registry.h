@@ -31,10 +31,6 @@ struct BackendOptions {
   int max_connections = 16384;
   int io_threads = 4;
   absl::Duration idle_timeout = absl::Minutes(10);
-  // How long the tcp server polls a hot connection for its next frame,
-  // and how many of its threads may at once (tcp/server.h). 0: never.
-  absl::Duration serve_spin = absl::ZeroDuration();
-  int serve_spinners = 1;
   std::vector<std::string> rdma_devices;
   // `tls.ca` verifies the daemons this process dials at tls:// endpoints
   // (the system's trust store without one); with `serve_tls` the tcp

@@ -255,24 +255,28 @@ uint32_t CopyBlocks(uint32_t crc, void* dst, const void* src, size_t size) {
 
 }  // namespace
 
+#if defined(__x86_64__)
+// The fold's copy, from the raw CRC `crc`, n >= kFoldMin. It stores whole
+// registers: into a destination off a 64-byte line (a malloc'd buffer
+// usually is, by 16) every store would split two lines, so the bytes up to
+// dst's next line go first.
+uint32_t FoldedCopy(uint32_t crc, char* dst, const uint8_t* src, size_t n) {
+  const size_t head = (64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64;
+  if (head > 0 && n - head >= kFoldMin) {
+    std::memcpy(dst, src, head);
+    crc = Hardware(crc, reinterpret_cast<const uint8_t*>(dst), head);  // what landed, as the fold's tail
+    dst += head;
+    src += head;
+    n -= head;
+  }
+  return Folded<true>(crc, dst, src, n);
+}
+#endif
+
 uint32_t Crc32cCopy(uint32_t crc, void* dst, const void* src, size_t size) {
 #if defined(__x86_64__)
   if (size >= kFoldMin && FoldAvailable()) {
-    // The fold stores whole registers: into a destination off a 64-byte
-    // line (a malloc'd buffer usually is, by 16) every store would split
-    // two lines, so the bytes up to dst's next line go first.
-    char* out = static_cast<char*>(dst);
-    const uint8_t* in = static_cast<const uint8_t*>(src);
-    const size_t head = (64 - reinterpret_cast<uintptr_t>(out) % 64) % 64;
-    uint32_t raw = ~crc;
-    if (head > 0 && size - head >= kFoldMin) {
-      std::memcpy(out, in, head);
-      raw = Hardware(raw, reinterpret_cast<const uint8_t*>(out), head);  // what landed, as the fold's tail
-      out += head;
-      in += head;
-      size -= head;
-    }
-    return ~Folded<true>(raw, out, in, size);
+    return ~FoldedCopy(~crc, static_cast<char*>(dst), static_cast<const uint8_t*>(src), size);
   }
 #endif
   return CopyBlocks(crc, dst, src, size);
@@ -341,7 +345,7 @@ bool Crc32cExtendVia(const char* path, uint32_t* crc, void* dst, const void* dat
   if ((want == "vpclmulqdq" || want == "vpclmulqdq-copy") && FoldAvailable()) {
     if (size < kFoldMin) return false;
     const bool copy = want == "vpclmulqdq-copy";
-    *crc = copy ? ~Folded<true>(~*crc, static_cast<char*>(dst), p, size) : ~Folded<false>(~*crc, nullptr, p, size);
+    *crc = copy ? ~FoldedCopy(~*crc, static_cast<char*>(dst), p, size) : ~Folded<false>(~*crc, nullptr, p, size);
     return true;
   }
   if (want == "vpclmulqdq-stream" && FoldAvailable()) {

@@ -237,10 +237,6 @@ TEST(FlagsTest, StoreTransferServerLimits) {
   EXPECT_EQ(c->idle_timeout, absl::Seconds(30));
   const char* bad[] = {"tierkv-store", "--io-threads=0"};
   EXPECT_THAT(StoreFlags().Parse(2, bad, nullptr, none), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_EQ(c->serve_spin, absl::Microseconds(100));
-  EXPECT_EQ(c->serve_spinners, 1);
-  const char* too_long[] = {"tierkv-store", "--serve-spin=2ms"};
-  EXPECT_THAT(StoreFlags().Parse(2, too_long, nullptr, none), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 // What --print-config prints reads back as a --config file, zero durations
@@ -262,8 +258,7 @@ void ExpectDumpReadsBack(const FlagTable<C>& table, std::vector<const char*> arg
 
 TEST(FlagsTest, PrintedConfigurationsReadBack) {
   ExpectDumpReadsBack(MasterFlags(), {"tierkv-master", "--segment-ttl=90s", "--ssd-grace=1500ms"});
-  ExpectDumpReadsBack(MasterFlags(), {"tierkv-master", "--direct-spin=0s"});
-  ExpectDumpReadsBack(StoreFlags(), {"tierkv-store", "--serve-spin=0s", "--serve-spinners=0"});
+  ExpectDumpReadsBack(MasterFlags(), {"tierkv-master", "--direct-spin=0s", "--direct-spinners=3"});
   ExpectDumpReadsBack(StoreFlags(), {"tierkv-store"});
 }
 

@@ -12,11 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "config/base/signals.h"
-#include "config/base/status.h"
 #include "tests/support/status_matchers.h"
 #include "transport/engine.h"
 #include "transport/memory.h"
-#include "transport/tcp/server.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/wire.h"
 
@@ -206,78 +204,6 @@ TEST_F(TcpServerTest, ConnectionsOverTheCapAreRefusedWithAReason) {
     if (!admitted) absl::SleepFor(absl::Milliseconds(20));  // poll: the close is not observable from here
   }
   EXPECT_TRUE(admitted);
-}
-
-// Memory for a bare tcp::Server: these tests only ping.
-class NoMemory : public ServedMemory {
- public:
-  absl::StatusOr<Pin> Resolve(uint32_t, uint64_t, uint64_t, uint64_t) override {
-    return absl::NotFoundError("no memory is served here");
-  }
-  absl::StatusOr<std::string> Handshake(const std::string&, const std::string&,
-                                        std::optional<std::pair<uint32_t, uint64_t>>) override {
-    return absl::NotFoundError("no memory is served here");
-  }
-};
-
-// `count` pings on `fd`, `gap` apart.
-absl::Status Pings(int fd, int count, absl::Duration gap) {
-  for (int i = 0; i < count; ++i) {
-    RequestHeader h;
-    h.op = WireOp::kPing;
-    h.id = static_cast<uint64_t>(i + 1);
-    uint8_t head[kRequestSize];
-    EncodeRequest(h, head);
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    RETURN_IF_ERROR(WriteFull(fd, head, sizeof head, deadline));
-    uint8_t reply[kReplySize];
-    RETURN_IF_ERROR(ReadFull(fd, reply, sizeof reply, deadline));
-    ASSIGN_OR_RETURN(ReplyHeader r, DecodeReply(reply, sizeof reply));
-    if (r.status != WireStatus::kOk || r.length != 0) return absl::InternalError("bad ping reply");
-    absl::SleepFor(gap);
-  }
-  return absl::OkStatus();
-}
-
-// A connection whose frames come back to back is polled for the next one
-// after its turn (its client is spared the I/O thread's wake-up); one whose
-// frames come 10 ms apart is never spun for; with the spin off, nothing is.
-TEST(TcpServerSpinTest, OnlyABackToBackConnectionIsSpunFor) {
-  NoMemory memory;
-  ServerOptions o;
-  o.io_threads = 2;
-  o.spin = absl::Milliseconds(1);
-  Server server(o, &memory);
-  ASSERT_OK(server.Start());
-  const std::string at = absl::StrCat("127.0.0.1:", server.port());
-  absl::StatusOr<Fd> quick = Dial(at, absl::Now() + absl::Seconds(5));
-  ASSERT_OK(quick.status());
-  // Bursts of 200 until one was spun for (at most 20: on a loaded machine
-  // this thread may be off its core for the 2 ms that heat a connection).
-  int pings = 0;
-  for (int burst = 0; burst < 20 && server.spins().call == 0; ++burst, pings += 200) {
-    ASSERT_OK(Pings(quick->get(), 200, absl::ZeroDuration()));
-  }
-  absl::SleepFor(absl::Milliseconds(20));  // its last spin ends, empty
-  const ServerSpin::Counts after_quick = server.spins();
-  EXPECT_GT(after_quick.call, 0u);
-  EXPECT_LE(after_quick.call + after_quick.idle, static_cast<uint64_t>(pings));
-  absl::StatusOr<Fd> slow = Dial(at, absl::Now() + absl::Seconds(5));
-  ASSERT_OK(slow.status());
-  ASSERT_OK(Pings(slow->get(), 10, absl::Milliseconds(10)));
-  const ServerSpin::Counts after_slow = server.spins();
-  EXPECT_EQ(after_slow.call, after_quick.call);
-  EXPECT_EQ(after_slow.idle, after_quick.idle);
-  EXPECT_EQ(after_slow.capped, after_quick.capped);
-
-  ServerOptions off;
-  Server quiet(off, &memory);
-  ASSERT_OK(quiet.Start());
-  absl::StatusOr<Fd> fd = Dial(absl::StrCat("127.0.0.1:", quiet.port()), absl::Now() + absl::Seconds(5));
-  ASSERT_OK(fd.status());
-  ASSERT_OK(Pings(fd->get(), 100, absl::ZeroDuration()));
-  const ServerSpin::Counts none = quiet.spins();
-  EXPECT_EQ(none.call + none.idle + none.capped, 0u);
 }
 
 }  // namespace

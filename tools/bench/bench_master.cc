@@ -173,12 +173,12 @@ struct Cluster {
   MethodLatencies methods;
 };
 
-absl::Status StartCluster(Cluster* c, absl::Duration reply_spin, absl::Duration server_spin) {
+absl::Status StartCluster(Cluster* c, absl::Duration reply_spin, absl::Duration direct_spin) {
   c->data_dir = absl::StrCat(std::filesystem::temp_directory_path().string(), "/tierkv-bench-",
                              getpid());
   // No daemon heartbeats here: a long segment TTL keeps the segments (and
   // the looked-up keys) for the whole run.
-  const std::string spin = "--direct-spin=" + PrintDuration(server_spin);
+  const std::string spin = "--direct-spin=" + PrintDuration(direct_spin);
   const char* argv[] = {"tierkv-master", "--rpc-port=0", "--http-port=0", "--segment-ttl=86400s", spin.c_str()};
   absl::StatusOr<MasterConfig> cfg = MasterFlags().Parse(5, argv, nullptr, [](const char*) -> const char* { return nullptr; });
   if (!cfg.ok()) return cfg.status();
@@ -237,7 +237,7 @@ absl::Status StartCluster(Cluster* c, absl::Duration reply_spin, absl::Duration 
 
 int RunMaster(const BenchConfig& config) {
   auto cluster = std::make_shared<Cluster>();
-  if (absl::Status s = StartCluster(cluster.get(), config.reply_spin, config.server_spin); !s.ok()) {
+  if (absl::Status s = StartCluster(cluster.get(), config.reply_spin, config.direct_spin); !s.ok()) {
     std::fprintf(stderr, "tierkv-bench: starting the master: %s\n", std::string(s.message()).c_str());
     return 1;
   }

@@ -161,11 +161,11 @@ absl::Status WriteSelfSigned(const std::string& cert_path, const std::string& ke
 absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const BenchConfig& config, uint64_t segment,
                                                       const std::string& name, Variant variant, int threads) {
   auto c = std::make_unique<Cluster>();
-  const std::string spin = PrintDuration(config.server_spin);
-  std::vector<std::string> margs{"tierkv-master", "--rpc-port=0", "--http-port=0", "--direct-spin=" + spin};
+  std::vector<std::string> margs{"tierkv-master", "--rpc-port=0", "--http-port=0",
+                                 "--direct-spin=" + PrintDuration(config.direct_spin)};
   std::vector<std::string> sargs{"tierkv-store", "--port=0", "--http-port=0",
                                  absl::StrCat("--segment-size=", segment), "--name=" + name,
-                                 "--heartbeat-interval=1s", "--serve-spin=" + spin};
+                                 "--heartbeat-interval=1s"};
   std::string client_token;
   if (variant != Variant::kPlain) {
     char dir[] = "/tmp/tierkv-bench.XXXXXX";
@@ -340,7 +340,7 @@ int RunStore(const BenchConfig& config) {
   nlohmann::json out{{"transport", config.transport},
                      {"replica_cache", config.replica_cache},
                      {"reply_spin_us", absl::ToDoubleMicroseconds(config.reply_spin)},
-                     {"server_spin_us", absl::ToDoubleMicroseconds(config.server_spin)},
+                     {"direct_spin_us", absl::ToDoubleMicroseconds(config.direct_spin)},
                      {"value_bytes", value},
                      {"batch", batch},
                      {"threads", threads},

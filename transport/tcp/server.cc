@@ -73,8 +73,7 @@ constexpr uint64_t kListenerId = 1;
 
 }  // namespace
 
-Server::Server(ServerOptions options, ServedMemory* served)
-    : options_(std::move(options)), served_(served), spin_(options_.spin, options_.max_spinners) {}
+Server::Server(ServerOptions options, ServedMemory* served) : options_(std::move(options)), served_(served) {}
 
 Server::~Server() { Stop(); }
 
@@ -189,7 +188,6 @@ void Server::AcceptSome() {
     SetTimeouts(fd, options_.frame_timeout);
     auto conn = std::make_unique<Conn>();
     conn->fd = std::move(conn_fd);
-    conn->spin = SpinTracker(&spin_);
     Conn* raw = conn.get();
     {
       MutexLock lock(&mu_);
@@ -227,28 +225,16 @@ void Server::Refuse(Fd fd, const char* why) {
 void Server::ServeConn(Conn* conn, uint8_t* scratch) {
   const int fd = conn->fd.get();
   for (int i = 0; i < kFramesPerTurn; ++i) {
-    conn->spin.Arrived();
     if (stopping_.load() || !ServeOne(conn, scratch)) {
       Close(conn);
       return;
     }
-    conn->spin.Replied();
     // Bytes TLS has read already are invisible to the poller.
     if (conn->ssl != nullptr && TlsPending(conn->ssl.get())) continue;
     // Frames already buffered (a pipelining client) are served now; none
-    // buffered: a hot connection is polled for its next frame a little
-    // (a parked one's frame would cost its client a wake-up), and then
-    // back to the poller.
+    // buffered: back to the poller.
     pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0) continue;
-    if (!conn->spin.hot() || i + 1 == kFramesPerTurn) break;
-    const ServerSpin::Outcome outcome = spin_.Spin(fd);
-    conn->spin.Spun(outcome);
-    (outcome == ServerSpin::Outcome::kCall   ? spin_call_
-     : outcome == ServerSpin::Outcome::kIdle ? spin_idle_
-                                             : spin_capped_)
-        .fetch_add(1, std::memory_order_relaxed);
-    if (outcome != ServerSpin::Outcome::kCall) break;
+    if (::poll(&p, 1, 0) <= 0) break;
   }
   Park(conn);
 }

@@ -35,11 +35,6 @@
 // handshake, and every frame after it travels inside TLS; the rest is as
 // above, bytes copied once more by the cipher.
 //
-// Spinning (ServerOptions::spin): a connection whose frames come back to
-// back is polled a little after its turn before it is parked, so its next
-// frame costs its client no wake-up of a sleeping I/O thread (socket.h,
-// ServerSpin); at most `max_spinners` threads spin at once.
-//
 // Limits: at most `max_connections` open; one more gets a BUSY reply and
 // is closed (counted in refused(), logged at most every 10 s), as is one
 // accepted while the process is out of file descriptors. A connection idle
@@ -77,11 +72,6 @@ struct ServerOptions {
   // Set: every connection is TLS (tls.h), its handshake the first step
   // served, before any frame.
   std::shared_ptr<auth::ServerTlsContext> tls;
-  // After a turn, a hot connection's thread polls it this long for its
-  // next frame before parking it; at most `max_spinners` threads at once
-  // (socket.h, ServerSpin). 0: never.
-  absl::Duration spin = absl::ZeroDuration();
-  size_t max_spinners = 1;
 };
 
 class Server {
@@ -96,7 +86,6 @@ class Server {
   size_t open_connections() const { return open_.load(); }
   uint64_t refused() const { return refused_.load(); }  // over the cap, or out of fds
   uint64_t reaped() const { return reaped_.load(); }    // closed after idle_timeout
-  ServerSpin::Counts spins() const { return {spin_call_.load(), spin_idle_.load(), spin_capped_.load()}; }
 
  private:
   struct Conn {
@@ -109,7 +98,6 @@ class Server {
     std::string nonce;
     std::optional<std::pair<uint32_t, uint64_t>> admitted;
     SslPtr ssl;  // with ServerOptions::tls, once its handshake is done
-    SpinTracker spin;  // owned by the thread serving it
   };
   static constexpr int kFramesPerTurn = 64;
 
@@ -140,8 +128,6 @@ class Server {
   std::atomic<bool> stopping_{false};
   std::atomic<size_t> open_{0};
   std::atomic<uint64_t> refused_{0}, reaped_{0};
-  ServerSpin spin_;
-  std::atomic<uint64_t> spin_call_{0}, spin_idle_{0}, spin_capped_{0};
   std::atomic<int64_t> last_refusal_log_ms_{0};
 
   Mutex mu_;

@@ -197,12 +197,15 @@ bool SpinUntilReadable(int fd, absl::Duration window) {
   do {
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, 0) > 0) return true;
-    // A spinner gives way to any thread waiting for its core (often the
-    // very peer it waits for, on a small or busy host): spinning then
-    // costs only cycles nobody else wants.
+    // A spinner offers its core to any thread waiting for it (often the
+    // very peer it waits for, on a small or busy host), so spinning takes
+    // mostly cycles nobody else wants.
     sched_yield();
   } while (std::chrono::steady_clock::now() < until);
-  return false;
+  // One yield may outlast the window on a busy host: a last look, so bytes
+  // that came during it are not taken for an empty spin.
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
 }
 
 ServerSpin::ServerSpin(absl::Duration window, size_t max_spinners)

@@ -50,8 +50,8 @@ absl::Status WriteVecFull(int fd, struct iovec* iov, int count, absl::Time deadl
 // has an error or hangup to report), false once the window has passed
 // without either. A reply due within microseconds is cheaper to spin for
 // than to sleep for: a sleeping thread's wake-up costs tens of
-// microseconds on virtual machines. It yields its core between polls to
-// any thread waiting for it. A zero window returns at once.
+// microseconds on virtual machines. It offers its core to any thread
+// waiting for it between polls. A zero window returns at once.
 bool SpinUntilReadable(int fd, absl::Duration window);
 
 // Server-side busy polling for clients that call back to back (a lookup, a
@@ -64,7 +64,8 @@ bool SpinUntilReadable(int fd, absl::Duration window);
 // says when spinning pays.
 class ServerSpin {
  public:
-  enum class Outcome { kCall, kIdle, kCapped };  // a call came; the window passed; no place free
+  // A call came (or the peer closed); the window passed; no place was free.
+  enum class Outcome { kCall, kIdle, kCapped };
   // How a server's spins ended, by outcome.
   struct Counts {
     uint64_t call = 0, idle = 0, capped = 0;

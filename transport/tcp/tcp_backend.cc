@@ -158,8 +158,6 @@ class TcpBackend final : public Backend {
     so.max_connections = options_.max_connections;
     so.io_threads = options_.io_threads;
     so.idle_timeout = options_.idle_timeout;
-    so.spin = options_.serve_spin;
-    so.max_spinners = static_cast<size_t>(std::max(0, options_.serve_spinners));
     if (options_.serve_tls) {
       ASSIGN_OR_RETURN(so.tls, tcp::NewServerContext(options_.tls));
     }
