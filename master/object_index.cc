@@ -84,7 +84,7 @@ size_t ObjectIndex::Impl::ShardOf(absl::string_view key) const {
 int64_t ObjectIndex::Impl::NowMs() const { return absl::ToUnixMillis(clock_->Now()); }
 
 uint32_t ObjectIndex::Impl::AccessTick() const {
-  return static_cast<uint32_t>(absl::ToInt64Seconds(clock_->Now() - start_));
+  return static_cast<uint32_t>(absl::ToInt64Milliseconds(clock_->Now() - start_) * kAccessTicksPerSecond / 1000);
 }
 
 uint32_t ObjectIndex::Impl::Find(Shard& s, absl::string_view key) {

@@ -48,7 +48,7 @@ struct Object {
   uint32_t parent_gen = 0;
   uint32_t children = 0;
   uint32_t gen = 0;     // bumped when the slot is freed, to detect stale refs
-  uint32_t access = 0;  // seconds since index start of the last access
+  uint32_t access = 0;  // AccessTick() of the last access
   uint8_t parent_shard = 0;
   // Counted reads still under way (see LookupOut::lease_token): each
   // reader gives its count back when done. kStickyReaders is too many to
@@ -286,6 +286,11 @@ class ObjectIndex::Impl {
  private:
   size_t ShardOf(absl::string_view key) const;
   int64_t NowMs() const;
+  // Accesses are ordered in 1/kAccessTicksPerSecond s since the index
+  // started: fine enough that the evictor's order across shards is LRU to
+  // within 16 ms, not a second (at thousands of puts a second, most of a
+  // pass's candidates would tie), and 32 bits last 776 days of uptime.
+  static constexpr uint32_t kAccessTicksPerSecond = 64;
   uint32_t AccessTick() const;
 
   // Shard-locked helpers.
@@ -310,7 +315,7 @@ class ObjectIndex::Impl {
   // What the query stats learn of a found object; call before Touch.
   KeyHit HitOf(const Object& o) const {
     const uint32_t tick = AccessTick();
-    return {true, o.size, tick > o.access ? tick - o.access : 0};
+    return {true, o.size, tick > o.access ? (tick - o.access) / kAccessTicksPerSecond : 0};
   }
   bool Leased(const Object& o, int64_t now_ms) const;
   // What the object counts against its tenant's quota: its size per DRAM

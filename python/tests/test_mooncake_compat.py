@@ -232,10 +232,10 @@ def test_hard_pins_outlast_eviction_where_soft_pins_go():
         assert s.put(p + "hard", blob, hard) == 0
         # Only soft-pinned objects follow, four times what fits: they must go,
         # oldest first, and the hard pin must not. The index orders accesses
-        # by the second (ties go round-robin across its shards), so the first
-        # one is put a clock tick before the rest to be surely the oldest.
+        # to 1/64 s (ties go round-robin across its shards), so the first one
+        # is put well over a tick before the rest to be surely the oldest.
         assert s.put(p + "0", blob, soft) == 0
-        time.sleep(1.1)
+        time.sleep(0.2)
         for i in range(1, 64):
             assert s.put(p + str(i), blob, soft) == 0, i
         assert s.is_exist(p + "hard") == 1 and s.get(p + "hard") == blob

@@ -241,6 +241,25 @@ TEST_F(IndexTest, EvictsLeastRecentlyUsedAboveHighWatermark) {
   EXPECT_OK(index_->CheckInvariants());
 }
 
+// Puts 20 ms apart, all within one second and spread over the index's
+// shards: eviction takes them oldest first across shards, not round-robin
+// among equals (as with the one-second ticks the index had).
+TEST_F(IndexTest, EvictionOrdersPutsWithinOneSecondAcrossShards) {
+  Mount("seg-a", 100 * 1024);
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_OK(Put(absl::StrCat("k", i), 1024));
+    clock_.Advance(absl::Milliseconds(20));
+  }
+  clock_.Advance(options_.lease_ttl);  // the puts' leases end, the ticks stay apart
+  for (int evicted = 1; evicted <= 10; ++evicted) {
+    index_->EvictTo(registry_->used() - 1024);
+    for (int i = 0; i < 40; ++i) {
+      EXPECT_EQ(Present(absl::StrCat("k", i)), i >= evicted) << "after " << evicted << " evictions, k" << i;
+    }
+  }
+  EXPECT_OK(index_->CheckInvariants());
+}
+
 TEST_F(IndexTest, LeasedAndPinnedObjectsGoLast) {
   Mount("seg-a", 20 * 1024);  // headroom: no watermark eviction while filling
   ASSERT_OK(Put("pinned", 1024, {.soft_pin = true}));
