@@ -2,6 +2,8 @@
 // remove. Eviction, liveness and recovery are in eviction.cc.
 #include "master/object_index.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "config/base/auth.h"
 #include "config/base/log.h"
@@ -84,7 +86,11 @@ size_t ObjectIndex::Impl::ShardOf(absl::string_view key) const {
 int64_t ObjectIndex::Impl::NowMs() const { return absl::ToUnixMillis(clock_->Now()); }
 
 uint32_t ObjectIndex::Impl::AccessTick() const {
-  return static_cast<uint32_t>(absl::ToInt64Milliseconds(clock_->Now() - start_) * kAccessTicksPerSecond / 1000);
+  const int64_t ticks = absl::ToInt64Milliseconds(clock_->Now() - start_) * kAccessTicksPerSecond / 1000;
+  // Past 776 days every access ties (round-robin across shards) rather than
+  // wrapping, which would put the newest first; UINT32_MAX is the
+  // evictor's "no candidate".
+  return static_cast<uint32_t>(std::clamp<int64_t>(ticks, 0, UINT32_MAX - 1));
 }
 
 uint32_t ObjectIndex::Impl::Find(Shard& s, absl::string_view key) {

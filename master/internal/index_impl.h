@@ -289,7 +289,8 @@ class ObjectIndex::Impl {
   // Accesses are ordered in 1/kAccessTicksPerSecond s since the index
   // started: fine enough that the evictor's order across shards is LRU to
   // within 16 ms, not a second (at thousands of puts a second, most of a
-  // pass's candidates would tie), and 32 bits last 776 days of uptime.
+  // pass's candidates would tie); 32 bits last 776 days of uptime, after
+  // which the tick stays put.
   static constexpr uint32_t kAccessTicksPerSecond = 64;
   uint32_t AccessTick() const;
 
