@@ -115,10 +115,10 @@ const FlagTable<MasterConfig>& MasterFlags() {
                           "a direct-lane connection idle this long is closed (clients reuse theirs only "
                           "within 60 s)"),
           DurationFlag<C>("direct-spin", &C::direct_spin, "100us", 0, 0.001,
-                          "after a reply, a direct-lane connection whose last call came within this of "
-                          "the reply before it polls for its next call this long before sleeping, which "
-                          "saves a client calling back to back a wake-up per call; 0s: never spin "
-                          "(docs/performance.md)"),
+                          "after a reply, a direct-lane connection whose calls come back to back (the "
+                          "last within twice this of the reply before it) polls for its next call this "
+                          "long before sleeping, which saves its client a wake-up per call; 0s: never "
+                          "spin (docs/performance.md)"),
           IntFlag<C>("direct-spinners", &C::direct_spinners, "0", 0, 256,
                      "at most this many direct-lane connections spin at once (others sleep); 0: a "
                      "quarter of the usable cores, at least 1"),
