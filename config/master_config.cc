@@ -121,7 +121,7 @@ const FlagTable<MasterConfig>& MasterFlags() {
                           "spin (docs/performance.md)"),
           IntFlag<C>("direct-spinners", &C::direct_spinners, "0", 0, 256,
                      "at most this many direct-lane connections spin at once (others sleep); 0: a "
-                     "quarter of the usable cores, at least 1"),
+                     "quarter of the usable cores, 1 to 16"),
           StringFlag<C>("kv-events-endpoint", &C::kv_events_endpoint, "",
                         "ZeroMQ PUB endpoint for KV events in vLLM's layout (tcp://*:5557; a "
                         "port of * picks one, logged); empty: no events. docs/kv-events.md"),

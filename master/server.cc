@@ -43,19 +43,14 @@ unsigned UsableCores() {
   return std::max(1u, n);
 }
 
-// A quarter of the cores: on a small host one thread avoids a hand-off per
-// RPC; on a large one the master serves many clients side by side without
-// taking the cores the daemons' and clients' threads need.
-int RpcThreads(int64_t flag) {
-  if (flag > 0) return static_cast<int>(flag);
-  return static_cast<int>(std::clamp(UsableCores() / 4, 1u, 16u));
-}
-
-// A quarter of the cores too: one on a small host, where a second spinner
-// would take the core the client itself runs on.
-size_t DirectSpinners(int64_t flag) {
-  if (flag > 0) return static_cast<size_t>(flag);
-  return std::max(1u, UsableCores() / 4);
+// The flag, or by default a quarter of the cores (1 to 16). RPC threads: on
+// a small host one thread avoids a hand-off per RPC; on a large one the
+// master serves many clients side by side without taking the cores the
+// daemons' and clients' threads need. Direct-lane spinners: on a small host
+// a second spinner would take the core the client itself runs on.
+unsigned QuarterOfTheCores(int64_t flag) {
+  if (flag > 0) return static_cast<unsigned>(flag);
+  return std::clamp(UsableCores() / 4, 1u, 16u);
 }
 
 }  // namespace
@@ -110,7 +105,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   s->rpc_metrics_ = std::make_unique<rpc::RpcMetrics>(s->master_.get());
   const ServiceLimits limits{static_cast<size_t>(config.max_batch)};
   s->rpc_ = std::make_unique<MasterRpcService>(s->master_.get(), s->rpc_metrics_.get(), limits,
-                                               RpcThreads(config.rpc_threads), s->auth_.get());
+                                               static_cast<int>(QuarterOfTheCores(config.rpc_threads)), s->auth_.get());
   const auth::TlsFiles tls{config.tls_ca, config.tls_cert, config.tls_key};
   absl::StatusOr<transport::tcp::Fd> listener;
   grpc::ServerBuilder builder;
@@ -157,7 +152,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
     direct.max_connections = static_cast<size_t>(config.direct_max_connections);
     direct.idle_timeout = config.direct_idle_timeout;
     direct.spin = config.direct_spin;
-    direct.max_spinners = DirectSpinners(config.direct_spinners);
+    direct.max_spinners = QuarterOfTheCores(config.direct_spinners);
     direct.auth = s->auth_.get();
     s->direct_ = std::make_unique<DirectLane>(s->master_.get(), s->rpc_metrics_.get(), direct);
     s->direct_->Start(std::move(*listener), s->grpc_.get());

@@ -210,8 +210,7 @@ bool SpinUntilReadable(int fd, absl::Duration window) {
 
 ServerSpin::ServerSpin(absl::Duration window, size_t max_spinners)
     : window_(std::clamp(window, absl::ZeroDuration(), absl::Milliseconds(1))),
-      max_spinners_(max_spinners),
-      enabled_(window_ > absl::ZeroDuration() && max_spinners > 0) {}
+      max_spinners_(max_spinners) {}
 
 ServerSpin::Outcome ServerSpin::Spin(int fd) {
   size_t n = spinning_.load(std::memory_order_relaxed);

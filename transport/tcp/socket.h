@@ -72,7 +72,7 @@ class ServerSpin {
   };
 
   ServerSpin(absl::Duration window, size_t max_spinners);
-  bool enabled() const { return enabled_; }
+  bool enabled() const { return window_ > absl::ZeroDuration() && max_spinners_ > 0; }
   absl::Duration window() const { return window_; }
   // Polls `fd` for up to the window, if fewer than max_spinners threads
   // are spinning. Thread-safe.
@@ -81,7 +81,6 @@ class ServerSpin {
  private:
   const absl::Duration window_;
   const size_t max_spinners_;
-  const bool enabled_;
   std::atomic<size_t> spinning_{0};
 };
 
