@@ -8,7 +8,10 @@
 #include <iterator>
 #include <thread>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "config/base/auth.h"
 #include "config/base/status.h"
 
@@ -22,9 +25,21 @@ absl::Status FromItem(const v1::ItemStatus& s) {
 
 absl::StatusOr<std::unique_ptr<MasterClient>> MasterClient::Create(const std::string& address,
                                                                    MasterClientOptions options) {
-  size_t colon = address.rfind(':');
-  if (address.empty() || colon == std::string::npos || colon + 1 == address.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("master address '", address, "' is not host:port"));
+  std::vector<std::string> addresses;
+  // A gRPC target URI ("dns:///h:p,...") is one address, commas and all.
+  if (address.find('/') != std::string::npos) {
+    addresses.push_back(address);
+  } else {
+    for (absl::string_view a : absl::StrSplit(address, ',', absl::SkipWhitespace())) {
+      addresses.emplace_back(absl::StripAsciiWhitespace(a));
+    }
+  }
+  if (addresses.empty()) addresses.emplace_back();
+  for (const std::string& a : addresses) {
+    size_t colon = a.rfind(':');
+    if (a.empty() || colon == std::string::npos || colon + 1 == a.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("master address '", a, "' is not host:port"));
+    }
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_size);
@@ -48,25 +63,38 @@ absl::StatusOr<std::unique_ptr<MasterClient>> MasterClient::Create(const std::st
     creds = grpc::experimental::TlsCredentials(tls);
     options.direct = false;  // the direct lane would carry the token in the clear
   }
-  auto channel = grpc::CreateCustomChannel(address, creds, args);
-  return std::unique_ptr<MasterClient>(new MasterClient(address, options, std::move(channel)));
+  std::vector<std::unique_ptr<Endpoint>> endpoints;
+  for (const std::string& a : addresses) {
+    auto e = std::make_unique<Endpoint>();
+    e->address = a;
+    e->channel = grpc::CreateCustomChannel(a, creds, args);
+    e->stub = v1::Master::NewStub(e->channel);
+    // A gRPC target URI ("dns:///h:p", "unix:...") names nothing the lane can dial.
+    if (options.direct && a.find('/') == std::string::npos && a.rfind("unix:", 0) != 0) {
+      e->direct = std::make_unique<internal::DirectChannel>(a, static_cast<uint32_t>(options.max_message_size),
+                                                            options.reply_spin, options.token);
+    }
+    endpoints.push_back(std::move(e));
+  }
+  return std::unique_ptr<MasterClient>(new MasterClient(address, options, std::move(endpoints)));
 }
 
-MasterClient::MasterClient(std::string address, MasterClientOptions options, std::shared_ptr<grpc::Channel> channel)
-    : address_(std::move(address)),
-      options_(options),
-      channel_(std::move(channel)),
-      stub_(v1::Master::NewStub(channel_)) {
-  // A gRPC target URI ("dns:///h:p", "unix:...") names nothing the lane can dial.
-  if (options_.direct && address_.find('/') == std::string::npos && address_.rfind("unix:", 0) != 0) {
-    direct_ = std::make_unique<internal::DirectChannel>(address_, static_cast<uint32_t>(options_.max_message_size),
-                                                        options_.reply_spin, options_.token);
-  }
-}
+MasterClient::MasterClient(std::string address, MasterClientOptions options,
+                           std::vector<std::unique_ptr<Endpoint>> endpoints)
+    : address_(std::move(address)), options_(options), endpoints_(std::move(endpoints)) {}
 
 namespace {
 // No direct id: the call always goes over gRPC.
 constexpr auto kGrpcOnly = static_cast<direct::DirectMethod>(0);
+
+// With several masters: how long a call waits for a connection to one
+// before it tries the next.
+constexpr absl::Duration kConnectBudget = absl::Milliseconds(500);
+
+// A master that answered this refused the call without running it.
+bool NotLeader(const absl::Status& s) {
+  return absl::IsUnavailable(s) && absl::StrContains(s.message(), kNotLeader);
+}
 }  // namespace
 
 template <class Req, class Resp, class Call>
@@ -76,43 +104,82 @@ absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direc
   absl::Duration backoff = absl::Milliseconds(50);
   const Req* send = &req;
   Req stripped;
+  const size_t n = endpoints_.size();
+  size_t at = current_.load(std::memory_order_relaxed) % n;
+  size_t tried = 0;  // endpoints tried since the last backoff
   for (;;) {
+    Endpoint& ep = *endpoints_[at];
     absl::Status st;
     bool sent = true;
-    if (direct != kGrpcOnly && direct_ != nullptr && direct_->usable()) {
-      internal::DirectChannel::Result r = direct_->Call(direct, *send, resp, deadline);
-      if (r.outcome == internal::DirectChannel::Outcome::kAnswered && r.status.ok()) return absl::OkStatus();
+    if (direct != kGrpcOnly && ep.direct != nullptr && ep.direct->usable()) {
+      internal::DirectChannel::Result r = ep.direct->Call(direct, *send, resp, deadline);
+      if (r.outcome == internal::DirectChannel::Outcome::kAnswered && r.status.ok()) {
+        current_.store(at, std::memory_order_relaxed);
+        return absl::OkStatus();
+      }
       sent = r.outcome != internal::DirectChannel::Outcome::kNotSent;
-      if (sent) st = absl::Status(r.status.code(), absl::StrCat("master ", address_, " ", method, ": ", r.status.message()));
+      if (sent) st = absl::Status(r.status.code(), absl::StrCat("master ", ep.address, " ", method, ": ", r.status.message()));
     } else {
       sent = false;
     }
     if (!sent) {
       // Over gRPC: the lane is not there, or could not take this call.
       grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(deadline));
       // Queue the call while the channel (re)connects rather than failing at
-      // once: a call that never left is safe to send even when not idempotent.
+      // once: a call that never left is safe to send even when not
+      // idempotent. With several masters one without a connection gets
+      // kConnectBudget to make one before the next is tried (a fail-fast
+      // call would not make the channel dial again).
+      const bool ready_before = ep.channel->GetState(false) == GRPC_CHANNEL_READY;
+      const absl::Time attempt_deadline =
+          n > 1 && !ready_before ? std::min(deadline, absl::Now() + kConnectBudget) : deadline;
+      ctx.set_deadline(absl::ToChronoTime(attempt_deadline));
       ctx.set_wait_for_ready(true);
       if (!options_.token.empty()) ctx.AddMetadata(auth::kAuthorizationHeader, absl::StrCat("Bearer ", options_.token));
-      grpc::Status s = call(&ctx, *send, resp);
-      if (s.ok()) return absl::OkStatus();
-      if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
-          channel_->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+      grpc::Status s = call(ep.stub.get(), &ctx, *send, resp);
+      if (s.ok()) {
+        current_.store(at, std::memory_order_relaxed);
+        return absl::OkStatus();
+      }
+      const bool connected = ep.channel->GetState(false) == GRPC_CHANNEL_READY;
+      if (n > 1 && !ready_before && !connected &&
+          (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || s.error_code() == grpc::StatusCode::UNAVAILABLE)) {
+        // No connection came up in its budget: the call never left.
+        sent = false;
+        st = absl::UnavailableError(
+            absl::StrCat("master ", ep.address, " ", method, ": no connection (", s.error_message(), ")"));
+      } else if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+          ep.channel->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
         // Most likely no connection came up before the deadline; the code
         // stays (a connection that broke may have carried the call).
         return absl::DeadlineExceededError(absl::StrCat(
-            "master ", address_, " ", method, ": no connection before the deadline (nothing listening",
+            "master ", ep.address, " ", method, ": no connection before the deadline (nothing listening",
             options_.tls.enabled() ? ", or the TLS handshake failed: check --tls-ca, --tls-cert and the master's"
                                    : ", or the master serves TLS: give --tls-ca",
             ")"));
+      } else {
+        st = absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          absl::StrCat("master ", ep.address, " ", method, ": ", s.error_message()));
       }
-      st = absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("master ", address_, " ", method, ": ", s.error_message()));
     }
-    if (!idempotent || !absl::IsUnavailable(st) || absl::Now() + backoff >= deadline) return st;
-    std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
-    backoff = std::min(backoff * 2, absl::Milliseconds(500));
+    const bool elsewhere = n > 1 && (!sent || NotLeader(st) || (idempotent && absl::IsUnavailable(st)));
+    if (n > 1 && (absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st))) {
+      // A master that stalled or dropped the call: the next call starts
+      // with the next one, rather than waiting on this one again.
+      size_t expected = at;
+      current_.compare_exchange_strong(expected, (at + 1) % n, std::memory_order_relaxed);
+    }
+    if (!elsewhere && (!idempotent || !absl::IsUnavailable(st))) return st;
+    if (absl::Now() + backoff >= deadline) return st;
+    if (elsewhere && ++tried < n) {
+      at = (at + 1) % n;  // the next master, at once
+    } else {
+      // Every master tried (or the one there is): wait before going round again.
+      tried = 0;
+      if (elsewhere) at = (at + 1) % n;
+      std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
+      backoff = std::min(backoff * 2, absl::Milliseconds(500));
+    }
     if constexpr (requires { req.released_keys_size(); }) {
       if (send->released_keys_size() > 0) {
         // The master may have applied them already: a second give-back
@@ -128,7 +195,7 @@ absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direc
 }
 
 #define TIERKV_CALL(Method) \
-  [this](grpc::ClientContext* c, const auto& r, auto* o) { return stub_->Method(c, r, o); }
+  [](v1::Master::Stub* stub, grpc::ClientContext* c, const auto& r, auto* o) { return stub->Method(c, r, o); }
 
 absl::Status MasterClient::Mount(const v1::Segment& segment) {
   v1::MountSegmentRequest req;

@@ -11,9 +11,17 @@
 // within that budget; puts and removes are not. Statuses come back as
 // absl::Status with the master's address and the method in the message.
 //
+// Several masters (high availability, docs/ha.md): `address` may list
+// them, "h1:p1,h2:p2". Calls go to the one that answered last. One that
+// cannot be reached, or answers that it is not the leader, is left for the
+// next in the list within the same deadline: every call when the call
+// never reached a master or was refused unrun, idempotent calls on any
+// UNAVAILABLE.
+//
 // Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <string>
@@ -50,8 +58,8 @@ struct MasterClientOptions {
 
 class MasterClient {
  public:
-  // INVALID_ARGUMENT for an address that is not host:port. Does not wait
-  // for the master: the first call does.
+  // INVALID_ARGUMENT for an address that is not host:port (or a list of
+  // them). Does not wait for the master: the first call does.
   static absl::StatusOr<std::unique_ptr<MasterClient>> Create(const std::string& address,
                                                               MasterClientOptions options = {});
 
@@ -103,7 +111,14 @@ class MasterClient {
   void AttachReleases(Req* req);
   v1::KeysRequest KeysWithReleases(const std::vector<std::string>& keys);
 
-  MasterClient(std::string address, MasterClientOptions options, std::shared_ptr<grpc::Channel> channel);
+  // One master of the list.
+  struct Endpoint {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Master::Stub> stub;
+    std::unique_ptr<internal::DirectChannel> direct;  // null when options_.direct is off
+  };
+  MasterClient(std::string address, MasterClientOptions options, std::vector<std::unique_ptr<Endpoint>> endpoints);
   // `direct`: the method's direct id, or 0 for gRPC only.
   template <class Req, class Resp, class Call>
   // `deadline`: the call's, when sooner than rpc_timeout from now.
@@ -112,9 +127,8 @@ class MasterClient {
 
   std::string address_;
   MasterClientOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Master::Stub> stub_;
-  std::unique_ptr<internal::DirectChannel> direct_;  // null when options_.direct is off
+  std::vector<std::unique_ptr<Endpoint>> endpoints_;
+  std::atomic<size_t> current_{0};  // the endpoint that answered last
   Mutex release_mu_;
   std::deque<Release> releases_ ABSL_GUARDED_BY(release_mu_);
 };

@@ -122,6 +122,25 @@ const FlagTable<MasterConfig>& MasterFlags() {
           IntFlag<C>("direct-spinners", &C::direct_spinners, "0", 0, 256,
                      "at most this many direct-lane connections spin at once (others sleep); 0: a "
                      "quarter of the usable cores, 1 to 16"),
+          StringFlag<C>("etcd", &C::etcd, "",
+                        "etcd members (host:port,...) for high availability: masters of one --cluster-id "
+                        "elect a leader there, the others copy its store and take over when it is lost; "
+                        "needs --data-dir and --advertise. Empty: a single master. docs/ha.md"),
+          StringFlag<C>("cluster-id", &C::cluster_id, "default",
+                        "with --etcd: the masters that elect one leader among them (keys under /tierkv/<id>/)"),
+          StringFlag<C>("advertise", &C::advertise, "",
+                        "with --etcd: host:port of this master's RPC port as the other masters and clients "
+                        "dial it"),
+          DurationFlag<C>("ha-lease-ttl", &C::ha_lease_ttl, "3s", 2, 60,
+                          "with --etcd: the leader's etcd lease; a lost leader is replaced about this long "
+                          "after it stopped renewing, and it stops serving a third of it before that"),
+          ChoiceFlag<C>("ha-sync", &C::ha_sync, "semi", {"semi", "async"},
+                        "with --etcd: semi (a write is acknowledged once a standby has it, unless none "
+                        "answers within --ha-sync-timeout) or async (standbys may lag behind what was "
+                        "acknowledged)"),
+          DurationFlag<C>("ha-sync-timeout", &C::ha_sync_timeout, "1s", 0.001, 60,
+                          "with --ha-sync semi: how long a write waits for a standby before the leader "
+                          "goes on without one (logged; until a standby has caught up again)"),
           StringFlag<C>("kv-events-endpoint", &C::kv_events_endpoint, "",
                         "ZeroMQ PUB endpoint for KV events in vLLM's layout (tcp://*:5557; a "
                         "port of * picks one, logged); empty: no events. docs/kv-events.md"),
@@ -144,6 +163,12 @@ const FlagTable<MasterConfig>& MasterFlags() {
                      "(tierkv_master_kv_events_dropped_total), so the master never waits"),
       },
       [](const C& c) {
+        if (!c.etcd.empty() && (c.data_dir.empty() || c.advertise.empty())) {
+          return absl::InvalidArgumentError("--etcd needs --data-dir (the copy a standby keeps) and --advertise");
+        }
+        if (!c.etcd.empty() && c.rpc_port == 0) {
+          return absl::InvalidArgumentError("--etcd needs a fixed --rpc-port: the other masters dial --advertise");
+        }
         if (c.low_watermark > c.high_watermark) {
           return absl::InvalidArgumentError("--low-watermark must not exceed --high-watermark");
         }

@@ -53,6 +53,13 @@ struct MasterConfig {
   absl::Duration direct_idle_timeout;
   absl::Duration direct_spin;
   int64_t direct_spinners = 0;
+  // High availability (master/ha.h).
+  std::string etcd;
+  std::string cluster_id;
+  std::string advertise;
+  absl::Duration ha_lease_ttl;
+  std::string ha_sync;  // semi | async
+  absl::Duration ha_sync_timeout;
   std::string kv_events_endpoint;
   std::string kv_events_replay_endpoint;
   std::string kv_events_topic;

@@ -406,10 +406,21 @@ bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::
                        nullptr, buf);
       return;
     }
+    if (absl::Status serving = master_->Serving(); !serving.ok()) {
+      st.errors->Increment();
+      FrameReply<Resp>(serving, nullptr, buf);
+      return;
+    }
     st.items->Increment(n);
     absl::Time start = absl::Now();
     handler(*req, resp);
     st.latency->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+    // As over gRPC: a lease that lapsed while it ran withholds the answer.
+    if (absl::Status serving = master_->Serving(); !serving.ok()) {
+      st.errors->Increment();
+      FrameReply<Resp>(serving, nullptr, buf);
+      return;
+    }
     const size_t body = resp->ByteSizeLong();
     if (body > options_.max_message) {
       st.errors->Increment();

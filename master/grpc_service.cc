@@ -194,6 +194,11 @@ class Call final : public CallBase {
                           absl::StrCat(method_->name, ": the deadline passed before the master reached it")));
       return;
     }
+    if (absl::Status serving = master_->Serving(); !serving.ok()) {
+      st.errors->Increment();
+      Refuse(grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(serving.message())));
+      return;
+    }
     st.items->Increment(items);
     if (method_->slow || items > kInlineItems) {
       on_slow_lane_ = true;
@@ -218,7 +223,14 @@ class Call final : public CallBase {
     absl::Time start = absl::Now();
     method_->handler(master_, &ctx_, tenant_, req_, &resp_);
     method_->stats.latency->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-    responder_.Finish(resp_, grpc::Status::OK, this);
+    // A lease that lapsed while the handler ran (a stalled process): what
+    // it found may be stale, so the caller hears nothing of it.
+    if (absl::Status serving = master_->Serving(); !serving.ok()) {
+      method_->stats.errors->Increment();
+      responder_.FinishWithError(grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(serving.message())), this);
+    } else {
+      responder_.Finish(resp_, grpc::Status::OK, this);
+    }
     state->in_flight.fetch_sub(1);
   }
 

@@ -118,6 +118,8 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
   server->Get("/metadata", [=](const httplib::Request& req, httplib::Response& res) {
     std::string key;
     if (!MetadataKey(req, res, limits, &key)) return;
+    // A deposed leader's descriptors may be stale: its clients ask the next master.
+    if (absl::Status s = master->Serving(); !s.ok()) return SendError(res, 503, s.message());
     absl::StatusOr<std::string> v = master->GetMetadata(key);
     if (!v.ok()) return SendError(res, HttpStatusFor(v.status()), absl::IsNotFound(v.status()) ? "metadata not found" : v.status().message());
     res.set_content(*v, "application/octet-stream");
@@ -290,6 +292,10 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
   });
   server->Get("/metrics", [=](const httplib::Request&, httplib::Response& res) {
     res.set_content(master->metrics().Serialize(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server->Get("/v1/ha", [=](const httplib::Request&, httplib::Response& res) {
+    const std::string status = master->options().ha_status ? master->options().ha_status() : "";
+    res.set_content(status.empty() ? nlohmann::json{{"role", "single"}}.dump() : status, "application/json");
   });
   server->Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");

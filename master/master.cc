@@ -345,6 +345,7 @@ std::vector<PutStartOut> Master::PutStart(std::vector<PutItem> items, const std:
 }
 
 absl::Status Master::Readiness() const {
+  RETURN_IF_ERROR(Serving());
   size_t live = 0, recovering = 0;
   for (const SegmentSnapshot& s : registry_.Snapshot()) (s.recovering ? recovering : live)++;
   if (live > 0) return absl::OkStatus();

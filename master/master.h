@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 
 #include <memory>
 #include <string>
@@ -27,6 +28,7 @@
 #include "master/object_index.h"
 #include "master/persistence.h"
 #include "master/query_stats.h"
+#include "master/replication.h"
 #include "master/segment_registry.h"
 
 namespace tierkv::master {
@@ -55,6 +57,11 @@ struct MasterOptions {
   // certificate (Stats then says so), and `ca` verifies daemons whose SSD
   // tier answers over HTTPS (the system's trust store without one).
   auth::TlsFiles tls;
+  // With high availability (master/ha.h): calls are answered only while
+  // the gate is open (this master holds the leader's lease), and /v1/ha
+  // shows what ha_status returns (JSON). Null: a single master.
+  const ServingGate* gate = nullptr;
+  std::function<std::string()> ha_status;
 };
 
 // A data grant and its session key; both empty for a segment whose daemon
@@ -125,6 +132,10 @@ class Master {
   // message is the reason ("no segment mounted", or the recovered segments
   // still awaiting their daemons' re-mount). Cheap; for /ready.
   absl::Status Readiness() const;
+  // OK while this master may answer as the leader (always, for a single
+  // master); UNAVAILABLE naming kNotLeader otherwise. The RPC
+  // shells check it before a handler runs and again before its reply goes.
+  absl::Status Serving() const { return options_.gate == nullptr ? absl::OkStatus() : options_.gate->Check(); }
 
   // Liveness and housekeeping; called periodically.
   void Tick();

@@ -31,14 +31,71 @@ class RocksDbStore final : public IndexStore {
   // mutations; when that write returns, the first queued writer applies
   // every queued batch as one WriteBatch, in arrival order, and answers
   // them all with its status. Each caller returns only once its own
-  // mutations are in the log, as a lone write would.
+  // mutations are in the log, as a lone write would, and, with a
+  // replicator, once they are replicated as it asks.
   absl::Status Write(const std::vector<Mutation>& batch) override {
     if (batch.empty()) return absl::OkStatus();
     Writer self{&batch};
+    {
+      MutexLock lock(&mu_);
+      queue_.push_back(&self);
+      while (!self.done && leading_) cv_.WaitFor(&mu_, std::chrono::milliseconds(50));
+      if (!self.done) Lead();
+    }
+    return Replicated(self);
+  }
+
+  WriteCounts Counts() override {
     MutexLock lock(&mu_);
-    queue_.push_back(&self);
-    while (!self.done && leading_) cv_.WaitFor(&mu_, std::chrono::milliseconds(50));
-    if (self.done) return self.status;
+    return {writes_, batches_};
+  }
+
+  absl::StatusOr<std::string> Get(const std::string& key) override {
+    std::string value;
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), key, &value);
+    if (!s.ok()) return FromRocks(s, absl::StrCat("rocksdb get ", key));
+    return value;
+  }
+
+  absl::Status Scan(const std::string& prefix,
+                    const std::function<bool(absl::string_view, absl::string_view)>& fn) override {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      if (!fn(absl::string_view(it->key().data(), it->key().size()), absl::string_view(it->value().data(), it->value().size()))) break;
+    }
+    return FromRocks(it->status(), "rocksdb scan");
+  }
+
+  absl::Status ScanAfter(const std::string& after,
+                         const std::function<bool(absl::string_view, absl::string_view)>& fn) override {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+    it->Seek(after);
+    if (it->Valid() && !after.empty() && it->key() == rocksdb::Slice(after)) it->Next();
+    for (; it->Valid(); it->Next()) {
+      if (!fn(absl::string_view(it->key().data(), it->key().size()), absl::string_view(it->value().data(), it->value().size()))) break;
+    }
+    return FromRocks(it->status(), "rocksdb scan");
+  }
+
+  absl::Status Flush() override { return FromRocks(db_->FlushWAL(/*sync=*/true), "rocksdb sync"); }
+
+ private:
+  struct Writer {
+    const std::vector<Mutation>* batch;
+    absl::Status status;
+    bool done = false;
+    uint64_t seq = 0;  // the replicated batch it went out in (0: none)
+  };
+
+  // A writer's status once its batch is replicated as the mode asks.
+  absl::Status Replicated(const Writer& w) {
+    if (!w.status.ok() || w.seq == 0) return w.status;
+    Replicator* r = replicator();
+    return r == nullptr ? w.status : r->Await(w.seq);
+  }
+
+  // Applies every queued batch as one; the caller holds mu_ and is queued.
+  void Lead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     leading_ = true;
     std::vector<Writer*> group;
     group.swap(queue_);
@@ -65,47 +122,27 @@ class RocksDbStore final : public IndexStore {
         status = absl::ResourceExhaustedError("rocksdb write: out of memory building the batch");
       }
     }
+    // Handed on while this leader still holds the only write in flight,
+    // so the replicated order is the applied order.
+    uint64_t seq = 0;
+    if (Replicator* r = replicator(); r != nullptr && status.ok()) {
+      std::vector<const std::vector<Mutation>*> batches;
+      batches.reserve(group.size());
+      for (const Writer* w : group) batches.push_back(w->batch);
+      seq = r->Append(batches);
+    }
     mu_.Lock();
     for (Writer* w : group) {
       w->status = status;
+      w->seq = seq;
       w->done = true;
     }
     ++batches_;
     writes_ += group.size();
     leading_ = false;
     cv_.SignalAll();
-    return status;
   }
 
-  WriteCounts Counts() override {
-    MutexLock lock(&mu_);
-    return {writes_, batches_};
-  }
-
-  absl::StatusOr<std::string> Get(const std::string& key) override {
-    std::string value;
-    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), key, &value);
-    if (!s.ok()) return FromRocks(s, absl::StrCat("rocksdb get ", key));
-    return value;
-  }
-
-  absl::Status Scan(const std::string& prefix,
-                    const std::function<bool(absl::string_view, absl::string_view)>& fn) override {
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-      if (!fn(absl::string_view(it->key().data(), it->key().size()), absl::string_view(it->value().data(), it->value().size()))) break;
-    }
-    return FromRocks(it->status(), "rocksdb scan");
-  }
-
-  absl::Status Flush() override { return FromRocks(db_->FlushWAL(/*sync=*/true), "rocksdb sync"); }
-
- private:
-  struct Writer {
-    const std::vector<Mutation>* batch;
-    absl::Status status;
-    bool done = false;
-  };
   std::unique_ptr<rocksdb::DB> db_;
   Mutex mu_;
   CondVar cv_;
@@ -118,15 +155,20 @@ class RocksDbStore final : public IndexStore {
 class MemStore final : public IndexStore {
  public:
   absl::Status Write(const std::vector<Mutation>& batch) override {
-    MutexLock lock(&mu_);
-    for (const Mutation& m : batch) {
-      if (m.remove) {
-        data_.erase(m.key);
-      } else {
-        data_[m.key] = m.value;
+    uint64_t seq = 0;
+    Replicator* r = replicator();
+    {
+      MutexLock lock(&mu_);
+      for (const Mutation& m : batch) {
+        if (m.remove) {
+          data_.erase(m.key);
+        } else {
+          data_[m.key] = m.value;
+        }
       }
+      if (r != nullptr && !batch.empty()) seq = r->Append({&batch});
     }
-    return absl::OkStatus();
+    return seq == 0 ? absl::OkStatus() : r->Await(seq);
   }
   absl::StatusOr<std::string> Get(const std::string& key) override {
     MutexLock lock(&mu_);
@@ -149,6 +191,18 @@ class MemStore final : public IndexStore {
     }
     return absl::OkStatus();
   }
+  absl::Status ScanAfter(const std::string& after,
+                         const std::function<bool(absl::string_view, absl::string_view)>& fn) override {
+    std::vector<std::pair<std::string, std::string>> copy;
+    {
+      MutexLock lock(&mu_);
+      for (auto it = data_.upper_bound(after); it != data_.end(); ++it) copy.emplace_back(*it);
+    }
+    for (auto& [k, v] : copy) {
+      if (!fn(k, v)) break;
+    }
+    return absl::OkStatus();
+  }
   absl::Status Flush() override { return absl::OkStatus(); }
 
  private:
@@ -157,6 +211,11 @@ class MemStore final : public IndexStore {
 };
 
 }  // namespace
+
+absl::Status IndexStore::ScanAfter(const std::string& after,
+                                   const std::function<bool(absl::string_view, absl::string_view)>& fn) {
+  return Scan("", [&](absl::string_view k, absl::string_view v) { return k <= after || fn(k, v); });
+}
 
 absl::StatusOr<std::unique_ptr<IndexStore>> OpenRocksDbStore(const std::string& dir) {
   rocksdb::Options options;

@@ -16,6 +16,7 @@
 // Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -30,6 +31,22 @@ struct Mutation {
   std::string key;
   std::string value;
   bool remove = false;
+};
+
+// Where a leader's committed batches go to reach its standby masters
+// (master/replication.h). Append is called once per committed store batch,
+// in commit order, before any writer in it returns; Await then holds each
+// writer until its batch is as replicated as the mode asks.
+class Replicator {
+ public:
+  virtual ~Replicator() = default;
+  // The batch's sequence number. Called with the store's writes
+  // serialized: two Appends never overlap and their order is the order
+  // the mutations were applied in.
+  virtual uint64_t Append(const std::vector<const std::vector<Mutation>*>& group) = 0;
+  // OK once `seq` is replicated enough to acknowledge; UNAVAILABLE when it
+  // never will be (this master is no longer the leader).
+  virtual absl::Status Await(uint64_t seq) = 0;
 };
 
 struct WriteCounts {
@@ -54,6 +71,20 @@ class IndexStore {
   // How many writes were folded into how many batches (group commit);
   // zeros for a store that does not group.
   virtual WriteCounts Counts() { return {}; }
+  // Calls fn for every key after `after` ("" : from the first), in key
+  // order, until fn returns false: a standby's snapshot reads in pages.
+  // The default walks every key from the first.
+  virtual absl::Status ScanAfter(const std::string& after,
+                                 const std::function<bool(absl::string_view key, absl::string_view value)>& fn);
+  // Every write from now on is handed to `r` (null: none) as above; set
+  // before the store takes writes, `r` outliving them.
+  void SetReplicator(Replicator* r) { replicator_.store(r, std::memory_order_release); }
+
+ protected:
+  Replicator* replicator() const { return replicator_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<Replicator*> replicator_{nullptr};
 };
 
 // Opens (creating if needed) a RocksDB database in `dir`.

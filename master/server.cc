@@ -56,14 +56,14 @@ unsigned QuarterOfTheCores(int64_t flag) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterConfig& config,
-                                                                  Clock* clock) {
+                                                                  Clock* clock, HaHooks ha) {
   std::unique_ptr<MasterServer> s(new MasterServer());
   RETURN_IF_ERROR(auth::CheckBind(config.auth, config.listen, config.insecure_allow_remote, "tierkv-master"));
   ASSIGN_OR_RETURN(s->auth_, auth::Authenticator::Create(config.auth, config.token_file));
-  std::unique_ptr<IndexStore> store;
-  if (config.data_dir.empty()) {
+  std::unique_ptr<IndexStore> store = std::move(ha.store);  // a leader's copy, already open
+  if (store == nullptr && config.data_dir.empty()) {
     store = NewMemStore();
-  } else {
+  } else if (store == nullptr) {
     ASSIGN_OR_RETURN(store, OpenRocksDbStore(config.data_dir));
   }
   MasterOptions options;
@@ -95,6 +95,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   options.kv_events.max_batch = static_cast<size_t>(config.kv_events_max_batch);
   options.kv_events.buffer_batches = static_cast<size_t>(config.kv_events_buffer);
   options.kv_events.queue_capacity = static_cast<size_t>(config.kv_events_queue);
+  options.gate = ha.gate;
+  options.ha_status = std::move(ha.status_json);
   ASSIGN_OR_RETURN(s->master_, Master::Create(options, std::move(store), clock));
 
   // Debian's Abseil is built without NDEBUG, so every absl::Mutex lock in
@@ -138,6 +140,10 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   // wake-up each; lookups are small, latency-bound messages.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   s->rpc_->Register(&builder);
+  if (ha.log != nullptr) {
+    s->ha_service_ = NewMasterHaService(ha.log);
+    builder.RegisterService(s->ha_service_.get());
+  }
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_size));
   builder.SetMaxSendMessageSize(static_cast<int>(config.max_message_size));
   s->grpc_ = builder.BuildAndStart();

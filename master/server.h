@@ -15,6 +15,7 @@
 // the ticker and the evictor, then flushes the store.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <thread>
 
@@ -26,6 +27,7 @@
 #include "master/direct_lane.h"
 #include "master/grpc_service.h"
 #include "master/master.h"
+#include "master/replication.h"
 
 namespace grpc {
 class Server;
@@ -33,13 +35,21 @@ class Server;
 
 namespace tierkv::master {
 
+// What a master elected leader (master/ha.h) brings to its server.
+struct HaHooks {
+  std::unique_ptr<IndexStore> store;  // the copy it kept as a standby, used instead of opening --data-dir
+  ReplicationLog* log = nullptr;      // on the store already; served as the MasterHa service; outlives the server
+  const ServingGate* gate = nullptr;  // MasterOptions::gate
+  std::function<std::string()> status_json;  // MasterOptions::ha_status
+};
+
 class MasterServer {
  public:
   // Opens the store, recovers, binds both ports (0 picks a free one) and
   // starts serving. UNAVAILABLE if a port cannot be bound; errors from
   // opening the data directory are passed through.
   static absl::StatusOr<std::unique_ptr<MasterServer>> Start(const MasterConfig& config,
-                                                             Clock* clock = Clock::Real());
+                                                             Clock* clock = Clock::Real(), HaHooks ha = {});
   ~MasterServer();
 
   int rpc_port() const { return rpc_port_; }
@@ -59,6 +69,7 @@ class MasterServer {
   std::unique_ptr<auth::Authenticator> auth_;  // outlives every server below
   std::unique_ptr<Master> master_;
   std::unique_ptr<rpc::RpcMetrics> rpc_metrics_;
+  std::unique_ptr<v1::MasterHa::Service> ha_service_;  // with HaHooks::log
   // Declared before grpc_, so destroyed after it: a server is destroyed
   // before its completion queues.
   std::unique_ptr<MasterRpcService> rpc_;

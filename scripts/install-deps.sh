@@ -14,6 +14,7 @@ pkgs=(
   libsystemd-dev systemd python3-yaml liburing-dev
   libhiredis-dev redis-server redis-tools
   libssl-dev openssl
+  etcd-server
 )
 if [ "${TIERKV_WITH_SANITIZERS:-0}" = 1 ]; then
   pkgs+=(clang-14 libclang-rt-14-dev)

@@ -10,6 +10,7 @@
 #include "config/base/notify.h"
 #include "config/base/signals.h"
 #include "config/master_config.h"
+#include "master/ha.h"
 #include "master/server.h"
 
 int main(int argc, char** argv) {
@@ -17,6 +18,27 @@ int main(int argc, char** argv) {
 
   tierkv::BlockStopSignals();  // before any thread starts
   tierkv::RaiseFileLimit();
+
+  if (!config.etcd.empty()) {
+    // One of several masters: serves only while elected (master/ha.h).
+    auto node = tierkv::master::HaNode::Start(config);
+    if (!node.ok()) {
+      std::fprintf(stderr, "tierkv-master: %s\n", std::string(node.status().message()).c_str());
+      return 1;
+    }
+    std::printf("ha: %s of cluster %s, serving rpc=%d http=%d while elected\n", config.advertise.c_str(),
+                config.cluster_id.c_str(), static_cast<int>(config.rpc_port), static_cast<int>(config.http_port));
+    std::fflush(stdout);
+    tierkv::NotifyReady(absl::StrCat("ha member ", config.advertise));
+    int sig = tierkv::WaitForStopSignal([&node] {
+      tierkv::auth::ServerTlsContext::RecheckAll();
+      if (absl::Status s = (*node)->ReloadAuth(); !s.ok()) TKV_LOG(WARNING) << "SIGHUP: keeping the tokens in use: " << s.message();
+    });
+    TKV_LOG(INFO) << "signal " << sig << ": shutting down";
+    tierkv::NotifyStopping();
+    (*node)->Stop();
+    return 0;
+  }
 
   auto server = tierkv::master::MasterServer::Start(config);
   if (!server.ok()) {

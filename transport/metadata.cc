@@ -1,8 +1,12 @@
 #include "transport/metadata.h"
 
+#include <atomic>
 #include <map>
+#include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -39,58 +43,80 @@ class InMemoryMetadata final : public MetadataClient {
 
 class HttpMetadata final : public MetadataClient {
  public:
-  HttpMetadata(std::string url, absl::Duration timeout, std::string token, auth::TlsFiles tls)
-      : url_(std::move(url)), timeout_(timeout), token_(std::move(token)), tls_(std::move(tls)) {}
+  HttpMetadata(std::vector<std::string> urls, absl::Duration timeout, std::string token, auth::TlsFiles tls)
+      : urls_(std::move(urls)), timeout_(timeout), token_(std::move(token)), tls_(std::move(tls)) {}
 
   absl::StatusOr<std::string> Get(const std::string& key) override {
-    auto cli = Client();
-    auto res = cli->Get(Path(key));
-    if (!res) return Unreachable("GET", res.error());
-    if (res->status == 404) return absl::NotFoundError(absl::StrCat("no metadata for ", key));
-    if (res->status != 200) return BadStatus("GET", res->status, res->body);
-    return res->body;
+    std::string body;
+    absl::Status s = Each([&](httplib::Client& cli, const std::string& url) -> absl::Status {
+      auto res = cli.Get(Path(key));
+      if (!res) return Unreachable(url, "GET", res.error());
+      if (res->status == 404) return absl::NotFoundError(absl::StrCat("no metadata for ", key));
+      if (res->status != 200) return BadStatus(url, "GET", res->status, res->body);
+      body = std::move(res->body);
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    return body;
   }
   absl::Status Put(const std::string& key, const std::string& value) override {
-    auto cli = Client();
-    auto res = cli->Put(Path(key), value, "application/octet-stream");
-    if (!res) return Unreachable("PUT", res.error());
-    if (res->status != 200) return BadStatus("PUT", res->status, res->body);
-    return absl::OkStatus();
+    return Each([&](httplib::Client& cli, const std::string& url) -> absl::Status {
+      auto res = cli.Put(Path(key), value, "application/octet-stream");
+      if (!res) return Unreachable(url, "PUT", res.error());
+      if (res->status != 200) return BadStatus(url, "PUT", res->status, res->body);
+      return absl::OkStatus();
+    });
   }
   absl::Status Delete(const std::string& key) override {
-    auto cli = Client();
-    auto res = cli->Delete(Path(key));
-    if (!res) return Unreachable("DELETE", res.error());
-    if (res->status == 404) return absl::NotFoundError(absl::StrCat("no metadata for ", key));
-    if (res->status != 200) return BadStatus("DELETE", res->status, res->body);
-    return absl::OkStatus();
+    return Each([&](httplib::Client& cli, const std::string& url) -> absl::Status {
+      auto res = cli.Delete(Path(key));
+      if (!res) return Unreachable(url, "DELETE", res.error());
+      if (res->status == 404) return absl::NotFoundError(absl::StrCat("no metadata for ", key));
+      if (res->status != 200) return BadStatus(url, "DELETE", res->status, res->body);
+      return absl::OkStatus();
+    });
   }
 
  private:
-  // A client per call keeps this object thread-safe without a lock;
-  // descriptor traffic is rare (cached by the engine).
-  std::unique_ptr<httplib::Client> Client() {
-    auto cli = auth::NewHttpClient(url_, tls_, timeout_);
-    if (!token_.empty()) cli->set_bearer_token_auth(token_.c_str());
-    return cli;
+  // Runs `op` on the server that answered last, then on each other one
+  // while they are unreachable or not the leader (UNAVAILABLE). A client
+  // per call keeps this object thread-safe without a lock; descriptor
+  // traffic is rare (cached by the engine).
+  template <class Op>
+  absl::Status Each(Op op) {
+    const size_t n = urls_.size();
+    const size_t first = current_.load(std::memory_order_relaxed) % n;
+    absl::Status st;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t at = (first + i) % n;
+      auto cli = auth::NewHttpClient(urls_[at], tls_, timeout_);
+      if (!token_.empty()) cli->set_bearer_token_auth(token_.c_str());
+      st = op(*cli, urls_[at]);
+      if (!absl::IsUnavailable(st)) {
+        current_.store(at, std::memory_order_relaxed);
+        return st;
+      }
+    }
+    return st;
   }
   std::string Path(const std::string& key) {
     return absl::StrCat("/metadata?key=", httplib::detail::encode_query_param(key));
   }
-  absl::Status Unreachable(const char* method, httplib::Error e) {
-    return absl::UnavailableError(absl::StrCat("metadata ", method, " to ", url_, " failed: ", httplib::to_string(e)));
+  static absl::Status Unreachable(const std::string& url, const char* method, httplib::Error e) {
+    return absl::UnavailableError(absl::StrCat("metadata ", method, " to ", url, " failed: ", httplib::to_string(e)));
   }
-  absl::Status BadStatus(const char* method, int status, const std::string& body) {
+  static absl::Status BadStatus(const std::string& url, const char* method, int status, const std::string& body) {
     if (status == 401 || status == 403) {
       return absl::Status(status == 401 ? absl::StatusCode::kUnauthenticated : absl::StatusCode::kPermissionDenied,
-                          absl::StrCat("metadata ", method, " to ", url_, " refused: ",
-                                       body.substr(0, 200)));
+                          absl::StrCat("metadata ", method, " to ", url, " refused: ", body.substr(0, 200)));
     }
-    return absl::InternalError(absl::StrCat("metadata ", method, " to ", url_, " answered ", status, ": ",
-                                            body.substr(0, 200)));
+    // 503: a master that is not the leader (or not ready); another may be.
+    return absl::Status(status == 503 ? absl::StatusCode::kUnavailable : absl::StatusCode::kInternal,
+                        absl::StrCat("metadata ", method, " to ", url, " answered ", status, ": ", body.substr(0, 200)));
   }
 
-  std::string url_;  // scheme://host:port
+  const std::vector<std::string> urls_;  // scheme://host:port each
+  std::atomic<size_t> current_{0};
   absl::Duration timeout_;
   std::string token_;
   auth::TlsFiles tls_;
@@ -104,21 +130,25 @@ absl::StatusOr<std::unique_ptr<MetadataClient>> NewHttpMetadata(const std::strin
                                                                 absl::Duration timeout,
                                                                 const std::string& token,
                                                                 const auth::TlsFiles& tls) {
-  absl::string_view rest = url;
-  const bool https = absl::ConsumePrefix(&rest, "https://");
-  if (!https && !absl::ConsumePrefix(&rest, "http://")) {
-    return absl::InvalidArgumentError(absl::StrCat("metadata URL '", url, "' must start with http:// or https://"));
+  std::vector<std::string> urls;
+  for (absl::string_view one : absl::StrSplit(url, ',', absl::SkipWhitespace())) {
+    absl::string_view rest = absl::StripAsciiWhitespace(one);
+    const bool https = absl::ConsumePrefix(&rest, "https://");
+    if (!https && !absl::ConsumePrefix(&rest, "http://")) {
+      return absl::InvalidArgumentError(absl::StrCat("metadata URL '", one, "' must start with http:// or https://"));
+    }
+    while (absl::ConsumeSuffix(&rest, "/")) {
+    }
+    size_t colon = rest.rfind(':');
+    int port = 0;
+    if (colon == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(colon + 1), &port) || port <= 0 ||
+        port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("metadata URL '", one, "' needs host:port"));
+    }
+    urls.push_back(absl::StrCat(https ? "https://" : "http://", rest));
   }
-  while (absl::ConsumeSuffix(&rest, "/")) {
-  }
-  size_t colon = rest.rfind(':');
-  int port = 0;
-  if (colon == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(colon + 1), &port) ||
-      port <= 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("metadata URL '", url, "' needs host:port"));
-  }
-  return std::unique_ptr<MetadataClient>(
-      new HttpMetadata(absl::StrCat(https ? "https://" : "http://", rest), timeout, token, tls));
+  if (urls.empty()) return absl::InvalidArgumentError("metadata URL is empty");
+  return std::unique_ptr<MetadataClient>(new HttpMetadata(std::move(urls), timeout, token, tls));
 }
 
 }  // namespace tierkv::transport

@@ -34,6 +34,9 @@ std::shared_ptr<MetadataClient> NewInMemoryMetadata();
 // asks for a client certificate). INVALID_ARGUMENT for another scheme. A
 // non-empty `token` goes with every request as "Authorization: Bearer";
 // a master that refuses it answers UNAUTHENTICATED or PERMISSION_DENIED.
+// `url` may list several ("http://h1:p,http://h2:p": the masters of a
+// high-availability group): a call goes to the one that answered last, and
+// to the next while one is unreachable or answers 503 (not the leader).
 absl::StatusOr<std::unique_ptr<MetadataClient>> NewHttpMetadata(const std::string& url,
                                                                 absl::Duration timeout = absl::Seconds(5),
                                                                 const std::string& token = "",

@@ -38,6 +38,11 @@
 
 namespace tierkv {
 
+// In an UNAVAILABLE status from a master that is not (or no longer) the
+// leader of its group (master/ha.h): it did not run the call, and a client
+// given several masters tries the next.
+inline constexpr char kNotLeader[] = "not the leader";
+
 // Converts an errno value into a status whose code says what the caller
 // should do (EAGAIN/ECONNREFUSED -> UNAVAILABLE, ENOENT -> NOT_FOUND, ...),
 // with `what` (the operation being attempted) prefixed to the message.

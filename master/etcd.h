@@ -1,0 +1,100 @@
+// EtcdClient: the few etcd v3 calls the masters' election needs, over
+// etcd's gRPC API (proto/etcd.proto).
+//
+// Every call has a deadline (`call_timeout`, or the caller's sooner one),
+// keepalives included, so a stalled member (SIGSTOP, a partition) costs one
+// timeout, never a wedged thread. A call that times out or finds its member
+// unavailable moves on to the next endpoint and is tried there within the
+// same deadline; the endpoint that answered last is tried first next time.
+//
+//   auto etcd = EtcdClient::Create({"127.0.0.1:2379"});
+//   auto lease = (*etcd)->Grant(absl::Seconds(3));
+//   auto won = (*etcd)->CreateIfAbsent("/tierkv/c1/leader", "h:p", lease->id);
+//
+// Thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "config/base/mutex.h"
+
+namespace grpc {
+class Channel;
+}
+
+namespace tierkv::master {
+
+struct EtcdKey {
+  std::string value;
+  int64_t create_revision = 0;
+  int64_t mod_revision = 0;
+  int64_t lease = 0;
+};
+
+struct EtcdLease {
+  int64_t id = 0;
+  absl::Duration ttl;  // as granted (or left, from a keepalive)
+};
+
+// The outcome of CreateIfAbsent: whether this call created the key, and
+// the key as it stands (ours, or the holder's).
+struct EtcdCreate {
+  bool created = false;
+  EtcdKey key;
+};
+
+class EtcdClient {
+ public:
+  // `endpoints`: host:port of each member. INVALID_ARGUMENT when empty or
+  // malformed. Connects lazily.
+  static absl::StatusOr<std::unique_ptr<EtcdClient>> Create(const std::vector<std::string>& endpoints,
+                                                            absl::Duration call_timeout = absl::Seconds(1));
+  // "h:p,h:p" split into endpoints.
+  static std::vector<std::string> SplitEndpoints(const std::string& list);
+  ~EtcdClient();
+
+  // NOT_FOUND when the key does not exist.
+  absl::StatusOr<EtcdKey> Get(const std::string& key);
+  // Every key under `prefix`, in key order: (key, value).
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> List(const std::string& prefix);
+  // Creates `key` = `value` bound to `lease` only if the key does not
+  // exist (a transaction on its create revision), else reads it.
+  absl::StatusOr<EtcdCreate> CreateIfAbsent(const std::string& key, const std::string& value, int64_t lease);
+  // Puts `key` = `value` bound to `lease` (0: none), unconditionally.
+  absl::Status Put(const std::string& key, const std::string& value, int64_t lease = 0);
+  // Deletes `key` only while its create revision is `create_revision`
+  // (so a deposed holder never deletes its successor's key). OK either way.
+  absl::Status DeleteIfCreatedAt(const std::string& key, int64_t create_revision);
+  // Deletes `key` only while it holds `value`. OK either way.
+  absl::Status DeleteIfValue(const std::string& key, const std::string& value);
+
+  absl::StatusOr<EtcdLease> Grant(absl::Duration ttl);
+  // One keepalive, answered: the TTL left. NOT_FOUND when the lease is gone
+  // (expired or revoked).
+  absl::StatusOr<EtcdLease> KeepAlive(int64_t lease);
+  absl::Status Revoke(int64_t lease);
+
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
+
+ private:
+  struct Member;
+  EtcdClient(std::vector<std::string> endpoints, absl::Duration call_timeout);
+  // Runs `attempt` against members, starting with the last that answered,
+  // until one answers or the deadline passes. `attempt` gets the member and
+  // its own deadline and returns OK, or a status; UNAVAILABLE and
+  // DEADLINE_EXCEEDED move on to the next member.
+  template <class Fn>
+  absl::Status Run(const char* what, Fn attempt);
+
+  std::vector<std::string> endpoints_;
+  std::vector<std::unique_ptr<Member>> members_;
+  const absl::Duration call_timeout_;
+  Mutex mu_;
+  size_t preferred_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tierkv::master

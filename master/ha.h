@@ -1,0 +1,116 @@
+// HaNode: a master in a high-availability group (--etcd); docs/ha.md.
+//
+// Every master of a --cluster-id holds an etcd lease, renewed every
+// quarter of its TTL, and publishes where its copy of the store stands
+// under /tierkv/<cluster>/members/<advertise>. The leader is the master
+// that created /tierkv/<cluster>/leader (a transaction on "does not
+// exist", bound to its lease); its epoch is that key's create revision.
+//
+// A standby serves nothing: it copies the leader's store (StandbyCopier).
+// When the leader key is gone it campaigns, but only with a complete copy
+// (or in a cluster that never had a leader) and when no live member has
+// published a copy further along; a member waits a round after the key
+// went, so the others' last positions are in. A leader about to
+// acknowledge a write no standby has (no standby, or none answering:
+// ReplicationLog's degraded mode) first puts /tierkv/<cluster>/ahead = its
+// address, and deletes it once a standby has caught up; while it is there
+// only that master may lead next, so a standby never takes over without
+// writes that were acknowledged. The winner opens a
+// MasterServer on its copy, which is the restart path: segments come back
+// RECOVERING until their daemons re-mount with the same incarnation. It
+// serves only while its lease is surely alive: until the send time of the
+// last answered keepalive plus the TTL etcd gave, less a third of the TTL.
+// A leader whose lease lapsed or whose key is gone closes its gate (every
+// call is then refused), shuts its server and rejoins as a standby, whose
+// copy the new leader's snapshot replaces.
+//
+// Thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "config/base/clock.h"
+#include "config/base/mutex.h"
+#include "config/master_config.h"
+#include "master/etcd.h"
+#include "master/replication.h"
+#include "master/server.h"
+
+namespace tierkv::master {
+
+class HaNode {
+ public:
+  // Checks the flags, opens the store and starts campaigning or copying;
+  // does not wait for etcd. INVALID_ARGUMENT for bad --etcd/--advertise,
+  // store errors as OpenRocksDbStore gives them.
+  static absl::StatusOr<std::unique_ptr<HaNode>> Start(const MasterConfig& config, Clock* clock = Clock::Real());
+  ~HaNode();
+
+  // Stops serving (a leader deletes its key, so a standby takes over at
+  // once) and stops copying. Idempotent.
+  void Stop();
+  // Re-reads --token-file on the serving server, if any.
+  absl::Status ReloadAuth();
+
+  struct View {
+    std::string role;  // leader | standby
+    uint64_t epoch = 0;
+    std::string leader;
+    int rpc_port = 0;       // the server's while leader, else 0
+    int http_port = 0;
+  };
+  View view();
+  // The leader's /v1/ha answer (JSON).
+  std::string StatusJson();
+
+ private:
+  explicit HaNode(const MasterConfig& config, Clock* clock);
+  void LeaseLoop();
+  void RoleLoop();
+  // One round of each role.
+  void LeaderRound();
+  void StandbyRound();
+  bool Eligible(const ReplPosition& mine);
+  void Promote(int64_t epoch, int64_t lease);
+  void Depose(absl::string_view why);
+  absl::Status OpenStandby();
+  std::string Key(absl::string_view name) const;
+
+  const MasterConfig config_;
+  Clock* const clock_;
+  const std::string self_;
+  const absl::Duration ttl_;
+  std::unique_ptr<EtcdClient> etcd_;
+  ServingGate gate_;
+
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t leader_lease_ ABSL_GUARDED_BY(mu_) = 0;  // the leader key's, while leader
+  // Until when the lease is surely alive (steady clock).
+  std::chrono::steady_clock::time_point lease_until_ ABSL_GUARDED_BY(mu_);
+  bool leader_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string leader_address_ ABSL_GUARDED_BY(mu_);
+  int rpc_port_ ABSL_GUARDED_BY(mu_) = 0;
+  int http_port_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Owned by the role thread (and Stop, once it has joined).
+  std::unique_ptr<IndexStore> store_;  // a standby's; the server holds it while leader
+  std::unique_ptr<StandbyCopier> copier_;
+  std::unique_ptr<ReplicationLog> log_;
+  std::unique_ptr<MasterServer> server_;
+  absl::Time leader_gone_since_ = absl::InfiniteFuture();
+  absl::Time last_key_check_ = absl::InfinitePast();
+  bool said_no_copy_ = false;
+  bool said_ahead_ = false;
+
+  std::thread lease_thread_;
+  std::thread role_thread_;
+};
+
+}  // namespace tierkv::master

@@ -1,0 +1,463 @@
+#include "master/replication.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "config/base/log.h"
+#include "config/base/status.h"
+
+namespace tierkv::master {
+
+namespace {
+
+// A standby's copy is applied in writes of at most this many mutations, so
+// one huge snapshot page or backlog never builds one huge RocksDB batch.
+constexpr size_t kApplyChunk = 4096;
+constexpr uint32_t kPageBytes = 4 << 20;
+
+// The page a standby asked for (0: the default), within what one message carries.
+size_t PageBytes(uint32_t asked) { return asked == 0 ? kPageBytes : std::min<size_t>(asked, 32 << 20); }
+constexpr uint32_t kPullWaitMs = 200;
+
+bool IsHaKey(absl::string_view key) { return absl::StartsWith(key, kHaPrefix); }
+
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
+}
+
+Mutation FromWire(const v1::StoreMutation& m) { return {m.key(), m.value(), m.remove()}; }
+
+}  // namespace
+
+absl::Status ServingGate::Check() const {
+  if (open()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("tierkv master: ", kNotLeader, "; try another master"));
+}
+
+std::string EncodePosition(const ReplPosition& p) { return absl::StrCat(p.epoch, " ", p.seq); }
+
+ReplPosition ParsePosition(absl::string_view s) {
+  std::vector<absl::string_view> parts = absl::StrSplit(s, ' ');
+  ReplPosition p;
+  if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &p.epoch) && absl::SimpleAtoi(parts[1], &p.seq)) p.valid = true;
+  return p;
+}
+
+ReplPosition ReadPosition(IndexStore* store) {
+  if (store->Get(kHaSnapshotKey).ok()) return {};  // a snapshot was cut short
+  absl::StatusOr<std::string> pos = store->Get(kHaPositionKey);
+  return pos.ok() ? ParsePosition(*pos) : ReplPosition{};
+}
+
+// ---------------------------------------------------------------- leader
+
+ReplicationLog::ReplicationLog(ReplicationOptions options, IndexStore* store)
+    : options_(options), store_(store) {}
+
+ReplicationLog::~ReplicationLog() { Close(); }
+
+uint64_t ReplicationLog::Append(const std::vector<const std::vector<Mutation>*>& group) {
+  Entry e;
+  for (const std::vector<Mutation>* batch : group) {
+    for (const Mutation& m : *batch) {
+      if (IsHaKey(m.key)) continue;
+      v1::StoreMutation* out = e.batch.add_mutations();
+      out->set_key(m.key);
+      if (m.remove) {
+        out->set_remove(true);
+      } else {
+        out->set_value(m.value);
+      }
+    }
+  }
+  MutexLock lock(&mu_);
+  e.seq = ++last_seq_;
+  e.batch.set_seq(e.seq);
+  e.bytes = e.batch.ByteSizeLong() + 64;
+  log_bytes_ += e.bytes;
+  log_.push_back(std::move(e));
+  // The oldest go first; a standby that still needed them takes a snapshot.
+  while (log_bytes_ > options_.max_log_bytes && log_.size() > 1) {
+    log_bytes_ -= log_.front().bytes;
+    log_.pop_front();
+  }
+  appended_cv_.SignalAll();
+  return last_seq_;
+}
+
+absl::Status ReplicationLog::Await(uint64_t seq) {
+  if (!options_.semi_sync) return absl::OkStatus();
+  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(options_.sync_timeout);
+  {
+    MutexLock lock(&mu_);
+    while (!closed_ && synced_ && acked_ < seq && std::chrono::steady_clock::now() < deadline) {
+      acked_cv_.WaitFor(&mu_, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  deadline - std::chrono::steady_clock::now()) + std::chrono::milliseconds(1));
+    }
+    if (closed_) {
+      return absl::UnavailableError(absl::StrCat("tierkv master: ", kNotLeader,
+                                                 " any more; the write may not have reached a standby"));
+    }
+    if (acked_ >= seq) return absl::OkStatus();
+    if (synced_) {
+      synced_ = false;
+      TKV_LOG(WARNING) << "replication: no standby acknowledged batch " << seq << " within "
+                       << options_.sync_timeout << "; writes go on unreplicated until one catches up";
+    }
+  }
+  // Acknowledged without a standby: first say so where candidates look.
+  if (options_.mark_ahead) {
+    MutexLock mark(&mark_mu_);
+    if (!marked_) {
+      if (absl::Status s = options_.mark_ahead(true); !s.ok()) {
+        return absl::UnavailableError(absl::StrCat(
+            "the write reached no standby, and marking the leader ahead of its standbys failed: ", s.message()));
+      }
+      marked_ = true;
+    }
+  }
+  MutexLock lock(&mu_);
+  ++degraded_writes_;
+  return absl::OkStatus();
+}
+
+void ReplicationLog::UnmarkIfSynced() {
+  if (!options_.mark_ahead) return;
+  MutexLock mark(&mark_mu_);
+  if (!marked_) return;
+  {
+    MutexLock lock(&mu_);
+    if (!synced_ || closed_) return;
+  }
+  // A write that times out from here waits on mark_mu_ and marks again.
+  if (options_.mark_ahead(false).ok()) marked_ = false;
+}
+
+StandbyInfo& ReplicationLog::Standby(const std::string& name) {
+  for (StandbyInfo& s : standbys_) {
+    if (s.name == name) return s;
+  }
+  standbys_.push_back({name});
+  return standbys_.back();
+}
+
+void ReplicationLog::Pull(const v1::PullRequest& req, v1::PullResponse* resp) {
+  resp->set_epoch(options_.epoch);
+  MutexLock lock(&mu_);
+  StandbyInfo& standby = Standby(req.standby());
+  standby.last_seen = absl::Now();
+  const uint64_t first = log_.empty() ? last_seq_ + 1 : log_.front().seq;
+  if (req.epoch() != options_.epoch || req.next_seq() == 0 || req.next_seq() > last_seq_ + 1 ||
+      req.next_seq() < first) {
+    standby.snapshotting = true;
+    resp->set_snapshot_needed(true);
+    return;
+  }
+  standby.snapshotting = false;
+  // Everything before next_seq is applied there: the acknowledgement.
+  standby.acked = std::max(standby.acked, req.next_seq() - 1);
+  if (standby.acked > acked_) {
+    acked_ = standby.acked;
+    acked_cv_.SignalAll();
+  }
+  if (!synced_ && standby.acked >= last_seq_) {
+    synced_ = true;
+    TKV_LOG(INFO) << "replication: standby " << req.standby() << " has caught up at batch " << standby.acked
+                  << "; writes wait for a standby's acknowledgement";
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min(req.wait_ms(), 1000u));
+  while (!closed_ && last_seq_ < req.next_seq() && std::chrono::steady_clock::now() < deadline) {
+    appended_cv_.WaitFor(&mu_, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                deadline - std::chrono::steady_clock::now()) + std::chrono::milliseconds(1));
+  }
+  if (closed_ || log_.empty() || last_seq_ < req.next_seq()) return;
+  if (req.next_seq() < log_.front().seq) {  // trimmed while it waited
+    resp->set_snapshot_needed(true);
+    return;
+  }
+  const size_t max_bytes = PageBytes(req.max_bytes());
+  size_t bytes = 0;
+  for (size_t i = req.next_seq() - log_.front().seq; i < log_.size(); ++i) {
+    if (bytes > 0 && bytes + log_[i].bytes > max_bytes) break;
+    *resp->add_batches() = log_[i].batch;
+    bytes += log_[i].bytes;
+  }
+}
+
+absl::Status ReplicationLog::Snapshot(const v1::SnapshotRequest& req, v1::SnapshotResponse* resp) {
+  resp->set_epoch(options_.epoch);
+  uint64_t seq;
+  {
+    MutexLock lock(&mu_);
+    if (closed_) return absl::UnavailableError(absl::StrCat("tierkv master: ", kNotLeader));
+    StandbyInfo& standby = Standby(req.standby());
+    standby.last_seen = absl::Now();
+    standby.snapshotting = true;
+    if (req.after_key().empty()) {
+      // Every batch up to here is in the store already (Append follows the
+      // commit); later ones may or may not show in the pages, and the
+      // standby applies them again after its last page, which leaves each
+      // key as the leader has it.
+      seq = last_seq_;
+    } else {
+      seq = req.seq();
+      const uint64_t first = log_.empty() ? last_seq_ + 1 : log_.front().seq;
+      if (seq + 1 < first || seq > last_seq_) {
+        return absl::FailedPreconditionError("snapshot: the log moved past its sequence; start it again");
+      }
+    }
+  }
+  resp->set_seq(seq);
+  const size_t max_bytes = PageBytes(req.max_bytes());
+  size_t bytes = 0;
+  bool more = false;
+  RETURN_IF_ERROR(store_->ScanAfter(req.after_key(), [&](absl::string_view k, absl::string_view v) {
+    if (IsHaKey(k)) return true;
+    if (bytes >= max_bytes) {
+      more = true;
+      return false;
+    }
+    v1::StoreMutation* r = resp->add_records();
+    r->set_key(std::string(k));
+    r->set_value(std::string(v));
+    bytes += k.size() + v.size() + 8;
+    return true;
+  }));
+  resp->set_done(!more);
+  return absl::OkStatus();
+}
+
+void ReplicationLog::Close() {
+  MutexLock lock(&mu_);
+  closed_ = true;
+  appended_cv_.SignalAll();
+  acked_cv_.SignalAll();
+}
+
+ReplicationState ReplicationLog::State() {
+  MutexLock lock(&mu_);
+  ReplicationState s;
+  s.epoch = options_.epoch;
+  s.last_seq = last_seq_;
+  s.sync = closed_ ? "closed" : !options_.semi_sync ? "async" : synced_ ? "semi-sync" : "degraded";
+  s.degraded_writes = degraded_writes_;
+  s.standbys = standbys_;
+  return s;
+}
+
+namespace {
+
+class HaService final : public v1::MasterHa::Service {
+ public:
+  explicit HaService(ReplicationLog* log) : log_(log) {}
+  grpc::Status Pull(grpc::ServerContext*, const v1::PullRequest* req, v1::PullResponse* resp) override {
+    log_->Pull(*req, resp);
+    return grpc::Status::OK;
+  }
+  grpc::Status Snapshot(grpc::ServerContext*, const v1::SnapshotRequest* req, v1::SnapshotResponse* resp) override {
+    absl::Status s = log_->Snapshot(*req, resp);
+    return s.ok() ? grpc::Status::OK : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  }
+
+ private:
+  ReplicationLog* const log_;
+};
+
+}  // namespace
+
+std::unique_ptr<v1::MasterHa::Service> NewMasterHaService(ReplicationLog* log) {
+  return std::make_unique<HaService>(log);
+}
+
+// --------------------------------------------------------------- standby
+
+StandbyCopier::StandbyCopier(IndexStore* store, std::string self, uint32_t page_bytes)
+    : store_(store), self_(std::move(self)), page_bytes_(page_bytes) {
+  pos_ = ReadPosition(store_);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+StandbyCopier::~StandbyCopier() { Stop(); }
+
+void StandbyCopier::Follow(const std::string& address) {
+  MutexLock lock(&mu_);
+  if (address == leader_) return;
+  leader_ = address;
+  ++generation_;
+  cv_.SignalAll();
+}
+
+void StandbyCopier::Stop() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+    cv_.SignalAll();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+ReplPosition StandbyCopier::position() {
+  MutexLock lock(&mu_);
+  return pos_;
+}
+
+std::string StandbyCopier::leader() {
+  MutexLock lock(&mu_);
+  return leader_;
+}
+
+uint64_t StandbyCopier::leader_seq() {
+  MutexLock lock(&mu_);
+  return leader_seq_;
+}
+
+uint64_t StandbyCopier::snapshots() {
+  MutexLock lock(&mu_);
+  return snapshots_;
+}
+
+void StandbyCopier::Loop() {
+  std::string address;
+  uint64_t generation = 0;
+  std::unique_ptr<v1::MasterHa::Stub> stub;
+  absl::Duration backoff = absl::Milliseconds(50);
+  std::string last_error;  // logged once, not on every retry
+  for (;;) {
+    {
+      MutexLock lock(&mu_);
+      while (!stop_ && leader_.empty()) cv_.WaitFor(&mu_, std::chrono::seconds(1));
+      if (stop_) return;
+      if (generation != generation_ || stub == nullptr) {
+        generation = generation_;
+        address = leader_;
+        grpc::ChannelArguments args;
+        args.SetMaxReceiveMessageSize(64 << 20);
+        args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+        args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+        stub = v1::MasterHa::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+      }
+    }
+    absl::Status s = Step(stub.get());
+    if (s.ok()) {
+      backoff = absl::Milliseconds(50);
+      last_error.clear();
+      continue;
+    }
+    if (std::string e(s.message()); e != last_error) {
+      TKV_LOG(WARNING) << "standby: copying from " << address << ": " << s;
+      last_error = std::move(e);
+    }
+    MutexLock lock(&mu_);
+    if (!stop_ && generation == generation_) cv_.WaitFor(&mu_, absl::ToChronoMilliseconds(backoff));
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
+absl::Status StandbyCopier::Step(v1::MasterHa::Stub* stub) {
+  ReplPosition pos;
+  bool snapshot;
+  {
+    MutexLock lock(&mu_);
+    snapshot = need_snapshot_ || !pos_.valid;
+    need_snapshot_ = false;
+    pos = pos_;
+  }
+  if (snapshot) return TakeSnapshot(stub);
+  v1::PullRequest req;
+  req.set_standby(self_);
+  req.set_epoch(pos.epoch);
+  req.set_next_seq(pos.seq + 1);
+  req.set_wait_ms(kPullWaitMs);
+  req.set_max_bytes(page_bytes_);
+  v1::PullResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  RETURN_IF_ERROR(FromGrpc(stub->Pull(&ctx, req, &resp), "pull"));
+  if (resp.snapshot_needed()) {
+    MutexLock lock(&mu_);
+    need_snapshot_ = true;
+    return absl::OkStatus();
+  }
+  if (resp.batches_size() == 0) return absl::OkStatus();
+  std::vector<Mutation> apply;
+  uint64_t seq = pos.seq;
+  for (const v1::ReplBatch& b : resp.batches()) {
+    if (b.seq() != seq + 1) return absl::DataLossError(absl::StrCat("pull: batch ", b.seq(), " after ", seq));
+    seq = b.seq();
+    for (const v1::StoreMutation& m : b.mutations()) apply.push_back(FromWire(m));
+  }
+  const ReplPosition next{resp.epoch(), seq, true};
+  apply.push_back({kHaPositionKey, EncodePosition(next), false});
+  RETURN_IF_ERROR(store_->Write(apply));
+  MutexLock lock(&mu_);
+  pos_ = next;
+  leader_seq_ = std::max(leader_seq_, seq);
+  return absl::OkStatus();
+}
+
+absl::Status StandbyCopier::TakeSnapshot(v1::MasterHa::Stub* stub) {
+  TKV_LOG(INFO) << "standby: taking a snapshot of the leader's store";
+  // Marked incomplete first: a copy cut short here has no position.
+  RETURN_IF_ERROR(store_->Write({{kHaSnapshotKey, "1", false}, {kHaPositionKey, "", true}}));
+  {
+    MutexLock lock(&mu_);
+    pos_ = {};
+  }
+  // What the copy held goes: the leader's pages replace it.
+  std::vector<Mutation> batch;
+  RETURN_IF_ERROR(store_->Scan("", [&](absl::string_view k, absl::string_view) {
+    if (!IsHaKey(k)) batch.push_back({std::string(k), "", true});
+    return true;
+  }));
+  for (size_t i = 0; i < batch.size(); i += kApplyChunk) {
+    std::vector<Mutation> chunk(batch.begin() + i, batch.begin() + std::min(batch.size(), i + kApplyChunk));
+    RETURN_IF_ERROR(store_->Write(chunk));
+  }
+  std::string after;
+  uint64_t seq = 0, epoch = 0, records = 0;
+  for (;;) {
+    v1::SnapshotRequest req;
+    req.set_standby(self_);
+    req.set_after_key(after);
+    req.set_seq(seq);
+    req.set_max_bytes(page_bytes_);
+    v1::SnapshotResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    RETURN_IF_ERROR(FromGrpc(stub->Snapshot(&ctx, req, &resp), "snapshot"));
+    if (after.empty()) {
+      seq = resp.seq();
+      epoch = resp.epoch();
+    } else if (resp.epoch() != epoch || resp.seq() != seq) {
+      return absl::AbortedError("snapshot: the leader changed under it");
+    }
+    std::vector<Mutation> page;
+    page.reserve(resp.records_size());
+    for (const v1::StoreMutation& r : resp.records()) page.push_back(FromWire(r));
+    if (!page.empty()) after = page.back().key;
+    records += page.size();
+    for (size_t i = 0; i < page.size(); i += kApplyChunk) {
+      std::vector<Mutation> chunk(std::make_move_iterator(page.begin() + i),
+                                  std::make_move_iterator(page.begin() + std::min(page.size(), i + kApplyChunk)));
+      RETURN_IF_ERROR(store_->Write(chunk));
+    }
+    if (resp.done()) break;
+    if (page.empty()) return absl::InternalError("snapshot: a page with nothing in it that is not the last");
+  }
+  const ReplPosition pos{epoch, seq, true};
+  RETURN_IF_ERROR(store_->Write({{kHaPositionKey, EncodePosition(pos), false}, {kHaSnapshotKey, "", true}}));
+  TKV_LOG(INFO) << "standby: snapshot of " << records << " records at epoch " << epoch << " batch " << seq;
+  MutexLock lock(&mu_);
+  pos_ = pos;
+  leader_seq_ = seq;
+  ++snapshots_;
+  return absl::OkStatus();
+}
+
+}  // namespace tierkv::master

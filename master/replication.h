@@ -1,0 +1,205 @@
+// Replication of the leader master's store to its standbys (docs/ha.md).
+//
+// Leader: ReplicationLog is the Replicator its store hands every committed
+// batch to. Batches are numbered from 1 in each epoch and the latest are
+// kept in memory (at most max_log_bytes) for standbys to pull over the
+// MasterHa service. Semi-synchronous (the default): a write returns once a
+// standby has acknowledged its batch, so a promoted standby has every
+// acknowledged put. When no standby acknowledges within sync_timeout the
+// log turns degraded and stops waiting, until a standby has caught up
+// again: one dead standby never stops the cluster's puts. After Close (the
+// leader was deposed) every waiting and later write fails UNAVAILABLE.
+//
+// Standby: StandbyCopier pulls the leader's batches and applies them to its
+// own store, with its position ("h/pos": epoch and sequence) in the same
+// write. A copy without a position in the leader's log (new, too far
+// behind, or following an earlier epoch) first takes a snapshot: the whole
+// store in pages, then the batches after the snapshot's sequence. While a
+// snapshot is being installed "h/snap" marks the copy incomplete: such a
+// master never campaigns.
+//
+// ServingGate: whether this master may answer as the leader now (its etcd
+// lease is surely alive); every RPC checks it before and after it runs.
+//
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "config/base/mutex.h"
+#include "config/base/status.h"
+#include "master/persistence.h"
+#include "proto/master.grpc.pb.h"
+
+namespace tierkv::master {
+
+// Keys under "h/" are this master's own bookkeeping: never replicated,
+// never part of a snapshot, ignored by recovery.
+inline constexpr char kHaPrefix[] = "h/";
+inline constexpr char kHaPositionKey[] = "h/pos";
+inline constexpr char kHaSnapshotKey[] = "h/snap";
+
+// Where a store's copy stands: every batch of `epoch` up to `seq` applied.
+struct ReplPosition {
+  uint64_t epoch = 0;
+  uint64_t seq = 0;
+  bool valid = false;  // false: no position (a new store, or a snapshot cut short)
+  friend bool operator<(const ReplPosition& a, const ReplPosition& b) {
+    return a.epoch != b.epoch ? a.epoch < b.epoch : a.seq < b.seq;
+  }
+};
+std::string EncodePosition(const ReplPosition& p);
+// An absent or unreadable position is {valid = false}.
+ReplPosition ParsePosition(absl::string_view s);
+// The store's own position, from its "h/pos" and "h/snap" keys.
+ReplPosition ReadPosition(IndexStore* store);
+
+class ServingGate {
+ public:
+  // Open until `until` (steady clock), as the lease allows.
+  void OpenUntil(std::chrono::steady_clock::time_point until) {
+    until_ns_.store(until.time_since_epoch().count(), std::memory_order_release);
+  }
+  void Close() { until_ns_.store(0, std::memory_order_release); }
+  bool open() const {
+    return std::chrono::steady_clock::now().time_since_epoch().count() <
+           until_ns_.load(std::memory_order_acquire);
+  }
+  // OK while open; UNAVAILABLE naming kNotLeader (config/base/status.h)
+  // otherwise.
+  absl::Status Check() const;
+
+ private:
+  std::atomic<int64_t> until_ns_{0};
+};
+
+struct ReplicationOptions {
+  uint64_t epoch = 0;
+  bool semi_sync = true;
+  absl::Duration sync_timeout = absl::Seconds(1);
+  size_t max_log_bytes = size_t{256} << 20;
+  // Semi-sync: called with true before the first write is acknowledged
+  // that no standby has (so no standby may take over: the leader is
+  // "ahead"), and with false once a standby has caught up again. A write
+  // whose mark fails is refused UNAVAILABLE. Null: nothing to mark.
+  std::function<absl::Status(bool ahead)> mark_ahead;
+};
+
+struct StandbyInfo {
+  std::string name;
+  uint64_t acked = 0;       // batches of this epoch it has applied
+  bool snapshotting = false;
+  absl::Time last_seen;
+};
+
+struct ReplicationState {
+  uint64_t epoch = 0;
+  uint64_t last_seq = 0;
+  std::string sync;  // semi-sync | degraded | async | closed
+  uint64_t degraded_writes = 0;  // writes acknowledged without a standby
+  std::vector<StandbyInfo> standbys;
+};
+
+class ReplicationLog final : public Replicator {
+ public:
+  ReplicationLog(ReplicationOptions options, IndexStore* store);
+  ~ReplicationLog() override;
+
+  uint64_t Append(const std::vector<const std::vector<Mutation>*>& group) override;
+  absl::Status Await(uint64_t seq) override;
+
+  // The MasterHa calls (proto/master.proto).
+  void Pull(const v1::PullRequest& req, v1::PullResponse* resp);
+  absl::Status Snapshot(const v1::SnapshotRequest& req, v1::SnapshotResponse* resp);
+
+  // The leader was deposed: writers waiting and to come get UNAVAILABLE,
+  // pullers are answered at once. Idempotent.
+  void Close();
+  // Clears the "ahead" mark once a standby has caught up (mark_ahead(false));
+  // the leader calls it now and then, off the write path.
+  void UnmarkIfSynced();
+  ReplicationState State();
+
+ private:
+  struct Entry {
+    uint64_t seq;
+    size_t bytes;
+    v1::ReplBatch batch;
+  };
+  // The standby `name`, created on first sight.
+  StandbyInfo& Standby(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ReplicationOptions options_;
+  IndexStore* const store_;
+  Mutex mu_;
+  CondVar appended_cv_;  // a batch arrived, or Close
+  CondVar acked_cv_;     // a standby acknowledged, or Close
+  std::deque<Entry> log_ ABSL_GUARDED_BY(mu_);
+  size_t log_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t acked_ ABSL_GUARDED_BY(mu_) = 0;  // the most any standby has applied
+  // A standby has caught up since the last time one failed to acknowledge
+  // in time; false until the first one has.
+  bool synced_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t degraded_writes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<StandbyInfo> standbys_ ABSL_GUARDED_BY(mu_);
+  // Held across mark_ahead calls, which may take an etcd round trip; never
+  // taken under mu_.
+  Mutex mark_mu_;
+  bool marked_ ABSL_GUARDED_BY(mark_mu_) = false;
+};
+
+// The MasterHa gRPC service over `log` (a synchronous service: a Pull
+// waits for batches on a thread of gRPC's pool).
+std::unique_ptr<v1::MasterHa::Service> NewMasterHaService(ReplicationLog* log);
+
+class StandbyCopier {
+ public:
+  // `self`: this master's advertised address, its name to the leader.
+  // `page_bytes`: how much one pull or snapshot page carries at most.
+  StandbyCopier(IndexStore* store, std::string self, uint32_t page_bytes = 4 << 20);
+  ~StandbyCopier();  // Stop()
+
+  // Copies from the leader at `address` (host:port) from now on; "" pauses.
+  void Follow(const std::string& address);
+  // Stops the thread; the store is left at a consistent position.
+  void Stop();
+  ReplPosition position();
+  // The leader followed and the sequence it last reported (for lag).
+  std::string leader();
+  uint64_t leader_seq();
+  // Snapshots taken (completed) since it started.
+  uint64_t snapshots();
+
+ private:
+  void Loop();
+  // One pull (or snapshot, when needed) from `stub`.
+  absl::Status Step(v1::MasterHa::Stub* stub);
+  absl::Status TakeSnapshot(v1::MasterHa::Stub* stub);
+
+  IndexStore* const store_;
+  const std::string self_;
+  const uint32_t page_bytes_;
+  Mutex mu_;
+  CondVar cv_;
+  uint64_t snapshots_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string leader_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by Follow
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  ReplPosition pos_ ABSL_GUARDED_BY(mu_);
+  bool need_snapshot_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t leader_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
+}  // namespace tierkv::master

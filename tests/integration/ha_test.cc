@@ -1,0 +1,624 @@
+// High availability against a real etcd (docs/ha.md): masters of one
+// cluster elect a leader, standbys copy its store, and a standby takes over
+// when the leader is lost, with every acknowledged put still readable.
+// Daemons and clients are given every master and follow the leader. Each
+// test records what it measured (failover time, the epochs and the
+// moments each master last and first answered) in its output. Skips,
+// saying why, where etcd is not installed (scripts/install-deps.sh
+// installs Debian's etcd-server).
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/client.h"
+#include "client/master_client.h"
+#include "config/base/status.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tests/support/fault_proxy.h"
+#include "tests/support/process.h"
+#include "tests/support/status_matchers.h"
+#include "tests/support/values.h"
+
+namespace tierkv {
+namespace {
+
+using testing::BinaryPath;
+using testing::ChildProcess;
+using testing::FaultProxy;
+using testing::MakeTempDir;
+using testing::Payload;
+using json = nlohmann::json;
+
+constexpr char kEtcd[] = "/usr/bin/etcd";
+constexpr size_t kValueBytes = 8192;
+
+// A loopback port nothing listens on now (the kernel's pick).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+absl::StatusOr<json> GetJson(int port, const std::string& path) {
+  httplib::Client cli("127.0.0.1", port);
+  cli.set_connection_timeout(1);
+  cli.set_read_timeout(2);
+  auto res = cli.Get(path);
+  if (!res) return absl::UnavailableError(httplib::to_string(res.error()));
+  if (res->status != 200) return absl::UnknownError(absl::StrCat("HTTP ", res->status, ": ", res->body));
+  json j = json::parse(res->body, nullptr, false);
+  if (j.is_discarded()) return absl::InternalError("not JSON: " + res->body);
+  return j;
+}
+
+// An etcd cluster of `members` processes on loopback.
+class Etcd {
+ public:
+  static absl::StatusOr<std::unique_ptr<Etcd>> Start(int members, const std::string& dir) {
+    auto e = std::unique_ptr<Etcd>(new Etcd());
+    std::vector<std::string> peers;
+    for (int i = 0; i < members; ++i) {
+      e->client_ports_.push_back(FreePort());
+      e->peer_ports_.push_back(FreePort());
+      peers.push_back(absl::StrCat("m", i, "=http://127.0.0.1:", e->peer_ports_[i]));
+    }
+    for (int i = 0; i < members; ++i) {
+      const std::string client = absl::StrCat("http://127.0.0.1:", e->client_ports_[i]);
+      const std::string peer = absl::StrCat("http://127.0.0.1:", e->peer_ports_[i]);
+      // Short raft timeouts: a stopped member is replaced within a second.
+      const std::string cmd = absl::StrCat(
+          "echo listening port=", e->client_ports_[i], "; exec ", kEtcd, " --name m", i, " --data-dir ", dir, "/etcd", i,
+          " --listen-client-urls ", client, " --advertise-client-urls ", client, " --listen-peer-urls ", peer,
+          " --initial-advertise-peer-urls ", peer, " --initial-cluster ", absl::StrJoin(peers, ","),
+          " --initial-cluster-state new --initial-cluster-token tierkv-test",
+          " --heartbeat-interval 50 --election-timeout 500 --log-level warn");
+      ASSIGN_OR_RETURN(auto p, ChildProcess::Start("/bin/sh", {"-c", cmd}));
+      e->members_.push_back(std::move(p));
+    }
+    // Every member answers /health once the cluster has a raft leader.
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    for (int i = 0; i < members; ++i) {
+      for (;;) {
+        absl::StatusOr<json> h = GetJson(e->client_ports_[i], "/health");
+        if (h.ok() && h->value("health", "") == "true") break;
+        if (absl::Now() > deadline) return absl::DeadlineExceededError(absl::StrCat("etcd member ", i, " not healthy"));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
+    return e;
+  }
+  std::string endpoints() const {
+    std::vector<std::string> out;
+    for (int p : client_ports_) out.push_back(absl::StrCat("127.0.0.1:", p));
+    return absl::StrJoin(out, ",");
+  }
+  int client_port(int i) const { return client_ports_[i]; }
+  ChildProcess& member(int i) { return *members_[i]; }
+
+ private:
+  std::vector<int> client_ports_, peer_ports_;
+  std::vector<std::unique_ptr<ChildProcess>> members_;
+};
+
+class HaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (access(kEtcd, X_OK) != 0) GTEST_SKIP() << kEtcd << " is not installed (Debian etcd-server)";
+    dir_ = MakeTempDir("tierkv-ha");
+  }
+  void TearDown() override {
+    daemons_.clear();
+    masters_.clear();
+    etcd_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  void StartEtcd(int members = 1) {
+    auto e = Etcd::Start(members, dir_);
+    ASSERT_TRUE(e.ok()) << e.status();
+    etcd_ = std::move(*e);
+  }
+
+  // Master i: ports picked once, kept across restarts. `etcd` replaces the
+  // cluster's endpoints (a proxy in front of them).
+  void StartMaster(int i, std::vector<std::string> flags = {}, const std::string& etcd = "") {
+    while (static_cast<int>(masters_.size()) <= i) {
+      masters_.emplace_back();
+      rpc_.push_back(FreePort());
+      http_.push_back(FreePort());
+    }
+    std::vector<std::string> args{"--etcd=" + (etcd.empty() ? etcd_->endpoints() : etcd),
+                                  "--cluster-id=test",
+                                  absl::StrCat("--advertise=127.0.0.1:", rpc_[i]),
+                                  absl::StrCat("--rpc-port=", rpc_[i]),
+                                  absl::StrCat("--http-port=", http_[i]),
+                                  absl::StrCat("--data-dir=", dir_, "/master", i),
+                                  "--ha-lease-ttl=2s",
+                                  "--segment-ttl=10s",
+                                  "--check-interval=100ms"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    masters_[i].reset();
+    auto m = ChildProcess::Start(BinaryPath("tierkv-master"), args);
+    ASSERT_TRUE(m.ok()) << m.status();
+    masters_[i] = std::move(*m);
+  }
+
+  std::string MasterList() const {
+    std::vector<std::string> out;
+    for (int p : rpc_) out.push_back(absl::StrCat("127.0.0.1:", p));
+    return absl::StrJoin(out, ",");
+  }
+  std::string MetadataList() const {
+    std::vector<std::string> out;
+    for (int p : http_) out.push_back(absl::StrCat("http://127.0.0.1:", p));
+    return absl::StrJoin(out, ",");
+  }
+
+  void StartDaemon() {
+    auto d = ChildProcess::Start(BinaryPath("tierkv-store"),
+                                 {"--master=" + MasterList(), "--metadata=" + MetadataList(), "--segment-size=64mib",
+                                  "--port=0", "--http-port=0", "--heartbeat-interval=200ms",
+                                  absl::StrCat("--name=daemon-", daemons_.size())});
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemons_.push_back(std::move(*d));
+  }
+
+  std::unique_ptr<client::Client> NewClient() {
+    client::ClientOptions o;
+    o.master = MasterList();
+    o.metadata = MetadataList();
+    o.transfer_timeout = absl::Seconds(10);
+    auto c = client::Client::Create(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  // /v1/ha of master i (an error while it is not serving).
+  absl::StatusOr<json> Ha(int i) { return GetJson(http_[i], "/v1/ha"); }
+
+  // The master that serves as the leader (one only), within `timeout`; -1
+  // if none does.
+  int WaitForLeader(absl::Duration timeout = absl::Seconds(20), int not_this = -1) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      for (size_t i = 0; i < masters_.size(); ++i) {
+        if (static_cast<int>(i) == not_this || masters_[i] == nullptr) continue;
+        absl::StatusOr<json> h = Ha(static_cast<int>(i));
+        if (h.ok() && h->value("role", "") == "leader") return static_cast<int>(i);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+
+  // Until the leader waits for its standbys again (semi-sync) and
+  // `standbys` of them have every batch.
+  bool WaitForSynced(int leader, int standbys, absl::Duration timeout = absl::Seconds(20)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      absl::StatusOr<json> h = Ha(leader);
+      if (h.ok() && h->value("sync", "") == "semi-sync") {
+        int caught_up = 0;
+        for (const json& s : (*h)["standbys"]) {
+          caught_up += !s.value("snapshotting", true) && s.value("lag_batches", 1) == 0 &&
+                       s.value("last_seen_seconds_ago", 99.0) < 1.0;
+        }
+        if (caught_up >= standbys) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+
+  bool WaitForLiveSegments(int leader, size_t n, absl::Duration timeout = absl::Seconds(20)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      absl::StatusOr<json> segs = GetJson(http_[leader], "/v1/segments");
+      if (segs.ok() && segs->is_array()) {
+        size_t live = 0;
+        for (const json& s : *segs) live += s.value("state", "") == "live";
+        if (live == n) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+
+  std::string Logs() {
+    std::string out;
+    for (size_t i = 0; i < masters_.size(); ++i) {
+      if (masters_[i]) absl::StrAppend(&out, "--- master ", i, "\n", masters_[i]->Stderr());
+    }
+    for (size_t i = 0; i < daemons_.size(); ++i) absl::StrAppend(&out, "--- daemon ", i, "\n", daemons_[i]->Stderr());
+    return out;
+  }
+
+  // Checks every acknowledged key reads back byte-identical.
+  void ExpectAllReadable(client::Client* c, const std::vector<std::string>& keys) {
+    size_t missing = 0, wrong = 0;
+    for (const std::string& k : keys) {
+      absl::StatusOr<std::string> v = c->Get(k);
+      if (!v.ok()) {
+        if (missing++ < 5) ADD_FAILURE() << k << ": " << v.status();
+      } else if (*v != Payload(k, kValueBytes)) {
+        ++wrong;
+      }
+    }
+    EXPECT_EQ(missing, 0u) << "of " << keys.size() << " acknowledged puts\n" << Logs();
+    EXPECT_EQ(wrong, 0u) << "of " << keys.size() << " acknowledged puts";
+  }
+
+  std::string dir_;
+  std::unique_ptr<Etcd> etcd_;
+  std::vector<std::unique_ptr<ChildProcess>> masters_;
+  std::vector<int> rpc_, http_;
+  std::vector<std::unique_ptr<ChildProcess>> daemons_;
+};
+
+// Puts distinct keys from one thread until told to stop (or `max` puts),
+// keeping the acknowledged ones and when each was acknowledged.
+class Writer {
+ public:
+  // `pause` between puts keeps a long test within the cluster's memory.
+  Writer(client::Client* c, std::string prefix, int max = 4000, absl::Duration pause = absl::ZeroDuration())
+      : c_(c), prefix_(std::move(prefix)), max_(max), pause_(pause) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Writer() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  size_t acked() {
+    std::lock_guard<std::mutex> l(mu_);
+    return keys_.size();
+  }
+  // The first acknowledgement after `t`, or InfiniteFuture.
+  absl::Time FirstAckAfter(absl::Time t) {
+    std::lock_guard<std::mutex> l(mu_);
+    for (absl::Time a : times_) {
+      if (a > t) return a;
+    }
+    return absl::InfiniteFuture();
+  }
+  std::vector<std::string> keys() {
+    std::lock_guard<std::mutex> l(mu_);
+    return keys_;
+  }
+  int failed() const { return failed_.load(); }
+
+ private:
+  void Run() {
+    for (int i = 0; i < max_ && !stop_; ++i) {
+      const std::string key = absl::StrCat(prefix_, "-", i);
+      absl::Status s = c_->Put(key, Payload(key, kValueBytes));
+      if (s.ok()) {
+        std::lock_guard<std::mutex> l(mu_);
+        keys_.push_back(key);
+        times_.push_back(absl::Now());
+      } else {
+        ++failed_;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      std::this_thread::sleep_for(absl::ToChronoMicroseconds(pause_));
+    }
+  }
+  client::Client* const c_;
+  const std::string prefix_;
+  const int max_;
+  const absl::Duration pause_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> failed_{0};
+  std::mutex mu_;
+  std::vector<std::string> keys_;
+  std::vector<absl::Time> times_;
+  std::thread thread_;
+};
+
+bool WaitFor(const std::function<bool()>& cond, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return cond();
+}
+
+TEST_F(HaTest, KillingTheLeaderUnderLoadLosesNoAcknowledgedPut) {
+  StartEtcd();
+  StartMaster(0);
+  StartMaster(1);
+  const int leader = WaitForLeader();
+  ASSERT_GE(leader, 0) << Logs();
+  const int standby = 1 - leader;
+  ASSERT_TRUE(WaitForSynced(leader, 1)) << Logs();
+  StartDaemon();
+  ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
+  ASSERT_OK_AND_ASSIGN(json before, Ha(leader));
+
+  auto c = NewClient();
+  ASSERT_NE(c, nullptr);
+  Writer w(c.get(), "kill");
+  ASSERT_TRUE(WaitFor([&] { return w.acked() >= 200; }, absl::Seconds(30))) << Logs();
+  masters_[leader]->Kill(SIGKILL);
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(WaitFor([&] { return w.FirstAckAfter(killed) != absl::InfiniteFuture(); }, absl::Seconds(20))) << Logs();
+  const absl::Duration failover = w.FirstAckAfter(killed) - killed;
+  const size_t at_failover = w.acked();
+  ASSERT_TRUE(WaitFor([&] { return w.acked() >= at_failover + 100; }, absl::Seconds(20))) << Logs();
+  w.Stop();
+  std::printf("failover: first put acknowledged %.0f ms after the leader was killed; %zu puts acknowledged, %d "
+              "failed\n",
+              absl::ToDoubleMilliseconds(failover), w.acked(), w.failed());
+  EXPECT_LT(failover, absl::Seconds(5));
+
+  ASSERT_OK_AND_ASSIGN(json after, Ha(standby));
+  EXPECT_EQ(after["role"], "leader");
+  EXPECT_GT(after["epoch"].get<uint64_t>(), before["epoch"].get<uint64_t>());
+  ExpectAllReadable(c.get(), w.keys());
+
+  // The killed master comes back as a standby and catches up.
+  StartMaster(leader);
+  EXPECT_TRUE(WaitForSynced(standby, 1)) << Logs();
+  ASSERT_OK_AND_ASSIGN(json rejoined, Ha(standby));
+  EXPECT_EQ(rejoined["standbys"][0]["name"], absl::StrCat("127.0.0.1:", rpc_[leader])) << rejoined.dump();
+}
+
+// Calls Stats on one master alone every few milliseconds, keeping when
+// it last and first answered OK.
+class Prober {
+ public:
+  explicit Prober(int rpc_port) {
+    client::MasterClientOptions o;
+    o.rpc_timeout = absl::Milliseconds(300);
+    auto m = client::MasterClient::Create(absl::StrCat("127.0.0.1:", rpc_port), o);
+    if (m.ok()) master_ = std::move(*m);
+    thread_ = std::thread([this] {
+      while (!stop_ && master_ != nullptr) {
+        const bool ok = master_->Stats().ok();
+        const absl::Time t = absl::Now();
+        std::lock_guard<std::mutex> l(mu_);
+        if (ok) {
+          if (first_ok_ == absl::InfiniteFuture()) first_ok_ = t;
+          last_ok_ = t;
+          ++oks_;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    });
+  }
+  ~Prober() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  absl::Time first_ok() {
+    std::lock_guard<std::mutex> l(mu_);
+    return first_ok_;
+  }
+  absl::Time last_ok() {
+    std::lock_guard<std::mutex> l(mu_);
+    return last_ok_;
+  }
+  int oks() {
+    std::lock_guard<std::mutex> l(mu_);
+    return oks_;
+  }
+
+ private:
+  std::unique_ptr<client::MasterClient> master_;
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  absl::Time first_ok_ = absl::InfiniteFuture();
+  absl::Time last_ok_ = absl::InfinitePast();
+  int oks_ = 0;
+  std::thread thread_;
+};
+
+// The leader loses etcd (its connections stall) while its standby keeps
+// it: the leader stops answering before the standby starts to, and the new
+// epoch is the higher.
+TEST_F(HaTest, ALeaderCutOffFromEtcdStopsServingBeforeTheNextOneStarts) {
+  StartEtcd();
+  ASSERT_OK_AND_ASSIGN(auto proxy, FaultProxy::Start("127.0.0.1", 0, etcd_->endpoints()));
+  StartMaster(0, {}, absl::StrCat("127.0.0.1:", proxy->port()));
+  ASSERT_EQ(WaitForLeader(), 0) << Logs();
+  StartMaster(1);
+  ASSERT_TRUE(WaitForSynced(0, 1)) << Logs();
+  ASSERT_OK_AND_ASSIGN(json old_ha, Ha(0));
+
+  Prober old_leader(rpc_[0]), new_leader(rpc_[1]);
+  ASSERT_TRUE(WaitFor([&] { return old_leader.oks() > 0; }, absl::Seconds(5)));
+  proxy->Set({FaultProxy::Mode::kStall});
+  const absl::Time cut = absl::Now();
+  ASSERT_EQ(WaitForLeader(absl::Seconds(20), 0), 1) << Logs();
+  ASSERT_TRUE(WaitFor([&] { return new_leader.oks() > 0; }, absl::Seconds(5)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  old_leader.Stop();
+  new_leader.Stop();
+  ASSERT_OK_AND_ASSIGN(json new_ha, Ha(1));
+  std::printf("cut off at 0 ms: the old leader (epoch %llu) last answered at %.0f ms, the new one (epoch %llu) first "
+              "at %.0f ms\n",
+              static_cast<unsigned long long>(old_ha["epoch"].get<uint64_t>()),
+              absl::ToDoubleMilliseconds(old_leader.last_ok() - cut),
+              static_cast<unsigned long long>(new_ha["epoch"].get<uint64_t>()),
+              absl::ToDoubleMilliseconds(new_leader.first_ok() - cut));
+  EXPECT_LT(old_leader.last_ok(), new_leader.first_ok()) << "two masters answered as the leader at once";
+  EXPECT_GT(new_ha["epoch"].get<uint64_t>(), old_ha["epoch"].get<uint64_t>());
+
+  // With etcd back, the old leader rejoins as a standby of the new one.
+  proxy->Set({FaultProxy::Mode::kPass});
+  EXPECT_TRUE(WaitForSynced(1, 1, absl::Seconds(30))) << Logs();
+}
+
+// SIGSTOP the leader past its lease, then SIGCONT: it finds itself
+// deposed, answers nothing as the leader, rejoins as a standby and catches
+// up; puts made meanwhile at the new leader are all there.
+TEST_F(HaTest, AStalledLeaderWakesDeposedRefusesAndRejoins) {
+  StartEtcd();
+  StartMaster(0);
+  StartMaster(1);
+  const int leader = WaitForLeader();
+  ASSERT_GE(leader, 0) << Logs();
+  ASSERT_TRUE(WaitForSynced(leader, 1)) << Logs();
+  StartDaemon();
+  ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
+  auto c = NewClient();
+  ASSERT_NE(c, nullptr);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 50; ++i) {
+    const std::string k = absl::StrCat("before-", i);
+    ASSERT_OK(c->Put(k, Payload(k, kValueBytes)));
+    keys.push_back(k);
+  }
+
+  masters_[leader]->Kill(SIGSTOP);
+  const int next = WaitForLeader(absl::Seconds(20), leader);
+  ASSERT_EQ(next, 1 - leader) << Logs();
+  ASSERT_TRUE(WaitForLiveSegments(next, 1)) << Logs();
+  for (int i = 0; i < 50; ++i) {
+    const std::string k = absl::StrCat("during-", i);
+    // The first may wait out the stopped master; none is lost.
+    absl::Status s = c->Put(k, Payload(k, kValueBytes));
+    if (!s.ok()) s = c->Put(k, Payload(k, kValueBytes));
+    ASSERT_OK(s);
+    keys.push_back(k);
+  }
+
+  Prober woken(rpc_[leader]);
+  masters_[leader]->Kill(SIGCONT);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  woken.Stop();
+  EXPECT_EQ(woken.oks(), 0) << "the deposed leader answered after it woke";
+  EXPECT_TRUE(WaitForSynced(next, 1, absl::Seconds(30))) << Logs();
+  ASSERT_OK_AND_ASSIGN(json ha, Ha(next));
+  EXPECT_EQ(ha["standbys"][0]["name"], absl::StrCat("127.0.0.1:", rpc_[leader])) << ha.dump();
+  ExpectAllReadable(c.get(), keys);
+}
+
+// The standby is stopped while the leader acknowledges puts it alone has;
+// the leader is then killed. The standby, far behind, must not serve; the
+// old leader, restarted, serves them all.
+TEST_F(HaTest, AStandbyFarBehindDoesNotServeWhatItLacks) {
+  StartEtcd();
+  StartMaster(0);
+  StartMaster(1);
+  const int leader = WaitForLeader();
+  ASSERT_GE(leader, 0) << Logs();
+  const int standby = 1 - leader;
+  ASSERT_TRUE(WaitForSynced(leader, 1)) << Logs();
+  StartDaemon();
+  ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
+  auto c = NewClient();
+  ASSERT_NE(c, nullptr);
+
+  masters_[standby]->Kill(SIGSTOP);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 100; ++i) {
+    const std::string k = absl::StrCat("alone-", i);
+    ASSERT_OK(c->Put(k, Payload(k, kValueBytes)));
+    keys.push_back(k);
+  }
+  ASSERT_OK_AND_ASSIGN(json ha, Ha(leader));
+  EXPECT_EQ(ha["sync"], "degraded") << ha.dump();
+  EXPECT_GT(ha["degraded_writes"].get<uint64_t>(), 0u);
+  masters_[leader]->Kill(SIGKILL);
+  masters_[standby]->Kill(SIGCONT);
+  // Three lease times: the standby sees the leader key gone, and stays a standby.
+  EXPECT_EQ(WaitForLeader(absl::Seconds(6)), -1) << Logs();
+
+  StartMaster(leader);
+  ASSERT_EQ(WaitForLeader(), leader) << Logs();
+  ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
+  ExpectAllReadable(c.get(), keys);
+  EXPECT_TRUE(WaitForSynced(leader, 1, absl::Seconds(30))) << Logs();
+}
+
+// Every master restarted in turn (SIGTERM, then started again) under a
+// steady load of puts: nothing acknowledged is lost.
+TEST_F(HaTest, ARollingRestartOfEveryMasterLosesNothing) {
+  StartEtcd();
+  StartMaster(0);
+  StartMaster(1);
+  int leader = WaitForLeader();
+  ASSERT_GE(leader, 0) << Logs();
+  ASSERT_TRUE(WaitForSynced(leader, 1)) << Logs();
+  StartDaemon();
+  ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
+  auto c = NewClient();
+  ASSERT_NE(c, nullptr);
+  Writer w(c.get(), "rolling", 6000);
+  // The standby first, then the leader (whose successor is the restarted
+  // standby), then the first leader's successor.
+  for (int round = 0; round < 3; ++round) {
+    const size_t acked = w.acked();
+    ASSERT_TRUE(WaitFor([&] { return w.acked() >= acked + 100; }, absl::Seconds(30))) << Logs();
+    const int victim = round == 0 ? 1 - leader : leader;
+    masters_[victim]->Kill(SIGTERM);
+    ASSERT_EQ(masters_[victim]->Wait(absl::Seconds(20)), 0) << Logs();
+    if (victim == leader) {
+      leader = WaitForLeader(absl::Seconds(20), victim);
+      ASSERT_EQ(leader, 1 - victim) << Logs();
+    }
+    StartMaster(victim);
+    ASSERT_TRUE(WaitForSynced(leader, 1, absl::Seconds(30))) << Logs();
+  }
+  const size_t acked = w.acked();
+  ASSERT_TRUE(WaitFor([&] { return w.acked() >= acked + 100; }, absl::Seconds(30))) << Logs();
+  w.Stop();
+  std::printf("rolling restart: %zu puts acknowledged, %d failed\n", w.acked(), w.failed());
+  ExpectAllReadable(c.get(), w.keys());
+}
+
+// One etcd member of three stopped (the one the masters talk to first):
+// the leader keeps its lease and goes on serving; no failover happens.
+TEST_F(HaTest, AStoppedEtcdMemberStopsNeitherElectionNorKeepalives) {
+  StartEtcd(3);
+  StartMaster(0, {"--ha-lease-ttl=3s"});
+  StartMaster(1, {"--ha-lease-ttl=3s"});
+  const int leader = WaitForLeader();
+  ASSERT_GE(leader, 0) << Logs();
+  ASSERT_TRUE(WaitForSynced(leader, 1)) << Logs();
+  StartDaemon();
+  ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
+  ASSERT_OK_AND_ASSIGN(json before, Ha(leader));
+  auto c = NewClient();
+  ASSERT_NE(c, nullptr);
+  Writer w(c.get(), "etcd-stop", 4000, absl::Milliseconds(5));
+  ASSERT_TRUE(WaitFor([&] { return w.acked() >= 50; }, absl::Seconds(30))) << Logs();
+  etcd_->member(0).Kill(SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::seconds(9));  // three lease times
+  const size_t acked = w.acked();
+  ASSERT_TRUE(WaitFor([&] { return w.acked() >= acked + 50; }, absl::Seconds(10))) << Logs();
+  etcd_->member(0).Kill(SIGCONT);
+  w.Stop();
+  ASSERT_OK_AND_ASSIGN(json after, Ha(leader));
+  EXPECT_EQ(after["role"], "leader");
+  EXPECT_EQ(after["epoch"], before["epoch"]) << "the leader changed while one etcd member was stopped";
+  EXPECT_EQ(w.failed(), 0);
+  // A standby that lost its member's connection too is still copying.
+  EXPECT_TRUE(WaitForSynced(leader, 1)) << Logs();
+  ExpectAllReadable(c.get(), w.keys());
+}
+
+}  // namespace
+}  // namespace tierkv

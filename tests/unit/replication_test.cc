@@ -1,0 +1,319 @@
+// The leader's replication log and a standby's copier (master/replication.h):
+// ordering, acknowledgement, the semi-sync wait and its degraded mode, the
+// "ahead" mark, and a copy that converges on the leader's store over a real
+// gRPC server on loopback while the leader keeps writing.
+#include "master/replication.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/support/status_matchers.h"
+
+namespace tierkv::master {
+namespace {
+
+// Every key but the master's own "h/" ones.
+std::map<std::string, std::string> Contents(IndexStore* store) {
+  std::map<std::string, std::string> out;
+  EXPECT_OK(store->Scan("", [&](absl::string_view k, absl::string_view v) {
+    if (!absl::StartsWith(k, kHaPrefix)) out.emplace(std::string(k), std::string(v));
+    return true;
+  }));
+  return out;
+}
+
+v1::PullResponse Pull(ReplicationLog* log, uint64_t epoch, uint64_t next, uint32_t wait_ms = 0) {
+  v1::PullRequest req;
+  req.set_standby("standby-1");
+  req.set_epoch(epoch);
+  req.set_next_seq(next);
+  req.set_wait_ms(wait_ms);
+  v1::PullResponse resp;
+  log->Pull(req, &resp);
+  return resp;
+}
+
+struct Marks {
+  std::atomic<int> ahead{0}, behind{0};
+  absl::Status answer;
+  std::function<absl::Status(bool)> fn() {
+    return [this](bool a) {
+      (a ? ahead : behind)++;
+      return answer;
+    };
+  }
+};
+
+TEST(ReplicationLogTest, PullHandsBatchesInOrderAndEachPullAcknowledgesWhatCameBefore) {
+  auto store = NewMemStore();
+  Marks marks;
+  ReplicationOptions o;
+  o.epoch = 7;
+  o.sync_timeout = absl::Seconds(30);
+  o.mark_ahead = marks.fn();
+  ReplicationLog log(o, store.get());
+  store->SetReplicator(&log);
+  // Caught up before any write: writes wait for this standby from now on.
+  EXPECT_FALSE(Pull(&log, 7, 1).snapshot_needed());
+  EXPECT_EQ(log.State().sync, "semi-sync");
+
+  std::atomic<int> done{0};
+  std::thread writer([&] {
+    EXPECT_OK(store->Write({{"o/a", "1", false}, {"o/b", "2", false}}));
+    done = 1;
+    EXPECT_OK(store->Write({{"o/a", "", true}, {"h/pos", "never copied", false}}));
+    done = 2;
+  });
+  v1::PullResponse first = Pull(&log, 7, 1, 5000);
+  ASSERT_EQ(first.batches_size(), 1);
+  EXPECT_EQ(first.epoch(), 7u);
+  EXPECT_EQ(first.batches(0).seq(), 1u);
+  ASSERT_EQ(first.batches(0).mutations_size(), 2);
+  EXPECT_EQ(first.batches(0).mutations(1).key(), "o/b");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(done.load(), 0) << "a write returned before a standby had it";
+  v1::PullResponse second = Pull(&log, 7, 2, 5000);  // acknowledges batch 1
+  ASSERT_EQ(second.batches_size(), 1);
+  EXPECT_EQ(second.batches(0).seq(), 2u);
+  ASSERT_EQ(second.batches(0).mutations_size(), 1) << "h/ keys are the master's own";
+  EXPECT_TRUE(second.batches(0).mutations(0).remove());
+  Pull(&log, 7, 3);  // acknowledges batch 2
+  writer.join();
+  EXPECT_EQ(done.load(), 2);
+  EXPECT_EQ(marks.ahead.load(), 0);
+  ReplicationState st = log.State();
+  EXPECT_EQ(st.last_seq, 2u);
+  ASSERT_EQ(st.standbys.size(), 1u);
+  EXPECT_EQ(st.standbys[0].acked, 2u);
+  store->SetReplicator(nullptr);
+}
+
+TEST(ReplicationLogTest, WithNoStandbyAnsweringWritesGoOnMarkedAheadUntilOneCatchesUp) {
+  auto store = NewMemStore();
+  Marks marks;
+  ReplicationOptions o;
+  o.epoch = 3;
+  o.sync_timeout = absl::Milliseconds(100);
+  o.mark_ahead = marks.fn();
+  ReplicationLog log(o, store.get());
+  store->SetReplicator(&log);
+
+  // No standby yet: acknowledged at once, after marking the leader ahead.
+  EXPECT_OK(store->Write({{"o/1", "x", false}}));
+  EXPECT_EQ(marks.ahead.load(), 1);
+  EXPECT_EQ(log.State().sync, "degraded");
+  Pull(&log, 3, 2);  // a standby has everything: writes wait again
+  EXPECT_EQ(log.State().sync, "semi-sync");
+  log.UnmarkIfSynced();
+  EXPECT_EQ(marks.behind.load(), 1);
+
+  // It stops answering: the write waits out the timeout, then goes on.
+  const absl::Time start = absl::Now();
+  EXPECT_OK(store->Write({{"o/2", "y", false}}));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
+  EXPECT_EQ(log.State().sync, "degraded");
+  EXPECT_EQ(marks.ahead.load(), 2);
+  const absl::Time second = absl::Now();
+  EXPECT_OK(store->Write({{"o/3", "z", false}}));
+  EXPECT_LT(absl::Now() - second, absl::Milliseconds(100)) << "degraded writes do not wait";
+  EXPECT_EQ(marks.ahead.load(), 2) << "marked once per degraded spell";
+  EXPECT_EQ(log.State().degraded_writes, 3u);
+  store->SetReplicator(nullptr);
+}
+
+TEST(ReplicationLogTest, AWriteNoStandbyHasIsRefusedWhenTheMarkCannotBeMade) {
+  auto store = NewMemStore();
+  Marks marks;
+  marks.answer = absl::UnavailableError("etcd unreachable");
+  ReplicationOptions o;
+  o.mark_ahead = marks.fn();
+  ReplicationLog log(o, store.get());
+  store->SetReplicator(&log);
+  absl::Status s = store->Write({{"o/1", "x", false}});
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_NE(s.message().find("etcd unreachable"), std::string::npos) << s;
+  store->SetReplicator(nullptr);
+}
+
+TEST(ReplicationLogTest, ClosingFailsTheWritesWaitingForAStandby) {
+  auto store = NewMemStore();
+  ReplicationOptions o;
+  o.epoch = 1;
+  o.sync_timeout = absl::Seconds(30);
+  ReplicationLog log(o, store.get());
+  store->SetReplicator(&log);
+  Pull(&log, 1, 1);
+  absl::Status result;
+  std::thread writer([&] { result = store->Write({{"o/1", "x", false}}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  log.Close();
+  writer.join();
+  EXPECT_TRUE(absl::IsUnavailable(result)) << result;
+  EXPECT_NE(result.message().find(kNotLeader), std::string::npos) << result;
+  EXPECT_TRUE(absl::IsUnavailable(store->Write({{"o/2", "x", false}})));
+  store->SetReplicator(nullptr);
+}
+
+TEST(ReplicationLogTest, APositionOutsideTheLogAsksForASnapshot) {
+  auto store = NewMemStore();
+  ReplicationOptions o;
+  o.epoch = 5;
+  o.semi_sync = false;
+  o.max_log_bytes = 1024;  // a few batches
+  ReplicationLog log(o, store.get());
+  store->SetReplicator(&log);
+  for (int i = 0; i < 50; ++i) ASSERT_OK(store->Write({{absl::StrCat("o/", i), std::string(100, 'v'), false}}));
+  EXPECT_TRUE(Pull(&log, 4, 51).snapshot_needed()) << "another epoch";
+  EXPECT_TRUE(Pull(&log, 5, 60).snapshot_needed()) << "ahead of the log";
+  EXPECT_TRUE(Pull(&log, 5, 1).snapshot_needed()) << "trimmed from the log";
+  EXPECT_TRUE(Pull(&log, 5, 0).snapshot_needed()) << "no position";
+  v1::PullResponse tail = Pull(&log, 5, 50);
+  EXPECT_FALSE(tail.snapshot_needed());
+  ASSERT_EQ(tail.batches_size(), 1);
+  EXPECT_EQ(tail.batches(0).seq(), 50u);
+  store->SetReplicator(nullptr);
+}
+
+// A leader store behind a real MasterHa server, and a writer changing it.
+class CopierTest : public ::testing::Test {
+ protected:
+  void StartLeader(uint64_t epoch) {
+    if (server_) {
+      server_->Shutdown();
+      server_.reset();
+    }
+    if (log_) log_->Close();
+    leader_->SetReplicator(nullptr);
+    ReplicationOptions o;
+    o.epoch = epoch;
+    o.semi_sync = false;
+    o.max_log_bytes = 64 << 20;
+    log_ = std::make_unique<ReplicationLog>(o, leader_.get());
+    leader_->SetReplicator(log_.get());
+    service_ = NewMasterHaService(log_.get());
+    grpc::ServerBuilder b;
+    b.AddListeningPort(port_ == 0 ? "127.0.0.1:0" : absl::StrCat("127.0.0.1:", port_),
+                       grpc::InsecureServerCredentials(), &port_);
+    b.RegisterService(service_.get());
+    server_ = b.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+  }
+  void TearDown() override {
+    StopWriter();
+    if (server_) server_->Shutdown();
+    if (log_) log_->Close();
+    leader_->SetReplicator(nullptr);
+  }
+  // Puts and removes random keys until StopWriter.
+  void StartWriter() {
+    writer_ = std::thread([this] {
+      std::mt19937 rng(42);
+      for (int i = 0; i < 200000 && !stop_; ++i) {
+        const std::string k = absl::StrCat("o/", rng() % 3000);
+        const bool remove = rng() % 4 == 0;
+        ASSERT_OK(leader_->Write({{k, remove ? "" : absl::StrCat("v", i, std::string(rng() % 200, 'x')), remove}}));
+      }
+    });
+  }
+  void StopWriter() {
+    stop_ = true;
+    if (writer_.joinable()) writer_.join();
+    stop_ = false;
+  }
+  // Until the copier has every batch the leader's log holds.
+  bool WaitCaughtUp(StandbyCopier* copier) {
+    for (int i = 0; i < 1000; ++i) {
+      const ReplPosition p = copier->position();
+      const ReplicationState st = log_->State();
+      if (p.valid && p.epoch == st.epoch && p.seq == st.last_seq) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+  std::unique_ptr<IndexStore> leader_ = NewMemStore();
+  std::unique_ptr<ReplicationLog> log_;
+  std::unique_ptr<v1::MasterHa::Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::thread writer_;
+  std::atomic<bool> stop_{false};
+};
+
+TEST_F(CopierTest, ACopyTakenWhileTheLeaderWritesConvergesOnItsStore) {
+  for (int i = 0; i < 2000; ++i) ASSERT_OK(leader_->Write({{absl::StrCat("o/", i), std::string(300, 'a'), false}}));
+  StartLeader(1);
+  auto standby = NewMemStore();
+  ASSERT_OK(standby->Write({{"o/stale", "gone after the snapshot", false}}));
+  StartWriter();
+  // Small pages: the snapshot takes many pages while the writer goes on.
+  StandbyCopier copier(standby.get(), "s1", 16 << 10);
+  copier.Follow(address());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  StopWriter();
+  ASSERT_TRUE(WaitCaughtUp(&copier));
+  EXPECT_EQ(copier.snapshots(), 1u);
+  EXPECT_EQ(Contents(standby.get()), Contents(leader_.get()));
+  EXPECT_TRUE(ReadPosition(standby.get()).valid);
+}
+
+TEST_F(CopierTest, ARestartedCopierResumesWhereItWasAndANewEpochTakesASnapshot) {
+  StartLeader(1);
+  auto standby = NewMemStore();
+  {
+    StandbyCopier copier(standby.get(), "s1");
+    copier.Follow(address());
+    StartWriter();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    StopWriter();
+    ASSERT_TRUE(WaitCaughtUp(&copier));
+  }
+  // Stopped and started again on the same store: pulls on, no snapshot.
+  StartWriter();
+  {
+    StandbyCopier copier(standby.get(), "s1");
+    copier.Follow(address());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    StopWriter();
+    ASSERT_TRUE(WaitCaughtUp(&copier));
+    EXPECT_EQ(copier.snapshots(), 0u);
+    EXPECT_EQ(Contents(standby.get()), Contents(leader_.get()));
+
+    // A new leader epoch (same store, as after a failover): a snapshot.
+    StartLeader(2);
+    StartWriter();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    StopWriter();
+    ASSERT_TRUE(WaitCaughtUp(&copier));
+    EXPECT_EQ(copier.snapshots(), 1u);
+    EXPECT_EQ(Contents(standby.get()), Contents(leader_.get()));
+    EXPECT_EQ(copier.position().epoch, 2u);
+  }
+}
+
+TEST(ReplPositionTest, AnIncompleteSnapshotLeavesNoPosition) {
+  auto store = NewMemStore();
+  EXPECT_FALSE(ReadPosition(store.get()).valid);
+  ASSERT_OK(store->Write({{kHaPositionKey, EncodePosition({9, 12, true}), false}}));
+  ReplPosition p = ReadPosition(store.get());
+  EXPECT_TRUE(p.valid);
+  EXPECT_EQ(p.epoch, 9u);
+  EXPECT_EQ(p.seq, 12u);
+  ASSERT_OK(store->Write({{kHaSnapshotKey, "1", false}}));
+  EXPECT_FALSE(ReadPosition(store.get()).valid);
+  EXPECT_FALSE(ParsePosition("9").valid);
+  EXPECT_FALSE(ParsePosition("a b").valid);
+  EXPECT_TRUE(ReplPosition({1, 5, true}) < ReplPosition({2, 0, true}));
+  EXPECT_TRUE(ReplPosition({2, 1, true}) < ReplPosition({2, 3, true}));
+}
+
+}  // namespace
+}  // namespace tierkv::master
