@@ -20,11 +20,14 @@ const FlagTable<CtlConfig>& CtlFlags() {
       "  tierkvctl [flags] tenants set <tenant> <quota> [<guaranteed>]\n"
       "                                      set a tenant's quota (e.g. 64GiB; 0: none) and the bytes\n"
       "                                      other tenants' puts never evict (role admin)\n"
-      "  tierkvctl [flags] tenants clear <tenant>  remove a tenant's limits (role admin)",
+      "  tierkvctl [flags] tenants clear <tenant>  remove a tenant's limits (role admin)\n"
+      "  tierkvctl [flags] ha                the leader, its epoch, its standbys and their lag",
       {
-          StringFlag<C>("master", &C::master, "127.0.0.1:50051", "the master's gRPC address"),
+          StringFlag<C>("master", &C::master, "127.0.0.1:50051",
+                        "the master's gRPC address (every master of a high-availability group: h1:p1,h2:p2)"),
           StringFlag<C>("http", &C::http, "127.0.0.1:8080",
-                        "the master's HTTP address host:port (spoken over HTTPS when --tls-ca is given)"),
+                        "the master's HTTP address host:port, or every master's (h1:p1,h2:p2: the leader "
+                        "answers); spoken over HTTPS when --tls-ca is given"),
           StringFlag<C>("token-file", &C::token_file, "",
                         "file whose first word is the token to present to a master running --auth token "
                         "(remove-all needs role admin); empty: none"),

@@ -73,8 +73,12 @@ void HaNode::LeaseLoop() {
       cv_.SignalAll();
       continue;  // a new lease at once
     } else {
-      // The gate closes by itself once lease_until_ passes.
+      // The gate closes by itself once lease_until_ passes; until then
+      // another member may answer (etcd electing a new raft leader takes
+      // about a second), so the next try comes soon.
       TKV_LOG(WARNING) << "ha: renewing the etcd lease: " << got.status();
+      cv_.WaitFor(&mu_, std::chrono::milliseconds(100));
+      continue;
     }
     cv_.WaitFor(&mu_, period);
   }

@@ -6,11 +6,13 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
@@ -32,27 +34,56 @@ int Fail(const std::string& what) {
   return 1;
 }
 
-// A client of the master's HTTP port (--http) presenting our token (and
+// The master HTTP addresses of --http: one, or every master of a
+// high-availability group (docs/ha.md), tried in turn.
+std::vector<std::string> HttpAddresses(const CtlConfig& c) {
+  std::vector<std::string> out;
+  for (absl::string_view a : absl::StrSplit(c.http, ',', absl::SkipWhitespace())) out.emplace_back(a);
+  return out;
+}
+
+// A client of one master HTTP address presenting our token (and
 // certificate): HTTPS when we were given TLS files, as a master with
 // --tls-cert serves both its ports over TLS.
-absl::StatusOr<std::unique_ptr<httplib::Client>> MasterHttp(const CtlConfig& c) {
-  if (c.http.rfind(':') == std::string::npos) return absl::InvalidArgumentError("--http must be host:port");
+absl::StatusOr<std::unique_ptr<httplib::Client>> MasterHttp(const CtlConfig& c, const std::string& address) {
+  if (address.rfind(':') == std::string::npos) return absl::InvalidArgumentError("--http must be host:port");
   const auth::TlsFiles tls{c.tls_ca, c.tls_cert, c.tls_key};
-  auto cli = auth::NewHttpClient(auth::HttpUrl(c.http, tls.enabled()), tls, c.timeout);
+  auto cli = auth::NewHttpClient(auth::HttpUrl(address, tls.enabled()), tls, c.timeout);
   ASSIGN_OR_RETURN(std::string token, auth::ReadTokenFile(c.token_file));
   if (!token.empty()) cli->set_bearer_token_auth(token.c_str());
   return cli;
 }
 
+// `send` on each --http address until one answers other than 503 (a
+// master that is not the leader); `address` is the one that did.
+absl::StatusOr<httplib::Result> SendToLeader(
+    const CtlConfig& c, const std::function<httplib::Result(httplib::Client&)>& send, std::string* address) {
+  std::vector<std::string> addresses = HttpAddresses(c);
+  if (addresses.empty()) return absl::InvalidArgumentError("--http is empty");
+  absl::Status last;
+  for (const std::string& a : addresses) {
+    *address = a;
+    ASSIGN_OR_RETURN(std::unique_ptr<httplib::Client> cli, MasterHttp(c, a));
+    httplib::Result res = send(*cli);
+    if (!res) {
+      last = absl::UnavailableError(absl::StrCat("master HTTP ", a, ": ", httplib::to_string(res.error())));
+    } else if (res->status == 503 && addresses.size() > 1) {
+      last = absl::UnavailableError(absl::StrCat("master HTTP ", a, ": ", res->body));
+    } else {
+      return res;
+    }
+  }
+  return last;
+}
+
 absl::StatusOr<json> FetchJson(const CtlConfig& c, const std::string& path) {
-  ASSIGN_OR_RETURN(std::unique_ptr<httplib::Client> cli, MasterHttp(c));
-  auto res = cli->Get(path);
-  if (!res) return absl::UnavailableError(absl::StrCat("master HTTP ", c.http, ": ", httplib::to_string(res.error())));
+  std::string address;
+  ASSIGN_OR_RETURN(httplib::Result res, SendToLeader(c, [&](httplib::Client& cli) { return cli.Get(path); }, &address));
   json j = json::parse(res->body, nullptr, false);
   if (res->status == 401 || res->status == 403) {
     const std::string why = j.is_object() && j.contains("error") ? j["error"].get<std::string>() : res->body;
     return absl::Status(res->status == 401 ? absl::StatusCode::kUnauthenticated : absl::StatusCode::kPermissionDenied,
-                        absl::StrCat("master HTTP ", c.http, " refused ", path, ": ", why));
+                        absl::StrCat("master HTTP ", address, " refused ", path, ": ", why));
   }
   if (res->status == 404) {
     return absl::NotFoundError(j.is_object() && j.contains("error") ? j["error"].get<std::string>() : path);
@@ -67,9 +98,10 @@ absl::StatusOr<json> FetchJson(const CtlConfig& c, const std::string& path) {
 // or the master's error as a status.
 absl::StatusOr<json> SendJsonTo(const CtlConfig& c, const std::string& method, const std::string& path,
                                 const std::string& body) {
-  ASSIGN_OR_RETURN(std::unique_ptr<httplib::Client> cli, MasterHttp(c));
-  httplib::Result res = method == "PUT" ? cli->Put(path, body, "application/json") : cli->Delete(path);
-  if (!res) return absl::UnavailableError(absl::StrCat("master HTTP ", c.http, ": ", httplib::to_string(res.error())));
+  std::string address;
+  ASSIGN_OR_RETURN(httplib::Result res, SendToLeader(c, [&](httplib::Client& cli) {
+    return method == "PUT" ? cli.Put(path, body, "application/json") : cli.Delete(path);
+  }, &address));
   json j = json::parse(res->body, nullptr, false);
   if (res->status != 200) {
     const std::string why = j.is_object() && j.contains("error") ? j["error"].get<std::string>() : res->body;
@@ -126,7 +158,9 @@ int Tenants(const CtlConfig& c, const std::vector<std::string>& args) {
 absl::StatusOr<std::unique_ptr<client::Client>> Connect(const CtlConfig& c) {
   client::ClientOptions o;
   o.master = c.master;
-  o.metadata = "http://" + c.http;
+  std::vector<std::string> urls;
+  for (const std::string& a : HttpAddresses(c)) urls.push_back(auth::HttpUrl(a, !c.tls_ca.empty()));
+  o.metadata = absl::StrJoin(urls, ",");
   o.token_file = c.token_file;
   o.tls = {c.tls_ca, c.tls_cert, c.tls_key};
   o.rpc_timeout = c.timeout;
@@ -210,6 +244,34 @@ int Stats(const CtlConfig& c) {
   const json& q = (*st)["queries"];
   if (!q.is_object() || !q.contains("clients")) return 0;
   PrintHitRates(q);
+  return 0;
+}
+
+// The leader's account of its group (/v1/ha): role, epoch, standbys and
+// how far behind each is.
+int Ha(const CtlConfig& c) {
+  absl::StatusOr<json> ha = FetchJson(c, "/v1/ha");
+  if (!ha.ok()) return Fail(std::string(ha.status().message()));
+  if (c.json) {
+    std::printf("%s\n", ha->dump().c_str());
+    return 0;
+  }
+  if (ha->value("role", "") == "single") {
+    std::printf("a single master (no --etcd): no standbys\n");
+    return 0;
+  }
+  std::printf("leader %s  epoch %llu  cluster %s  sync %s  batch %llu  degraded writes %llu\n",
+              ha->value("self", "?").c_str(), static_cast<unsigned long long>(ha->value("epoch", uint64_t{0})),
+              ha->value("cluster_id", "?").c_str(), ha->value("sync", "?").c_str(),
+              static_cast<unsigned long long>(ha->value("last_seq", uint64_t{0})),
+              static_cast<unsigned long long>(ha->value("degraded_writes", uint64_t{0})));
+  std::printf("%-28s %12s %10s %12s %10s\n", "STANDBY", "ACKED", "LAG", "SNAPSHOTTING", "SEEN");
+  for (const json& s : (*ha)["standbys"]) {
+    std::printf("%-28s %12llu %10llu %12s %9.1fs\n", s.value("name", "?").c_str(),
+                static_cast<unsigned long long>(s.value("acked_seq", uint64_t{0})),
+                static_cast<unsigned long long>(s.value("lag_batches", uint64_t{0})),
+                s.value("snapshotting", false) ? "yes" : "no", s.value("last_seen_seconds_ago", 0.0));
+  }
   return 0;
 }
 
@@ -420,5 +482,6 @@ int main(int argc, char** argv) {
   if (cmd == "rm") return need(2), tierkv::Remove(config, args[1]);
   if (cmd == "doctor") return need(1), tierkv::Doctor(config);
   if (cmd == "tenants") return tierkv::Tenants(config, args);
+  if (cmd == "ha") return need(1), tierkv::Ha(config);
   tierkv::ExitWithUsageError("tierkvctl", "unknown subcommand '" + cmd + "'");
 }

@@ -611,9 +611,10 @@ TEST_F(HaTest, AStoppedEtcdMemberStopsNeitherElectionNorKeepalives) {
   ASSERT_TRUE(WaitFor([&] { return w.acked() >= acked + 50; }, absl::Seconds(10))) << Logs();
   etcd_->member(0).Kill(SIGCONT);
   w.Stop();
-  ASSERT_OK_AND_ASSIGN(json after, Ha(leader));
-  EXPECT_EQ(after["role"], "leader");
-  EXPECT_EQ(after["epoch"], before["epoch"]) << "the leader changed while one etcd member was stopped";
+  absl::StatusOr<json> after = Ha(leader);
+  ASSERT_TRUE(after.ok()) << "the leader stopped serving: " << after.status() << "\n" << Logs();
+  EXPECT_EQ((*after)["role"], "leader");
+  EXPECT_EQ((*after)["epoch"], before["epoch"]) << "the leader changed while one etcd member was stopped";
   EXPECT_EQ(w.failed(), 0);
   // A standby that lost its member's connection too is still copying.
   EXPECT_TRUE(WaitForSynced(leader, 1)) << Logs();
