@@ -383,11 +383,13 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
       for (absl::string_view part : Parts(items[i])) {
         if (part.empty()) continue;
         values.push_back(
-            {Op::kWrite, const_cast<char*>(part.data()), e.segment(), e.offset() + vsize, part.size(), crc});
+            {Op::kWrite, const_cast<char*>(part.data()), e.segment(), e.offset() + vsize, part.size(), crc,
+             started->epoch()});
         value_owner.push_back(i);
         vsize += part.size();
       }
-      tails.push_back({Op::kWrite, trailers->slot(i), e.segment(), e.offset() + vsize, kTrailer});
+      tails.push_back({Op::kWrite, trailers->slot(i), e.segment(), e.offset() + vsize, kTrailer, nullptr,
+                       started->epoch()});
       tail_owner.push_back(i);
     }
   }

@@ -60,6 +60,8 @@ absl::Status SegmentLender::MountOnce() {
   // descriptor, and peers must find it before they are sent here.
   absl::Status s = engine_->Publish(options_.name);
   if (s.ok()) s = master_->Mount(Spec());
+  // From the mount on, a tcp write granted by an older master is refused.
+  if (s.ok()) engine_->ObserveEpoch(master_->epoch());
   {
     MutexLock lock(&error_mu_);
     last_error_ = s.ok() ? "" : s.ToString();
@@ -99,7 +101,7 @@ void SegmentLender::Loop() {
           TKV_LOG(WARNING) << "master unreachable, segment " << options_.name
                            << " not ready: " << remount.status();
         }
-      } else if (!remount->empty()) {
+      } else if (engine_->ObserveEpoch(master_->epoch()); !remount->empty()) {
         TKV_LOG(WARNING) << "master asked to mount " << options_.name << " again";
         mounted_.store(false);
         if (absl::Status s = MountOnce(); !s.ok()) failures_.fetch_add(1);

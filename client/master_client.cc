@@ -97,6 +97,22 @@ bool NotLeader(const absl::Status& s) {
 }
 }  // namespace
 
+template <class Resp>
+absl::Status MasterClient::Fresh(const Resp& resp) {
+  if constexpr (requires { resp.epoch(); }) {
+    const uint64_t e = resp.epoch();
+    uint64_t seen = epoch_.load(std::memory_order_relaxed);
+    if (e < seen) {
+      // Not run anywhere that counts: taken as a refusal, so the call goes on to the next master.
+      return absl::UnavailableError(
+          absl::StrCat("answered at master epoch ", e, ", older than epoch ", seen, " seen before: ", kNotLeader));
+    }
+    while (e > seen && !epoch_.compare_exchange_weak(seen, e, std::memory_order_relaxed)) {
+    }
+  }
+  return absl::OkStatus();
+}
+
 template <class Req, class Resp, class Call>
 absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direct, const Req& req, Resp* resp,
                                   bool idempotent, Call call, absl::Time call_deadline) {
@@ -113,6 +129,7 @@ absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direc
     bool sent = true;
     if (direct != kGrpcOnly && ep.direct != nullptr && ep.direct->usable()) {
       internal::DirectChannel::Result r = ep.direct->Call(direct, *send, resp, deadline);
+      if (r.outcome == internal::DirectChannel::Outcome::kAnswered && r.status.ok()) r.status = Fresh(*resp);
       if (r.outcome == internal::DirectChannel::Outcome::kAnswered && r.status.ok()) {
         current_.store(at, std::memory_order_relaxed);
         return absl::OkStatus();
@@ -137,6 +154,11 @@ absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direc
       ctx.set_wait_for_ready(true);
       if (!options_.token.empty()) ctx.AddMetadata(auth::kAuthorizationHeader, absl::StrCat("Bearer ", options_.token));
       grpc::Status s = call(ep.stub.get(), &ctx, *send, resp);
+      if (s.ok()) {
+        if (absl::Status fresh = Fresh(*resp); !fresh.ok()) {
+          s = grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(fresh.message()));
+        }
+      }
       if (s.ok()) {
         current_.store(at, std::memory_order_relaxed);
         return absl::OkStatus();

@@ -99,6 +99,11 @@ class MasterClient {
   static constexpr size_t kMaxReleasesPerCall = 2048;
 
   const std::string& address() const { return address_; }
+  // The highest master epoch any answer carried (docs/ha.md; 0 from a
+  // single master). An answer with a lower one (a deposed master's) is
+  // taken as UNAVAILABLE, not leader, and the call goes on to the next
+  // master.
+  uint64_t epoch() const { return epoch_.load(std::memory_order_relaxed); }
 
  private:
   struct Release {
@@ -129,6 +134,11 @@ class MasterClient {
   MasterClientOptions options_;
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::atomic<size_t> current_{0};  // the endpoint that answered last
+  std::atomic<uint64_t> epoch_{0};
+  // OK for an answer whose epoch (if it has one) is not below epoch_,
+  // which it raises; UNAVAILABLE naming kNotLeader otherwise.
+  template <class Resp>
+  absl::Status Fresh(const Resp& resp);
   Mutex release_mu_;
   std::deque<Release> releases_ ABSL_GUARDED_BY(release_mu_);
 };

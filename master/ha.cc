@@ -225,7 +225,9 @@ void HaNode::Promote(int64_t epoch, int64_t lease) {
   absl::StatusOr<std::unique_ptr<MasterServer>> server = absl::InternalError("not started");
   if (marked.ok()) {
     store_->SetReplicator(log_.get());
-    server = MasterServer::Start(config_, clock_, {std::move(store_), log_.get(), &gate_, [this] { return StatusJson(); }});
+    server = MasterServer::Start(config_, clock_,
+                                 {std::move(store_), log_.get(), &gate_, [this] { return StatusJson(); },
+                                  static_cast<uint64_t>(epoch)});
   } else {
     server = marked;
   }

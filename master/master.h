@@ -62,6 +62,8 @@ struct MasterOptions {
   // shows what ha_status returns (JSON). Null: a single master.
   const ServingGate* gate = nullptr;
   std::function<std::string()> ha_status;
+  // This leader's epoch, in every answer that grants or mounts (0: single).
+  uint64_t epoch = 0;
 };
 
 // A data grant and its session key; both empty for a segment whose daemon

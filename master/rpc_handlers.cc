@@ -84,6 +84,7 @@ void ApplyReleases(Master* m, const Request& req, const std::string& tenant) {
 void MountSegment(Master* m, const v1::MountSegmentRequest& req, v1::MountSegmentResponse* resp) {
   std::vector<SegmentSpec> specs;
   for (const auto& s : req.segments()) specs.push_back(FromProto(s));
+  resp->set_epoch(m->options().epoch);
   for (const absl::Status& s : m->Mount(specs)) SetStatus(resp->add_status(), s);
 }
 
@@ -116,6 +117,7 @@ void SyncSsdRecords(Master* m, const v1::SsdRecordsRequest& req, v1::SsdRecordsR
 void Heartbeat(Master* m, const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
   std::vector<SegmentSpec> specs;
   for (const auto& s : req.segments()) specs.push_back(FromProto(s));
+  resp->set_epoch(m->options().epoch);
   HeartbeatResult r = m->Heartbeat(specs, req.client_id());
   for (auto& name : r.remount) resp->add_remount(name);
   resp->set_ttl_ms(absl::ToInt64Milliseconds(r.ttl));
@@ -123,6 +125,7 @@ void Heartbeat(Master* m, const v1::HeartbeatRequest& req, v1::HeartbeatResponse
 
 void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& client, const std::string& tenant,
               v1::PutStartResponse* resp) {
+  resp->set_epoch(m->options().epoch);
   ApplyReleases(m, req, tenant);
   std::vector<PutItem> items;
   items.reserve(req.items_size());
@@ -171,6 +174,7 @@ void PutRevoke(Master* m, const v1::KeysRequest& req, const std::string& tenant,
 }
 
 void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::GetReplicasResponse* resp) {
+  resp->set_epoch(m->options().epoch);
   ApplyReleases(m, req, tenant);
   std::vector<std::string> keys = Keys(req.keys(), tenant);
   std::vector<LookupOut> found = m->index().GetReplicas(keys, false);

@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   options.kv_events.queue_capacity = static_cast<size_t>(config.kv_events_queue);
   options.gate = ha.gate;
   options.ha_status = std::move(ha.status_json);
+  options.epoch = ha.epoch;
   ASSIGN_OR_RETURN(s->master_, Master::Create(options, std::move(store), clock));
 
   // Debian's Abseil is built without NDEBUG, so every absl::Mutex lock in

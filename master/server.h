@@ -41,6 +41,7 @@ struct HaHooks {
   ReplicationLog* log = nullptr;      // on the store already; served as the MasterHa service; outlives the server
   const ServingGate* gate = nullptr;  // MasterOptions::gate
   std::function<std::string()> status_json;  // MasterOptions::ha_status
+  uint64_t epoch = 0;                        // MasterOptions::epoch
 };
 
 class MasterServer {

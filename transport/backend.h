@@ -70,6 +70,7 @@ struct Slice {
   uint64_t length = 0;
   absl::Status status;  // set by the backend
   CopyCrc* crc = nullptr;  // the Request::crc, when it moves in this one slice
+  uint64_t epoch = 0;      // the Request::epoch
 };
 
 struct Capabilities {
@@ -111,6 +112,10 @@ class ServedMemory {
   // segment is UNAUTHENTICATED.
   virtual absl::StatusOr<std::string> Handshake(const std::string& transport, const std::string& request,
                                                 std::optional<std::pair<uint32_t, uint64_t>> admitted) = 0;
+  // OK for a write granted by master epoch `epoch` (0: unfenced); once a
+  // newer epoch was seen (ObserveEpoch, or a write carrying it),
+  // FAILED_PRECONDITION naming both. A newer epoch is taken as seen.
+  virtual absl::Status AdmitWrite(uint64_t epoch) { return absl::OkStatus(); }
   // Whether every connection must present a data grant (config/base/auth.h)
   // before it reads, writes or hands shakes.
   virtual bool DataGrantsRequired() const { return false; }

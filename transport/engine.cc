@@ -239,6 +239,24 @@ class Engine final : public TransferEngine, public ServedMemory {
 
   bool DataGrantsRequired() const override { return options_.data_grants; }
 
+  void ObserveEpoch(uint64_t epoch) override {
+    uint64_t seen = epoch_.load(std::memory_order_relaxed);
+    while (epoch > seen && !epoch_.compare_exchange_weak(seen, epoch, std::memory_order_relaxed)) {
+    }
+  }
+
+  absl::Status AdmitWrite(uint64_t epoch) override {
+    if (epoch == 0) return absl::OkStatus();
+    const uint64_t seen = epoch_.load(std::memory_order_relaxed);
+    if (epoch < seen) {
+      return absl::FailedPreconditionError(absl::StrCat("write granted by master epoch ", epoch,
+                                                        "; this daemon follows epoch ", seen,
+                                                        " (the granting master was deposed)"));
+    }
+    ObserveEpoch(epoch);
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<std::string> DataKey(uint32_t segment_index, uint64_t segment_id) override {
     std::shared_lock lock(served_mu_);
     for (const auto& [name, s] : served_) {
@@ -385,6 +403,7 @@ class Engine final : public TransferEngine, public ServedMemory {
             s.remote_offset = r.offset + done;
             s.length = std::min(options_.slice_size, r.length - done);
             if (r.length <= options_.slice_size) s.crc = r.crc;
+            s.epoch = r.epoch;
             batch->slices.push_back(s);
             batch->slice_request.push_back(i);
           }
@@ -712,6 +731,7 @@ class Engine final : public TransferEngine, public ServedMemory {
   std::unique_ptr<internal::WorkQueue> queue_;
 
   std::shared_mutex served_mu_;
+  std::atomic<uint64_t> epoch_{0};  // the newest master epoch seen (ObserveEpoch, AdmitWrite)
   std::map<char*, std::unique_ptr<LocalBuffer>> buffers_;  // guarded by served_mu_
   std::map<std::string, ServedSegment> served_;            // guarded by served_mu_
   // (buffer id, backend) pairs where the backend could not register the

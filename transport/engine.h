@@ -159,6 +159,9 @@ class TransferEngine {
   virtual bool ChecksumsCopies(const std::string& segment, uint64_t length) = 0;
   // Forgets cached descriptors and channels (after a peer re-mounts, say).
   virtual void ForgetPeers() = 0;
+  // The master epoch its lender's master answered with (docs/ha.md): from
+  // now on a tcp write granted by an older epoch is refused. Only raises.
+  virtual void ObserveEpoch(uint64_t epoch) = 0;
   virtual EngineStats Stats() const = 0;
   // The tcp server's port (data and control).
   virtual int port() const = 0;

@@ -37,6 +37,12 @@ struct Request {
   // request finished OK; it must stay valid as long as the local buffer
   // does.
   CopyCrc* crc = nullptr;
+  // A write's master epoch (docs/ha.md): the epoch of the master that
+  // granted the extent. A daemon that has seen a newer master refuses it
+  // FAILED_PRECONDITION over tcp, so a grant from a deposed master never
+  // lands on space its successor handed out. 0: unfenced (one master).
+  // One-sided transports (shm, rdma, cuda) cannot check it.
+  uint64_t epoch = 0;
 };
 
 // Where registered memory lives: "cpu:<numa node>" or "cuda:<device>".

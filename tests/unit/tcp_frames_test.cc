@@ -176,6 +176,53 @@ TEST_F(TcpFramesTest, WritesPastTheirDeadlineAreRefusedUntouched) {
   EXPECT_EQ(std::string(static_cast<char*>(region_->data()), 8), "on time!");
 }
 
+TEST_F(TcpFramesTest, WritesGrantedByAnOlderMasterEpochAreRefusedUntouched) {
+  // A daemon that has mounted at master epoch 20 (docs/ha.md) refuses a
+  // write granted at epoch 7: its extent may belong to someone else now.
+  server_->ObserveEpoch(20);
+  auto write = [&](uint64_t epoch, const char* bytes) {
+    RequestHeader h;
+    h.op = WireOp::kWrite;
+    h.segment_id = segment_id_;
+    h.id = ++id_;
+    h.length = 8;
+    h.epoch = epoch;
+    uint8_t buf[kRequestSize];
+    EncodeRequest(h, buf);
+    EXPECT_OK(WriteFull(fd_.get(), buf, sizeof buf, Deadline()));
+    EXPECT_OK(WriteFull(fd_.get(), bytes, 8, Deadline()));
+    auto r = Receive();
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->first.status : WireStatus::kInternal;
+  };
+  EXPECT_EQ(write(7, "deposed!"), WireStatus::kStaleEpoch);
+  EXPECT_TRUE(Untouched());
+  ExpectAlive();
+  // Unfenced writes (a single master), the current epoch and a newer one land.
+  EXPECT_EQ(write(0, "unfenced"), WireStatus::kOk);
+  EXPECT_EQ(write(20, "current!"), WireStatus::kOk);
+  EXPECT_EQ(write(21, "newer!!!"), WireStatus::kOk);
+  EXPECT_EQ(std::string(static_cast<char*>(region_->data()), 8), "newer!!!");
+  // A write from a newer master moves the fence: 20 is now old.
+  EXPECT_EQ(write(20, "stale 20"), WireStatus::kStaleEpoch);
+  EXPECT_EQ(std::string(static_cast<char*>(region_->data()), 8), "newer!!!");
+  EXPECT_TRUE(absl::IsFailedPrecondition(ReplyToStatus(WireStatus::kStaleEpoch, "x")));
+}
+
+TEST(TcpWireTest, TheEpochRoundTripsInTheHeader) {
+  RequestHeader h;
+  h.op = WireOp::kWrite;
+  h.epoch = 0x0123456789abcdefull;
+  h.length = 3;
+  uint8_t buf[kRequestSize];
+  EncodeRequest(h, buf);
+  auto back = DecodeRequest(buf, sizeof buf);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->epoch, h.epoch);
+  EXPECT_EQ(back->length, 3u);
+  EXPECT_FALSE(DecodeRequest(buf, kRequestSize - 1).ok()) << "a header one byte short";
+}
+
 TEST(TcpWireTest, DeadlinesCompareAcrossTheWrap) {
   EXPECT_FALSE(DeadlinePassed(DeadlineMs32(absl::Now() + absl::Seconds(1)), absl::Now()));
   EXPECT_TRUE(DeadlinePassed(DeadlineMs32(absl::Now() - absl::Seconds(1)), absl::Now()));

@@ -43,6 +43,10 @@ class LoopbackChannel final : public PeerChannel {
         continue;
       }
       absl::StatusOr<ServedMemory::Pin> pin = it->second->Resolve(segment_, segment_id_, s->remote_offset, s->length);
+      if (pin.ok() && s->op == Op::kWrite) {
+        // Fenced as tcp writes are: the in-process stand-in for one.
+        if (absl::Status admitted = it->second->AdmitWrite(s->epoch); !admitted.ok()) pin = admitted;
+      }
       if (!pin.ok()) {
         s->status = pin.status();
         continue;

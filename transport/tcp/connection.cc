@@ -54,6 +54,7 @@ void Connection::RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<S
       if (h.op == WireOp::kWrite) {
         h.flags |= kHasDeadline;
         h.deadline_ms32 = DeadlineMs32(deadline);
+        h.epoch = s->epoch;
       }
       uint8_t head[kRequestSize];
       EncodeRequest(h, head);
@@ -110,6 +111,7 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
     if (h.op == WireOp::kWrite) {
       h.flags |= kHasDeadline;
       h.deadline_ms32 = DeadlineMs32(deadline);
+      h.epoch = slices[i]->epoch;
     }
     EncodeRequest(h, &heads[i * kRequestSize]);
   }

@@ -39,6 +39,8 @@ WireStatus ToWire(const absl::Status& s) {
     case absl::StatusCode::kUnauthenticated:
     case absl::StatusCode::kPermissionDenied:
       return WireStatus::kUnauthenticated;
+    case absl::StatusCode::kFailedPrecondition:
+      return WireStatus::kStaleEpoch;
     default:
       return WireStatus::kInternal;
   }
@@ -413,6 +415,9 @@ bool Server::ServeOne(Conn* conn, uint8_t* scratch) {
       if (pin.ok() && (h.flags & kHasDeadline) && DeadlinePassed(h.deadline_ms32, absl::Now())) {
         // The writer gave up (and its put may be revoked, the extent reused).
         pin = absl::DeadlineExceededError(absl::StrCat("write of ", h.length, " bytes arrived after its deadline"));
+      }
+      if (pin.ok()) {
+        if (absl::Status admitted = served_->AdmitWrite(h.epoch); !admitted.ok()) pin = admitted;
       }
       if (!pin.ok()) {
         for (uint64_t left = h.length; left > 0;) {

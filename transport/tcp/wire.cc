@@ -37,6 +37,7 @@ void EncodeRequest(const RequestHeader& h, uint8_t out[kRequestSize]) {
   Put64(out + 24, h.id);
   Put64(out + 32, h.offset);
   Put64(out + 40, h.length);
+  Put64(out + 48, h.epoch);
 }
 
 void EncodeReply(const ReplyHeader& h, uint8_t out[kReplySize]) {
@@ -61,6 +62,7 @@ absl::StatusOr<RequestHeader> DecodeRequest(const uint8_t* data, size_t size) {
   h.id = Get64(data + 24);
   h.offset = Get64(data + 32);
   h.length = Get64(data + 40);
+  h.epoch = Get64(data + 48);
   return h;
 }
 
@@ -102,6 +104,8 @@ absl::Status ReplyToStatus(WireStatus status, const std::string& message) {
       return absl::UnavailableError(message);
     case WireStatus::kUnauthenticated:
       return absl::UnauthenticatedError(message);
+    case WireStatus::kStaleEpoch:
+      return absl::FailedPreconditionError(message);
   }
   return absl::InternalError(message);
 }

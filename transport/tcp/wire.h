@@ -1,9 +1,10 @@
 // The tcp transport's frames. docs/wire-formats.md has the full contract.
 //
-// Request (48 bytes, little-endian), then `length` payload bytes for WRITE
+// Request (56 bytes, little-endian), then `length` payload bytes for WRITE
 // and HANDSHAKE:
-//   u32 magic 'TKVR' | u8 op | u8 flags | u16 reserved | u32 segment |
-//   u32 deadline | u64 segment_id | u64 id | u64 offset | u64 length
+//   u32 magic 'TKVS' | u8 op | u8 flags | u16 reserved | u32 segment |
+//   u32 deadline | u64 segment_id | u64 id | u64 offset | u64 length |
+//   u64 epoch
 // READ and WRITE name their target twice: `segment` (the index, for the
 // lookup) and `segment_id` (the random id the serving engine gave that
 // segment, from its descriptor). A server refuses, touching nothing, a
@@ -13,6 +14,9 @@
 // milliseconds after which the sender has given the request up: a server
 // refuses a WRITE that arrives later (its payload drained, nothing
 // written), so bytes delayed past a revoked put never land on the extent.
+// A WRITE's `epoch` is that of the master that granted its extent (0:
+// none): a server that has seen a newer master refuses it STALE_EPOCH, its
+// payload drained, nothing written (docs/ha.md).
 // Reply (24 bytes), then `length` payload bytes (READ data, HANDSHAKE
 // answer, or an error message). A server over its connection cap sends one
 // BUSY reply with id 0 and closes:
@@ -39,12 +43,12 @@
 
 namespace tierkv::transport::tcp {
 
-// The request magic changed ("TKVQ" -> "TKVR") when the header grew the
-// segment id, so a peer of the old layout is refused as bad magic rather
-// than misread.
-inline constexpr uint32_t kRequestMagic = 0x52564b54;  // "TKVR"
+// The request magic changes whenever the header grows ("TKVQ" -> "TKVR"
+// with the segment id, "TKVR" -> "TKVS" with the epoch), so a peer of an
+// old layout is refused as bad magic rather than misread.
+inline constexpr uint32_t kRequestMagic = 0x53564b54;  // "TKVS"
 inline constexpr uint32_t kReplyMagic = 0x41564b54;    // "TKVA"
-inline constexpr size_t kRequestSize = 48;
+inline constexpr size_t kRequestSize = 56;
 inline constexpr size_t kReplySize = 24;
 inline constexpr uint64_t kMaxHandshake = 64 << 10;
 inline constexpr uint64_t kMaxErrorText = 1024;
@@ -62,8 +66,9 @@ enum class WireStatus : uint8_t {
   kExpired = 6,       // a WRITE that arrived after its deadline
   kBusy = 7,          // the server is at its connection cap; it closes
   kUnauthenticated = 8,  // no data grant, or one refused; it closes
+  kStaleEpoch = 9,       // a WRITE granted by a master older than one the server has seen
 };
-inline constexpr uint8_t kMaxWireStatus = 8;
+inline constexpr uint8_t kMaxWireStatus = 9;
 
 inline constexpr uint8_t kHasDeadline = 1;  // request flag
 
@@ -81,6 +86,7 @@ struct RequestHeader {
   uint64_t length = 0;
   uint32_t deadline_ms32 = 0;  // meaningful with kHasDeadline
   uint64_t segment_id = 0;     // READ/WRITE: the target segment's id
+  uint64_t epoch = 0;          // WRITE: the granting master's epoch (0: none)
 };
 
 struct ReplyHeader {
