@@ -7,7 +7,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "client/internal/replica_cache.h"
 #include "client/internal/trailer_arena.h"
 #include "client/lender.h"
@@ -238,8 +241,13 @@ absl::StatusOr<std::string> DiscoverMetadata(const std::string& master, absl::Du
   ASSIGN_OR_RETURN(std::unique_ptr<MasterClient> m, MasterClient::Create(master, mo));
   ASSIGN_OR_RETURN(v1::StatsResponse stats, m->Stats());
   if (stats.http_port() == 0) return absl::NotFoundError(absl::StrCat("master ", master, " reports no HTTP port"));
-  size_t colon = master.rfind(':');
-  return absl::StrCat(stats.http_tls() ? "https://" : "http://", master.substr(0, colon), ":", stats.http_port());
+  std::vector<std::string> urls;
+  for (absl::string_view one : absl::StrSplit(master, ',', absl::SkipWhitespace())) {
+    one = absl::StripAsciiWhitespace(one);
+    urls.push_back(absl::StrCat(stats.http_tls() ? "https://" : "http://", one.substr(0, one.rfind(':')), ":",
+                                stats.http_port()));
+  }
+  return absl::StrJoin(urls, ",");
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {

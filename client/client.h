@@ -206,6 +206,10 @@ class Client {
 // http://host:port of the metadata server of the master at `master`
 // (host:port): the host from `master`, the port the master reports. For
 // clients told only where the master is (Mooncake's "P2PHANDSHAKE").
+// With several masters ("h1:p1,h2:p2", docs/ha.md) the answer lists one URL
+// per master host, each with the port the leader reports (every master of
+// a group is taken to serve HTTP on the same port), so metadata calls
+// follow the leader as RPCs do.
 // UNAVAILABLE when the master cannot be reached; NOT_FOUND from a master
 // that does not report its HTTP port. `token`, `tls`: as in ClientOptions.
 absl::StatusOr<std::string> DiscoverMetadata(const std::string& master,

@@ -200,7 +200,9 @@ absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direc
       tried = 0;
       if (elsewhere) at = (at + 1) % n;
       std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
-      backoff = std::min(backoff * 2, absl::Milliseconds(500));
+      // With several masters a new leader is found sooner (each round
+      // costs one connection attempt per master).
+      backoff = std::min(backoff * 2, n > 1 ? absl::Milliseconds(200) : absl::Milliseconds(500));
     }
     if constexpr (requires { req.released_keys_size(); }) {
       if (send->released_keys_size() > 0) {

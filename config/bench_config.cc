@@ -45,6 +45,14 @@ const FlagTable<BenchConfig>& BenchFlags() {
           DurationFlag<C>("direct-spin", &C::direct_spin, "100us", 0, 0.001,
                           "master/store: the embedded master's --direct-spin, how long its direct lane "
                           "polls a connection calling back to back for the next call (0s: never)"),
+          BoolFlag<C>("ha", &C::ha, "false",
+                      "master: the high-availability figures instead (docs/ha.md; needs /usr/bin/etcd): put rate "
+                      "of a semi-synchronous leader and standby against a single master, failover time over "
+                      "--ha-kills leader kills and the acknowledged puts lost, promotion time per --ha-objects"),
+          IntFlag<C>("ha-kills", &C::ha_kills, "20", 0, 1000,
+                     "master --ha: SIGKILLs of the leader (each replaced, the killed master restarted as a standby)"),
+          StringFlag<C>("ha-objects", &C::ha_objects, "1000000,10000000",
+                        "master --ha: index sizes (objects) whose promotion to leader is timed; empty: none"),
           IntFlag<C>("repetitions", &C::repetitions, "3", 1, 100,
                      "interleaved repetitions of each case; medians are reported"),
       });

@@ -29,6 +29,9 @@ struct BenchConfig {
   bool tls_compare = false;    // store: also a cluster with TLS on every port, same cases
   absl::Duration reply_spin;   // master/store: the client's busy-poll for replies
   absl::Duration direct_spin;  // master/store: the embedded master's --direct-spin
+  bool ha = false;             // master: the high-availability figures instead
+  int64_t ha_kills = 0;        // master --ha: leader kills for the failover figures
+  std::string ha_objects;      // master --ha: index sizes whose promotion is timed
 };
 
 const FlagTable<BenchConfig>& BenchFlags();

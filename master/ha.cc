@@ -14,7 +14,7 @@ namespace {
 using SteadyClock = std::chrono::steady_clock;
 
 // How often a master looks at the leader key (and a leader at its gate).
-absl::Duration RoundOf(absl::Duration ttl) { return std::clamp(ttl / 12, absl::Milliseconds(50), absl::Milliseconds(250)); }
+absl::Duration RoundOf(absl::Duration ttl) { return std::clamp(ttl / 30, absl::Milliseconds(50), absl::Milliseconds(100)); }
 
 }  // namespace
 
@@ -194,13 +194,22 @@ void HaNode::StandbyRound() {
   if (!Eligible(pos)) return;
   absl::StatusOr<EtcdCreate> won = etcd_->CreateIfAbsent(Key("leader"), self_, lease);
   if (!won.ok() || !won->created) return;
-  Promote(won->key.create_revision, lease);
+  Promote(won->key.create_revision, lease, pos.valid);
 }
 
-void HaNode::Promote(int64_t epoch, int64_t lease) {
+void HaNode::Promote(int64_t epoch, int64_t lease, bool had_copy) {
   TKV_LOG(INFO) << "ha: elected leader of " << config_.cluster_id << " at epoch " << epoch;
   copier_->Stop();
   copier_.reset();
+  if (had_copy && !ReadPosition(store_.get()).valid) {
+    // A snapshot began between the campaign and now: the copy is not whole.
+    {
+      MutexLock lock(&mu_);
+      epoch_ = static_cast<uint64_t>(epoch);
+    }
+    Depose("its copy of the store became incomplete while it campaigned");
+    return;
+  }
   const auto started = SteadyClock::now();
   // This epoch's batches start from the store as it is now.
   absl::Status marked = store_->Write({{kHaPositionKey, EncodePosition({static_cast<uint64_t>(epoch), 0, true}), false},
@@ -209,6 +218,7 @@ void HaNode::Promote(int64_t epoch, int64_t lease) {
   ro.epoch = static_cast<uint64_t>(epoch);
   ro.semi_sync = config_.ha_sync == "semi";
   ro.sync_timeout = config_.ha_sync_timeout;
+  ro.caught_up = [this] { cv_.SignalAll(); };  // the role thread clears the mark now
   ro.mark_ahead = [this](bool ahead) {
     return ahead ? etcd_->Put(Key("ahead"), self_) : etcd_->DeleteIfValue(Key("ahead"), self_);
   };

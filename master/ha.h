@@ -74,7 +74,8 @@ class HaNode {
   void LeaderRound();
   void StandbyRound();
   bool Eligible(const ReplPosition& mine);
-  void Promote(int64_t epoch, int64_t lease);
+  // `had_copy`: the campaign counted on a complete copy.
+  void Promote(int64_t epoch, int64_t lease, bool had_copy);
   void Depose(absl::string_view why);
   absl::Status OpenStandby();
   std::string Key(absl::string_view name) const;

@@ -120,6 +120,7 @@ absl::Status ReplicationLog::Await(uint64_t seq) {
             "the write reached no standby, and marking the leader ahead of its standbys failed: ", s.message()));
       }
       marked_ = true;
+      marked_now_ = true;
     }
   }
   MutexLock lock(&mu_);
@@ -136,7 +137,10 @@ void ReplicationLog::UnmarkIfSynced() {
     if (!synced_ || closed_) return;
   }
   // A write that times out from here waits on mark_mu_ and marks again.
-  if (options_.mark_ahead(false).ok()) marked_ = false;
+  if (options_.mark_ahead(false).ok()) {
+    marked_ = false;
+    marked_now_ = false;
+  }
 }
 
 StandbyInfo& ReplicationLog::Standby(const std::string& name) {
@@ -170,6 +174,7 @@ void ReplicationLog::Pull(const v1::PullRequest& req, v1::PullResponse* resp) {
     synced_ = true;
     TKV_LOG(INFO) << "replication: standby " << req.standby() << " has caught up at batch " << standby.acked
                   << "; writes wait for a standby's acknowledgement";
+    if (options_.caught_up) options_.caught_up();
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min(req.wait_ms(), 1000u));
   while (!closed_ && last_seq_ < req.next_seq() && std::chrono::steady_clock::now() < deadline) {
@@ -245,7 +250,10 @@ ReplicationState ReplicationLog::State() {
   ReplicationState s;
   s.epoch = options_.epoch;
   s.last_seq = last_seq_;
-  s.sync = closed_ ? "closed" : !options_.semi_sync ? "async" : synced_ ? "semi-sync" : "degraded";
+  s.sync = closed_                ? "closed"
+           : !options_.semi_sync   ? "async"
+           : synced_ && !marked_now_ ? "semi-sync"
+                                     : "degraded";
   s.degraded_writes = degraded_writes_;
   s.standbys = standbys_;
   return s;

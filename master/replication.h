@@ -92,6 +92,9 @@ struct ReplicationOptions {
   // "ahead"), and with false once a standby has caught up again. A write
   // whose mark fails is refused UNAVAILABLE. Null: nothing to mark.
   std::function<absl::Status(bool ahead)> mark_ahead;
+  // Called when a standby has caught up after the log was degraded, so the
+  // mark can be cleared (UnmarkIfSynced) without waiting for a timer.
+  std::function<void()> caught_up;
 };
 
 struct StandbyInfo {
@@ -104,7 +107,9 @@ struct StandbyInfo {
 struct ReplicationState {
   uint64_t epoch = 0;
   uint64_t last_seq = 0;
-  std::string sync;  // semi-sync | degraded | async | closed
+  // semi-sync | degraded | async | closed; degraded until the "ahead" mark
+  // is cleared, since until then no standby may take over.
+  std::string sync;
   uint64_t degraded_writes = 0;  // writes acknowledged without a standby
   std::vector<StandbyInfo> standbys;
 };
@@ -157,6 +162,7 @@ class ReplicationLog final : public Replicator {
   // taken under mu_.
   Mutex mark_mu_;
   bool marked_ ABSL_GUARDED_BY(mark_mu_) = false;
+  std::atomic<bool> marked_now_{false};  // marked_, readable without waiting on mark_mu_
 };
 
 // The MasterHa gRPC service over `log` (a synchronous service: a Pull

@@ -236,6 +236,7 @@ absl::Status StartCluster(Cluster* c, absl::Duration reply_spin, absl::Duration 
 }  // namespace
 
 int RunMaster(const BenchConfig& config) {
+  if (config.ha) return RunHa(config);
   auto cluster = std::make_shared<Cluster>();
   if (absl::Status s = StartCluster(cluster.get(), config.reply_spin, config.direct_spin); !s.ok()) {
     std::fprintf(stderr, "tierkv-bench: starting the master: %s\n", std::string(s.message()).c_str());

@@ -33,24 +33,6 @@ std::string FindOnPath(const std::string& name) {
   return "";
 }
 
-// A loopback port nothing listens on now (the server binds it next; a
-// lost race shows as a server that does not come up, and is retried).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 struct ContextDeleter {
   void operator()(redisContext* c) const { redisFree(c); }
 };

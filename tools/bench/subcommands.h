@@ -6,6 +6,8 @@
 namespace tierkv::bench {
 
 int RunMaster(const BenchConfig& config);
+// tierkv-bench master --ha (bench_ha.cc).
+int RunHa(const BenchConfig& config);
 int RunTransfer(const BenchConfig& config);
 int RunStore(const BenchConfig& config);
 int RunL1(const BenchConfig& config);
