@@ -187,35 +187,32 @@ absl::Status EtcdClient::Put(const std::string& key, const std::string& value, i
   });
 }
 
-absl::Status EtcdClient::DeleteIfCreatedAt(const std::string& key, int64_t create_revision) {
+absl::Status EtcdClient::DeleteIf(const std::string& key, const std::function<void(pb::Compare*)>& condition) {
   return Run("delete", [&](Member& m, absl::Time deadline) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, deadline);
     pb::TxnRequest req;
     pb::Compare* c = req.add_compare();
     c->set_result(pb::Compare::EQUAL);
-    c->set_target(pb::Compare::CREATE);
     c->set_key(key);
-    c->set_create_revision(create_revision);
+    condition(c);
     req.add_success()->mutable_request_delete_range()->set_key(key);
     pb::TxnResponse resp;
     return FromGrpc(m.kv->Txn(&ctx, req, &resp), "delete", m.address);
   });
 }
 
+absl::Status EtcdClient::DeleteIfCreatedAt(const std::string& key, int64_t create_revision) {
+  return DeleteIf(key, [&](pb::Compare* c) {
+    c->set_target(pb::Compare::CREATE);
+    c->set_create_revision(create_revision);
+  });
+}
+
 absl::Status EtcdClient::DeleteIfValue(const std::string& key, const std::string& value) {
-  return Run("delete", [&](Member& m, absl::Time deadline) {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, deadline);
-    pb::TxnRequest req;
-    pb::Compare* c = req.add_compare();
-    c->set_result(pb::Compare::EQUAL);
+  return DeleteIf(key, [&](pb::Compare* c) {
     c->set_target(pb::Compare::VALUE);
-    c->set_key(key);
     c->set_value(value);
-    req.add_success()->mutable_request_delete_range()->set_key(key);
-    pb::TxnResponse resp;
-    return FromGrpc(m.kv->Txn(&ctx, req, &resp), "delete", m.address);
   });
 }
 

@@ -14,6 +14,7 @@
 // Thread-safe.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,9 @@
 
 namespace grpc {
 class Channel;
+}
+namespace etcdserverpb {
+class Compare;
 }
 
 namespace tierkv::master {
@@ -89,6 +93,9 @@ class EtcdClient {
   // DEADLINE_EXCEEDED move on to the next member.
   template <class Fn>
   absl::Status Run(const char* what, Fn attempt);
+  // Deletes `key` in a transaction whose one comparison `condition` fills
+  // in (its result is EQUAL, its key `key`).
+  absl::Status DeleteIf(const std::string& key, const std::function<void(etcdserverpb::Compare*)>& condition);
 
   std::vector<std::string> endpoints_;
   std::vector<std::unique_ptr<Member>> members_;

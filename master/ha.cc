@@ -51,6 +51,7 @@ absl::Status HaNode::OpenStandby() {
 
 void HaNode::LeaseLoop() {
   const auto period = absl::ToChronoMilliseconds(ttl_ / 4);
+  int failures = 0;  // in a row: only the first is logged
   MutexLock lock(&mu_);
   while (!stop_) {
     const int64_t lease = lease_;
@@ -59,6 +60,8 @@ void HaNode::LeaseLoop() {
     absl::StatusOr<EtcdLease> got = lease == 0 ? etcd_->Grant(ttl_) : etcd_->KeepAlive(lease);
     mu_.Lock();
     if (got.ok()) {
+      if (failures > 0) TKV_LOG(INFO) << "ha: etcd lease renewed again after " << failures << " failed tries";
+      failures = 0;
       lease_ = got->id != 0 ? got->id : lease;
       // etcd counts the TTL from when it took the call, which was after
       // `sent`; the margin covers the two clocks' rates.
@@ -76,7 +79,7 @@ void HaNode::LeaseLoop() {
       // The gate closes by itself once lease_until_ passes; until then
       // another member may answer (etcd electing a new raft leader takes
       // about a second), so the next try comes soon.
-      TKV_LOG(WARNING) << "ha: renewing the etcd lease: " << got.status();
+      if (failures++ == 0) TKV_LOG(WARNING) << "ha: renewing the etcd lease: " << got.status();
       cv_.WaitFor(&mu_, std::chrono::milliseconds(100));
       continue;
     }

@@ -23,9 +23,11 @@
 #include "client/master_client.h"
 #include "config/base/status.h"
 #include "httplib.h"
+#include "master/etcd.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/fault_proxy.h"
 #include "tests/support/process.h"
+#include "tests/support/sanitizers.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/values.h"
 #include "transport/engine.h"
@@ -245,6 +247,29 @@ class HaTest : public ::testing::Test {
     return false;
   }
 
+  // etcd (`etcd_members`), two masters given `flags`, a leader whose
+  // standby has caught up, and a daemon live at it: the leader's index, or
+  // -1 with the failure recorded.
+  int StartGroup(int etcd_members = 1, const std::vector<std::string>& flags = {}) {
+    StartEtcd(etcd_members);
+    if (HasFatalFailure()) return -1;
+    StartMaster(0, flags);
+    StartMaster(1, flags);
+    if (HasFatalFailure()) return -1;
+    const int leader = WaitForLeader();
+    if (leader < 0 || !WaitForSynced(leader, 1)) {
+      ADD_FAILURE() << "no leader with a standby caught up\n" << Logs();
+      return -1;
+    }
+    StartDaemon();
+    if (HasFatalFailure()) return -1;
+    if (!WaitForLiveSegments(leader, 1)) {
+      ADD_FAILURE() << "the daemon did not mount at the leader\n" << Logs();
+      return -1;
+    }
+    return leader;
+  }
+
   std::string Logs() {
     std::string out;
     for (size_t i = 0; i < masters_.size(); ++i) {
@@ -346,15 +371,9 @@ bool WaitFor(const std::function<bool()>& cond, absl::Duration timeout) {
 }
 
 TEST_F(HaTest, KillingTheLeaderUnderLoadLosesNoAcknowledgedPut) {
-  StartEtcd();
-  StartMaster(0);
-  StartMaster(1);
-  const int leader = WaitForLeader();
-  ASSERT_GE(leader, 0) << Logs();
+  const int leader = StartGroup();
+  ASSERT_GE(leader, 0);
   const int standby = 1 - leader;
-  ASSERT_TRUE(WaitForSynced(leader, 1)) << Logs();
-  StartDaemon();
-  ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
   ASSERT_OK_AND_ASSIGN(json before, Ha(leader));
 
   auto c = NewClient();
@@ -371,7 +390,8 @@ TEST_F(HaTest, KillingTheLeaderUnderLoadLosesNoAcknowledgedPut) {
   std::printf("failover: first put acknowledged %.0f ms after the leader was killed; %zu puts acknowledged, %d "
               "failed\n",
               absl::ToDoubleMilliseconds(failover), w.acked(), w.failed());
-  EXPECT_LT(failover, absl::Seconds(5));
+  // The target (docs/ha.md); a sanitizer's build serves several times slower.
+  EXPECT_LT(failover, testing::kSanitized ? absl::Seconds(10) : absl::Seconds(5));
 
   ASSERT_OK_AND_ASSIGN(json after, Ha(standby));
   EXPECT_EQ(after["role"], "leader");
@@ -476,14 +496,8 @@ TEST_F(HaTest, ALeaderCutOffFromEtcdStopsServingBeforeTheNextOneStarts) {
 // deposed, answers nothing as the leader, rejoins as a standby and catches
 // up; puts made meanwhile at the new leader are all there.
 TEST_F(HaTest, AStalledLeaderWakesDeposedRefusesAndRejoins) {
-  StartEtcd();
-  StartMaster(0);
-  StartMaster(1);
-  const int leader = WaitForLeader();
-  ASSERT_GE(leader, 0) << Logs();
-  ASSERT_TRUE(WaitForSynced(leader, 1)) << Logs();
-  StartDaemon();
-  ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
+  const int leader = StartGroup();
+  ASSERT_GE(leader, 0);
   auto c = NewClient();
   ASSERT_NE(c, nullptr);
   std::vector<std::string> keys;
@@ -521,15 +535,9 @@ TEST_F(HaTest, AStalledLeaderWakesDeposedRefusesAndRejoins) {
 // the leader is then killed. The standby, far behind, must not serve; the
 // old leader, restarted, serves them all.
 TEST_F(HaTest, AStandbyFarBehindDoesNotServeWhatItLacks) {
-  StartEtcd();
-  StartMaster(0);
-  StartMaster(1);
-  const int leader = WaitForLeader();
-  ASSERT_GE(leader, 0) << Logs();
+  const int leader = StartGroup();
+  ASSERT_GE(leader, 0);
   const int standby = 1 - leader;
-  ASSERT_TRUE(WaitForSynced(leader, 1)) << Logs();
-  StartDaemon();
-  ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
   auto c = NewClient();
   ASSERT_NE(c, nullptr);
 
@@ -558,14 +566,8 @@ TEST_F(HaTest, AStandbyFarBehindDoesNotServeWhatItLacks) {
 // Every master restarted in turn (SIGTERM, then started again) under a
 // steady load of puts: nothing acknowledged is lost.
 TEST_F(HaTest, ARollingRestartOfEveryMasterLosesNothing) {
-  StartEtcd();
-  StartMaster(0);
-  StartMaster(1);
-  int leader = WaitForLeader();
-  ASSERT_GE(leader, 0) << Logs();
-  ASSERT_TRUE(WaitForSynced(leader, 1)) << Logs();
-  StartDaemon();
-  ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
+  int leader = StartGroup();
+  ASSERT_GE(leader, 0);
   auto c = NewClient();
   ASSERT_NE(c, nullptr);
   Writer w(c.get(), "rolling", 6000);
@@ -594,14 +596,8 @@ TEST_F(HaTest, ARollingRestartOfEveryMasterLosesNothing) {
 // One etcd member of three stopped (the one the masters talk to first):
 // the leader keeps its lease and goes on serving; no failover happens.
 TEST_F(HaTest, AStoppedEtcdMemberStopsNeitherElectionNorKeepalives) {
-  StartEtcd(3);
-  StartMaster(0, {"--ha-lease-ttl=3s"});
-  StartMaster(1, {"--ha-lease-ttl=3s"});
-  const int leader = WaitForLeader();
-  ASSERT_GE(leader, 0) << Logs();
-  ASSERT_TRUE(WaitForSynced(leader, 1)) << Logs();
-  StartDaemon();
-  ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
+  const int leader = StartGroup(3, {"--ha-lease-ttl=3s"});
+  ASSERT_GE(leader, 0);
   ASSERT_OK_AND_ASSIGN(json before, Ha(leader));
   auto c = NewClient();
   ASSERT_NE(c, nullptr);
@@ -628,14 +624,8 @@ TEST_F(HaTest, AStoppedEtcdMemberStopsNeitherElectionNorKeepalives) {
 // frames carry the granting master's epoch), and writes at the new epoch
 // go on.
 TEST_F(HaTest, AWriteGrantedByADeposedLeaderIsRefusedByTheDaemon) {
-  StartEtcd();
-  StartMaster(0);
-  StartMaster(1);
-  const int leader = WaitForLeader();
-  ASSERT_GE(leader, 0) << Logs();
-  ASSERT_TRUE(WaitForSynced(leader, 1)) << Logs();
-  StartDaemon();
-  ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
+  const int leader = StartGroup();
+  ASSERT_GE(leader, 0);
 
   // The grant a client holds when its leader dies.
   ASSERT_OK_AND_ASSIGN(auto old_master, client::MasterClient::Create(absl::StrCat("127.0.0.1:", rpc_[leader])));
@@ -683,6 +673,54 @@ TEST_F(HaTest, AWriteGrantedByADeposedLeaderIsRefusedByTheDaemon) {
   ASSERT_OK(c->Put("after-failover", Payload("after-failover", kValueBytes)));
   ASSERT_OK_AND_ASSIGN(std::string back, c->Get("after-failover"));
   EXPECT_EQ(back, Payload("after-failover", kValueBytes));
+}
+
+// The etcd calls the election rests on, against a real etcd of three.
+TEST_F(HaTest, EtcdClientCreatesOnceFencesDeletesAndOutlivesAStoppedMember) {
+  StartEtcd(3);
+  ASSERT_OK_AND_ASSIGN(auto etcd, master::EtcdClient::Create(
+                                      master::EtcdClient::SplitEndpoints(etcd_->endpoints()), absl::Seconds(1)));
+  ASSERT_OK_AND_ASSIGN(master::EtcdLease a, etcd->Grant(absl::Seconds(2)));
+  ASSERT_OK_AND_ASSIGN(master::EtcdLease b, etcd->Grant(absl::Seconds(30)));
+  ASSERT_OK_AND_ASSIGN(master::EtcdCreate first, etcd->CreateIfAbsent("/t/leader", "a", a.id));
+  EXPECT_TRUE(first.created);
+  EXPECT_EQ(first.key.value, "a");
+  ASSERT_OK_AND_ASSIGN(master::EtcdCreate second, etcd->CreateIfAbsent("/t/leader", "b", b.id));
+  EXPECT_FALSE(second.created) << "two holders of one key";
+  EXPECT_EQ(second.key.value, "a");
+  EXPECT_EQ(second.key.create_revision, first.key.create_revision);
+
+  // Only the holder of that create revision deletes the key.
+  EXPECT_OK(etcd->DeleteIfCreatedAt("/t/leader", first.key.create_revision + 1000));
+  EXPECT_OK(etcd->Get("/t/leader").status());
+  EXPECT_OK(etcd->DeleteIfValue("/t/leader", "b"));
+  EXPECT_OK(etcd->Get("/t/leader").status());
+
+  // A lease not kept alive takes its key with it; keepalives then say so.
+  ASSERT_TRUE(WaitFor([&] { return absl::IsNotFound(etcd->Get("/t/leader").status()); }, absl::Seconds(10)));
+  EXPECT_TRUE(absl::IsNotFound(etcd->KeepAlive(a.id).status()));
+  ASSERT_OK_AND_ASSIGN(master::EtcdCreate third, etcd->CreateIfAbsent("/t/leader", "b", b.id));
+  EXPECT_TRUE(third.created);
+  EXPECT_GT(third.key.create_revision, first.key.create_revision) << "epochs only grow";
+  ASSERT_OK_AND_ASSIGN(auto listed, etcd->List("/t/"));
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].second, "b");
+
+  // The member tried first stops answering: each call still ends within
+  // its deadline, answered by another member.
+  // (The first may meet the raft election that follows, if member 0 led.)
+  etcd_->member(0).Kill(SIGSTOP);
+  int answered = 0;
+  for (int i = 0; i < 6; ++i) {
+    const absl::Time start = absl::Now();
+    answered += etcd->KeepAlive(b.id).ok();
+    EXPECT_LT(absl::Now() - start, absl::Milliseconds(1500)) << "keepalive " << i;
+  }
+  EXPECT_GE(answered, 4);
+  etcd_->member(0).Kill(SIGCONT);
+  EXPECT_OK(etcd->Revoke(b.id));
+  EXPECT_TRUE(absl::IsNotFound(etcd->Get("/t/leader").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(master::EtcdClient::Create({"no-port"}).status()));
 }
 
 }  // namespace
