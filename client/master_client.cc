@@ -148,10 +148,16 @@ absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direc
       // kConnectBudget to make one before the next is tried (a fail-fast
       // call would not make the channel dial again).
       const bool ready_before = ep.channel->GetState(false) == GRPC_CHANNEL_READY;
+      // A master that was down a moment ago (a standby just elected) is
+      // dialled now, not after the channel's reconnect backoff (up to 1 s).
+      if (n > 1 && !ready_before) grpc::experimental::ChannelResetConnectionBackoff(ep.channel.get());
       const absl::Time attempt_deadline =
           n > 1 && !ready_before ? std::min(deadline, absl::Now() + kConnectBudget) : deadline;
       ctx.set_deadline(absl::ToChronoTime(attempt_deadline));
-      ctx.set_wait_for_ready(true);
+      // With several masters, a call on a connection that breaks (its
+      // master died) fails at once rather than waiting out its deadline
+      // for that master to come back: the next one may already lead.
+      ctx.set_wait_for_ready(n == 1 || !ready_before);
       if (!options_.token.empty()) ctx.AddMetadata(auth::kAuthorizationHeader, absl::StrCat("Bearer ", options_.token));
       grpc::Status s = call(ep.stub.get(), &ctx, *send, resp);
       if (s.ok()) {

@@ -319,11 +319,13 @@ class Writer {
     std::lock_guard<std::mutex> l(mu_);
     return keys_.size();
   }
-  // The first acknowledgement after `t`, or InfiniteFuture.
+  // When the first put begun after `t` was acknowledged (one begun before
+  // may have had its answer on the way when the leader died), or
+  // InfiniteFuture.
   absl::Time FirstAckAfter(absl::Time t) {
     std::lock_guard<std::mutex> l(mu_);
-    for (absl::Time a : times_) {
-      if (a > t) return a;
+    for (size_t i = 0; i < begun_.size(); ++i) {
+      if (begun_[i] > t) return times_[i];
     }
     return absl::InfiniteFuture();
   }
@@ -337,10 +339,12 @@ class Writer {
   void Run() {
     for (int i = 0; i < max_ && !stop_; ++i) {
       const std::string key = absl::StrCat(prefix_, "-", i);
+      const absl::Time begun = absl::Now();
       absl::Status s = c_->Put(key, Payload(key, kValueBytes));
       if (s.ok()) {
         std::lock_guard<std::mutex> l(mu_);
         keys_.push_back(key);
+        begun_.push_back(begun);
         times_.push_back(absl::Now());
       } else {
         ++failed_;
@@ -357,7 +361,7 @@ class Writer {
   std::atomic<int> failed_{0};
   std::mutex mu_;
   std::vector<std::string> keys_;
-  std::vector<absl::Time> times_;
+  std::vector<absl::Time> begun_, times_;  // of each acknowledged put
   std::thread thread_;
 };
 

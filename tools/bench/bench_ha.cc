@@ -311,16 +311,18 @@ absl::Status Failovers(Run* run, int kills, json* out) {
   });
   std::mutex mu;
   std::vector<std::string> acked;
-  std::vector<absl::Time> acked_at;
+  std::vector<absl::Time> begun_at, acked_at;  // of each acknowledged put, in order
   std::atomic<uint64_t> failed{0};
   std::thread writer([&] {
     auto mc = client::MasterClient::Create(list);
     if (!mc.ok()) return;
     for (uint64_t i = 0; !stop && i < 10'000'000; ++i) {
       const std::string key = absl::StrCat("failover-", i);
+      const absl::Time begun = absl::Now();
       if (PutOne(mc->get(), key).ok()) {
         std::lock_guard<std::mutex> l(mu);
         acked.push_back(key);
+        begun_at.push_back(begun);
         acked_at.push_back(absl::Now());
       } else {
         failed.fetch_add(1);
@@ -328,10 +330,12 @@ absl::Status Failovers(Run* run, int kills, json* out) {
       }
     }
   });
+  // When the first put begun after `t` was acknowledged (a put begun
+  // before may have had its answer on the way when the leader died).
   auto first_ack_after = [&](absl::Time t) {
     std::lock_guard<std::mutex> l(mu);
-    auto it = std::upper_bound(acked_at.begin(), acked_at.end(), t);
-    return it == acked_at.end() ? absl::InfiniteFuture() : *it;
+    auto it = std::upper_bound(begun_at.begin(), begun_at.end(), t);
+    return it == begun_at.end() ? absl::InfiniteFuture() : acked_at[it - begun_at.begin()];
   };
   std::vector<double> seconds;
   absl::Status result;
@@ -409,8 +413,9 @@ absl::StatusOr<double> Promotion(Run* run, int64_t objects) {
     server->Shutdown();
   }
   ASSIGN_OR_RETURN(MasterConfig c, Config({"--rpc-port=0", "--http-port=0", "--data-dir=" + dir}));
-  const absl::Time start = absl::Now();
+  // A standby's store is open already when it wins (its copier wrote to it).
   ASSIGN_OR_RETURN(std::unique_ptr<master::IndexStore> store, master::OpenRocksDbStore(dir));
+  const absl::Time start = absl::Now();
   master::ReplicationOptions ro;
   ro.epoch = 1;
   master::ReplicationLog log(ro, store.get());
