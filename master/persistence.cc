@@ -59,22 +59,12 @@ class RocksDbStore final : public IndexStore {
 
   absl::Status Scan(const std::string& prefix,
                     const std::function<bool(absl::string_view, absl::string_view)>& fn) override {
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-      if (!fn(absl::string_view(it->key().data(), it->key().size()), absl::string_view(it->value().data(), it->value().size()))) break;
-    }
-    return FromRocks(it->status(), "rocksdb scan");
+    return Walk(prefix, /*past_start=*/false, prefix, fn);
   }
 
   absl::Status ScanAfter(const std::string& after,
                          const std::function<bool(absl::string_view, absl::string_view)>& fn) override {
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
-    it->Seek(after);
-    if (it->Valid() && !after.empty() && it->key() == rocksdb::Slice(after)) it->Next();
-    for (; it->Valid(); it->Next()) {
-      if (!fn(absl::string_view(it->key().data(), it->key().size()), absl::string_view(it->value().data(), it->value().size()))) break;
-    }
-    return FromRocks(it->status(), "rocksdb scan");
+    return Walk(after, /*past_start=*/true, "", fn);
   }
 
   absl::Status Flush() override { return FromRocks(db_->FlushWAL(/*sync=*/true), "rocksdb sync"); }
@@ -86,6 +76,19 @@ class RocksDbStore final : public IndexStore {
     bool done = false;
     uint64_t seq = 0;  // the replicated batch it went out in (0: none)
   };
+
+  // Calls fn on keys from `start` (the keys after it when past_start) in
+  // order, while they begin with `prefix`, until fn returns false.
+  absl::Status Walk(const std::string& start, bool past_start, const std::string& prefix,
+                    const std::function<bool(absl::string_view, absl::string_view)>& fn) {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+    it->Seek(start);
+    if (past_start && it->Valid() && it->key() == rocksdb::Slice(start)) it->Next();
+    for (; it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      if (!fn(absl::string_view(it->key().data(), it->key().size()), absl::string_view(it->value().data(), it->value().size()))) break;
+    }
+    return FromRocks(it->status(), "rocksdb scan");
+  }
 
   // A writer's status once its batch is replicated as the mode asks.
   absl::Status Replicated(const Writer& w) {

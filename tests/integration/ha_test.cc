@@ -6,9 +6,7 @@
 // moments each master last and first answered) in its output. Skips,
 // saying why, where etcd is not installed (scripts/install-deps.sh
 // installs Debian's etcd-server).
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -32,6 +30,7 @@
 #include "tests/support/values.h"
 #include "transport/engine.h"
 #include "transport/metadata.h"
+#include "transport/tcp/socket.h"
 
 namespace tierkv {
 namespace {
@@ -45,22 +44,6 @@ using json = nlohmann::json;
 
 constexpr char kEtcd[] = "/usr/bin/etcd";
 constexpr size_t kValueBytes = 8192;
-
-// A loopback port nothing listens on now (the kernel's pick).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
 
 absl::StatusOr<json> GetJson(int port, const std::string& path) {
   httplib::Client cli("127.0.0.1", port);
@@ -81,8 +64,8 @@ class Etcd {
     auto e = std::unique_ptr<Etcd>(new Etcd());
     std::vector<std::string> peers;
     for (int i = 0; i < members; ++i) {
-      e->client_ports_.push_back(FreePort());
-      e->peer_ports_.push_back(FreePort());
+      e->client_ports_.push_back(transport::tcp::FreeLoopbackPort());
+      e->peer_ports_.push_back(transport::tcp::FreeLoopbackPort());
       peers.push_back(absl::StrCat("m", i, "=http://127.0.0.1:", e->peer_ports_[i]));
     }
     for (int i = 0; i < members; ++i) {
@@ -147,8 +130,8 @@ class HaTest : public ::testing::Test {
   void StartMaster(int i, std::vector<std::string> flags = {}, const std::string& etcd = "") {
     while (static_cast<int>(masters_.size()) <= i) {
       masters_.emplace_back();
-      rpc_.push_back(FreePort());
-      http_.push_back(FreePort());
+      rpc_.push_back(transport::tcp::FreeLoopbackPort());
+      http_.push_back(transport::tcp::FreeLoopbackPort());
     }
     std::vector<std::string> args{"--etcd=" + (etcd.empty() ? etcd_->endpoints() : etcd),
                                   "--cluster-id=test",

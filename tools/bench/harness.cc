@@ -1,9 +1,5 @@
 #include "tools/bench/harness.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 
 namespace tierkv::bench {
@@ -69,22 +65,6 @@ double Best(const Figures& f, const std::string& prefix, const std::string& coun
     if (name.rfind(prefix, 0) == 0 && c.contains(counter)) best = std::max(best, c.at(counter));
   }
   return best;
-}
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
 }
 
 }  // namespace tierkv::bench

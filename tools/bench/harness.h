@@ -28,11 +28,6 @@ Figures RunRegistered(double min_time, bool quiet, int repetitions = 1);
 // (a case's name gains suffixes such as "/real_time"); 0 when none has it.
 double Best(const Figures& f, const std::string& prefix, const std::string& counter);
 
-// A loopback port nothing listens on now (the server binds it next; a
-// lost race shows as a server that does not come up, and is retried).
-// 0 when none could be had.
-int FreePort();
-
 // Records per-operation latencies on one benchmark thread and publishes
 // p50/p99 (microseconds) as thread-averaged counters.
 class LatencyRecorder {

@@ -127,6 +127,12 @@ absl::StatusOr<Fd> Dial(const std::string& endpoint, absl::Time deadline) {
   return fd;
 }
 
+int FreeLoopbackPort() {
+  int port = 0;
+  absl::StatusOr<Fd> fd = Listen("127.0.0.1", 0, &port);
+  return fd.ok() ? port : 0;  // closed again here: free for the caller's server
+}
+
 absl::StatusOr<Fd> Listen(const std::string& address, int port, int* bound) {
   // The IPv4 wildcard takes IPv6 too where the host has it, as gRPC's does.
   if (address == "0.0.0.0") {

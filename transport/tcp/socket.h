@@ -39,6 +39,11 @@ absl::StatusOr<Fd> Dial(const std::string& endpoint, absl::Time deadline);
 // where the host has it (else IPv4 alone), as gRPC's wildcards do.
 absl::StatusOr<Fd> Listen(const std::string& address, int port, int* bound);
 
+// A loopback port nothing listens on now, for a test or benchmark to hand
+// a server it starts (a lost race shows as a server that cannot bind). 0
+// when none could be had.
+int FreeLoopbackPort();
+
 // Full reads and writes on a non-blocking socket, polling up to `deadline`.
 // UNAVAILABLE on EOF or a socket error.
 absl::Status ReadFull(int fd, void* buf, size_t len, absl::Time deadline);
