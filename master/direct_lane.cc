@@ -113,6 +113,17 @@ DirectLane::DirectLane(Master* master, rpc::RpcMetrics* metrics, Options options
                   .Help("Direct RPC connections closed for a malformed frame or at the connection cap")
                   .Register(master->metrics())
                   .Add({});
+  threads_ = &metrics::BuildGauge()
+                  .Name("tierkv_master_direct_threads")
+                  .Help("Direct-lane connection threads, serving a connection or waiting for the next")
+                  .Register(master->metrics())
+                  .Add({});
+  threads_started_ = &metrics::BuildCounter()
+                          .Name("tierkv_master_direct_threads_started_total")
+                          .Help("Direct-lane connection threads started (a waiting one takes a new "
+                                "connection without a start)")
+                          .Register(master->metrics())
+                          .Add({});
   auto& spins = metrics::BuildCounter()
                     .Name("tierkv_master_direct_spins_total")
                     .Help("Waits for a hot direct connection's next call by outcome: it arrived (or the "
@@ -127,6 +138,11 @@ DirectLane::DirectLane(Master* master, rpc::RpcMetrics* metrics, Options options
 transport::tcp::ServerSpin::Counts DirectLane::spins() const {
   return {static_cast<uint64_t>(spin_call_->Value()), static_cast<uint64_t>(spin_idle_->Value()),
           static_cast<uint64_t>(spin_capped_->Value())};
+}
+
+DirectLane::ThreadCounts DirectLane::threads() const {
+  return {static_cast<uint64_t>(threads_started_->Value()), static_cast<int64_t>(threads_->Value()),
+          static_cast<int64_t>(connections_->Value())};
 }
 
 void DirectLane::SpinForNextCall(int fd, transport::tcp::SpinTracker* tracker) {
@@ -160,16 +176,19 @@ void DirectLane::Stop() {
   if (stopped_) return;
   stopped_ = true;
   StopAccepting();
-  std::list<std::unique_ptr<Conn>> conns;
+  // No worker starts once the acceptor is gone, so these are all of them.
+  std::list<std::unique_ptr<Worker>> workers;
   {
     MutexLock lock(&mu_);
-    // A blocked recv returns 0; a running handler finishes and its reply fails.
+    // A blocked recv returns 0; a running handler finishes and its reply
+    // fails; a connection not yet taken is closed by the worker that takes it.
     for (auto& c : conns_) {
       if (c->fd >= 0) ::shutdown(c->fd, SHUT_RDWR);
     }
-    conns.swap(conns_);
+    work_cv_.SignalAll();
+    workers.swap(workers_);
   }
-  for (auto& c : conns) c->thread.join();
+  for (auto& w : workers) w->thread.join();
 }
 
 void DirectLane::Close(Conn* conn) {
@@ -206,11 +225,11 @@ void DirectLane::AcceptLoop() {
       ::close(fd);
       return;
     }
-    // Finished threads are joined here, so their number stays bounded.
-    for (auto it = conns_.begin(); it != conns_.end();) {
+    // Threads past the spare ones that ended are joined here.
+    for (auto it = workers_.begin(); it != workers_.end();) {
       if ((*it)->done.load()) {
         (*it)->thread.join();
-        it = conns_.erase(it);
+        it = workers_.erase(it);
       } else {
         ++it;
       }
@@ -236,25 +255,54 @@ void DirectLane::AcceptLoop() {
     auto conn = std::make_unique<Conn>();
     conn->fd = fd;
     conn->unread = true;
+    conn->peer = PeerName(addr);
     Conn* c = conn.get();
+    conns_.push_back(std::move(conn));
+    c->self = std::prev(conns_.end());
+    ++unread_;
+    if (idle_ > 0) {
+      --idle_;
+      handoff_.push_back(c);
+      work_cv_.Signal();
+      continue;
+    }
+    auto worker = std::make_unique<Worker>();
     try {
-      c->thread = std::thread([this, c, peer = PeerName(addr)]() mutable {
-        Serve(c, std::move(peer));
-        c->done.store(true);
-      });
+      worker->thread = std::thread([this, w = worker.get(), c] { WorkerLoop(w, c); });
     } catch (const std::system_error& e) {
       // Out of threads (a pids cgroup, RLIMIT_NPROC): refuse this one.
       TKV_LOG(WARNING) << "master rpc port: no thread for a connection: " << e.what();
       refused_->Increment();
+      --unread_;
+      conns_.erase(c->self);
       ::close(fd);
       continue;
     }
-    ++unread_;
-    conns_.push_back(std::move(conn));
+    threads_started_->Increment();
+    threads_->Increment();
+    workers_.push_back(std::move(worker));
   }
 }
 
-void DirectLane::Serve(Conn* conn, std::string peer) {
+void DirectLane::WorkerLoop(Worker* worker, Conn* conn) {
+  for (;;) {
+    Serve(conn);
+    MutexLock lock(&mu_);
+    conns_.erase(conn->self);
+    if (stopping_ || idle_ >= options_.spare_threads) break;
+    ++idle_;
+    while (handoff_.empty() && !stopping_) work_cv_.Wait(&mu_);
+    // Connections handed over before a stop are still taken (and closed).
+    if (handoff_.empty()) break;
+    conn = handoff_.front();
+    handoff_.pop_front();
+  }
+  threads_->Decrement();
+  worker->done.store(true);
+}
+
+void DirectLane::Serve(Conn* conn) {
+  const std::string& peer = conn->peer;
   int fd;
   {
     MutexLock lock(&mu_);

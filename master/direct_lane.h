@@ -4,6 +4,9 @@
 // which runs each call's handler inline, so a lookup costs the master one
 // wake-up instead of gRPC's poller hand-offs (docs/performance.md);
 // anything else (an HTTP/2 preface) is handed to the gRPC server as it is.
+// A thread whose connection closed waits for the next one (at most
+// `spare_threads` wait), so clients that reconnect often cost no thread
+// start per connection.
 // One port for both means whatever reaches gRPC (a proxy, a firewall rule)
 // reaches the direct lane too, and a client needs no second address.
 //
@@ -34,6 +37,8 @@
 //
 // Metrics: tierkv_master_rpc_* per method (shared with gRPC),
 // tierkv_master_direct_connections, tierkv_master_direct_refused_total,
+// tierkv_master_direct_threads (serving or waiting),
+// tierkv_master_direct_threads_started_total,
 // tierkv_master_direct_spins_total{outcome="call"|"idle"|"capped"}.
 //
 //   DirectLane lane(master, &metrics, options);
@@ -41,14 +46,16 @@
 //   ...
 //   lane.StopAccepting();  // before the gRPC server's Shutdown
 //   grpc_server->Shutdown();
-//   lane.Stop();           // joins every connection's thread
+//   lane.Stop();           // joins every connection thread
 #pragma once
 
 #include <sys/socket.h>
 
 #include <atomic>
+#include <deque>
 #include <list>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "absl/time/time.h"
@@ -85,6 +92,7 @@ class DirectLane {
     const auth::Authenticator* auth = nullptr;  // null: every caller is admitted
     absl::Duration spin = absl::ZeroDuration();  // 0: never spin; cut to 1 ms
     size_t max_spinners = 1;
+    size_t spare_threads = 16;  // idle connection threads kept for reuse
   };
 
   // `master`, `metrics` and `options.auth` must outlive it.
@@ -103,17 +111,31 @@ class DirectLane {
   void Stop();
 
   transport::tcp::ServerSpin::Counts spins() const;
+  // Connection threads started so far and alive now; direct connections open.
+  struct ThreadCounts {
+    uint64_t started = 0;
+    int64_t alive = 0;
+    int64_t connections = 0;
+  };
+  ThreadCounts threads() const;
 
  private:
   struct Conn {
-    std::thread thread;
     int fd = -1;  // guarded by mu_; -1 once the thread closed or handed it on
     bool unread = false;  // guarded by mu_; before its first bytes
+    std::string peer;     // set before a thread has it
+    std::list<std::unique_ptr<Conn>>::iterator self;  // its place in conns_
+  };
+  struct Worker {
+    std::thread thread;
     std::atomic<bool> done{false};
   };
 
   void AcceptLoop();
-  void Serve(Conn* conn, std::string peer);
+  // Serves `conn`, then waits for another handed over by AcceptLoop, until
+  // it would be past the spare threads or the lane stops.
+  void WorkerLoop(Worker* worker, Conn* conn);
+  void Serve(Conn* conn);
   // Closes conn->fd under mu_ (so Stop never shuts a reused number).
   void Close(Conn* conn);
   // Runs one call; false when the connection must close after the reply.
@@ -129,6 +151,8 @@ class DirectLane {
   rpc::MethodStats stats_[direct::kMaxMethod + 1];
   metrics::Gauge* connections_;
   metrics::Counter* refused_;
+  metrics::Gauge* threads_;
+  metrics::Counter* threads_started_;
   metrics::Counter* spin_call_;
   metrics::Counter* spin_idle_;
   metrics::Counter* spin_capped_;
@@ -137,7 +161,11 @@ class DirectLane {
   grpc::Server* grpc_ = nullptr;
   std::thread acceptor_;
   Mutex mu_;
-  std::list<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
+  std::list<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);  // accepted, not yet closed
+  std::list<std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
+  std::deque<Conn*> handoff_ ABSL_GUARDED_BY(mu_);  // accepted, for a waiting worker
+  size_t idle_ ABSL_GUARDED_BY(mu_) = 0;            // waiting workers not yet handed one
+  CondVar work_cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   size_t unread_ ABSL_GUARDED_BY(mu_) = 0;  // connections before their first bytes
   size_t direct_ ABSL_GUARDED_BY(mu_) = 0;  // connections identified as direct

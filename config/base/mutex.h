@@ -47,6 +47,12 @@ class CondVar {
     cv_.wait_for(lock, d);
     lock.release();
   }
+  // Blocks until notified (or a spurious wake-up); `mu` as for WaitFor.
+  void Wait(Mutex* mu) {
+    std::unique_lock<std::mutex> lock(mu->native(), std::adopt_lock);
+    cv_.wait(lock);
+    lock.release();
+  }
   void Signal() { cv_.notify_one(); }
   void SignalAll() { cv_.notify_all(); }
 

@@ -276,6 +276,39 @@ TEST_F(DirectLaneTest, OnlyAConnectionCallingBackToBackIsSpunFor) {
   EXPECT_EQ(after_slow.capped, after_quick.capped);
 }
 
+// A thread whose connection closed serves the next one: clients that
+// reconnect for every call start no thread each. With no spare threads
+// kept, every connection starts one.
+TEST_F(DirectLaneTest, AThreadWhoseConnectionClosedServesTheNext) {
+  for (const size_t spare : {size_t{16}, size_t{0}}) {
+    SCOPED_TRACE(spare);
+    TearDown();  // the previous round's lane
+    lane_.reset();
+    grpc_.reset();
+    master::DirectLane::Options o;
+    o.spare_threads = spare;
+    StartLane(o);
+    constexpr int kConnections = 40;
+    for (int i = 0; i < kConnections; ++i) {
+      transport::tcp::Fd fd = Connect();
+      ASSERT_OK(Ping(fd.get()));
+      fd = transport::tcp::Fd();
+      // Until the lane has seen it close (bounded: 5 s).
+      for (int t = 0; t < 500 && lane_->threads().connections != 0; ++t) absl::SleepFor(absl::Milliseconds(10));
+    }
+    const master::DirectLane::ThreadCounts n = lane_->threads();
+    if (spare == 0) {
+      EXPECT_EQ(n.started, static_cast<uint64_t>(kConnections));
+    } else {
+      // One, or a few where a connection arrived before the last thread
+      // was back waiting.
+      EXPECT_GE(n.started, 1u);
+      EXPECT_LE(n.started, 4u);
+      EXPECT_LE(n.alive, static_cast<int64_t>(n.started));
+    }
+  }
+}
+
 TEST_F(DirectLaneTest, NothingSpinsWithTheSpinOff) {
   StartLane({});
   transport::tcp::Fd fd = Connect();
