@@ -65,11 +65,13 @@ namespace {
 using transport::Op;
 using transport::Request;
 
-// The 8 bytes stored after every value: CRC32C of the value, then a magic.
-// Trailers live in the client's registered TrailerArena, so every transport
-// (rdma included) can move them.
-constexpr uint32_t kTrailerMagic = 0x3156'4b54;  // "TKV1"
-constexpr uint64_t kTrailer = internal::kTrailerBytes;
+// The trailer stored after every value binds it to its key and put
+// (client/internal/trailer_arena.h). Trailers live in the client's
+// registered TrailerArena, so every transport (rdma included) can move them.
+using internal::CheckTrailer;
+using internal::EncodeTrailer;
+using internal::KeyCrc;
+using internal::TrailerSize;
 
 // The replicas a GetReplicas answer marks as staging extents are filled
 // from their daemon's SSD tier (POST /tier/stage, one request per daemon)
@@ -174,15 +176,10 @@ uint64_t ValueSize(const PutItem& it) {
   return n;
 }
 
-void WriteTrailer(uint32_t crc, char* t) {
-  std::memcpy(t, &crc, 4);
-  std::memcpy(t + 4, &kTrailerMagic, 4);
-}
-
-void MakeTrailer(absl::Span<const absl::string_view> parts, char* t) {
-  uint32_t crc = 0;
+void MakeTrailer(const std::string& key, absl::Span<const absl::string_view> parts, uint64_t put_id, char* t) {
+  uint32_t crc = KeyCrc(key);
   for (absl::string_view p : parts) crc = Crc32cExtend(crc, p.data(), p.size());
-  WriteTrailer(crc, t);
+  EncodeTrailer(crc, put_id, t);
 }
 
 // The one non-empty part of a put item, or null when it has none or several.
@@ -194,26 +191,6 @@ const absl::string_view* OnePart(const PutItem& it) {
     one = &p;
   }
   return one;
-}
-
-// `copied`: the CRC a transport worked out as it copied a one-piece value
-// (unset: the bytes are checksummed here).
-absl::Status CheckTrailer(const char* t, absl::Span<const absl::Span<char>> value, const std::string& key,
-                          bool verify, const transport::CopyCrc& copied) {
-  uint32_t crc, magic;
-  std::memcpy(&crc, t, 4);
-  std::memcpy(&magic, t + 4, 4);
-  if (magic != kTrailerMagic) return absl::DataLossError(absl::StrCat(key, ": value trailer is corrupt"));
-  if (verify) {
-    uint32_t got = 0;
-    if (copied.set && value.size() == 1) {
-      got = copied.value;
-    } else {
-      for (absl::Span<char> p : value) got = Crc32cExtend(got, p.data(), p.size());
-    }
-    if (crc != got) return absl::DataLossError(absl::StrCat(key, ": checksum mismatch"));
-  }
-  return absl::OkStatus();
 }
 
 // Worth trying another replica after this transfer error.
@@ -230,7 +207,12 @@ std::string LocalHostName() {
 
 }  // namespace
 
-uint64_t StoredSize(uint64_t value_size) { return value_size + kTrailer; }
+uint64_t StoredSize(uint64_t value_size) { return value_size + internal::kTrailerBytes; }
+
+uint64_t ValueSizeOf(uint64_t stored_size, uint64_t put_id) {
+  const uint64_t t = TrailerSize(put_id);
+  return stored_size > t ? stored_size - t : 0;
+}
 
 absl::StatusOr<std::string> DiscoverMetadata(const std::string& master, absl::Duration timeout,
                                              const std::string& token, const auth::TlsFiles& tls) {
@@ -374,11 +356,19 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
   std::vector<Request> values, tails;
   std::vector<size_t> value_owner, tail_owner;
   std::vector<bool> began(n, false), fused(n, false);
+  std::vector<uint64_t> put_ids(n, 0);
   for (size_t i = 0; i < n; ++i) {
     const v1::PutStartResult& r = started->results(static_cast<int>(i));
     out[i] = FromItem(r.status());
     if (!out[i].ok()) continue;
     began[i] = true;
+    put_ids[i] = r.put_id();
+    if (put_ids[i] == 0) {
+      // Without one the trailer could not be told from another put's.
+      out[i] = absl::FailedPreconditionError(
+          absl::StrCat(items[i].key, ": the master gave no put id (it predates them); upgrade the master"));
+      continue;
+    }
     const absl::string_view* one = OnePart(items[i]);
     uint64_t vsize = 0;
     for (const v1::Extent& e : r.replicas()) {
@@ -387,6 +377,7 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
       if (one != nullptr && !fused[i] && engine_->ChecksumsCopies(e.segment(), one->size())) {
         fused[i] = true;
         crc = trailers->crc(i);
+        crc->value = KeyCrc(items[i].key);  // the copy extends it over the value
       }
       for (absl::string_view part : Parts(items[i])) {
         if (part.empty()) continue;
@@ -396,8 +387,8 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
         value_owner.push_back(i);
         vsize += part.size();
       }
-      tails.push_back({Op::kWrite, trailers->slot(i), e.segment(), e.offset() + vsize, kTrailer, nullptr,
-                       started->epoch()});
+      tails.push_back({Op::kWrite, trailers->slot(i), e.segment(), e.offset() + vsize, internal::kTrailerBytes,
+                       nullptr, started->epoch()});
       tail_owner.push_back(i);
     }
   }
@@ -406,9 +397,9 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
   auto finish_fused = [&](size_t i) {
     const transport::CopyCrc* crc = trailers->crc(i);
     if (crc->set) {
-      WriteTrailer(crc->value, trailers->slot(i));
+      EncodeTrailer(crc->value, put_ids[i], trailers->slot(i));
     } else {
-      MakeTrailer(Parts(items[i]), trailers->slot(i));
+      MakeTrailer(items[i].key, Parts(items[i]), put_ids[i], trailers->slot(i));
     }
   };
   const absl::Time wait_until = absl::Now() + options_.transfer_timeout + kCompletionGrace;
@@ -430,7 +421,7 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
       early_tail_owner.push_back(tail_owner[k]);
     }
     for (size_t i = 0; i < n; ++i) {
-      if (began[i] && !fused[i]) MakeTrailer(Parts(items[i]), trailers->slot(i));
+      if (began[i] && out[i].ok() && !fused[i]) MakeTrailer(items[i].key, Parts(items[i]), put_ids[i], trailers->slot(i));
     }
     if (!early.empty()) {
       early_tail_batch = engine_->Submit(std::move(early), options_.transfer_timeout);
@@ -459,7 +450,7 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
   } else if (n == 1) {
     // A single put: its checksum first, then value and trailer in one
     // batch moved by this thread (no hand-off, one round of the wire).
-    if (began[0]) MakeTrailer(Parts(items[0]), trailers->slot(0));
+    if (began[0] && out[0].ok()) MakeTrailer(items[0].key, Parts(items[0]), put_ids[0], trailers->slot(0));
     values.insert(values.end(), tails.begin(), tails.end());
     std::shared_ptr<transport::Batch> both = engine_->SubmitHere(std::move(values), options_.transfer_timeout);
     trailers->Hold(both);
@@ -473,7 +464,7 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
   } else {
     value_batch = engine_->Submit(std::move(values), options_.transfer_timeout);
     for (size_t i = 0; i < n; ++i) {
-      if (began[i]) MakeTrailer(Parts(items[i]), trailers->slot(i));
+      if (began[i] && out[i].ok()) MakeTrailer(items[i].key, Parts(items[i]), put_ids[i], trailers->slot(i));
     }
     tail_batch = engine_->Submit(std::move(tails), options_.transfer_timeout);
     trailers->Hold(tail_batch);
@@ -584,6 +575,8 @@ struct Client::Impl {
         const std::string& seg = where[i].replicas[attempt].first;
         uint64_t off = where[i].replicas[attempt].second;
         uint64_t vsize = 0;
+        // A copy that checksums extends the key's CRC (none for a trailer without a put id).
+        if (attempt == 0) trailers->crc(i)->value = where[i].put_id != 0 ? KeyCrc(keys[i]) : 0;
         for (absl::Span<char> piece : outs[i]) {
           if (piece.empty()) continue;
           requests.push_back({Op::kRead, piece.data(), seg, off + vsize, piece.size(),
@@ -592,7 +585,7 @@ struct Client::Impl {
           owner.push_back(i);
           vsize += piece.size();
         }
-        requests.push_back({Op::kRead, trailers->slot(i), seg, off + vsize, kTrailer});
+        requests.push_back({Op::kRead, trailers->slot(i), seg, off + vsize, TrailerSize(where[i].put_id)});
         owner.push_back(i);
       }
       if (requests.empty()) return;
@@ -638,7 +631,7 @@ struct Client::Impl {
           if (!pending[i] || lease_over(i)) continue;
           absl::Status st = round[i];
           if (st.ok()) {
-            st = CheckTrailer(trailers->slot(i), outs[i], keys[i], c->options_.verify_checksums,
+            st = CheckTrailer(trailers->slot(i), where[i].put_id, keys[i], outs[i], c->options_.verify_checksums,
                               attempt == 0 ? *trailers->crc(i) : transport::CopyCrc{});
           }
           (*status)[i] = st.ok() ? st : Annotate(st, absl::StrCat("reading ", keys[i]));
@@ -657,6 +650,7 @@ struct Client::Impl {
     for (int i = 0, r = 0; i < resp.sizes_size(); ++i) {
       internal::Located& w = out[i];
       w.stored_size = resp.sizes(i);
+      w.put_id = i < resp.put_ids_size() ? resp.put_ids(i) : 0;
       const int64_t expiry = i < resp.lease_expiry_unix_ms_size() ? resp.lease_expiry_unix_ms(i) : 0;
       // The master's clock beside its lease measures the lease's length;
       // without it (an older master) the expiry is read on our clock.
@@ -682,7 +676,7 @@ struct Client::Impl {
   // impossible sizes.
   static absl::Status Found(const std::string& key, const internal::Located& where) {
     if (where.stored_size == 0) return absl::NotFoundError(key);
-    if (where.stored_size < kTrailer) {
+    if (where.stored_size < TrailerSize(where.put_id)) {
       return absl::DataLossError(absl::StrCat(key, ": stored size ", where.stored_size, " is too small"));
     }
     return absl::OkStatus();
@@ -747,7 +741,7 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
     for (size_t i : which) {
       if (st[i].ok()) st[i] = Impl::Found(keys[i], where[i]);
       if (st[i].ok()) {
-        const uint64_t vsize = where[i].stored_size - kTrailer;
+        const uint64_t vsize = where[i].stored_size - TrailerSize(where[i].put_id);
         pieces[i].clear();
         if (!place(i, vsize, &pieces[i])) {
           st[i] = absl::InvalidArgumentError(absl::StrCat(keys[i], ": the buffer cannot hold ", vsize, " bytes"));
@@ -793,7 +787,7 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
       replicas_->Insert(keys[i], where[i], generation);
     }
     if (st[i].ok()) {
-      result[i] = where[i].stored_size - kTrailer;
+      result[i] = where[i].stored_size - TrailerSize(where[i].put_id);
     } else {
       result[i] = st[i];
     }

@@ -11,8 +11,11 @@
 // the bytes to every replica through the transfer engine, then PutEnd; on
 // any failure PutRevoke, so no reader ever sees a partial value. Get:
 // GetReplicas (which grants a read lease), reads one replica, and tries the
-// next replica when a transport fails. Every value is stored with a CRC32C
-// trailer that Get checks: a mismatch is DATA_LOSS, never data.
+// next replica when a transport fails. Every value is stored with a
+// trailer that names its put and holds a CRC32C over key and value, which
+// Get checks: bytes of another put (another key's, an older one's) at the
+// extent read as a miss (NOT_FOUND), a checksum mismatch is DATA_LOSS;
+// never data.
 //
 // Zero copy: Put reads from the caller's bytes and Get(key, span) writes
 // into it directly; nothing is copied in between. Transports that need
@@ -218,5 +221,9 @@ absl::StatusOr<std::string> DiscoverMetadata(const std::string& master,
 
 // Bytes a value of `size` occupies in the store (value + checksum trailer).
 uint64_t StoredSize(uint64_t value_size);
+// A value's bytes from its object's stored size and put id (as
+// /v1/objects/{key} gives them): objects put before put ids have a
+// shorter trailer.
+uint64_t ValueSizeOf(uint64_t stored_size, uint64_t put_id);
 
 }  // namespace tierkv::client

@@ -3,9 +3,54 @@
 #include <algorithm>
 #include <utility>
 
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "config/base/crc32c.h"
 #include "config/base/log.h"
 
 namespace tierkv::client::internal {
+
+namespace {
+constexpr uint32_t kMagicV1 = 0x3156'4b54;  // "TKV1"
+constexpr uint32_t kMagicV2 = 0x3256'4b54;  // "TKV2"
+}  // namespace
+
+uint32_t KeyCrc(absl::string_view key) { return Crc32c(key.data(), key.size()); }
+
+void EncodeTrailer(uint32_t crc, uint64_t put_id, char* t) {
+  std::memcpy(t, &crc, 4);
+  std::memcpy(t + 4, &kMagicV2, 4);
+  std::memcpy(t + 8, &put_id, 8);
+}
+
+absl::Status CheckTrailer(const char* t, uint64_t put_id, const std::string& key,
+                          absl::Span<const absl::Span<char>> value, bool verify, const transport::CopyCrc& copied) {
+  uint32_t crc, magic;
+  std::memcpy(&crc, t, 4);
+  std::memcpy(&magic, t + 4, 4);
+  if (put_id == 0) {
+    if (magic != kMagicV1) return absl::DataLossError(absl::StrCat(key, ": value trailer is corrupt"));
+  } else {
+    uint64_t wrote = 0;
+    std::memcpy(&wrote, t + 8, 8);
+    if (magic != kMagicV2 || wrote != put_id) {
+      return absl::NotFoundError(absl::StrCat(key, ": its extent holds the bytes of another put (",
+                                              magic != kMagicV2 ? "no trailer of a put" : "put id does not match",
+                                              "); read as a miss"));
+    }
+  }
+  if (!verify) return absl::OkStatus();
+  uint32_t got;
+  if (copied.set && value.size() == 1) {
+    got = copied.value;
+  } else {
+    got = put_id != 0 ? KeyCrc(key) : 0;
+    for (absl::Span<char> p : value) got = Crc32cExtend(got, p.data(), p.size());
+  }
+  if (crc != got) return absl::DataLossError(absl::StrCat(key, ": checksum mismatch"));
+  return absl::OkStatus();
+}
 
 TrailerBlock& TrailerBlock::operator=(TrailerBlock&& other) noexcept {
   if (this == &other) return *this;

@@ -622,6 +622,7 @@ absl::StatusOr<uint64_t> ObjectIndex::Impl::Recover() {
     Object& o = s.objects[slot];
     o.key = key;
     o.size = rec.size();
+    o.put_id = rec.put_id();
     o.replicas = replicas;
     o.state = ObjState::kComplete;
     tenants_.Charge(TenantOf(key), DramCharge(o));

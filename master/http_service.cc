@@ -175,6 +175,7 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
     SendJson(res, 200,
              {{"key", key},
               {"size", info->size},
+              {"put_id", info->put_id},
               {"state", info->state},
               {"visible", info->visible},
               {"replicas", ExtentsJson(info->replicas)},

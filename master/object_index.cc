@@ -275,6 +275,7 @@ std::vector<ExtentOut> ObjectIndex::Impl::VisibleExtents(
 std::string ObjectIndex::Impl::EncodeRecord(const Object& o, const std::string& parent_key) const {
   v1::ObjectRecord rec;
   rec.set_size(o.size);
+  rec.set_put_id(o.put_id);
   for (const Replica& r : o.replicas) {
     if (r.stage) continue;  // a read's copy of the SSD record, made again on demand
     v1::Extent* e = rec.add_replicas();
@@ -556,6 +557,9 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
       Object& o = s.objects[slot];
       o.key = item.key;
       o.size = item.size;
+      o.put_id = next_put_id_.fetch_add(1, std::memory_order_relaxed);
+      if (o.put_id == 0) o.put_id = next_put_id_.fetch_add(1, std::memory_order_relaxed);  // 0 means "none"
+      res.put_id = o.put_id;
       o.replicas.assign(placed->begin(), placed->end());
       // The put was charged for the replicas it asked; fewer are placed
       // when fewer segments have room, and the object owes what it holds.
@@ -805,6 +809,7 @@ std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>&
       continue;
     }
     out[i].size = o.size;
+    out[i].put_id = o.put_id;
     const int64_t old_deadline = o.deadline_ms;
     if (old_deadline <= now_ms) {
       // The last lease is over, and every count it had with it; one that
@@ -956,6 +961,7 @@ absl::StatusOr<ObjectInfo> ObjectIndex::Impl::Describe(const std::string& key) {
   const Object& o = s.objects[slot];
   ObjectInfo info;
   info.size = o.size;
+  info.put_id = o.put_id;
   info.state = o.state == ObjState::kPending ? "pending" : "complete";
   info.replicas = VisibleExtents(o, names);
   if (o.state == ObjState::kComplete && o.deadline_ms > 0) {

@@ -164,6 +164,7 @@ struct ExtentOut {
 struct PutStartOut {
   absl::Status status;
   std::vector<ExtentOut> replicas;
+  uint64_t put_id = 0;  // names this put; never 0 (the writer's trailer carries it)
 };
 
 // What a lookup saw of a key it found, for the master's query stats; read
@@ -179,6 +180,7 @@ struct KeyHit {
 struct LookupOut {
   absl::Status status;  // NOT_FOUND for a miss
   uint64_t size = 0;
+  uint64_t put_id = 0;  // the put that wrote it; 0 for one put before put ids
   std::vector<ExtentOut> replicas;
   absl::Time lease_expiry;
   uint32_t idle_s = 0;  // as KeyHit::idle_s, read before this lookup's access
@@ -199,6 +201,7 @@ struct LeaseRelease {
 
 struct ObjectInfo {
   uint64_t size = 0;
+  uint64_t put_id = 0;
   std::string state;  // "pending", "complete"
   std::vector<ExtentOut> replicas;
   absl::Time lease_expiry;

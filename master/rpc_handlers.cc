@@ -147,6 +147,7 @@ void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& clie
     v1::PutStartResult* out = resp->add_results();
     SetResultStatus(out, !refused[i].ok() ? refused[i] : AsCallerSees(r.status, tenant));
     for (const ExtentOut& e : r.replicas) SetExtent(out->add_replicas(), e);
+    if (r.status.ok()) out->set_put_id(r.put_id);
   }
 }
 
@@ -221,6 +222,7 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
     resp->add_sizes(count > 0 ? r.size : 0);
     resp->add_lease_expiry_unix_ms(count > 0 ? absl::ToUnixMillis(r.lease_expiry) : 0);
     resp->add_replica_counts(count);
+    resp->add_put_ids(count > 0 ? r.put_id : 0);
     if (r.lease_token != 0 && count > 0) {
       // Only answers with a counted read carry tokens.
       const int at = resp->sizes_size() - 1;

@@ -11,7 +11,7 @@
 // padded to 4 KiB, and its block names every record in it: its key, the
 // value's place in the group, its length and flags, and CRC32C of key and
 // value (so bytes read for one key can only pass as that key's). Values are
-// packed back to back, so a 4 KiB page with its 8-byte trailer takes a
+// packed back to back, so a 4 KiB page with its 16-byte trailer takes a
 // little over 4 KiB, not two blocks. A value of 32 KiB or more whose memory
 // is 4 KiB-aligned starts on a 4 KiB boundary and is written straight from
 // that memory (no copy); its last partial block is copied. The group block

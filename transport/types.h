@@ -17,7 +17,9 @@ enum class Op : uint8_t { kRead = 1, kWrite = 2 };
 // `local` is owned by the caller and must stay valid until the batch
 // completes.
 // The CRC32C of a request's bytes as they landed, when the transport
-// worked it out while copying them (see Request::crc).
+// worked it out while copying them (see Request::crc). `value` holds the
+// CRC to extend when the request is submitted (0: none; the client starts
+// from its key's CRC) and the extended CRC once `set`.
 struct CopyCrc {
   uint32_t value = 0;
   bool set = false;  // false: not computed; checksum the bytes yourself
@@ -30,9 +32,10 @@ struct Request {
   uint64_t offset = 0;
   uint64_t length = 0;
   // Optional: a transport that copies with the CPU (shm,
-  // Capabilities::checksums_copies) checksums the bytes as it copies them
-  // and stores the CRC32C of what landed here, so the caller need not read
-  // them a second time; others leave it unset. Only for a request that
+  // Capabilities::checksums_copies) checksums the bytes as it copies them,
+  // extending the CRC it finds here, and stores the CRC of what landed
+  // here, so the caller need not read them a second time; others leave it
+  // unset. Only for a request that
   // moves in one slice (EngineOptions::slice_size). Read it only once the
   // request finished OK; it must stay valid as long as the local buffer
   // does.

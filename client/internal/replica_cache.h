@@ -42,6 +42,7 @@ namespace tierkv::client::internal {
 // Where one key's value sits, as GetReplicas described it.
 struct Located {
   uint64_t stored_size = 0;  // value + trailer; 0: absent
+  uint64_t put_id = 0;       // the put that wrote it (its trailer says so); 0: before put ids
   absl::Time lease_end;      // a read must finish before this
   absl::InlinedVector<std::pair<std::string, uint64_t>, 2> replicas;  // (segment, offset), in order
   bool cached = false;       // came from the cache, not the master

@@ -1,9 +1,23 @@
-// Private to client/: registered memory for the checksum trailers.
+// Private to client/: the trailer stored after every value, and the
+// registered memory its local copies sit in.
 //
-// Every value travels with an 8-byte trailer, and its local copy must sit
-// in memory the transfer engine registered, or transports that move only
-// registered memory (rdma) would refuse it. The arena keeps a few
-// registered blocks and lends one per put or get:
+// A trailer binds the bytes before it to their key and to the put that
+// wrote them (docs/wire-formats.md), 16 bytes, little-endian:
+//   CRC32C over the key then the value (u32) | "TKV2" | put id (u64)
+// The put id is the master's (PutStartResult.put_id), and a reader checks
+// it against the one the master's index holds (GetReplicasResponse
+// .put_ids) whether or not it checksums the value. So whatever an extent
+// holds that is not this put of this key (another key's value from a
+// late grant of a deposed master, an older put's, a lost tail) reads as a
+// miss, never as the value; a value whose bytes changed under its own
+// trailer fails its checksum (DATA_LOSS). Objects put before put ids
+// (put id 0 in the index) carry the older 8-byte trailer, CRC32C over the
+// value | "TKV1", and stay readable.
+//
+// A trailer's local copy must sit in memory the transfer engine
+// registered, or transports that move only registered memory (rdma) would
+// refuse it. The arena keeps a few registered blocks and lends one per put
+// or get:
 //
 //   ASSIGN_OR_RETURN(TrailerBlock block, arena.Acquire(n));
 //   char* t = block.slot(i);            // kTrailerBytes bytes
@@ -20,12 +34,32 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "config/base/mutex.h"
 #include "transport/engine.h"
 
 namespace tierkv::client::internal {
 
-inline constexpr size_t kTrailerBytes = 8;
+inline constexpr size_t kTrailerBytes = 16;       // a put's trailer, and a slot's size
+inline constexpr size_t kLegacyTrailerBytes = 8;  // an object put before put ids
+// The trailer after an object of put `put_id` (0: one put before put ids).
+inline constexpr size_t TrailerSize(uint64_t put_id) { return put_id != 0 ? kTrailerBytes : kLegacyTrailerBytes; }
+
+// Where a trailer's CRC starts: the CRC32C of the key, which the value's
+// bytes then extend (a transport that checksums as it copies starts there).
+uint32_t KeyCrc(absl::string_view key);
+// Writes the trailer of put `put_id` (not 0) whose CRC over key and value
+// is `crc`, into `t` (kTrailerBytes).
+void EncodeTrailer(uint32_t crc, uint64_t put_id, char* t);
+// Checks the trailer `t` read after `key`'s `value`, which the index says
+// put `put_id` wrote: NOT_FOUND when the trailer is not that put's (a
+// miss), DATA_LOSS when `verify` and the CRC does not match. `copied`:
+// the CRC a transport worked out over a one-piece value as it copied it,
+// started from KeyCrc(key) for a put id, 0 for none (unset: the bytes are
+// checksummed here).
+absl::Status CheckTrailer(const char* t, uint64_t put_id, const std::string& key,
+                          absl::Span<const absl::Span<char>> value, bool verify, const transport::CopyCrc& copied);
 
 class TrailerArena;
 

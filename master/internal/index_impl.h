@@ -35,11 +35,14 @@ struct Group {
   std::vector<std::string> keys;
 };
 
-// ~112 bytes; the key's characters live in the std::string (heap for keys
+// ~120 bytes; the key's characters live in the std::string (heap for keys
 // longer than 15 bytes). Field order packs the small ones together.
 struct Object {
   std::string key;
   uint64_t size = 0;
+  // Names the put that wrote the bytes (PutStartOut::put_id); 0 for an
+  // object recovered from a record older than put ids.
+  uint64_t put_id = 0;
   absl::InlinedVector<Replica, 1> replicas;
   int64_t deadline_ms = 0;  // lease expiry (complete) or put deadline (pending)
   Group* group = nullptr;
@@ -61,7 +64,7 @@ struct Object {
   // Set by an access, cleared when the evictor gives the object a second
   // chance: touching writes one bit of the object instead of relinking
   // the list (CLOCK-style approximate LRU). Bit fields keep the slot at
-  // 112 bytes.
+  // 120 bytes.
   bool referenced : 1 = false;
   bool read : 1 = false;    // read since its put: admitted to an SSD tier on eviction
   bool moving : 1 = false;  // an offload order is out: off the eviction lists, its extent held
@@ -82,7 +85,7 @@ inline uint64_t LeaseToken(uint32_t slot, uint32_t gen, uint64_t boot) {
   const uint64_t t = ((uint64_t{slot} + 1) << 32 | gen) ^ boot;
   return t != 0 ? t : 1;
 }
-static_assert(sizeof(Object) <= 112, "an index slot grew: check tierkv-bench master's bytes per object");
+static_assert(sizeof(Object) <= 120, "an index slot grew: check tierkv-bench master's bytes per object");
 
 // Object slots in fixed chunks: references stay valid as it grows (the
 // LRU links and the set point at slots), and unlike std::deque it costs no
@@ -435,6 +438,9 @@ class ObjectIndex::Impl {
   std::atomic<uint64_t> offloaded_{0}, offload_failed_{0}, staged_{0}, stage_no_room_{0};
   std::atomic<uint64_t> leases_released_{0};
   const uint64_t lease_boot_ = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();  // see LeaseToken
+  // Put ids count up from a number drawn at each start, so a restarted or
+  // newly promoted master does not hand out the ids its predecessor did.
+  std::atomic<uint64_t> next_put_id_{(uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()};
   // Until then (ms), every read is leased for pressure_lease (IndexOptions::pressure_window).
   std::atomic<int64_t> pressure_until_ms_{0};
   void NotePressure() {

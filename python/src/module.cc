@@ -586,6 +586,8 @@ PYBIND11_MODULE(_tierkv, m) {
       },
       py::arg("obj"), py::arg("writable") = false, "(address, size) of a C-contiguous buffer.");
   m.def("stored_size", &tierkv::client::StoredSize, "Bytes a value occupies in the store (value + trailer).");
+  m.def("value_size", &tierkv::client::ValueSizeOf, py::arg("stored_size"), py::arg("put_id"),
+        "The value's bytes of an object of stored_size written by put put_id (/v1/objects' size and put_id).");
 
   py::class_<PyClient>(m, "_Client")
       .def(py::init<const std::string&, const std::string&, std::vector<std::string>, std::vector<std::string>,

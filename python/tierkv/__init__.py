@@ -20,10 +20,10 @@ import os
 from . import _errors
 from ._errors import *  # noqa: F401,F403  (Error and one class per status)
 from ._errors import Error, from_status
-from ._tierkv import buffer_address, discover_metadata, read_token_file, stored_size
+from ._tierkv import buffer_address, discover_metadata, read_token_file, stored_size, value_size
 from ._tierkv import _Client
 
-__all__ = ["Client", "Error", "buffer_address", "discover_metadata", "read_token_file", "stored_size"] + [
+__all__ = ["Client", "Error", "buffer_address", "discover_metadata", "read_token_file", "stored_size", "value_size"] + [
     n for n in _errors.__all__ if n not in ("from_status", "CODE_NAMES")]
 
 

@@ -41,7 +41,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from . import Client, Error, stored_size
+from . import Client, Error, value_size
 
 log = logging.getLogger("tierkv.mooncake_compat")
 
@@ -471,7 +471,7 @@ class MooncakeDistributedStore:
             return RPC_FAIL
         if info.get("state") != "complete" or not info.get("visible", True):
             return OBJECT_NOT_FOUND
-        return int(info["size"]) - stored_size(0)
+        return value_size(int(info["size"]), int(info.get("put_id", 0)))
 
     def remove(self, key, force=False):
         c = self._client

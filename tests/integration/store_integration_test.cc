@@ -700,7 +700,7 @@ TEST_F(StoreClusterTest, CtlCommands) {
   EXPECT_EQ(nlohmann::json::parse(segs.second).size(), 2u);
   EXPECT_NE(run({"segments"}).second.find("daemon-1"), std::string::npos);
   auto key = run({"--json", "key", "ctl-key"});
-  EXPECT_EQ(nlohmann::json::parse(key.second)["size"], 15 + 8);
+  EXPECT_EQ(nlohmann::json::parse(key.second)["size"], client::StoredSize(15));
   EXPECT_NE(run({"stats"}).second.find("objects"), std::string::npos);
   auto doctor = run({"--json", "doctor"});
   ASSERT_EQ(doctor.first, 0) << doctor.second;
@@ -973,9 +973,9 @@ TEST_F(StoreClusterTest, TenantsAreIsolatedAndQuotasRefuseVisibly) {
   ASSERT_EQ(t.size(), 2u) << t.dump();
   EXPECT_EQ(t[0]["tenant"], "team-a");
   EXPECT_EQ(t[0]["quota_bytes"], 256 << 10);
-  EXPECT_EQ(t[0]["used_bytes"], 3 * ((64 << 10) + 8));
+  EXPECT_EQ(t[0]["used_bytes"], 3 * client::StoredSize(64 << 10));
   EXPECT_EQ(t[0]["puts_rejected"], 1);
-  EXPECT_EQ(t[0]["quota_evicted_bytes"], 3 * ((64 << 10) + 8));
+  EXPECT_EQ(t[0]["quota_evicted_bytes"], 3 * client::StoredSize(64 << 10));
   EXPECT_EQ(t[1]["tenant"], "team-b");
   auto own = ctl(dir + "/a.token", {"--json", "tenants"});
   ASSERT_EQ(own.first, 0) << own.second;
@@ -996,7 +996,7 @@ TEST_F(StoreClusterTest, TenantsAreIsolatedAndQuotasRefuseVisibly) {
   nlohmann::json ta = nlohmann::json::parse(*after);
   EXPECT_EQ(ta["quota_bytes"], 256 << 10);
   EXPECT_EQ(ta["guaranteed_bytes"], 64 << 10);
-  EXPECT_EQ(ta["used_bytes"], 3 * ((64 << 10) + 8));
+  EXPECT_EQ(ta["used_bytes"], 3 * client::StoredSize(64 << 10));
   absl::StatusOr<std::string> kept = a->Get("page-5");
   ASSERT_OK(kept.status());
   EXPECT_TRUE(*kept == ValueFor("page-5", 64 << 10));

@@ -5,6 +5,8 @@
 #include <map>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "master/rpc_handlers.h"
 #include "tests/support/process.h"
@@ -77,11 +79,19 @@ TEST_F(MasterTest, SegmentThatStopsHeartbeatingIsDroppedWithItsObjects) {
   EXPECT_OK(m->index().CheckInvariants());
 }
 
+// Put ids (the trailer's, client/internal/trailer_arena.h) are kept with
+// the objects, and a restarted master hands out none its predecessor did.
 TEST_F(MasterTest, RestartKeepsObjectsOfSegmentsThatComeBack) {
+  absl::flat_hash_map<std::string, uint64_t> put_ids;
   {
     auto m = NewMaster();
     ASSERT_OK(m->Mount({Seg("a"), Seg("b")})[0]);
     for (int i = 0; i < 50; ++i) ASSERT_OK(Put(*m, absl::StrCat("k", i)));
+    for (int i = 0; i < 50; ++i) {
+      ASSERT_OK_AND_ASSIGN(ObjectInfo info, m->index().Describe(absl::StrCat("k", i)));
+      EXPECT_NE(info.put_id, 0u);
+      put_ids[absl::StrCat("k", i)] = info.put_id;
+    }
     ASSERT_OK(m->PutMetadata("desc/a", "segment-a-descriptor"));
   }
   auto m = NewMaster();
@@ -98,8 +108,16 @@ TEST_F(MasterTest, RestartKeepsObjectsOfSegmentsThatComeBack) {
     auto r = m->index().GetReplicas({absl::StrCat("k", i)})[0];
     if (r.status.ok()) {
       EXPECT_EQ(r.replicas[0].segment, "a");
+      EXPECT_EQ(r.put_id, put_ids[absl::StrCat("k", i)]);
     }
   }
+  absl::flat_hash_set<uint64_t> distinct;
+  for (const auto& [key, id] : put_ids) distinct.insert(id);
+  EXPECT_EQ(distinct.size(), put_ids.size());
+  ASSERT_OK(Put(*m, "after"));
+  ASSERT_OK_AND_ASSIGN(ObjectInfo after, m->index().Describe("after"));
+  EXPECT_FALSE(distinct.contains(after.put_id));
+  EXPECT_NE(after.put_id, 0u);
   EXPECT_EQ(*m->GetMetadata("desc/a"), "segment-a-descriptor");
   EXPECT_OK(m->index().CheckInvariants());
 }

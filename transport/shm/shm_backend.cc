@@ -112,7 +112,8 @@ class ShmChannel final : public PeerChannel {
       // the caller's buffer, which it reads next.
       const bool out = s->op == Op::kWrite;
       if (s->crc != nullptr) {
-        s->crc->value = out ? Crc32cCopyOut(0, to, from, s->length) : Crc32cCopy(0, to, from, s->length);
+        const uint32_t seed = s->crc->value;
+        s->crc->value = out ? Crc32cCopyOut(seed, to, from, s->length) : Crc32cCopy(seed, to, from, s->length);
         s->crc->set = true;
       } else if (out) {
         CopyOut(to, from, s->length);
