@@ -73,7 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string stream(reinterpret_cast<const char*>(data), size);
   std::memcpy(stream.data(), &direct::kCallMagic, 4);
   Exchange(f->port, stream);
-  FUZZ_CHECK(f->master->index().CheckInvariants().ok());
+  FUZZ_CHECK_OK(f->master->index().CheckInvariants());
   // Still serving: a ping on a new connection is answered OK.
   absl::Time deadline = absl::Now() + absl::Seconds(5);
   auto fd = transport::tcp::Dial("127.0.0.1:" + std::to_string(f->port), deadline);

@@ -49,7 +49,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   tierkv::ManualClock clock;
   auto m = tierkv::master::Master::Create({}, std::move(store), &clock);
   if (!m.ok()) return 0;
-  FUZZ_CHECK((*m)->index().CheckInvariants().ok());
+  FUZZ_CHECK_OK((*m)->index().CheckInvariants());
   // The recovered master keeps working: segments re-mount, lookups answer.
   (*m)->Tick();
   (void)(*m)->index().GetReplicas({"a", "b"});
