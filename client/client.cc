@@ -16,6 +16,7 @@
 #include "client/lender.h"
 #include "config/base/auth.h"
 #include "config/base/crc32c.h"
+#include "proto/etcd_client.h"
 #include "config/base/failpoint.h"
 #include "config/base/mutex.h"
 #include "config/base/status.h"
@@ -224,12 +225,24 @@ absl::StatusOr<std::string> DiscoverMetadata(const std::string& master, absl::Du
   ASSIGN_OR_RETURN(v1::StatsResponse stats, m->Stats());
   if (stats.http_port() == 0) return absl::NotFoundError(absl::StrCat("master ", master, " reports no HTTP port"));
   std::vector<std::string> urls;
-  for (absl::string_view one : absl::StrSplit(master, ',', absl::SkipWhitespace())) {
-    one = absl::StripAsciiWhitespace(one);
+  for (absl::string_view one : m->masters()) {
     urls.push_back(absl::StrCat(stats.http_tls() ? "https://" : "http://", one.substr(0, one.rfind(':')), ":",
                                 stats.http_port()));
   }
   return absl::StrJoin(urls, ",");
+}
+
+absl::StatusOr<std::string> MetadataUrl(const std::string& metadata, const std::string& master,
+                                        absl::Duration timeout, const std::string& token, const auth::TlsFiles& tls) {
+  if (!metadata.empty()) return metadata;
+  if (IsEtcdMasterAddress(master) || absl::StrContains(master, ',')) {
+    return DiscoverMetadata(master, timeout, token, tls);
+  }
+  const size_t colon = master.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("master address '", master, "' is not host:port"));
+  }
+  return absl::StrCat(tls.enabled() ? "https://" : "http://", master.substr(0, colon), ":8080");
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
@@ -263,6 +276,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.metadata_client) {
     eo.metadata = options.metadata_client;
   } else {
+    ASSIGN_OR_RETURN(options.metadata,
+                     MetadataUrl(options.metadata, options.master, options.rpc_timeout, options.token, options.tls));
+    c->options_.metadata = options.metadata;
     ASSIGN_OR_RETURN(std::unique_ptr<transport::MetadataClient> m,
                      transport::NewHttpMetadata(options.metadata, options.rpc_timeout, options.token, options.tls));
     eo.metadata = std::move(m);

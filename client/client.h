@@ -73,7 +73,8 @@ class TrailerArena;
 
 struct ClientOptions {
   std::string master = "127.0.0.1:50051";
-  // http://host:port of the metadata server (the master's HTTP port).
+  // http://host:port of the metadata server (the master's HTTP port), or a
+  // list of them (one per master); empty: MetadataUrl's choice.
   std::string metadata = "http://127.0.0.1:8080";
   // Overrides `metadata` (tests, embedded clusters).
   std::shared_ptr<transport::MetadataClient> metadata_client;
@@ -212,12 +213,22 @@ class Client {
 // With several masters ("h1:p1,h2:p2", docs/ha.md) the answer lists one URL
 // per master host, each with the port the leader reports (every master of
 // a group is taken to serve HTTP on the same port), so metadata calls
-// follow the leader as RPCs do.
+// follow the leader as RPCs do; the same for "etcd://h:p/<cluster>", with
+// the masters etcd names.
 // UNAVAILABLE when the master cannot be reached; NOT_FOUND from a master
 // that does not report its HTTP port. `token`, `tls`: as in ClientOptions.
 absl::StatusOr<std::string> DiscoverMetadata(const std::string& master,
                                              absl::Duration timeout = absl::Seconds(5),
                                              const std::string& token = "", const auth::TlsFiles& tls = {});
+
+// The metadata URL(s) for a client or daemon of `master`, given `metadata`
+// as configured: `metadata` when set; otherwise, for one host:port master,
+// http://<its host>:8080 (the master's default HTTP port), and for a list
+// of masters or an etcd:// address, DiscoverMetadata (so the masters must
+// answer).
+absl::StatusOr<std::string> MetadataUrl(const std::string& metadata, const std::string& master,
+                                        absl::Duration timeout = absl::Seconds(5), const std::string& token = "",
+                                        const auth::TlsFiles& tls = {});
 
 // Bytes a value of `size` occupies in the store (value + checksum trailer).
 uint64_t StoredSize(uint64_t value_size);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "config/base/auth.h"
 #include "config/base/status.h"
+#include "proto/etcd_client.h"
 
 namespace tierkv::client {
 
@@ -26,8 +27,10 @@ absl::Status FromItem(const v1::ItemStatus& s) {
 absl::StatusOr<std::unique_ptr<MasterClient>> MasterClient::Create(const std::string& address,
                                                                    MasterClientOptions options) {
   std::vector<std::string> addresses;
-  // A gRPC target URI ("dns:///h:p,...") is one address, commas and all.
-  if (address.find('/') != std::string::npos) {
+  if (IsEtcdMasterAddress(address)) {
+    ASSIGN_OR_RETURN(addresses, ResolveEtcdMasters(address, options.rpc_timeout));
+  } else if (address.find('/') != std::string::npos) {
+    // A gRPC target URI ("dns:///h:p,...") is one address, commas and all.
     addresses.push_back(address);
   } else {
     for (absl::string_view a : absl::StrSplit(address, ',', absl::SkipWhitespace())) {
@@ -77,6 +80,12 @@ absl::StatusOr<std::unique_ptr<MasterClient>> MasterClient::Create(const std::st
     endpoints.push_back(std::move(e));
   }
   return std::unique_ptr<MasterClient>(new MasterClient(address, options, std::move(endpoints)));
+}
+
+std::vector<std::string> MasterClient::masters() const {
+  std::vector<std::string> out;
+  for (const auto& e : endpoints_) out.push_back(e->address);
+  return out;
 }
 
 MasterClient::MasterClient(std::string address, MasterClientOptions options,

@@ -58,8 +58,13 @@ struct MasterClientOptions {
 
 class MasterClient {
  public:
-  // INVALID_ARGUMENT for an address that is not host:port (or a list of
-  // them). Does not wait for the master: the first call does.
+  // `address`: host:port, a list "h1:p1,h2:p2" of masters (the calls
+  // follow the leader among them, docs/ha.md), a gRPC target URI, or
+  // "etcd://h:p[,h:p]/<cluster>": the masters of that cluster as etcd
+  // names them when this runs (the leader first). INVALID_ARGUMENT for an
+  // address of none of these forms; for etcd://, UNAVAILABLE or NOT_FOUND
+  // when etcd cannot say (ResolveEtcdMasters). Does not wait for a
+  // master: the first call does.
   static absl::StatusOr<std::unique_ptr<MasterClient>> Create(const std::string& address,
                                                               MasterClientOptions options = {});
 
@@ -99,6 +104,8 @@ class MasterClient {
   static constexpr size_t kMaxReleasesPerCall = 2048;
 
   const std::string& address() const { return address_; }
+  // The masters this client calls (an etcd:// address resolved), host:port each.
+  std::vector<std::string> masters() const;
   // The highest master epoch any answer carried (docs/ha.md; 0 from a
   // single master). An answer with a lower one (a deposed master's) is
   // taken as UNAVAILABLE, not leader, and the call goes on to the next

@@ -9,9 +9,12 @@ const FlagTable<StoreConfig>& StoreFlags() {
       "A tierkv store daemon: lends a DRAM segment, serves it through the transfer engine, "
       "mounts it at the master.",
       {
-          StringFlag<C>("master", &C::master, "127.0.0.1:50051", "the master's gRPC address host:port"),
-          StringFlag<C>("metadata", &C::metadata, "http://127.0.0.1:8080",
-                        "metadata server URL (the master's HTTP port)"),
+          StringFlag<C>("master", &C::master, "127.0.0.1:50051",
+                        "the master's gRPC address host:port; with several masters a list h1:p1,h2:p2 or "
+                        "etcd://h:p[,h:p]/<cluster> (docs/ha.md)"),
+          StringFlag<C>("metadata", &C::metadata, "",
+                        "metadata server URL, or a list (the masters' HTTP ports); empty: http://<master "
+                        "host>:8080 for one master, asked of the masters for a list or etcd://"),
           StringFlag<C>("token-file", &C::token_file, "",
                         "file whose first word is this daemon's token (role daemon) for a master running "
                         "--auth token; empty: none"),

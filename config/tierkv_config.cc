@@ -13,8 +13,11 @@ const FlagTable<TierkvConfig>& TierkvFlags() {
       "  tierkv sim --trace FILE     page-level hit rates of the store's eviction policies, LRU and\n"
       "                              Belady's optimum at --capacity, offline (no cluster)",
       {
-          StringFlag<C>("master", &C::master, "", "cluster master host:port; empty starts an embedded cluster"),
-          StringFlag<C>("metadata", &C::metadata, "", "metadata URL http://host:port (default: master host, port 8080)"),
+          StringFlag<C>("master", &C::master, "",
+                        "cluster master host:port, a list h1:p1,h2:p2, or etcd://h:p/<cluster>; empty starts an "
+                        "embedded cluster"),
+          StringFlag<C>("metadata", &C::metadata, "", "metadata URL http://host:port or a list (default: master host, port 8080; asked of the "
+                        "masters for a list or etcd://)"),
           StringFlag<C>("token-file", &C::token_file, "",
                         "with --master: file whose first word is the token (role client) for a master running "
                         "--auth token; empty: none"),

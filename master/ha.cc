@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<HaNode>> HaNode::Start(const MasterConfig& config
 
 HaNode::~HaNode() { Stop(); }
 
-std::string HaNode::Key(absl::string_view name) const { return absl::StrCat("/tierkv/", config_.cluster_id, "/", name); }
+std::string HaNode::Key(absl::string_view name) const { return EtcdClusterKey(config_.cluster_id, name); }
 
 absl::Status HaNode::OpenStandby() {
   ASSIGN_OR_RETURN(store_, OpenRocksDbStore(config_.data_dir));

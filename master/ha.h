@@ -35,7 +35,7 @@
 #include "config/base/clock.h"
 #include "config/base/mutex.h"
 #include "config/master_config.h"
-#include "master/etcd.h"
+#include "proto/etcd_client.h"
 #include "master/replication.h"
 #include "master/server.h"
 

@@ -1,9 +1,10 @@
-#include "master/etcd.h"
+#include "proto/etcd_client.h"
 
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -11,7 +12,7 @@
 #include "config/base/status.h"
 #include "proto/etcd.grpc.pb.h"
 
-namespace tierkv::master {
+namespace tierkv {
 
 namespace pb = etcdserverpb;
 
@@ -267,4 +268,43 @@ absl::Status EtcdClient::Revoke(int64_t lease) {
   });
 }
 
-}  // namespace tierkv::master
+std::string EtcdClusterKey(absl::string_view cluster, absl::string_view name) {
+  return absl::StrCat("/tierkv/", cluster, "/", name);
+}
+
+bool IsEtcdMasterAddress(absl::string_view address) { return absl::StartsWith(address, "etcd://"); }
+
+absl::StatusOr<std::vector<std::string>> ResolveEtcdMasters(absl::string_view address, absl::Duration timeout) {
+  absl::string_view rest = address;
+  if (!absl::ConsumePrefix(&rest, "etcd://")) {
+    return absl::InvalidArgumentError(absl::StrCat("master address '", address, "' is not etcd://h:p[,h:p]/<cluster>"));
+  }
+  const size_t slash = rest.find('/');
+  const absl::string_view cluster = slash == absl::string_view::npos ? "" : rest.substr(slash + 1);
+  if (slash == 0 || cluster.empty() || absl::StrContains(cluster, "/")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("master address '", address, "' is not etcd://h:p[,h:p]/<cluster> (one cluster id)"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd,
+                   EtcdClient::Create(EtcdClient::SplitEndpoints(std::string(rest.substr(0, slash))), timeout));
+  std::vector<std::string> masters;
+  absl::StatusOr<EtcdKey> leader = etcd->Get(EtcdClusterKey(cluster, "leader"));
+  if (leader.ok() && !leader->value.empty()) {
+    masters.push_back(leader->value);
+  } else if (!leader.ok() && !absl::IsNotFound(leader.status())) {
+    return leader.status();
+  }
+  const std::string prefix = EtcdClusterKey(cluster, "members/");
+  ASSIGN_OR_RETURN(auto members, etcd->List(prefix));
+  for (const auto& [key, value] : members) {
+    std::string m = key.substr(prefix.size());
+    if (!m.empty() && std::find(masters.begin(), masters.end(), m) == masters.end()) masters.push_back(std::move(m));
+  }
+  if (masters.empty()) {
+    return absl::NotFoundError(absl::StrCat("no master of cluster '", cluster, "' is registered in etcd at ",
+                                            rest.substr(0, slash)));
+  }
+  return masters;
+}
+
+}  // namespace tierkv

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "config/base/mutex.h"
 
@@ -30,7 +31,7 @@ namespace etcdserverpb {
 class Compare;
 }
 
-namespace tierkv::master {
+namespace tierkv {
 
 struct EtcdKey {
   std::string value;
@@ -104,4 +105,18 @@ class EtcdClient {
   size_t preferred_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace tierkv::master
+// A tierkv cluster's keys in etcd (docs/ha.md): "/tierkv/<cluster>/<name>";
+// the leader's is "leader" (its value the leader's advertised address), a
+// master's "members/<advertised address>".
+std::string EtcdClusterKey(absl::string_view cluster, absl::string_view name);
+
+// True for a master address of the form "etcd://h:p[,h:p]/<cluster>".
+bool IsEtcdMasterAddress(absl::string_view address);
+// The masters such an address names, as host:port: the leader first, then
+// every other master registered (a standby's key lives as long as its
+// process). INVALID_ARGUMENT for a malformed address, UNAVAILABLE when no
+// member of etcd answers within `timeout`, NOT_FOUND when no master of the
+// cluster is registered.
+absl::StatusOr<std::vector<std::string>> ResolveEtcdMasters(absl::string_view address, absl::Duration timeout);
+
+}  // namespace tierkv

@@ -56,8 +56,10 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   mo.tls = {config.tls_ca, config.tls_cert, config.tls_key};
   ASSIGN_OR_RETURN(d->master_, client::MasterClient::Create(config.master, mo));
   transport::EngineOptions eo;
+  ASSIGN_OR_RETURN(const std::string metadata_url,
+                   client::MetadataUrl(config.metadata, config.master, absl::Seconds(5), mo.token, mo.tls));
   ASSIGN_OR_RETURN(std::unique_ptr<transport::MetadataClient> metadata,
-                   transport::NewHttpMetadata(config.metadata, absl::Seconds(5), mo.token, mo.tls));
+                   transport::NewHttpMetadata(metadata_url, absl::Seconds(5), mo.token, mo.tls));
   eo.metadata = std::move(metadata);
   for (absl::string_view t : absl::StrSplit(config.transport, ',', absl::SkipWhitespace())) {
     eo.transports.emplace_back(t);

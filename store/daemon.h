@@ -36,6 +36,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "client/client.h"
 #include "client/lender.h"
 #include "client/master_client.h"
 #include "config/base/http_server.h"

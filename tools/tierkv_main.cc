@@ -48,8 +48,7 @@ absl::StatusOr<Session> Connect(const TierkvConfig& c, const tools::EmbeddedSsd&
     o.metadata = s.cluster->metadata_url();
   } else {
     o.master = c.master;
-    o.metadata = c.metadata.empty() ? absl::StrCat("http://", c.master.substr(0, c.master.rfind(':')), ":8080")
-                                    : c.metadata;
+    o.metadata = c.metadata;  // empty: client::MetadataUrl's choice
     o.token_file = c.token_file;
     o.tls = {c.tls_ca, c.tls_cert, c.tls_key};
   }

@@ -21,7 +21,7 @@
 #include "client/master_client.h"
 #include "config/base/status.h"
 #include "httplib.h"
-#include "master/etcd.h"
+#include "proto/etcd_client.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/fault_proxy.h"
 #include "tests/support/process.h"
@@ -45,8 +45,8 @@ using json = nlohmann::json;
 constexpr char kEtcd[] = "/usr/bin/etcd";
 constexpr size_t kValueBytes = 8192;
 
-absl::StatusOr<json> GetJson(int port, const std::string& path) {
-  httplib::Client cli("127.0.0.1", port);
+absl::StatusOr<json> GetJson(const std::string& host, int port, const std::string& path) {
+  httplib::Client cli(host, port);
   cli.set_connection_timeout(1);
   cli.set_read_timeout(2);
   auto res = cli.Get(path);
@@ -85,7 +85,7 @@ class Etcd {
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
     for (int i = 0; i < members; ++i) {
       for (;;) {
-        absl::StatusOr<json> h = GetJson(e->client_ports_[i], "/health");
+        absl::StatusOr<json> h = GetJson("127.0.0.1", e->client_ports_[i], "/health");
         if (h.ok() && h->value("health", "") == "true") break;
         if (absl::Now() > deadline) return absl::DeadlineExceededError(absl::StrCat("etcd member ", i, " not healthy"));
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -126,16 +126,21 @@ class HaTest : public ::testing::Test {
   }
 
   // Master i: ports picked once, kept across restarts. `etcd` replaces the
-  // cluster's endpoints (a proxy in front of them).
+  // cluster's endpoints (a proxy in front of them). With `hosts_apart_`
+  // master i is host 127.0.0.<2+i> and all use the same two ports, as
+  // masters on hosts of their own do.
   void StartMaster(int i, std::vector<std::string> flags = {}, const std::string& etcd = "") {
     while (static_cast<int>(masters_.size()) <= i) {
+      const int n = static_cast<int>(masters_.size());
       masters_.emplace_back();
-      rpc_.push_back(transport::tcp::FreeLoopbackPort());
-      http_.push_back(transport::tcp::FreeLoopbackPort());
+      hosts_.push_back(hosts_apart_ ? absl::StrCat("127.0.0.", 2 + n) : "127.0.0.1");
+      rpc_.push_back(hosts_apart_ && n > 0 ? rpc_[0] : transport::tcp::FreeLoopbackPort());
+      http_.push_back(hosts_apart_ && n > 0 ? http_[0] : transport::tcp::FreeLoopbackPort());
     }
     std::vector<std::string> args{"--etcd=" + (etcd.empty() ? etcd_->endpoints() : etcd),
                                   "--cluster-id=test",
-                                  absl::StrCat("--advertise=127.0.0.1:", rpc_[i]),
+                                  "--listen=" + hosts_[i],
+                                  absl::StrCat("--advertise=", hosts_[i], ":", rpc_[i]),
                                   absl::StrCat("--rpc-port=", rpc_[i]),
                                   absl::StrCat("--http-port=", http_[i]),
                                   absl::StrCat("--data-dir=", dir_, "/master", i),
@@ -151,20 +156,23 @@ class HaTest : public ::testing::Test {
 
   std::string MasterList() const {
     std::vector<std::string> out;
-    for (int p : rpc_) out.push_back(absl::StrCat("127.0.0.1:", p));
+    for (size_t i = 0; i < rpc_.size(); ++i) out.push_back(absl::StrCat(hosts_[i], ":", rpc_[i]));
     return absl::StrJoin(out, ",");
   }
   std::string MetadataList() const {
     std::vector<std::string> out;
-    for (int p : http_) out.push_back(absl::StrCat("http://127.0.0.1:", p));
+    for (size_t i = 0; i < http_.size(); ++i) out.push_back(absl::StrCat("http://", hosts_[i], ":", http_[i]));
     return absl::StrJoin(out, ",");
   }
 
-  void StartDaemon() {
-    auto d = ChildProcess::Start(BinaryPath("tierkv-store"),
-                                 {"--master=" + MasterList(), "--metadata=" + MetadataList(), "--segment-size=64mib",
-                                  "--port=0", "--http-port=0", "--heartbeat-interval=200ms",
-                                  absl::StrCat("--name=daemon-", daemons_.size())});
+  // `where`: how the daemon is told of the masters (default: the list of
+  // masters and their metadata URLs).
+  void StartDaemon(std::vector<std::string> where = {}) {
+    if (where.empty()) where = {"--master=" + MasterList(), "--metadata=" + MetadataList()};
+    std::vector<std::string> args = {"--segment-size=64mib", "--port=0", "--http-port=0", "--heartbeat-interval=200ms",
+                                     absl::StrCat("--name=daemon-", daemons_.size())};
+    args.insert(args.end(), where.begin(), where.end());
+    auto d = ChildProcess::Start(BinaryPath("tierkv-store"), args);
     ASSERT_TRUE(d.ok()) << d.status();
     daemons_.push_back(std::move(*d));
   }
@@ -180,7 +188,7 @@ class HaTest : public ::testing::Test {
   }
 
   // /v1/ha of master i (an error while it is not serving).
-  absl::StatusOr<json> Ha(int i) { return GetJson(http_[i], "/v1/ha"); }
+  absl::StatusOr<json> Ha(int i) { return GetJson(hosts_[i], http_[i], "/v1/ha"); }
 
   // The master that serves as the leader (one only), within `timeout`; -1
   // if none does.
@@ -219,7 +227,7 @@ class HaTest : public ::testing::Test {
   bool WaitForLiveSegments(int leader, size_t n, absl::Duration timeout = absl::Seconds(20)) {
     const absl::Time deadline = absl::Now() + timeout;
     while (absl::Now() < deadline) {
-      absl::StatusOr<json> segs = GetJson(http_[leader], "/v1/segments");
+      absl::StatusOr<json> segs = GetJson(hosts_[leader], http_[leader], "/v1/segments");
       if (segs.ok() && segs->is_array()) {
         size_t live = 0;
         for (const json& s : *segs) live += s.value("state", "") == "live";
@@ -281,6 +289,8 @@ class HaTest : public ::testing::Test {
   std::unique_ptr<Etcd> etcd_;
   std::vector<std::unique_ptr<ChildProcess>> masters_;
   std::vector<int> rpc_, http_;
+  std::vector<std::string> hosts_;
+  bool hosts_apart_ = false;
   std::vector<std::unique_ptr<ChildProcess>> daemons_;
 };
 
@@ -390,6 +400,57 @@ TEST_F(HaTest, KillingTheLeaderUnderLoadLosesNoAcknowledgedPut) {
   EXPECT_TRUE(WaitForSynced(standby, 1)) << Logs();
   ASSERT_OK_AND_ASSIGN(json rejoined, Ha(standby));
   EXPECT_EQ(rejoined["standbys"][0]["name"], absl::StrCat("127.0.0.1:", rpc_[leader])) << rejoined.dump();
+}
+
+// Told only where etcd is (--master etcd://h:p/<cluster>, no metadata
+// URL), a daemon and a client find the masters, the leader first, and the
+// metadata URLs themselves, and follow the next leader when it is killed.
+// The masters are hosts of their own (127.0.0.2 and .3, the same ports).
+TEST_F(HaTest, DaemonsAndClientsGivenOnlyEtcdFindAndFollowTheLeader) {
+  hosts_apart_ = true;
+  StartEtcd();
+  StartMaster(0);
+  StartMaster(1);
+  const int leader = WaitForLeader();
+  ASSERT_GE(leader, 0) << Logs();
+  ASSERT_TRUE(WaitForSynced(leader, 1)) << Logs();
+  const std::string by_etcd = absl::StrCat("etcd://", etcd_->endpoints(), "/test");
+  ASSERT_OK_AND_ASSIGN(std::vector<std::string> masters, ResolveEtcdMasters(by_etcd, absl::Seconds(2)));
+  ASSERT_EQ(masters.size(), 2u);
+  EXPECT_EQ(masters[0], absl::StrCat(hosts_[leader], ":", rpc_[leader]));
+  EXPECT_EQ(masters[1], absl::StrCat(hosts_[1 - leader], ":", rpc_[1 - leader]));
+  ASSERT_OK_AND_ASSIGN(std::string metadata, client::MetadataUrl("", by_etcd));
+  EXPECT_EQ(metadata, absl::StrCat("http://", hosts_[leader], ":", http_[leader], ",http://", hosts_[1 - leader], ":",
+                                   http_[leader]));
+  // What cannot be resolved says why.
+  EXPECT_TRUE(absl::IsInvalidArgument(ResolveEtcdMasters("etcd://127.0.0.1:1", absl::Seconds(1)).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(client::MasterClient::Create("etcd:///test").status()));
+  EXPECT_TRUE(absl::IsNotFound(
+      ResolveEtcdMasters(absl::StrCat("etcd://", etcd_->endpoints(), "/no-such-cluster"), absl::Seconds(2)).status()));
+  absl::Status unreachable = client::MasterClient::Create("etcd://127.0.0.1:1/test").status();
+  EXPECT_TRUE(absl::IsUnavailable(unreachable) || absl::IsDeadlineExceeded(unreachable)) << unreachable;
+
+  StartDaemon({"--master=" + by_etcd});
+  ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
+  client::ClientOptions o;
+  o.master = by_etcd;
+  o.metadata = "";
+  o.transfer_timeout = absl::Seconds(10);
+  ASSERT_OK_AND_ASSIGN(auto c, client::Client::Create(o));
+  Writer w(c.get(), "by-etcd", 4000, absl::Milliseconds(2));
+  ASSERT_TRUE(WaitFor([&] { return w.acked() >= 100; }, absl::Seconds(30))) << Logs();
+  masters_[leader]->Kill(SIGKILL);
+  const absl::Time killed = absl::Now();
+  ASSERT_EQ(WaitForLeader(absl::Seconds(20), leader), 1 - leader) << Logs();
+  ASSERT_TRUE(WaitFor([&] { return w.FirstAckAfter(killed) != absl::InfiniteFuture(); }, absl::Seconds(20))) << Logs();
+  const size_t at_failover = w.acked();
+  ASSERT_TRUE(WaitFor([&] { return w.acked() >= at_failover + 50; }, absl::Seconds(20))) << Logs();
+  w.Stop();
+  std::printf("given only etcd: first put acknowledged %.0f ms after the leader was killed; %zu acknowledged\n",
+              absl::ToDoubleMilliseconds(w.FirstAckAfter(killed) - killed), w.acked());
+  // The daemon re-mounted at the new leader, and everything acknowledged reads back.
+  EXPECT_TRUE(WaitForLiveSegments(1 - leader, 1)) << Logs();
+  ExpectAllReadable(c.get(), w.keys());
 }
 
 // Calls Stats on one master alone every few milliseconds, keeping when
@@ -665,14 +726,14 @@ TEST_F(HaTest, AWriteGrantedByADeposedLeaderIsRefusedByTheDaemon) {
 // The etcd calls the election rests on, against a real etcd of three.
 TEST_F(HaTest, EtcdClientCreatesOnceFencesDeletesAndOutlivesAStoppedMember) {
   StartEtcd(3);
-  ASSERT_OK_AND_ASSIGN(auto etcd, master::EtcdClient::Create(
-                                      master::EtcdClient::SplitEndpoints(etcd_->endpoints()), absl::Seconds(1)));
-  ASSERT_OK_AND_ASSIGN(master::EtcdLease a, etcd->Grant(absl::Seconds(2)));
-  ASSERT_OK_AND_ASSIGN(master::EtcdLease b, etcd->Grant(absl::Seconds(30)));
-  ASSERT_OK_AND_ASSIGN(master::EtcdCreate first, etcd->CreateIfAbsent("/t/leader", "a", a.id));
+  ASSERT_OK_AND_ASSIGN(auto etcd, EtcdClient::Create(
+                                      EtcdClient::SplitEndpoints(etcd_->endpoints()), absl::Seconds(1)));
+  ASSERT_OK_AND_ASSIGN(EtcdLease a, etcd->Grant(absl::Seconds(2)));
+  ASSERT_OK_AND_ASSIGN(EtcdLease b, etcd->Grant(absl::Seconds(30)));
+  ASSERT_OK_AND_ASSIGN(EtcdCreate first, etcd->CreateIfAbsent("/t/leader", "a", a.id));
   EXPECT_TRUE(first.created);
   EXPECT_EQ(first.key.value, "a");
-  ASSERT_OK_AND_ASSIGN(master::EtcdCreate second, etcd->CreateIfAbsent("/t/leader", "b", b.id));
+  ASSERT_OK_AND_ASSIGN(EtcdCreate second, etcd->CreateIfAbsent("/t/leader", "b", b.id));
   EXPECT_FALSE(second.created) << "two holders of one key";
   EXPECT_EQ(second.key.value, "a");
   EXPECT_EQ(second.key.create_revision, first.key.create_revision);
@@ -686,7 +747,7 @@ TEST_F(HaTest, EtcdClientCreatesOnceFencesDeletesAndOutlivesAStoppedMember) {
   // A lease not kept alive takes its key with it; keepalives then say so.
   ASSERT_TRUE(WaitFor([&] { return absl::IsNotFound(etcd->Get("/t/leader").status()); }, absl::Seconds(10)));
   EXPECT_TRUE(absl::IsNotFound(etcd->KeepAlive(a.id).status()));
-  ASSERT_OK_AND_ASSIGN(master::EtcdCreate third, etcd->CreateIfAbsent("/t/leader", "b", b.id));
+  ASSERT_OK_AND_ASSIGN(EtcdCreate third, etcd->CreateIfAbsent("/t/leader", "b", b.id));
   EXPECT_TRUE(third.created);
   EXPECT_GT(third.key.create_revision, first.key.create_revision) << "epochs only grow";
   ASSERT_OK_AND_ASSIGN(auto listed, etcd->List("/t/"));
@@ -707,7 +768,7 @@ TEST_F(HaTest, EtcdClientCreatesOnceFencesDeletesAndOutlivesAStoppedMember) {
   etcd_->member(0).Kill(SIGCONT);
   EXPECT_OK(etcd->Revoke(b.id));
   EXPECT_TRUE(absl::IsNotFound(etcd->Get("/t/leader").status()));
-  EXPECT_TRUE(absl::IsInvalidArgument(master::EtcdClient::Create({"no-port"}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(EtcdClient::Create({"no-port"}).status()));
 }
 
 }  // namespace
