@@ -24,10 +24,12 @@ const FlagTable<CtlConfig>& CtlFlags() {
       "  tierkvctl [flags] ha                the leader, its epoch, its standbys and their lag",
       {
           StringFlag<C>("master", &C::master, "127.0.0.1:50051",
-                        "the master's gRPC address (every master of a high-availability group: h1:p1,h2:p2)"),
+                        "the master's gRPC address (a high-availability group: every master h1:p1,h2:p2, "
+                        "or etcd://h:p/<cluster>)"),
           StringFlag<C>("http", &C::http, "127.0.0.1:8080",
                         "the master's HTTP address host:port, or every master's (h1:p1,h2:p2: the leader "
-                        "answers); spoken over HTTPS when --tls-ca is given"),
+                        "answers), or etcd://h:p/<cluster> (the ports its masters report); spoken over "
+                        "HTTPS when --tls-ca is given"),
           StringFlag<C>("token-file", &C::token_file, "",
                         "file whose first word is the token to present to a master running --auth token "
                         "(remove-all needs role admin); empty: none"),

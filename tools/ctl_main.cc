@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "config/base/auth.h"
@@ -23,6 +24,7 @@
 #include "config/units.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "proto/etcd_client.h"
 
 namespace tierkv {
 namespace {
@@ -35,10 +37,19 @@ int Fail(const std::string& what) {
 }
 
 // The master HTTP addresses of --http: one, or every master of a
-// high-availability group (docs/ha.md), tried in turn.
-std::vector<std::string> HttpAddresses(const CtlConfig& c) {
+// high-availability group (docs/ha.md), tried in turn; for
+// etcd://h:p/<cluster>, those the cluster's masters report.
+absl::StatusOr<std::vector<std::string>> HttpAddresses(const CtlConfig& c) {
+  std::string list = c.http;
+  if (IsEtcdMasterAddress(c.http)) {
+    ASSIGN_OR_RETURN(std::string token, auth::ReadTokenFile(c.token_file));
+    ASSIGN_OR_RETURN(list, client::DiscoverMetadata(c.http, c.timeout, token, {c.tls_ca, c.tls_cert, c.tls_key}));
+  }
   std::vector<std::string> out;
-  for (absl::string_view a : absl::StrSplit(c.http, ',', absl::SkipWhitespace())) out.emplace_back(a);
+  for (absl::string_view a : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    if (!absl::ConsumePrefix(&a, "http://")) absl::ConsumePrefix(&a, "https://");
+    out.emplace_back(a);
+  }
   return out;
 }
 
@@ -58,7 +69,7 @@ absl::StatusOr<std::unique_ptr<httplib::Client>> MasterHttp(const CtlConfig& c, 
 // master that is not the leader); `address` is the one that did.
 absl::StatusOr<httplib::Result> SendToLeader(
     const CtlConfig& c, const std::function<httplib::Result(httplib::Client&)>& send, std::string* address) {
-  std::vector<std::string> addresses = HttpAddresses(c);
+  ASSIGN_OR_RETURN(std::vector<std::string> addresses, HttpAddresses(c));
   if (addresses.empty()) return absl::InvalidArgumentError("--http is empty");
   absl::Status last;
   for (const std::string& a : addresses) {
@@ -159,7 +170,8 @@ absl::StatusOr<std::unique_ptr<client::Client>> Connect(const CtlConfig& c) {
   client::ClientOptions o;
   o.master = c.master;
   std::vector<std::string> urls;
-  for (const std::string& a : HttpAddresses(c)) urls.push_back(auth::HttpUrl(a, !c.tls_ca.empty()));
+  ASSIGN_OR_RETURN(std::vector<std::string> addresses, HttpAddresses(c));
+  for (const std::string& a : addresses) urls.push_back(auth::HttpUrl(a, !c.tls_ca.empty()));
   o.metadata = absl::StrJoin(urls, ",");
   o.token_file = c.token_file;
   o.tls = {c.tls_ca, c.tls_cert, c.tls_key};

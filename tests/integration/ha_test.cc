@@ -451,6 +451,19 @@ TEST_F(HaTest, DaemonsAndClientsGivenOnlyEtcdFindAndFollowTheLeader) {
   // The daemon re-mounted at the new leader, and everything acknowledged reads back.
   EXPECT_TRUE(WaitForLiveSegments(1 - leader, 1)) << Logs();
   ExpectAllReadable(c.get(), w.keys());
+
+  // tierkvctl finds the new leader's HTTP port through etcd too.
+  std::string cmd = absl::StrCat(BinaryPath("tierkvctl"), " --http=", by_etcd, " --json ha 2>&1");
+  FILE* ctl = popen(cmd.c_str(), "r");
+  ASSERT_NE(ctl, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, ctl)) > 0;) out.append(buf, n);
+  ASSERT_EQ(pclose(ctl), 0) << out;
+  json ha = json::parse(out, nullptr, false);
+  ASSERT_FALSE(ha.is_discarded()) << out;
+  EXPECT_EQ(ha.value("role", ""), "leader") << out;
+  EXPECT_EQ(ha.value("leader", ""), absl::StrCat(hosts_[1 - leader], ":", rpc_[1 - leader])) << out;
 }
 
 // Calls Stats on one master alone every few milliseconds, keeping when
