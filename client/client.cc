@@ -344,6 +344,7 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
   }
   v1::PutStartRequest req;
   req.set_client_id(options_.client_id);
+  req.set_put_ids(true);
   for (const PutItem& it : items) {
     v1::PutStartItem* p = req.add_items();
     p->set_key(it.key);

@@ -75,7 +75,7 @@ struct ClientOptions {
   std::string master = "127.0.0.1:50051";
   // http://host:port of the metadata server (the master's HTTP port), or a
   // list of them (one per master); empty: MetadataUrl's choice.
-  std::string metadata = "http://127.0.0.1:8080";
+  std::string metadata;
   // Overrides `metadata` (tests, embedded clusters).
   std::shared_ptr<transport::MetadataClient> metadata_client;
   // The bearer token for a master running --auth token, sent with every

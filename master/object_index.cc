@@ -557,8 +557,12 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
       Object& o = s.objects[slot];
       o.key = item.key;
       o.size = item.size;
-      o.put_id = next_put_id_.fetch_add(1, std::memory_order_relaxed);
-      if (o.put_id == 0) o.put_id = next_put_id_.fetch_add(1, std::memory_order_relaxed);  // 0 means "none"
+      if (item.put_id) {
+        o.put_id = next_put_id_.fetch_add(1, std::memory_order_relaxed);
+        if (o.put_id == 0) o.put_id = next_put_id_.fetch_add(1, std::memory_order_relaxed);  // 0 means "none"
+      } else {
+        o.put_id = 0;  // a slot is reused: no id left from its last object
+      }
       res.put_id = o.put_id;
       o.replicas.assign(placed->begin(), placed->end());
       // The put was charged for the replicas it asked; fewer are placed

@@ -150,6 +150,9 @@ struct PutItem {
   std::string parent_key;
   std::string client;  // the writer, for the per-client count of puts in flight
   bool hard_pin = false;  // never evicted (an eviction candidate never)
+  // The writer stores the put id in its trailer (PutStartRequest.put_ids);
+  // false: the object gets put id 0, the older 8-byte trailer's.
+  bool put_id = true;
 };
 
 struct ExtentOut {

@@ -138,6 +138,7 @@ void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& clie
                      it.preferred_segment(), it.group().empty() ? std::string() : TenantKey(tenant, it.group()),
                      it.soft_pin(), it.parent_key().empty() ? std::string() : TenantKey(tenant, it.parent_key())});
     items.back().hard_pin = it.hard_pin();
+    items.back().put_id = req.put_ids();
     // Given no size, the index refuses it without placing or charging it.
     if (!refused[i].ok()) items.back().size = 0;
   }

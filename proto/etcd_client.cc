@@ -6,6 +6,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
@@ -287,24 +289,34 @@ absl::StatusOr<std::vector<std::string>> ResolveEtcdMasters(absl::string_view ad
   }
   ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd,
                    EtcdClient::Create(EtcdClient::SplitEndpoints(std::string(rest.substr(0, slash))), timeout));
-  std::vector<std::string> masters;
-  absl::StatusOr<EtcdKey> leader = etcd->Get(EtcdClusterKey(cluster, "leader"));
-  if (leader.ok() && !leader->value.empty()) {
-    masters.push_back(leader->value);
-  } else if (!leader.ok() && !absl::IsNotFound(leader.status())) {
-    return leader.status();
-  }
+  // A cluster between leaders (a failover, a start) has one again within
+  // seconds: wait for it as long as `timeout` allows.
+  const absl::Time deadline = absl::Now() + timeout;
   const std::string prefix = EtcdClusterKey(cluster, "members/");
-  ASSIGN_OR_RETURN(auto members, etcd->List(prefix));
-  for (const auto& [key, value] : members) {
-    std::string m = key.substr(prefix.size());
-    if (!m.empty() && std::find(masters.begin(), masters.end(), m) == masters.end()) masters.push_back(std::move(m));
+  for (;;) {
+    std::vector<std::string> masters;
+    absl::StatusOr<EtcdKey> leader = etcd->Get(EtcdClusterKey(cluster, "leader"));
+    if (leader.ok() && !leader->value.empty()) {
+      masters.push_back(leader->value);
+    } else if (!leader.ok() && !absl::IsNotFound(leader.status())) {
+      return leader.status();
+    }
+    ASSIGN_OR_RETURN(auto members, etcd->List(prefix));
+    for (const auto& [key, value] : members) {
+      std::string m = key.substr(prefix.size());
+      if (!m.empty() && std::find(masters.begin(), masters.end(), m) == masters.end()) masters.push_back(std::move(m));
+    }
+    if (!masters.empty() && leader.ok()) return masters;
+    if (absl::Now() + absl::Milliseconds(100) >= deadline) {
+      if (masters.empty()) {
+        return absl::NotFoundError(absl::StrCat("no master of cluster '", cluster, "' is registered in etcd at ",
+                                                rest.substr(0, slash)));
+      }
+      return absl::UnavailableError(absl::StrCat("cluster '", cluster, "' has no leader (masters registered: ",
+                                                 absl::StrJoin(masters, ","), ")"));
+    }
+    absl::SleepFor(absl::Milliseconds(100));
   }
-  if (masters.empty()) {
-    return absl::NotFoundError(absl::StrCat("no master of cluster '", cluster, "' is registered in etcd at ",
-                                            rest.substr(0, slash)));
-  }
-  return masters;
 }
 
 }  // namespace tierkv

@@ -114,9 +114,10 @@ std::string EtcdClusterKey(absl::string_view cluster, absl::string_view name);
 bool IsEtcdMasterAddress(absl::string_view address);
 // The masters such an address names, as host:port: the leader first, then
 // every other master registered (a standby's key lives as long as its
-// process). INVALID_ARGUMENT for a malformed address, UNAVAILABLE when no
-// member of etcd answers within `timeout`, NOT_FOUND when no master of the
-// cluster is registered.
+// process). Waits up to `timeout` for a leader. INVALID_ARGUMENT for a
+// malformed address; UNAVAILABLE or DEADLINE_EXCEEDED when no member of
+// etcd answers, UNAVAILABLE when masters are registered but none leads,
+// NOT_FOUND when no master of the cluster is registered.
 absl::StatusOr<std::vector<std::string>> ResolveEtcdMasters(absl::string_view address, absl::Duration timeout);
 
 }  // namespace tierkv

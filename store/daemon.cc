@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "absl/strings/str_split.h"
 #include "config/base/auth.h"
 #include "config/base/http_server.h"
@@ -42,6 +43,10 @@ absl::StatusOr<std::vector<int>> PinToNode(int node) {
   return previous;
 }
 
+// How long a starting daemon waits for masters it must find (etcd://) or
+// ask for the metadata URL; a service manager restarts it after that.
+constexpr absl::Duration kMasterWait = absl::Minutes(5);
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfig& config) {
@@ -54,10 +59,30 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   client::MasterClientOptions mo;
   ASSIGN_OR_RETURN(mo.token, auth::ReadTokenFile(config.token_file));
   mo.tls = {config.tls_ca, config.tls_cert, config.tls_key};
-  ASSIGN_OR_RETURN(d->master_, client::MasterClient::Create(config.master, mo));
+  // Masters found in etcd (or asked for the metadata URL) may not be up
+  // yet when the daemon starts, as on a host that starts everything at
+  // once: wait for them, a bounded time, saying so.
+  std::string metadata_url;
+  const absl::Time give_up = absl::Now() + kMasterWait;
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<std::unique_ptr<client::MasterClient>> master = client::MasterClient::Create(config.master, mo);
+    absl::StatusOr<std::string> url =
+        master.ok() ? client::MetadataUrl(config.metadata, config.master, absl::Seconds(5), mo.token, mo.tls)
+                    : absl::StatusOr<std::string>(master.status());
+    if (url.ok()) {
+      d->master_ = std::move(*master);
+      metadata_url = std::move(*url);
+      break;
+    }
+    const bool transient =
+        absl::IsUnavailable(url.status()) || absl::IsNotFound(url.status()) || absl::IsDeadlineExceeded(url.status());
+    if (!transient || absl::Now() > give_up) return url.status();
+    if (attempt == 0) {
+      TKV_LOG(WARNING) << "waiting up to " << absl::FormatDuration(kMasterWait) << " for the masters: " << url.status();
+    }
+    absl::SleepFor(absl::Seconds(1));
+  }
   transport::EngineOptions eo;
-  ASSIGN_OR_RETURN(const std::string metadata_url,
-                   client::MetadataUrl(config.metadata, config.master, absl::Seconds(5), mo.token, mo.tls));
   ASSIGN_OR_RETURN(std::unique_ptr<transport::MetadataClient> metadata,
                    transport::NewHttpMetadata(metadata_url, absl::Seconds(5), mo.token, mo.tls));
   eo.metadata = std::move(metadata);

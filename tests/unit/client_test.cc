@@ -662,6 +662,48 @@ TEST_F(ClientTest, AnotherPutsBytesAtAKeysExtentReadAsAMissOverTcp) {
   ExpectAnotherPutReadsAsAMiss(client_.get(), unverified.get());
 }
 
+// An object put by a writer that predates put ids (a PutStart without
+// put_ids gets put id 0, and the writer stores the 8-byte "TKV1"
+// trailer) reads back whole, checksummed or not.
+TEST_F(ClientTest, AnObjectWithTheOlderTrailerReadsBack) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}));
+  const std::string value = Value(30000, 5);
+  v1::PutStartRequest req;
+  v1::PutStartItem* item = req.add_items();
+  item->set_key("legacy");
+  item->set_size(value.size() + 8);
+  ASSERT_OK_AND_ASSIGN(v1::PutStartResponse started, client_->master().PutStart(req));
+  ASSERT_EQ(started.results_size(), 1);
+  ASSERT_OK(client::FromItem(started.results(0).status()));
+  EXPECT_EQ(started.results(0).put_id(), 0u);
+  std::string stored = value;
+  const uint32_t crc = Crc32c(value.data(), value.size());
+  stored.append(reinterpret_cast<const char*>(&crc), 4);
+  stored.append("TKV1");
+  for (const v1::Extent& e : started.results(0).replicas()) {
+    ASSERT_OK(client_->engine().Transfer(
+        {{Op::kWrite, stored.data(), e.segment(), e.offset(), stored.size(), nullptr, started.epoch()}})[0]);
+  }
+  ASSERT_OK_AND_ASSIGN(v1::KeysResponse ended, client_->master().PutEnd({"legacy"}));
+  ASSERT_OK(client::FromItem(ended.status(0)));
+  client::ClientOptions o = Options("host-e");
+  o.verify_checksums = false;
+  ASSERT_OK_AND_ASSIGN(auto unverified, client::Client::Create(o));
+  for (client::Client* reader : {client_.get(), unverified.get()}) {
+    ASSERT_OK_AND_ASSIGN(std::string got, reader->Get("legacy"));
+    EXPECT_TRUE(got == value);
+    std::vector<char> out(value.size() + 100);
+    ASSERT_OK_AND_ASSIGN(size_t n, reader->Get("legacy", absl::MakeSpan(out)));
+    EXPECT_EQ(n, value.size());
+  }
+  // Its bytes changed under its trailer: DATA_LOSS, as before put ids.
+  char flipped = static_cast<char>(value[100] ^ 1);
+  ASSERT_OK_AND_ASSIGN(v1::GetReplicasResponse r, client_->master().GetReplicas({"legacy"}));
+  ASSERT_OK(client_->engine().Transfer(
+      {{Op::kWrite, &flipped, r.segments(r.replica_segments(0)), r.replica_offsets(0) + 100, 1}})[0]);
+  EXPECT_THAT(client_->Get("legacy").status(), StatusIs(absl::StatusCode::kDataLoss));
+}
+
 // Trailers of objects put before put ids (8 bytes: CRC32C over the value,
 // "TKV1"; put id 0 in the index) stay readable and checked; a trailer of
 // either kind where the other is due is not taken.
