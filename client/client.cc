@@ -239,8 +239,10 @@ absl::StatusOr<std::string> MetadataUrl(const std::string& metadata, const std::
     return DiscoverMetadata(master, timeout, token, tls);
   }
   const size_t colon = master.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("master address '", master, "' is not host:port"));
+  // A gRPC target URI ("dns:///h:p") names no host to guess a URL from.
+  if (colon == std::string::npos || colon == 0 || absl::StrContains(master, '/')) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("master address '", master, "' is not host:port: give the metadata URL"));
   }
   return absl::StrCat(tls.enabled() ? "https://" : "http://", master.substr(0, colon), ":8080");
 }

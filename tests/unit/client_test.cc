@@ -704,6 +704,16 @@ TEST_F(ClientTest, AnObjectWithTheOlderTrailerReadsBack) {
   EXPECT_THAT(client_->Get("legacy").status(), StatusIs(absl::StatusCode::kDataLoss));
 }
 
+// Where the metadata is when it is not given: the one master's host at
+// the master's default HTTP port; a master named by a gRPC target URI
+// names no host, and says so.
+TEST(MetadataUrlTest, AnEmptyUrlComesFromTheMasterOrIsAskedFor) {
+  EXPECT_EQ(*client::MetadataUrl("http://meta:1", "m:2"), "http://meta:1");
+  EXPECT_EQ(*client::MetadataUrl("", "10.0.0.5:50051"), "http://10.0.0.5:8080");
+  EXPECT_THAT(client::MetadataUrl("", "dns:///m:50051").status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(client::MetadataUrl("", "nohost").status(), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 // Trailers of objects put before put ids (8 bytes: CRC32C over the value,
 // "TKV1"; put id 0 in the index) stay readable and checked; a trailer of
 // either kind where the other is due is not taken.
