@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "config/base/failpoint.h"
 #include "config/base/log.h"
+#include "master/replication.h"
 #include "proto/direct_frame.h"
 
 namespace tierkv::master {
@@ -99,8 +100,9 @@ void DrainBeforeClose(int fd) {
 
 DirectLane::DirectLane(Master* master, rpc::RpcMetrics* metrics, Options options)
     : master_(master), options_(options), spin_(options.spin, options.max_spinners) {
-  // Pings are not RPCs of the master's: they count nowhere.
-  for (uint8_t m = 1; m < direct::kMaxMethod; ++m) {
+  // Pings and replication streams are not RPCs of the master's: they
+  // count nowhere (a stream's state is in /v1/ha).
+  for (uint8_t m = 1; m < static_cast<uint8_t>(DirectMethod::kPing); ++m) {
     stats_[m] = metrics->For(direct::MethodName(static_cast<DirectMethod>(m)));
   }
   connections_ = &metrics::BuildGauge()
@@ -435,6 +437,23 @@ bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::
     buf->append(idle);
     return SendAll(fd, *buf).ok();
   }
+  if (h->method == DirectMethod::kReplicate) {
+    v1::PullRequest first;
+    absl::Status refused = master_->Serving();
+    if (options_.replication == nullptr) {
+      refused = absl::FailedPreconditionError(
+          "direct lane: this master leads no standbys (no --etcd); there is no replication stream");
+    } else if (!first.ParseFromArray(buf->data(), static_cast<int>(buf->size()))) {
+      refused = absl::InvalidArgumentError("direct lane: the replication request does not parse");
+    }
+    if (!refused.ok()) {
+      FrameReply<v1::PullResponse>(refused, nullptr, buf);
+      if (SendAll(fd, *buf).ok()) DrainBeforeClose(fd);
+      return false;
+    }
+    options_.replication->Stream(fd, first);
+    return false;  // the stream ended: so does the connection
+  }
   const rpc::MethodStats& st = stats_[static_cast<uint8_t>(h->method)];
   const char* name = direct::MethodName(h->method);
   st.calls->Increment();
@@ -535,6 +554,7 @@ bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::
       break;
     }
     case DirectMethod::kPing:
+    case DirectMethod::kReplicate:
       break;  // answered above
   }
   // Lets a test lose a reply after its call ran, as a dying master would.

@@ -73,6 +73,8 @@ class Server;
 
 namespace tierkv::master {
 
+class ReplicationLog;
+
 // A connection's peer as gRPC names one ("ipv4:a.b.c.d:port",
 // "ipv6:[..]:port"), from its address; and a gRPC call's peer with the
 // "fd:<n>" of a connection the lane handed over resolved to that form, so
@@ -93,6 +95,10 @@ class DirectLane {
     absl::Duration spin = absl::ZeroDuration();  // 0: never spin; cut to 1 ms
     size_t max_spinners = 1;
     size_t spare_threads = 16;  // idle connection threads kept for reuse
+    // A leader's replication log: standbys' kReplicate streams are served
+    // from it (a connection's thread is theirs while the stream lasts).
+    // Null: such a call is refused FAILED_PRECONDITION.
+    ReplicationLog* replication = nullptr;
   };
 
   // `master`, `metrics` and `options.auth` must outlive it.

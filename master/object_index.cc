@@ -294,19 +294,22 @@ std::string ObjectIndex::Impl::EncodeRecord(const Object& o, const std::string& 
   return rec.SerializeAsString();
 }
 
-void ObjectIndex::Impl::Persist(std::vector<Mutation>* mutations, FollowUp* follow) {
+uint64_t ObjectIndex::Impl::Persist(std::vector<Mutation>* mutations, FollowUp* follow) {
   bool written = true;
+  uint64_t ticket = 0;
   if (!mutations->empty()) {
-    if (absl::Status s = store_->Write(*mutations); !s.ok()) {
+    if (absl::StatusOr<uint64_t> s = store_->Commit(*mutations); s.ok()) {
+      ticket = *s;
+    } else {
       written = false;
-      TKV_LOG(ERROR) << "persisting " << mutations->size() << " index changes failed: " << s
+      TKV_LOG(ERROR) << "persisting " << mutations->size() << " index changes failed: " << s.status()
                      << (follow != nullptr && !follow->freed.empty()
                              ? absl::StrCat("; ", follow->freed.size(), " removed objects' space stays allocated until a restart")
                              : std::string());
     }
     mutations->clear();
   }
-  if (follow == nullptr) return;
+  if (follow == nullptr) return ticket;
   if (written) {
     for (const FollowUp::Extents& e : follow->freed) {
       for (const Replica& r : e.replicas) registry_->Free(r, e.size);
@@ -316,6 +319,7 @@ void ObjectIndex::Impl::Persist(std::vector<Mutation>* mutations, FollowUp* foll
     for (FollowUp::Extents& e : follow->freed) stranded_.push_back(std::move(e));
   }
   follow->freed.clear();
+  return ticket;
 }
 
 void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mutations,
@@ -648,15 +652,17 @@ std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::strin
   std::vector<size_t> shard_of(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) shard_of[i] = ShardOf(keys[i]);
   std::vector<std::string> parents(keys.size());
+  std::vector<size_t> committing;
+  uint64_t ticket = 0;
   {
     // Every record of the call goes in one store write, made under the
     // locks of the shards it touches, so each key's record and its turn
     // to COMPLETE stay one step (as a Remove or a timeout sees them), and
-    // the store folds concurrent calls' writes into one batch.
+    // the store folds concurrent calls' writes into one batch. The wait
+    // for a standby comes after the locks are released (below).
     ShardLocks locks(shards_, shard_of);
     const int64_t now = NowMs();
     std::vector<Mutation> records;
-    std::vector<size_t> committing;
     for (size_t i = 0; i < keys.size(); ++i) {
       const std::string& key = keys[i];
       Shard& s = *shards_[shard_of[i]];
@@ -666,7 +672,13 @@ std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::strin
         continue;
       }
       Object& o = s.objects[slot];
-      if (o.state == ObjState::kComplete) continue;  // a retried PutEnd
+      if (o.state == ObjState::kComplete) {
+        // A retried PutEnd: acknowledged like the first, once the batch
+        // that made it complete (or a later one) is replicated.
+        committing.push_back(i);
+        ticket = std::max(ticket, store_->LatestTicket());
+        continue;
+      }
       if (o.deadline_ms <= now) {
         out[i] = absl::NotFoundError(absl::StrCat(key, ": put timed out"));
         continue;
@@ -674,7 +686,9 @@ std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::strin
       records.push_back({absl::StrCat("o/", key), EncodeRecord(o, s.pending[slot].parent_key), false});
       committing.push_back(i);
     }
-    const absl::Status written = store_->Write(records);
+    absl::StatusOr<uint64_t> committed = store_->Commit(records);
+    const absl::Status written = committed.status();
+    if (committed.ok()) ticket = std::max(ticket, *committed);
     for (size_t i : committing) {
       const std::string& key = keys[i];
       Shard& s = *shards_[shard_of[i]];
@@ -703,6 +717,13 @@ std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::strin
           g->visible.store(true, std::memory_order_release);
         }
       }
+    }
+  }
+  // An object here but on no standby yet is readable, but no writer is
+  // told it is stored until a standby has it (semi-synchronous).
+  if (absl::Status replicated = store_->AwaitReplicated(ticket); !replicated.ok()) {
+    for (size_t i : committing) {
+      if (out[i].ok()) out[i] = Annotate(replicated, absl::StrCat(keys[i], ": replicating the object"));
     }
   }
   if (options_.eviction != EvictionPolicy::kLru) {
@@ -906,6 +927,7 @@ std::vector<absl::Status> ObjectIndex::Impl::Remove(const std::vector<std::strin
   int64_t now = NowMs();
   std::vector<size_t> shard_of(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) shard_of[i] = ShardOf(keys[i]);
+  uint64_t ticket = 0;
   {
     // One store write for the call's deletions, as in PutEnd.
     ShardLocks locks(shards_, shard_of);
@@ -929,14 +951,21 @@ std::vector<absl::Status> ObjectIndex::Impl::Remove(const std::vector<std::strin
       }
       Erase(s, slot, &mutations, &follow);
     }
-    Persist(&mutations, &follow);
+    ticket = Persist(&mutations, &follow);
   }
   RunFollowUps(std::move(follow));
+  // Answered once a standby has the deletions, outside the shard locks.
+  if (absl::Status replicated = store_->AwaitReplicated(ticket); !replicated.ok()) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (out[i].ok()) out[i] = Annotate(replicated, absl::StrCat(keys[i], ": replicating the removal"));
+    }
+  }
   return out;
 }
 
 uint64_t ObjectIndex::Impl::RemoveAll(bool force, const std::string* tenant) {
   uint64_t removed = 0;
+  uint64_t ticket = 0;
   int64_t now = NowMs();
   FollowUp follow;
   for (auto& sp : shards_) {
@@ -950,9 +979,12 @@ uint64_t ObjectIndex::Impl::RemoveAll(bool force, const std::string* tenant) {
       Erase(s, slot, &mutations, &follow);
       ++removed;
     }
-    Persist(&mutations, &follow);
+    ticket = std::max(ticket, Persist(&mutations, &follow));
   }
   RunFollowUps(std::move(follow));
+  // A deposed master's answer never goes out (its serving gate), so only
+  // the wait matters here, not its outcome.
+  (void)store_->AwaitReplicated(ticket);
   return removed;
 }
 

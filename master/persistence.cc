@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "config/base/failpoint.h"
+#include "config/base/status.h"
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
@@ -34,15 +35,19 @@ class RocksDbStore final : public IndexStore {
   // mutations are in the log, as a lone write would, and, with a
   // replicator, once they are replicated as it asks.
   absl::Status Write(const std::vector<Mutation>& batch) override {
-    if (batch.empty()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const uint64_t ticket, Commit(batch));
+    return AwaitReplicated(ticket);
+  }
+
+  absl::StatusOr<uint64_t> Commit(const std::vector<Mutation>& batch) override {
+    if (batch.empty()) return 0;
     Writer self{&batch};
-    {
-      MutexLock lock(&mu_);
-      queue_.push_back(&self);
-      while (!self.done && leading_) cv_.WaitFor(&mu_, std::chrono::milliseconds(50));
-      if (!self.done) Lead();
-    }
-    return Replicated(self);
+    MutexLock lock(&mu_);
+    queue_.push_back(&self);
+    while (!self.done && leading_) cv_.WaitFor(&mu_, std::chrono::milliseconds(50));
+    if (!self.done) Lead();
+    if (!self.status.ok()) return self.status;
+    return self.seq;
   }
 
   WriteCounts Counts() override {
@@ -88,13 +93,6 @@ class RocksDbStore final : public IndexStore {
       if (!fn(absl::string_view(it->key().data(), it->key().size()), absl::string_view(it->value().data(), it->value().size()))) break;
     }
     return FromRocks(it->status(), "rocksdb scan");
-  }
-
-  // A writer's status once its batch is replicated as the mode asks.
-  absl::Status Replicated(const Writer& w) {
-    if (!w.status.ok() || w.seq == 0) return w.status;
-    Replicator* r = replicator();
-    return r == nullptr ? w.status : r->Await(w.seq);
   }
 
   // Applies every queued batch as one; the caller holds mu_ and is queued.
@@ -158,20 +156,20 @@ class RocksDbStore final : public IndexStore {
 class MemStore final : public IndexStore {
  public:
   absl::Status Write(const std::vector<Mutation>& batch) override {
-    uint64_t seq = 0;
+    ASSIGN_OR_RETURN(const uint64_t ticket, Commit(batch));
+    return AwaitReplicated(ticket);
+  }
+  absl::StatusOr<uint64_t> Commit(const std::vector<Mutation>& batch) override {
     Replicator* r = replicator();
-    {
-      MutexLock lock(&mu_);
-      for (const Mutation& m : batch) {
-        if (m.remove) {
-          data_.erase(m.key);
-        } else {
-          data_[m.key] = m.value;
-        }
+    MutexLock lock(&mu_);
+    for (const Mutation& m : batch) {
+      if (m.remove) {
+        data_.erase(m.key);
+      } else {
+        data_[m.key] = m.value;
       }
-      if (r != nullptr && !batch.empty()) seq = r->Append({&batch});
     }
-    return seq == 0 ? absl::OkStatus() : r->Await(seq);
+    return r != nullptr && !batch.empty() ? r->Append({&batch}) : 0;
   }
   absl::StatusOr<std::string> Get(const std::string& key) override {
     MutexLock lock(&mu_);

@@ -47,6 +47,8 @@ class Replicator {
   // OK once `seq` is replicated enough to acknowledge; UNAVAILABLE when it
   // never will be (this master is no longer the leader).
   virtual absl::Status Await(uint64_t seq) = 0;
+  // The sequence of the latest Append (0: none yet).
+  virtual uint64_t LastAppended() = 0;
 };
 
 struct WriteCounts {
@@ -59,7 +61,30 @@ class IndexStore {
   virtual ~IndexStore() = default;
   // Applies the mutations atomically, in order. UNAVAILABLE/INTERNAL on an
   // I/O error (the caller must not acknowledge what it tried to persist).
+  // With a replicator, returns once they are replicated as it asks.
   virtual absl::Status Write(const std::vector<Mutation>& batch) = 0;
+  // Write without the wait for replication: the ticket to hand to
+  // AwaitReplicated before acknowledging (0: nothing to wait for). A caller
+  // commits under its own locks and waits for the standbys after releasing
+  // them, so one replication round never holds up other calls. The default
+  // is Write, which has waited already.
+  virtual absl::StatusOr<uint64_t> Commit(const std::vector<Mutation>& batch) {
+    if (absl::Status s = Write(batch); !s.ok()) return s;
+    return 0;
+  }
+  // OK once the commit that returned `ticket` (and every one before it) is
+  // replicated as the replicator's mode asks; UNAVAILABLE when it never
+  // will be (this master was deposed).
+  absl::Status AwaitReplicated(uint64_t ticket) {
+    Replicator* r = replicator();
+    return ticket == 0 || r == nullptr ? absl::OkStatus() : r->Await(ticket);
+  }
+  // A ticket covering every commit that has returned so far: for a caller
+  // that finds a change made by another call, which may still be waiting.
+  uint64_t LatestTicket() {
+    Replicator* r = replicator();
+    return r == nullptr ? 0 : r->LastAppended();
+  }
   // NOT_FOUND when absent.
   virtual absl::StatusOr<std::string> Get(const std::string& key) = 0;
   // Calls fn for every key starting with `prefix`, in key order; stops

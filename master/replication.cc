@@ -1,15 +1,21 @@
 #include "master/replication.h"
 
 #include <grpcpp/grpcpp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "proto/direct_frame.h"
+#include "transport/tcp/socket.h"
 
 namespace tierkv::master {
 
@@ -91,14 +97,31 @@ uint64_t ReplicationLog::Append(const std::vector<const std::vector<Mutation>*>&
   return last_seq_;
 }
 
+uint64_t ReplicationLog::LastAppended() {
+  MutexLock lock(&mu_);
+  return last_seq_;
+}
+
+void ReplicationLog::WakeAll() {
+  for (auto& [seq, waiter] : waiters_) waiter->SignalAll();
+}
+
 absl::Status ReplicationLog::Await(uint64_t seq) {
   if (!options_.semi_sync) return absl::OkStatus();
   const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(options_.sync_timeout);
   {
     MutexLock lock(&mu_);
-    while (!closed_ && synced_ && acked_ < seq && std::chrono::steady_clock::now() < deadline) {
-      acked_cv_.WaitFor(&mu_, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                  deadline - std::chrono::steady_clock::now()) + std::chrono::milliseconds(1));
+    if (!closed_ && synced_ && acked_ < seq) {
+      // Woken only when its own batch is acknowledged (or the mode
+      // changes), not on every acknowledgement: a round that acknowledges
+      // a few batches must not wake every writer waiting on later ones.
+      CondVar mine;
+      auto at = waiters_.emplace(seq, &mine);
+      while (!closed_ && synced_ && acked_ < seq && std::chrono::steady_clock::now() < deadline) {
+        mine.WaitFor(&mu_, std::chrono::duration_cast<std::chrono::milliseconds>(
+                               deadline - std::chrono::steady_clock::now()) + std::chrono::milliseconds(1));
+      }
+      waiters_.erase(at);
     }
     if (closed_) {
       return absl::UnavailableError(absl::StrCat("tierkv master: ", kNotLeader,
@@ -107,6 +130,7 @@ absl::Status ReplicationLog::Await(uint64_t seq) {
     if (acked_ >= seq) return absl::OkStatus();
     if (synced_) {
       synced_ = false;
+      WakeAll();  // every writer waiting goes on unreplicated too
       TKV_LOG(WARNING) << "replication: no standby acknowledged batch " << seq << " within "
                        << options_.sync_timeout << "; writes go on unreplicated until one catches up";
     }
@@ -151,31 +175,51 @@ StandbyInfo& ReplicationLog::Standby(const std::string& name) {
   return standbys_.back();
 }
 
+bool ReplicationLog::Positioned(const v1::PullRequest& req, StandbyInfo* standby) {
+  const uint64_t first = log_.empty() ? last_seq_ + 1 : log_.front().seq;
+  standby->snapshotting = req.epoch() != options_.epoch || req.next_seq() == 0 || req.next_seq() > last_seq_ + 1 ||
+                          req.next_seq() < first;
+  return !standby->snapshotting;
+}
+
+void ReplicationLog::Acknowledge(const std::string& name, uint64_t next_seq) {
+  StandbyInfo& standby = Standby(name);
+  standby.last_seen = absl::Now();
+  // Everything before next_seq is applied there.
+  standby.acked = std::max(standby.acked, next_seq - 1);
+  if (standby.acked > acked_) {
+    acked_ = standby.acked;
+    for (auto it = waiters_.begin(); it != waiters_.end() && it->first <= acked_; ++it) it->second->Signal();
+  }
+  if (!synced_ && standby.acked >= last_seq_) {
+    synced_ = true;
+    TKV_LOG(INFO) << "replication: standby " << name << " has caught up at batch " << standby.acked
+                  << "; writes wait for a standby's acknowledgement";
+    if (options_.caught_up) options_.caught_up();
+  }
+}
+
+uint64_t ReplicationLog::AddBatches(uint64_t next, size_t max_bytes, v1::PullResponse* resp) {
+  size_t bytes = 0;
+  for (size_t i = next - log_.front().seq; i < log_.size(); ++i) {
+    if (bytes > 0 && bytes + log_[i].bytes > max_bytes) break;
+    *resp->add_batches() = log_[i].batch;
+    bytes += log_[i].bytes;
+    next = log_[i].seq + 1;
+  }
+  return next;
+}
+
 void ReplicationLog::Pull(const v1::PullRequest& req, v1::PullResponse* resp) {
   resp->set_epoch(options_.epoch);
   MutexLock lock(&mu_);
   StandbyInfo& standby = Standby(req.standby());
   standby.last_seen = absl::Now();
-  const uint64_t first = log_.empty() ? last_seq_ + 1 : log_.front().seq;
-  if (req.epoch() != options_.epoch || req.next_seq() == 0 || req.next_seq() > last_seq_ + 1 ||
-      req.next_seq() < first) {
-    standby.snapshotting = true;
+  if (!Positioned(req, &standby)) {
     resp->set_snapshot_needed(true);
     return;
   }
-  standby.snapshotting = false;
-  // Everything before next_seq is applied there: the acknowledgement.
-  standby.acked = std::max(standby.acked, req.next_seq() - 1);
-  if (standby.acked > acked_) {
-    acked_ = standby.acked;
-    acked_cv_.SignalAll();
-  }
-  if (!synced_ && standby.acked >= last_seq_) {
-    synced_ = true;
-    TKV_LOG(INFO) << "replication: standby " << req.standby() << " has caught up at batch " << standby.acked
-                  << "; writes wait for a standby's acknowledgement";
-    if (options_.caught_up) options_.caught_up();
-  }
+  Acknowledge(req.standby(), req.next_seq());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min(req.wait_ms(), 1000u));
   while (!closed_ && last_seq_ < req.next_seq() && std::chrono::steady_clock::now() < deadline) {
     appended_cv_.WaitFor(&mu_, std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -186,13 +230,99 @@ void ReplicationLog::Pull(const v1::PullRequest& req, v1::PullResponse* resp) {
     resp->set_snapshot_needed(true);
     return;
   }
-  const size_t max_bytes = PageBytes(req.max_bytes());
-  size_t bytes = 0;
-  for (size_t i = req.next_seq() - log_.front().seq; i < log_.size(); ++i) {
-    if (bytes > 0 && bytes + log_[i].bytes > max_bytes) break;
-    *resp->add_batches() = log_[i].batch;
-    bytes += log_[i].bytes;
+  AddBatches(req.next_seq(), PageBytes(req.max_bytes()), resp);
+}
+
+namespace {
+
+// One reply frame of a replication stream (proto/direct_frame.h).
+bool SendFrame(int fd, const v1::PullResponse& resp, std::string* buf) {
+  direct::ReplyHeader h;
+  h.length = static_cast<uint32_t>(resp.ByteSizeLong());
+  buf->resize(direct::kHeaderSize + h.length);
+  direct::EncodeReply(h, buf->data());
+  resp.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(buf->data() + direct::kHeaderSize));
+  iovec iov{buf->data(), buf->size()};
+  return transport::tcp::SendVecAll(fd, &iov, 1).ok();
+}
+
+// One call frame (a PullRequest) off a replication stream; false at its end
+// or on anything that is not one.
+bool RecvCall(int fd, v1::PullRequest* req, std::string* buf) {
+  char h[direct::kHeaderSize];
+  if (!transport::tcp::RecvAll(fd, h, sizeof h).ok()) return false;
+  absl::StatusOr<direct::CallHeader> call = direct::DecodeCall(h, 1 << 20);
+  if (!call.ok() || call->method != direct::DirectMethod::kReplicate) return false;
+  buf->resize(call->length);
+  return transport::tcp::RecvAll(fd, buf->data(), buf->size()).ok() && req->ParseFromString(*buf);
+}
+
+}  // namespace
+
+void ReplicationLog::Stream(int fd, const v1::PullRequest& first) {
+  const std::string name = first.standby();
+  const size_t max_bytes = PageBytes(first.max_bytes());
+  v1::PullResponse resp;
+  std::string buf;
+  uint64_t next = first.next_seq();
+  bool positioned;
+  {
+    MutexLock lock(&mu_);
+    StandbyInfo& standby = Standby(name);
+    standby.last_seen = absl::Now();
+    if (closed_) return;
+    positioned = Positioned(first, &standby);
+    if (positioned) Acknowledge(name, next);
   }
+  if (!positioned) {
+    resp.set_epoch(options_.epoch);
+    resp.set_snapshot_needed(true);
+    (void)SendFrame(fd, resp, &buf);
+    return;
+  }
+  // A standby acknowledges every frame, heartbeats included, so one silent
+  // for this long is gone; one that stops reading is dropped as fast.
+  transport::tcp::SetTimeouts(fd, absl::Seconds(2));
+  bool ended = false;  // guarded by mu_: the acknowledgements stopped
+  std::thread acks([&] {
+    v1::PullRequest ack;
+    std::string in;
+    while (RecvCall(fd, &ack, &in)) {
+      MutexLock lock(&mu_);
+      if (ack.next_seq() == 0 || ack.next_seq() > last_seq_ + 1) break;  // acknowledges what was never sent
+      Acknowledge(name, ack.next_seq());
+    }
+    ::shutdown(fd, SHUT_RDWR);
+    MutexLock lock(&mu_);
+    ended = true;
+    appended_cv_.SignalAll();
+  });
+  // Batches go out as they commit, while the standby applies the last
+  // ones: no round waits for the standby to ask again.
+  for (bool last = false; !last;) {
+    resp.Clear();
+    resp.set_epoch(options_.epoch);
+    {
+      MutexLock lock(&mu_);
+      const auto heartbeat = std::chrono::steady_clock::now() + std::chrono::milliseconds(kPullWaitMs);
+      while (!closed_ && !ended && last_seq_ < next && std::chrono::steady_clock::now() < heartbeat) {
+        appended_cv_.WaitFor(&mu_, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       heartbeat - std::chrono::steady_clock::now()) + std::chrono::milliseconds(1));
+      }
+      if (closed_ || ended) break;
+      if (last_seq_ >= next) {
+        if (log_.empty() || next < log_.front().seq) {  // trimmed: it fell too far behind
+          resp.set_snapshot_needed(true);
+          last = true;
+        } else {
+          next = AddBatches(next, max_bytes, &resp);
+        }
+      }
+    }
+    if (!SendFrame(fd, resp, &buf)) break;
+  }
+  ::shutdown(fd, SHUT_RDWR);
+  acks.join();
 }
 
 absl::Status ReplicationLog::Snapshot(const v1::SnapshotRequest& req, v1::SnapshotResponse* resp) {
@@ -242,7 +372,7 @@ void ReplicationLog::Close() {
   MutexLock lock(&mu_);
   closed_ = true;
   appended_cv_.SignalAll();
-  acked_cv_.SignalAll();
+  WakeAll();
 }
 
 ReplicationState ReplicationLog::State() {
@@ -298,6 +428,7 @@ void StandbyCopier::Follow(const std::string& address) {
   if (address == leader_) return;
   leader_ = address;
   ++generation_;
+  if (stream_fd_ >= 0) ::shutdown(stream_fd_, SHUT_RDWR);
   cv_.SignalAll();
 }
 
@@ -305,6 +436,7 @@ void StandbyCopier::Stop() {
   {
     MutexLock lock(&mu_);
     stop_ = true;
+    if (stream_fd_ >= 0) ::shutdown(stream_fd_, SHUT_RDWR);
     cv_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
@@ -325,6 +457,11 @@ uint64_t StandbyCopier::leader_seq() {
   return leader_seq_;
 }
 
+uint64_t StandbyCopier::streamed() {
+  MutexLock lock(&mu_);
+  return streamed_;
+}
+
 uint64_t StandbyCopier::snapshots() {
   MutexLock lock(&mu_);
   return snapshots_;
@@ -334,6 +471,7 @@ void StandbyCopier::Loop() {
   std::string address;
   uint64_t generation = 0;
   std::unique_ptr<v1::MasterHa::Stub> stub;
+  bool stream = true;  // until this leader refuses a stream
   absl::Duration backoff = absl::Milliseconds(50);
   std::string last_error;  // logged once, not on every retry
   for (;;) {
@@ -344,6 +482,7 @@ void StandbyCopier::Loop() {
       if (generation != generation_ || stub == nullptr) {
         generation = generation_;
         address = leader_;
+        stream = true;
         grpc::ChannelArguments args;
         args.SetMaxReceiveMessageSize(64 << 20);
         args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
@@ -351,7 +490,7 @@ void StandbyCopier::Loop() {
         stub = v1::MasterHa::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
       }
     }
-    absl::Status s = Step(stub.get());
+    absl::Status s = Step(stub.get(), address, &stream);
     if (s.ok()) {
       backoff = absl::Milliseconds(50);
       last_error.clear();
@@ -367,7 +506,7 @@ void StandbyCopier::Loop() {
   }
 }
 
-absl::Status StandbyCopier::Step(v1::MasterHa::Stub* stub) {
+absl::Status StandbyCopier::Step(v1::MasterHa::Stub* stub, const std::string& address, bool* stream) {
   ReplPosition pos;
   bool snapshot;
   {
@@ -377,6 +516,15 @@ absl::Status StandbyCopier::Step(v1::MasterHa::Stub* stub) {
     pos = pos_;
   }
   if (snapshot) return TakeSnapshot(stub);
+  if (*stream) {
+    bool refused = false;
+    absl::Status s = StreamFrom(address, pos, &refused);
+    if (!refused) return s;
+    // A leader that does not stream (auth on, or an older master): pull.
+    TKV_LOG(INFO) << "standby: " << address << " refused a replication stream (" << s << "); pulling instead";
+    *stream = false;
+    return absl::OkStatus();
+  }
   v1::PullRequest req;
   req.set_standby(self_);
   req.set_epoch(pos.epoch);
@@ -387,6 +535,10 @@ absl::Status StandbyCopier::Step(v1::MasterHa::Stub* stub) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   RETURN_IF_ERROR(FromGrpc(stub->Pull(&ctx, req, &resp), "pull"));
+  return Apply(resp, &pos);
+}
+
+absl::Status StandbyCopier::Apply(const v1::PullResponse& resp, ReplPosition* pos) {
   if (resp.snapshot_needed()) {
     MutexLock lock(&mu_);
     need_snapshot_ = true;
@@ -394,19 +546,98 @@ absl::Status StandbyCopier::Step(v1::MasterHa::Stub* stub) {
   }
   if (resp.batches_size() == 0) return absl::OkStatus();
   std::vector<Mutation> apply;
-  uint64_t seq = pos.seq;
+  uint64_t seq = pos->seq;
   for (const v1::ReplBatch& b : resp.batches()) {
-    if (b.seq() != seq + 1) return absl::DataLossError(absl::StrCat("pull: batch ", b.seq(), " after ", seq));
+    if (b.seq() != seq + 1) return absl::DataLossError(absl::StrCat("replication: batch ", b.seq(), " after ", seq));
     seq = b.seq();
     for (const v1::StoreMutation& m : b.mutations()) apply.push_back(FromWire(m));
   }
   const ReplPosition next{resp.epoch(), seq, true};
   apply.push_back({kHaPositionKey, EncodePosition(next), false});
   RETURN_IF_ERROR(store_->Write(apply));
+  *pos = next;
   MutexLock lock(&mu_);
   pos_ = next;
   leader_seq_ = std::max(leader_seq_, seq);
   return absl::OkStatus();
+}
+
+absl::Status StandbyCopier::StreamFrom(const std::string& address, ReplPosition pos, bool* refused) {
+  const absl::Duration patience = absl::Seconds(2);  // ten of the leader's heartbeats
+  ASSIGN_OR_RETURN(transport::tcp::Fd fd, transport::tcp::Dial(address, absl::Now() + patience));
+  uint64_t generation;
+  {
+    MutexLock lock(&mu_);
+    if (stop_) return absl::OkStatus();
+    generation = generation_;
+    stream_fd_ = fd.get();  // Stop and Follow shut it down
+  }
+  struct Forget {
+    StandbyCopier* self;
+    ~Forget() {
+      MutexLock lock(&self->mu_);
+      self->stream_fd_ = -1;
+    }
+  } forget{this};
+  // Sends a call frame: the request, then an acknowledgement per frame.
+  std::string out;
+  auto send = [&](uint64_t next_seq) {
+    v1::PullRequest req;
+    req.set_standby(self_);
+    req.set_epoch(pos.epoch);
+    req.set_next_seq(next_seq);
+    req.set_max_bytes(page_bytes_);
+    out.resize(direct::kHeaderSize);
+    direct::EncodeCall({direct::DirectMethod::kReplicate, static_cast<uint32_t>(req.ByteSizeLong())}, out.data());
+    req.AppendToString(&out);
+    return transport::tcp::WriteFull(fd.get(), out.data(), out.size(), absl::Now() + patience);
+  };
+  RETURN_IF_ERROR(send(pos.seq + 1));
+  std::string in;
+  bool answered = false;  // a reply frame came: the leader speaks the stream
+  // Reads one frame into *resp, adding its batches to those already there.
+  auto read = [&](v1::PullResponse* resp) -> absl::Status {
+    char h[direct::kHeaderSize];
+    const absl::Time deadline = absl::Now() + patience;
+    RETURN_IF_ERROR(transport::tcp::ReadFull(fd.get(), h, sizeof h, deadline));
+    absl::StatusOr<direct::ReplyHeader> decoded = direct::DecodeReply(h, 64 << 20);
+    if (!decoded.ok()) {
+      *refused = !answered;  // not a direct lane (gRPC alone answers there)
+      return decoded.status();
+    }
+    const direct::ReplyHeader reply = *decoded;
+    answered = true;
+    in.resize(reply.message_length + reply.length);
+    RETURN_IF_ERROR(transport::tcp::ReadFull(fd.get(), in.data(), in.size(), deadline));
+    if (reply.code != 0) {
+      *refused = true;
+      return absl::Status(static_cast<absl::StatusCode>(reply.code), in.substr(0, reply.message_length));
+    }
+    google::protobuf::io::CodedInputStream frame(reinterpret_cast<const uint8_t*>(in.data()) + reply.message_length,
+                                                 static_cast<int>(reply.length));
+    if (!resp->MergeFromCodedStream(&frame)) {
+      return absl::DataLossError("replication stream: a frame does not parse");
+    }
+    return absl::OkStatus();
+  };
+  for (;;) {
+    v1::PullResponse resp;
+    RETURN_IF_ERROR(read(&resp));
+    // Frames that came while the last write was applied go in one write,
+    // with one acknowledgement: the busier the leader, the larger each.
+    for (int more = 0; more < 64 && !resp.snapshot_needed() && resp.ByteSizeLong() < page_bytes_; ++more) {
+      pollfd p{fd.get(), POLLIN, 0};
+      if (::poll(&p, 1, 0) != 1) break;
+      RETURN_IF_ERROR(read(&resp));
+    }
+    RETURN_IF_ERROR(Apply(resp, &pos));
+    {
+      MutexLock lock(&mu_);
+      streamed_ += resp.batches_size();
+      if (stop_ || generation != generation_ || need_snapshot_) return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(send(pos.seq + 1));
+  }
 }
 
 absl::Status StandbyCopier::TakeSnapshot(v1::MasterHa::Stub* stub) {

@@ -27,6 +27,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <map>
 #include <functional>
 #include <memory>
 #include <string>
@@ -121,9 +122,17 @@ class ReplicationLog final : public Replicator {
 
   uint64_t Append(const std::vector<const std::vector<Mutation>*>& group) override;
   absl::Status Await(uint64_t seq) override;
+  uint64_t LastAppended() override;
 
   // The MasterHa calls (proto/master.proto).
   void Pull(const v1::PullRequest& req, v1::PullResponse* resp);
+  // Serves a standby's replication stream on the direct-lane connection
+  // `fd` (proto/direct_frame.h, kReplicate), whose first call was `first`:
+  // frames of batches as they commit, a heartbeat frame every 200 ms with
+  // none, the standby's acknowledgements read as they come. Returns when
+  // the standby goes (or is silent for 2 s), after a frame saying it needs
+  // a snapshot, or on Close; the caller then closes `fd`.
+  void Stream(int fd, const v1::PullRequest& first);
   absl::Status Snapshot(const v1::SnapshotRequest& req, v1::SnapshotResponse* resp);
 
   // The leader was deposed: writers waiting and to come get UNAVAILABLE,
@@ -142,12 +151,23 @@ class ReplicationLog final : public Replicator {
   };
   // The standby `name`, created on first sight.
   StandbyInfo& Standby(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WakeAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the log can serve a standby asking for `req` (else it needs a
+  // snapshot); marks the standby snapshotting or not.
+  bool Positioned(const v1::PullRequest& req, StandbyInfo* standby) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The standby `name` has applied every batch before `next_seq`.
+  void Acknowledge(const std::string& name, uint64_t next_seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds the batches from `next` (in the log) up to about max_bytes;
+  // returns the sequence after the last added.
+  uint64_t AddBatches(uint64_t next, size_t max_bytes, v1::PullResponse* resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ReplicationOptions options_;
   IndexStore* const store_;
   Mutex mu_;
   CondVar appended_cv_;  // a batch arrived, or Close
-  CondVar acked_cv_;     // a standby acknowledged, or Close
+  // Writers waiting in Await, by the batch each waits for; each is
+  // signalled once its batch is acknowledged, or on Close or degrading.
+  std::multimap<uint64_t, CondVar*> waiters_ ABSL_GUARDED_BY(mu_);
   std::deque<Entry> log_ ABSL_GUARDED_BY(mu_);
   size_t log_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;
@@ -186,11 +206,20 @@ class StandbyCopier {
   uint64_t leader_seq();
   // Snapshots taken (completed) since it started.
   uint64_t snapshots();
+  // Batches applied from replication streams (the rest were pulled).
+  uint64_t streamed();
 
  private:
   void Loop();
-  // One pull (or snapshot, when needed) from `stub`.
-  absl::Status Step(v1::MasterHa::Stub* stub);
+  // One snapshot when needed; else a replication stream from the leader at
+  // `address` (its direct lane) while *stream, which a leader refusing
+  // streams turns off; else one pull from `stub`.
+  absl::Status Step(v1::MasterHa::Stub* stub, const std::string& address, bool* stream);
+  // Applies a pull's or a stream frame's batches after *pos, advancing it.
+  absl::Status Apply(const v1::PullResponse& resp, ReplPosition* pos);
+  // Follows the stream until it ends, the leader changes, a snapshot is
+  // needed or Stop; *refused when the leader answered it with an error.
+  absl::Status StreamFrom(const std::string& address, ReplPosition pos, bool* refused);
   absl::Status TakeSnapshot(v1::MasterHa::Stub* stub);
 
   IndexStore* const store_;
@@ -205,6 +234,8 @@ class StandbyCopier {
   ReplPosition pos_ ABSL_GUARDED_BY(mu_);
   bool need_snapshot_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t leader_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  int stream_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  uint64_t streamed_ ABSL_GUARDED_BY(mu_) = 0;  // the stream's connection, while one is open
   std::thread thread_;
 };
 

@@ -161,6 +161,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
     direct.spin = config.direct_spin;
     direct.max_spinners = QuarterOfTheCores(config.direct_spinners);
     direct.auth = s->auth_.get();
+    direct.replication = ha.log;
     s->direct_ = std::make_unique<DirectLane>(s->master_.get(), s->rpc_metrics_.get(), direct);
     s->direct_->Start(std::move(*listener), s->grpc_.get());
   }

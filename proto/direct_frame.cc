@@ -39,6 +39,8 @@ const char* MethodName(DirectMethod m) {
       return "Stats";
     case DirectMethod::kPing:
       return "Ping";
+    case DirectMethod::kReplicate:
+      return "Replicate";
   }
   return "unknown";
 }

@@ -50,8 +50,15 @@ enum class DirectMethod : uint8_t {
   // refused one with that status and closes, as it does a connection
   // whose first call is not a ping.
   kPing = 9,
+  // A standby master's replication stream (master/replication.h): its
+  // first call, a v1::PullRequest, turns the connection into a stream of
+  // replies, each a v1::PullResponse the leader sends as batches commit
+  // (or every 200 ms with none), while the standby sends a PullRequest
+  // call after each one it applied, acknowledging it; no reply answers
+  // those. Only a master leading with standbys serves it.
+  kReplicate = 10,
 };
-inline constexpr uint8_t kMaxMethod = 9;
+inline constexpr uint8_t kMaxMethod = 10;
 // The gRPC method name (as metrics label it).
 const char* MethodName(DirectMethod m);
 

@@ -362,10 +362,16 @@ class ObjectIndex::Impl {
   // revoke_grace, unless `never_written` (no writer was ever given them).
   void Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mutations, FollowUp* follow,
              bool never_written = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
-  // Writes and clears `mutations`; then frees `follow`'s extents if the
+  // Commits and clears `mutations`; then frees `follow`'s extents if the
   // write succeeded, or keeps them allocated if it failed (the record, still
-  // in the store, owns them again after a restart).
-  void Persist(std::vector<Mutation>* mutations, FollowUp* follow = nullptr);
+  // in the store, owns them again after a restart). Returns the store's
+  // replication ticket (0: nothing written). It does not wait for the
+  // standbys: a caller that acknowledges the change to a user awaits the
+  // ticket once its shard locks are released. Freed space may be reused
+  // before a standby has the deletion: the standbys apply batches in order,
+  // so any put acknowledged on that space reaches them after it, and a
+  // value read at a stale extent fails its key-bound trailer.
+  uint64_t Persist(std::vector<Mutation>* mutations, FollowUp* follow = nullptr);
   // Runs follow-ups with no shard lock held.
   void RunFollowUps(FollowUp follow);
   void DecrementParent(const FollowUp::ParentRef& ref);

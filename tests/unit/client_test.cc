@@ -616,7 +616,9 @@ void ExpectAnotherPutReadsAsAMiss(client::Client* c, client::Client* unverified)
     for (client::Client* reader : {c, unverified}) {
       absl::StatusOr<std::string> got = reader->Get(key);
       EXPECT_THAT(got.status(), StatusIs(absl::StatusCode::kNotFound)) << key;
-      if (got.ok()) EXPECT_FALSE(*got == not_this) << key << ": read another put's bytes";
+      if (got.ok()) {
+        EXPECT_FALSE(*got == not_this) << key << ": read another put's bytes";
+      }
       EXPECT_THAT(std::string(got.status().message()), ::testing::HasSubstr("another put"));
       std::vector<char> out(not_this.size());
       EXPECT_THAT(reader->Get(key, absl::MakeSpan(out)).status(), StatusIs(absl::StatusCode::kNotFound));

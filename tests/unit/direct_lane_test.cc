@@ -14,6 +14,7 @@
 #include "client/master_client.h"
 #include "config/base/status.h"
 #include "master/direct_lane.h"
+#include "master/replication.h"
 #include "master/persistence.h"
 #include "proto/direct_frame.h"
 #include "proto/master.grpc.pb.h"
@@ -245,6 +246,101 @@ TEST_F(DirectLaneTest, ConnectionsPastTheCapAreToldSoAndOthersKeepTheirs) {
     if (!third.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_OK(third);
+}
+
+// A standby's side of a replication stream (kReplicate), in raw frames.
+class DirectStreamTest : public DirectLaneTest {
+ protected:
+  static absl::Status Call(int fd, uint64_t next_seq) {
+    v1::PullRequest req;
+    req.set_standby("standby-1");
+    req.set_epoch(7);
+    req.set_next_seq(next_seq);
+    std::string out(direct::kHeaderSize, '\0');
+    direct::EncodeCall({DirectMethod::kReplicate, static_cast<uint32_t>(req.ByteSizeLong())}, out.data());
+    req.AppendToString(&out);
+    return transport::tcp::WriteFull(fd, out.data(), out.size(), absl::Now() + absl::Seconds(5));
+  }
+  // The next frame on `fd`: its batches' sequences, or its error.
+  static absl::StatusOr<std::vector<uint64_t>> Frame(int fd) {
+    char h[direct::kHeaderSize];
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    RETURN_IF_ERROR(transport::tcp::ReadFull(fd, h, sizeof h, deadline));
+    ASSIGN_OR_RETURN(direct::ReplyHeader r, direct::DecodeReply(h, 1 << 20));
+    std::string in(r.message_length + r.length, '\0');
+    RETURN_IF_ERROR(transport::tcp::ReadFull(fd, in.data(), in.size(), deadline));
+    if (r.code != 0) return absl::Status(static_cast<absl::StatusCode>(r.code), in);
+    v1::PullResponse resp;
+    if (!resp.ParseFromArray(in.data(), static_cast<int>(r.length))) return absl::DataLossError("unparsable");
+    std::vector<uint64_t> seqs;
+    for (const v1::ReplBatch& b : resp.batches()) seqs.push_back(b.seq());
+    return seqs;
+  }
+  // True once the lane has closed `fd`, past any frames still unread.
+  static bool ClosedAfterFrames(int fd) {
+    for (;;) {
+      absl::StatusOr<std::vector<uint64_t>> f = Frame(fd);
+      if (!f.ok()) return absl::IsUnavailable(f.status());
+    }
+  }
+};
+
+TEST_F(DirectStreamTest, AMasterLeadingNoStandbysRefusesAStream) {
+  StartLane(master::DirectLane::Options());
+  transport::tcp::Fd fd = Connect();
+  ASSERT_OK(Call(fd.get(), 1));
+  absl::StatusOr<std::vector<uint64_t>> refused = Frame(fd.get());
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_TRUE(Closed(fd.get()));
+}
+
+// Served from a leader's log: batches pushed as they commit, each semi-sync
+// write returning on the standby's acknowledgement.
+TEST_F(DirectStreamTest, ALeaderPushesBatchesAndReadsAcknowledgements) {
+  auto store = master::NewMemStore();
+  master::ReplicationOptions ro;
+  ro.epoch = 7;
+  ro.sync_timeout = absl::Seconds(30);
+  master::ReplicationLog log(ro, store.get());
+  store->SetReplicator(&log);
+  for (int i = 0; i < 3; ++i) ASSERT_OK(store->Write({{absl::StrCat("o/", i), "v", false}}));
+  master::DirectLane::Options o;
+  o.replication = &log;
+  StartLane(o);
+  transport::tcp::Fd fd = Connect();
+  ASSERT_OK(Call(fd.get(), 1));
+  absl::StatusOr<std::vector<uint64_t>> first = Frame(fd.get());
+  ASSERT_OK(first.status());
+  EXPECT_EQ(*first, (std::vector<uint64_t>{1, 2, 3}));
+  ASSERT_OK(Call(fd.get(), 4));  // all three applied: caught up
+  for (int i = 0; i < 200 && log.State().sync != "semi-sync"; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(log.State().sync, "semi-sync");
+  std::atomic<bool> written{false};
+  std::thread writer([&] {
+    EXPECT_OK(store->Write({{"o/next", "v", false}}));
+    written = true;
+  });
+  absl::StatusOr<std::vector<uint64_t>> next = Frame(fd.get());
+  while (next.ok() && next->empty()) next = Frame(fd.get());  // heartbeats
+  ASSERT_OK(next.status());
+  EXPECT_EQ(*next, (std::vector<uint64_t>{4}));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(written.load()) << "a semi-sync write returned before its acknowledgement";
+  ASSERT_OK(Call(fd.get(), 5));
+  writer.join();
+  EXPECT_TRUE(written.load());
+  ASSERT_EQ(log.State().standbys.size(), 1u);
+  EXPECT_EQ(log.State().standbys[0].acked, 4u);
+  // Acknowledging what was never sent ends the stream.
+  ASSERT_OK(Call(fd.get(), 99));
+  EXPECT_TRUE(ClosedAfterFrames(fd.get()));
+  // So does the log's close (the leader was deposed).
+  transport::tcp::Fd again = Connect();
+  ASSERT_OK(Call(again.get(), 5));
+  log.Close();
+  EXPECT_TRUE(ClosedAfterFrames(again.get()));
+  lane_->Stop();  // its threads are done with the log before the log goes
+  store->SetReplicator(nullptr);
 }
 
 // A connection calling back to back is polled for its next call after

@@ -1,4 +1,5 @@
 #include "master/object_index.h"
+#include "master/replication.h"
 
 #include <future>
 #include <mutex>
@@ -762,6 +763,76 @@ TEST_F(IndexTest, PutEndAndRemoveOfManyKeysAreOneStoreWrite) {
   absl::StatusOr<uint64_t> restored = index_->Recover();
   ASSERT_OK(restored.status());
   EXPECT_EQ(*restored, 37u);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+// A PutEnd waiting for a standby's acknowledgement (semi-sync) holds no
+// shard lock: calls on its shard go on meanwhile. A retried PutEnd of the
+// same key, and a Remove, are answered only once the standby has them too.
+TEST_F(IndexTest, APutEndWaitingForAStandbyHoldsUpNoOtherCall) {
+  IndexOptions one_shard;
+  one_shard.shards = 1;  // every key on the shard the waiting PutEnd locked
+  Build(one_shard);
+  ReplicationOptions ro;
+  ro.epoch = 1;
+  ro.sync_timeout = absl::Seconds(60);  // never degrades within the test
+  ReplicationLog log(ro, store_.get());
+  store_->SetReplicator(&log);
+  Mount("seg-a", 1 << 20);
+  // A standby that has everything: from here each write waits for it.
+  auto acknowledge = [&] {
+    v1::PullRequest req;
+    req.set_standby("standby-1");
+    req.set_epoch(1);
+    req.set_next_seq(log.LastAppended() + 1);
+    v1::PullResponse resp;
+    log.Pull(req, &resp);
+  };
+  ASSERT_OK(Put("x", 100));  // not waited for: no standby has caught up yet
+  acknowledge();
+  ASSERT_EQ(log.State().sync, "semi-sync");
+  for (const char* k : {"a", "b"}) ASSERT_OK(index_->PutStart({{k, 100}})[0].status);
+  const uint64_t before = log.LastAppended();
+  std::atomic<int> answered{0};
+  absl::Status first, retried;
+  std::thread putter([&] {
+    first = index_->PutEnd({"a"})[0];
+    ++answered;
+  });
+  for (int i = 0; i < 500 && log.LastAppended() == before; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_EQ(log.LastAppended(), before + 1) << "a's record was not committed";
+  std::thread retrier([&] {
+    retried = index_->PutEnd({"a"})[0];
+    ++answered;
+  });
+  // The shard's other calls, while both wait: none blocks on them.
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(Present("x"));
+  EXPECT_OK(index_->PutStart({{"c", 100}})[0].status);
+  EXPECT_OK(index_->PutRevoke({"c"})[0]);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(answered.load(), 0) << "a PutEnd was answered before a standby had its record";
+  acknowledge();
+  putter.join();
+  retrier.join();
+  EXPECT_OK(first);
+  EXPECT_OK(retried);
+  // A Remove waits the same way, and is answered once acknowledged.
+  std::atomic<bool> removed{false};
+  std::thread remover([&] {
+    EXPECT_OK(index_->Remove({"a"}, /*force=*/false)[0]);
+    removed = true;
+  });
+  for (int i = 0; i < 500 && log.LastAppended() == before + 1; ++i) absl::SleepFor(absl::Milliseconds(10));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(removed.load());
+  acknowledge();
+  remover.join();
+  EXPECT_TRUE(removed.load());
+  EXPECT_FALSE(Present("a"));
+  log.Close();
+  store_->SetReplicator(nullptr);
   EXPECT_OK(index_->CheckInvariants());
 }
 

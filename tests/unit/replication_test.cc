@@ -1,10 +1,15 @@
 // The leader's replication log and a standby's copier (master/replication.h):
 // ordering, acknowledgement, the semi-sync wait and its degraded mode, the
 // "ahead" mark, and a copy that converges on the leader's store over a real
-// gRPC server on loopback while the leader keeps writing.
+// gRPC server on loopback, pulled or streamed, while the leader keeps
+// writing.
 #include "master/replication.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <map>
@@ -14,7 +19,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "proto/direct_frame.h"
 #include "tests/support/status_matchers.h"
+#include "transport/tcp/socket.h"
 
 namespace tierkv::master {
 namespace {
@@ -183,33 +190,86 @@ TEST(ReplicationLogTest, APositionOutsideTheLogAsksForASnapshot) {
 }
 
 // A leader store behind a real MasterHa server, and a writer changing it.
-class CopierTest : public ::testing::Test {
+// Streamed (the parameter): the copier dials a front port that, as the
+// master's direct lane does, serves a connection whose first call is a
+// kReplicate stream from the log and hands any other to the gRPC server;
+// else the port is gRPC's alone, and the copier falls back to pulling.
+class CopierTest : public ::testing::TestWithParam<bool> {
  protected:
-  void StartLeader(uint64_t epoch) {
+  void StartLeader(uint64_t epoch, bool semi_sync = false) {
     if (server_) {
       server_->Shutdown();
       server_.reset();
     }
     if (log_) log_->Close();
+    JoinStreams();
     leader_->SetReplicator(nullptr);
     ReplicationOptions o;
     o.epoch = epoch;
-    o.semi_sync = false;
+    o.semi_sync = semi_sync;
+    o.sync_timeout = absl::Seconds(30);  // never degrades within a test
     o.max_log_bytes = 64 << 20;
     log_ = std::make_unique<ReplicationLog>(o, leader_.get());
     leader_->SetReplicator(log_.get());
     service_ = NewMasterHaService(log_.get());
     grpc::ServerBuilder b;
-    b.AddListeningPort(port_ == 0 ? "127.0.0.1:0" : absl::StrCat("127.0.0.1:", port_),
-                       grpc::InsecureServerCredentials(), &port_);
+    if (!GetParam()) {
+      b.AddListeningPort(port_ == 0 ? "127.0.0.1:0" : absl::StrCat("127.0.0.1:", port_),
+                         grpc::InsecureServerCredentials(), &port_);
+    }
     b.RegisterService(service_.get());
     server_ = b.BuildAndStart();
     ASSERT_NE(server_, nullptr);
+    if (GetParam() && !front_.valid()) {
+      absl::StatusOr<transport::tcp::Fd> l = transport::tcp::Listen("127.0.0.1", 0, &port_);
+      ASSERT_OK(l.status());
+      front_ = std::move(*l);
+      acceptor_ = std::thread([this] { Accept(); });
+    }
+  }
+  void Accept() {
+    for (;;) {
+      const int fd = ::accept4(front_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) return;  // shut down
+      uint32_t magic = 0;
+      if (::recv(fd, &magic, 4, MSG_PEEK | MSG_WAITALL) != 4 || magic != direct::kCallMagic) {
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);  // as gRPC accepts its own
+        grpc::AddInsecureChannelFromFd(server_.get(), fd);
+        continue;
+      }
+      char h[direct::kHeaderSize];
+      v1::PullRequest first;
+      std::string body;
+      absl::StatusOr<direct::CallHeader> call;
+      if (!transport::tcp::RecvAll(fd, h, sizeof h).ok() || !(call = direct::DecodeCall(h, 1 << 20)).ok() ||
+          (body.resize(call->length), !transport::tcp::RecvAll(fd, body.data(), body.size()).ok()) ||
+          !first.ParseFromString(body)) {
+        ::close(fd);
+        continue;
+      }
+      ++streams_;
+      MutexLock lock(&streams_mu_);
+      stream_threads_.emplace_back([this, fd, first, log = log_.get()] {
+        log->Stream(fd, first);
+        ::close(fd);
+      });
+    }
+  }
+  void JoinStreams() {
+    std::vector<std::thread> threads;
+    {
+      MutexLock lock(&streams_mu_);
+      threads.swap(stream_threads_);
+    }
+    for (std::thread& t : threads) t.join();
   }
   void TearDown() override {
     StopWriter();
     if (server_) server_->Shutdown();
     if (log_) log_->Close();
+    if (front_.valid()) ::shutdown(front_.get(), SHUT_RDWR);
+    if (acceptor_.joinable()) acceptor_.join();
+    JoinStreams();
     leader_->SetReplicator(nullptr);
   }
   // Puts and removes random keys until StopWriter.
@@ -238,6 +298,16 @@ class CopierTest : public ::testing::Test {
     }
     return false;
   }
+  // The copier took the path the parameter gives: batches came by stream
+  // (and a stream was opened), or none did.
+  void ExpectCopiedAsAsked(StandbyCopier* copier) {
+    if (GetParam()) {
+      EXPECT_GT(copier->streamed(), 0u);
+      EXPECT_GT(streams_.load(), 0);
+    } else {
+      EXPECT_EQ(copier->streamed(), 0u);
+    }
+  }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
 
   std::unique_ptr<IndexStore> leader_ = NewMemStore();
@@ -245,11 +315,19 @@ class CopierTest : public ::testing::Test {
   std::unique_ptr<v1::MasterHa::Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  transport::tcp::Fd front_;
+  std::thread acceptor_;
+  Mutex streams_mu_;
+  std::vector<std::thread> stream_threads_;
+  std::atomic<int> streams_{0};
   std::thread writer_;
   std::atomic<bool> stop_{false};
 };
 
-TEST_F(CopierTest, ACopyTakenWhileTheLeaderWritesConvergesOnItsStore) {
+INSTANTIATE_TEST_SUITE_P(PulledOrStreamed, CopierTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "Streamed" : "Pulled"; });
+
+TEST_P(CopierTest, ACopyTakenWhileTheLeaderWritesConvergesOnItsStore) {
   for (int i = 0; i < 2000; ++i) ASSERT_OK(leader_->Write({{absl::StrCat("o/", i), std::string(300, 'a'), false}}));
   StartLeader(1);
   auto standby = NewMemStore();
@@ -264,9 +342,10 @@ TEST_F(CopierTest, ACopyTakenWhileTheLeaderWritesConvergesOnItsStore) {
   EXPECT_EQ(copier.snapshots(), 1u);
   EXPECT_EQ(Contents(standby.get()), Contents(leader_.get()));
   EXPECT_TRUE(ReadPosition(standby.get()).valid);
+  ExpectCopiedAsAsked(&copier);
 }
 
-TEST_F(CopierTest, ARestartedCopierResumesWhereItWasAndANewEpochTakesASnapshot) {
+TEST_P(CopierTest, ARestartedCopierResumesWhereItWasAndANewEpochTakesASnapshot) {
   StartLeader(1);
   auto standby = NewMemStore();
   {
@@ -297,7 +376,32 @@ TEST_F(CopierTest, ARestartedCopierResumesWhereItWasAndANewEpochTakesASnapshot) 
     EXPECT_EQ(copier.snapshots(), 1u);
     EXPECT_EQ(Contents(standby.get()), Contents(leader_.get()));
     EXPECT_EQ(copier.position().epoch, 2u);
+    ExpectCopiedAsAsked(&copier);
   }
+}
+
+// Semi-sync over either path: once the copier has caught up, every write
+// returns only after the copier's store holds it.
+TEST_P(CopierTest, ASemiSyncWriteReturnsOnceTheStandbyHasIt) {
+  StartLeader(1, /*semi_sync=*/true);
+  auto standby = NewMemStore();
+  StandbyCopier copier(standby.get(), "s1");
+  copier.Follow(address());
+  ASSERT_OK(leader_->Write({{"o/first", "1", false}}));
+  ASSERT_TRUE(WaitCaughtUp(&copier));
+  for (int i = 0; i < 200 && log_->State().sync != "semi-sync"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(log_->State().sync, "semi-sync");
+  for (int i = 0; i < 100; ++i) {
+    const std::string k = absl::StrCat("o/k", i);
+    ASSERT_OK(leader_->Write({{k, absl::StrCat("v", i), false}}));
+    absl::StatusOr<std::string> there = standby->Get(k);
+    ASSERT_OK(there.status()) << k << " was acknowledged before the standby had it";
+    EXPECT_EQ(*there, absl::StrCat("v", i));
+  }
+  EXPECT_EQ(log_->State().degraded_writes, 1u);  // the first, before any standby
+  ExpectCopiedAsAsked(&copier);
 }
 
 TEST(ReplPositionTest, AnIncompleteSnapshotLeavesNoPosition) {
