@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "config/base/status.h"
@@ -76,6 +77,14 @@ absl::StatusOr<transport::tcp::Fd> DirectChannel::Take(absl::Time deadline, Outc
   if (int64_t ms = 0; s.ok() && answer.ok() && absl::SimpleAtoi(idle, &ms) && ms > 0) {
     MutexLock lock(&mu_);
     max_idle_ = std::min(kMaxIdle, absl::Milliseconds(ms) / 2);
+  }
+  if (s.ok() && absl::IsUnavailable(answer) && absl::StrContains(answer.message(), kNotLeader)) {
+    // A standby's answer (master/ha.h), to the call as much as the ping:
+    // the call goes to the next master, and the lane is tried again soon
+    // here, as this one may be elected.
+    BackOff(kDialBackoff);
+    *failure = Outcome::kAnswered;
+    return answer;
   }
   if (!s.ok() || !answer.ok()) {
     // A master without the lane hands the frame to gRPC, which closes.

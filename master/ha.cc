@@ -1,11 +1,21 @@
 #include "master/ha.h"
 
+#include <fcntl.h>
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "config/base/http_server.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
 #include "nlohmann/json.hpp"
+#include "proto/direct_frame.h"
 
 namespace tierkv::master {
 
@@ -16,7 +26,132 @@ using SteadyClock = std::chrono::steady_clock;
 // How often a master looks at the leader key (and a leader at its gate).
 absl::Duration RoundOf(absl::Duration ttl) { return std::clamp(ttl / 30, absl::Milliseconds(50), absl::Milliseconds(100)); }
 
+// Answers every gRPC call with `refusal`'s status.
+class RefuseAll final : public grpc::CallbackGenericService {
+ public:
+  explicit RefuseAll(std::function<absl::Status()> refusal) : refusal_(std::move(refusal)) {}
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    class Refused final : public grpc::ServerGenericBidiReactor {
+     public:
+      explicit Refused(const absl::Status& s) {
+        Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message())));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Refused(refusal_());
+  }
+
+ private:
+  const std::function<absl::Status()> refusal_;
+};
+
 }  // namespace
+
+// A standby's ports (master/ha.h): the RPC listener it will hand over, a
+// thread accepting on it, a gRPC server that refuses every call, and an
+// HTTP server with /v1/ha and the probes.
+class StandbyFront {
+ public:
+  StandbyFront(transport::tcp::Fd listener, std::function<absl::Status()> refusal)
+      : listener_(std::move(listener)), refusal_(std::move(refusal)), grpc_service_(refusal_) {}
+  ~StandbyFront() { (void)Release(); }
+
+  absl::Status Start(const MasterConfig& config, std::function<std::string()> status_json) {
+    grpc::ServerBuilder builder;
+    builder.RegisterCallbackGenericService(&grpc_service_);
+    grpc_ = builder.BuildAndStart();
+    if (grpc_ == nullptr) return absl::InternalError("the standby's gRPC server did not start");
+    HttpServer::Options o;
+    o.threads = 1;
+    o.tls = {config.tls_ca, config.tls_cert, config.tls_key};
+    http_ = std::make_unique<HttpServer>(o);
+    http_->Get("/v1/ha", [status_json](const httplib::Request&, httplib::Response& res) {
+      res.set_content(status_json(), "application/json");
+    });
+    for (const char* probe : {"/healthz", "/livez"}) {
+      http_->Get(probe, [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+    }
+    // Anything else is the leader's to answer: 503, which metadata clients
+    // take as "try the next master", naming it.
+    auto refuse = [this](const httplib::Request&, httplib::Response& res) {
+      res.status = 503;
+      res.set_content(std::string(refusal_().message()) + "\n", "text/plain");
+    };
+    http_->Get(".*", refuse);
+    http_->Put(".*", refuse);
+    http_->Post(".*", refuse);
+    http_->Delete(".*", refuse);
+    if (http_->Bind(config.listen, static_cast<int>(config.http_port)) <= 0) {
+      return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", config.listen, ":", config.http_port));
+    }
+    http_->Start();
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+    return absl::OkStatus();
+  }
+
+  // Stops answering and returns the RPC listener, still listening: the
+  // connections that arrive meanwhile wait in its backlog for the server.
+  transport::tcp::Fd Release() {
+    stop_ = true;
+    if (acceptor_.joinable()) acceptor_.join();
+    if (grpc_) grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    grpc_.reset();
+    if (http_) http_->Stop();
+    http_.reset();
+    return std::move(listener_);
+  }
+
+ private:
+  void AcceptLoop() {
+    while (!stop_) {
+      pollfd p{listener_.get(), POLLIN, 0};
+      if (::poll(&p, 1, 50) != 1) continue;
+      const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) continue;
+      Answer(fd);
+    }
+  }
+
+  // A direct call is answered with the refusal and closed (each carries
+  // one call: a client's ping is enough to learn where the leader is);
+  // anything else goes to the gRPC server, which refuses its calls.
+  void Answer(int fd) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(1);  // a silent peer holds no one up long
+    char h[direct::kHeaderSize];
+    uint32_t magic = 0;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 1000) != 1 || ::recv(fd, &magic, 4, MSG_PEEK) != 4) {
+      ::close(fd);
+      return;
+    }
+    if (magic != direct::kCallMagic) {
+      grpc::AddInsecureChannelFromFd(grpc_.get(), fd);
+      return;
+    }
+    absl::StatusOr<direct::CallHeader> call;
+    if (transport::tcp::ReadFull(fd, h, sizeof h, deadline).ok() && (call = direct::DecodeCall(h, 1 << 20)).ok()) {
+      std::string body(call->length, '\0');
+      if (transport::tcp::ReadFull(fd, body.data(), body.size(), deadline).ok()) {
+        const absl::Status refused = refusal_();
+        const std::string message(refused.message().substr(0, direct::kMaxMessage));
+        direct::EncodeReply({static_cast<uint8_t>(refused.code()), static_cast<uint32_t>(message.size()), 0}, h);
+        if (transport::tcp::WriteFull(fd, h, sizeof h, deadline).ok()) {
+          (void)transport::tcp::WriteFull(fd, message.data(), message.size(), deadline);
+        }
+        ::shutdown(fd, SHUT_WR);  // the reply first, then the close
+      }
+    }
+    ::close(fd);
+  }
+
+  transport::tcp::Fd listener_;
+  const std::function<absl::Status()> refusal_;
+  RefuseAll grpc_service_;
+  std::unique_ptr<grpc::Server> grpc_;
+  std::unique_ptr<HttpServer> http_;
+  std::atomic<bool> stop_{false};
+  std::thread acceptor_;
+};
 
 HaNode::HaNode(const MasterConfig& config, Clock* clock)
     : config_(config), clock_(clock), self_(config.advertise), ttl_(config.ha_lease_ttl) {}
@@ -34,6 +169,7 @@ absl::StatusOr<std::unique_ptr<HaNode>> HaNode::Start(const MasterConfig& config
   ASSIGN_OR_RETURN(node->etcd_, EtcdClient::Create(EtcdClient::SplitEndpoints(config.etcd),
                                                     std::min(absl::Seconds(1), config.ha_lease_ttl / 3)));
   RETURN_IF_ERROR(node->OpenStandby());
+  node->OpenFront();
   node->lease_thread_ = std::thread([n = node.get()] { n->LeaseLoop(); });
   node->role_thread_ = std::thread([n = node.get()] { n->RoleLoop(); });
   return node;
@@ -42,6 +178,26 @@ absl::StatusOr<std::unique_ptr<HaNode>> HaNode::Start(const MasterConfig& config
 HaNode::~HaNode() { Stop(); }
 
 std::string HaNode::Key(absl::string_view name) const { return EtcdClusterKey(config_.cluster_id, name); }
+
+void HaNode::OpenFront() {
+  if (front_ != nullptr || !config_.tls_cert.empty()) return;
+  int port = 0;
+  absl::StatusOr<transport::tcp::Fd> listener =
+      transport::tcp::Listen(config_.listen, static_cast<int>(config_.rpc_port), &port);
+  auto front = listener.ok() ? std::make_unique<StandbyFront>(std::move(*listener), [this] {
+    const View v = view();
+    return absl::UnavailableError(absl::StrCat(
+        "tierkv master ", self_, ": ", kNotLeader, " (a standby of cluster ", config_.cluster_id, "); ",
+        v.leader.empty() ? std::string("no leader is elected now") : absl::StrCat("the leader is ", v.leader)));
+  }) : nullptr;
+  absl::Status started = listener.status();
+  if (front != nullptr) started = front->Start(config_, [this] { return StatusJson(); });
+  if (!started.ok()) {
+    TKV_LOG(WARNING) << "ha: a standby answers on its ports; binding them: " << started << " (tried again each round)";
+    return;
+  }
+  front_ = std::move(front);
+}
 
 absl::Status HaNode::OpenStandby() {
   ASSIGN_OR_RETURN(store_, OpenRocksDbStore(config_.data_dir));
@@ -166,6 +322,7 @@ bool HaNode::Eligible(const ReplPosition& mine) {
 }
 
 void HaNode::StandbyRound() {
+  OpenFront();
   int64_t lease;
   {
     MutexLock lock(&mu_);
@@ -173,6 +330,10 @@ void HaNode::StandbyRound() {
   }
   if (lease == 0) return;  // nothing can be published or won without one
   const ReplPosition pos = copier_->position();
+  {
+    MutexLock lock(&mu_);
+    copy_ = pos;
+  }
   (void)etcd_->Put(Key(absl::StrCat("members/", self_)), pos.valid ? EncodePosition(pos) : "", lease);
   absl::StatusOr<EtcdKey> key = etcd_->Get(Key("leader"));
   if (key.ok()) {
@@ -202,6 +363,11 @@ void HaNode::StandbyRound() {
 
 void HaNode::Promote(int64_t epoch, int64_t lease, bool had_copy) {
   TKV_LOG(INFO) << "ha: elected leader of " << config_.cluster_id << " at epoch " << epoch;
+  // The standby's answers stop first. Its RPC listener goes to the server
+  // as it is: connections made meanwhile wait in its backlog, none is
+  // refused.
+  transport::tcp::Fd listener = front_ != nullptr ? front_->Release() : transport::tcp::Fd();
+  front_.reset();
   copier_->Stop();
   copier_.reset();
   if (had_copy && !ReadPosition(store_.get()).valid) {
@@ -210,6 +376,7 @@ void HaNode::Promote(int64_t epoch, int64_t lease, bool had_copy) {
       MutexLock lock(&mu_);
       epoch_ = static_cast<uint64_t>(epoch);
     }
+    listener = transport::tcp::Fd();  // the standby binds it again
     Depose("its copy of the store became incomplete while it campaigned");
     return;
   }
@@ -240,7 +407,7 @@ void HaNode::Promote(int64_t epoch, int64_t lease, bool had_copy) {
     store_->SetReplicator(log_.get());
     server = MasterServer::Start(config_, clock_,
                                  {std::move(store_), log_.get(), &gate_, [this] { return StatusJson(); },
-                                  static_cast<uint64_t>(epoch)});
+                                  static_cast<uint64_t>(epoch), std::move(listener)});
   } else {
     server = marked;
   }
@@ -276,6 +443,7 @@ void HaNode::Depose(absl::string_view why) {
   store_.reset();
   log_.reset();
   leader_gone_since_ = absl::InfiniteFuture();
+  OpenFront();
   for (;;) {
     absl::Status s = OpenStandby();
     if (s.ok()) return;
@@ -306,6 +474,7 @@ void HaNode::Stop() {
   if (copier_ != nullptr) copier_->Stop();
   copier_.reset();
   store_.reset();
+  front_.reset();
   // Our member key goes with the lease, and a standby need not wait out the TTL.
   if (lease != 0) (void)etcd_->Revoke(lease);
 }
@@ -346,6 +515,10 @@ std::string HaNode::StatusJson() {
                           {"last_seen_seconds_ago", absl::ToDoubleSeconds(absl::Now() - sb.last_seen)}});
     }
     j["standbys"] = std::move(standbys);
+  } else {
+    MutexLock lock(&mu_);
+    // How far behind it is shows on the leader's /v1/ha (its standbys).
+    j["copy"] = {{"complete", copy_.valid}, {"epoch", copy_.epoch}, {"seq", copy_.seq}};
   }
   return j.dump();
 }

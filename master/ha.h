@@ -6,7 +6,13 @@
 // that created /tierkv/<cluster>/leader (a transaction on "does not
 // exist", bound to its lease); its epoch is that key's create revision.
 //
-// A standby serves nothing: it copies the leader's store (StandbyCopier).
+// A standby copies the leader's store (StandbyCopier) and serves no call:
+// it holds the RPC port and answers every call on it, direct or gRPC,
+// UNAVAILABLE "not the leader", naming the leader it follows (a caller
+// with several masters goes on to the next at once); its HTTP port serves
+// /v1/ha (its role, epoch, leader and copy) and the probes. The RPC
+// listener is handed to the server it starts when elected, so the port
+// stays open across the promotion. With TLS (--tls-cert) it binds neither.
 // When the leader key is gone it campaigns, but only with a complete copy
 // (or in a cluster that never had a leader) and when no live member has
 // published a copy further along; a member waits a round after the key
@@ -40,6 +46,8 @@
 #include "master/server.h"
 
 namespace tierkv::master {
+
+class StandbyFront;
 
 class HaNode {
  public:
@@ -78,6 +86,9 @@ class HaNode {
   void Promote(int64_t epoch, int64_t lease, bool had_copy);
   void Depose(absl::string_view why);
   absl::Status OpenStandby();
+  // Binds the ports and answers on them as a standby (no-op with TLS);
+  // logs and leaves it for the next round when a port is busy.
+  void OpenFront();
   std::string Key(absl::string_view name) const;
 
   const MasterConfig config_;
@@ -99,12 +110,16 @@ class HaNode {
   std::string leader_address_ ABSL_GUARDED_BY(mu_);
   int rpc_port_ ABSL_GUARDED_BY(mu_) = 0;
   int http_port_ ABSL_GUARDED_BY(mu_) = 0;
+  // A standby's copy as of its last round (for /v1/ha, read off the role
+  // thread).
+  ReplPosition copy_ ABSL_GUARDED_BY(mu_);
 
   // Owned by the role thread (and Stop, once it has joined).
   std::unique_ptr<IndexStore> store_;  // a standby's; the server holds it while leader
   std::unique_ptr<StandbyCopier> copier_;
   std::unique_ptr<ReplicationLog> log_;
   std::unique_ptr<MasterServer> server_;
+  std::unique_ptr<StandbyFront> front_;  // while a standby
   absl::Time leader_gone_since_ = absl::InfiniteFuture();
   absl::Time last_key_check_ = absl::InfinitePast();
   bool said_no_copy_ = false;

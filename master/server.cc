@@ -5,7 +5,10 @@
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sched.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <fstream>
@@ -131,7 +134,16 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   } else {
     // The port is ours: the direct lane reads each connection's first bytes
     // and hands gRPC the ones that are not direct calls.
-    listener = transport::tcp::Listen(config.listen, static_cast<int>(config.rpc_port), &s->rpc_port_);
+    if (ha.listener.valid()) {
+      sockaddr_storage bound{};
+      socklen_t len = sizeof bound;
+      getsockname(ha.listener.get(), reinterpret_cast<sockaddr*>(&bound), &len);
+      s->rpc_port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+      listener = std::move(ha.listener);
+    } else {
+      listener = transport::tcp::Listen(config.listen, static_cast<int>(config.rpc_port), &s->rpc_port_);
+    }
     if (!listener.ok()) {
       return absl::UnavailableError(absl::StrCat("cannot serve RPCs on ", config.listen, ":", config.rpc_port, ": ",
                                                  listener.status().message()));

@@ -28,6 +28,7 @@
 #include "master/grpc_service.h"
 #include "master/master.h"
 #include "master/replication.h"
+#include "transport/tcp/socket.h"
 
 namespace grpc {
 class Server;
@@ -42,6 +43,9 @@ struct HaHooks {
   const ServingGate* gate = nullptr;  // MasterOptions::gate
   std::function<std::string()> status_json;  // MasterOptions::ha_status
   uint64_t epoch = 0;                        // MasterOptions::epoch
+  // The RPC port, bound and listening already (a standby's, handed over so
+  // the port never closes on promotion); invalid: bind it. Unused with TLS.
+  transport::tcp::Fd listener;
 };
 
 class MasterServer {

@@ -402,6 +402,73 @@ TEST_F(HaTest, KillingTheLeaderUnderLoadLosesNoAcknowledgedPut) {
   EXPECT_EQ(rejoined["standbys"][0]["name"], absl::StrCat("127.0.0.1:", rpc_[leader])) << rejoined.dump();
 }
 
+// A standby answers on the ports it takes over when elected: /v1/ha says
+// what it is and whom it follows; every call on its RPC port, direct or
+// over gRPC, is refused naming the leader, and a caller with several
+// masters goes on to the leader at once. Elected, it serves on the same
+// listener: a client given only its address is served after the kill.
+TEST_F(HaTest, AStandbyNamesTheLeaderAndKeepsItsPortWhenElected) {
+  const int leader = StartGroup();
+  ASSERT_GE(leader, 0);
+  const int standby = 1 - leader;
+  const std::string leader_address = absl::StrCat(hosts_[leader], ":", rpc_[leader]);
+  const std::string standby_address = absl::StrCat(hosts_[standby], ":", rpc_[standby]);
+  absl::StatusOr<json> ha;
+  ASSERT_TRUE(WaitFor([&] {
+    ha = Ha(standby);
+    return ha.ok() && (*ha)["copy"].value("complete", false);
+  }, absl::Seconds(10))) << (ha.ok() ? ha->dump() : ha.status().ToString());
+  EXPECT_EQ((*ha)["role"], "standby");
+  EXPECT_EQ((*ha)["leader"], leader_address);
+  EXPECT_EQ((*ha)["self"], standby_address);
+  {
+    // Its other HTTP paths are the leader's: 503, which metadata clients
+    // take as "try the next", naming the leader.
+    httplib::Client http(hosts_[standby], http_[standby]);
+    httplib::Result segments = http.Get("/v1/segments");
+    ASSERT_TRUE(segments);
+    EXPECT_EQ(segments->status, 503);
+    EXPECT_THAT(segments->body, ::testing::HasSubstr("the leader is " + leader_address));
+  }
+
+  for (bool direct : {true, false}) {
+    client::MasterClientOptions o;
+    o.direct = direct;
+    o.rpc_timeout = absl::Milliseconds(500);
+    ASSERT_OK_AND_ASSIGN(auto mc, client::MasterClient::Create(standby_address, o));
+    absl::Status refused = mc->Exists({"any"}).status();
+    EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
+    EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr(kNotLeader)) << refused;
+    EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("the leader is " + leader_address)) << refused;
+  }
+  {
+    // The standby listed first: the leader serves, and at once.
+    client::MasterClientOptions o;
+    ASSERT_OK_AND_ASSIGN(auto mc, client::MasterClient::Create(standby_address + "," + leader_address, o));
+    const absl::Time start = absl::Now();
+    ASSERT_OK(mc->Exists({"any"}).status());
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  }
+
+  client::ClientOptions o;
+  o.master = standby_address;
+  o.metadata = absl::StrCat("http://", hosts_[standby], ":", http_[standby]);
+  o.rpc_timeout = absl::Seconds(1);
+  ASSERT_OK_AND_ASSIGN(auto c, client::Client::Create(o));
+  EXPECT_THAT(std::string(c->Put("before", Payload("before", kValueBytes)).message()),
+              ::testing::HasSubstr(kNotLeader));
+  masters_[leader]->Kill(SIGKILL);
+  absl::Status put = absl::UnknownError("not tried");
+  ASSERT_TRUE(WaitFor([&] {
+    put = c->Put("after", Payload("after", kValueBytes));
+    return put.ok();
+  }, absl::Seconds(20))) << put << "\n" << Logs();
+  ASSERT_OK_AND_ASSIGN(std::string got, c->Get("after"));
+  EXPECT_EQ(got, Payload("after", kValueBytes));
+  ASSERT_OK_AND_ASSIGN(json now, Ha(standby));
+  EXPECT_EQ(now["role"], "leader");
+}
+
 // Told only where etcd is (--master etcd://h:p/<cluster>, no metadata
 // URL), a daemon and a client find the masters, the leader first, and the
 // metadata URLs themselves, and follow the next leader when it is killed.
