@@ -197,29 +197,43 @@ TEST(ReplicationLogTest, APositionOutsideTheLogAsksForASnapshot) {
 class CopierTest : public ::testing::TestWithParam<bool> {
  protected:
   void StartLeader(uint64_t epoch, bool semi_sync = false) {
-    if (server_) {
-      server_->Shutdown();
-      server_.reset();
+    std::unique_ptr<ReplicationLog> old;
+    std::unique_ptr<grpc::Server> old_server;
+    {
+      MutexLock lock(&streams_mu_);  // the acceptor hands nothing to either now
+      old = std::move(log_);
+      old_server = std::move(server_);
     }
-    if (log_) log_->Close();
+    if (old_server) old_server->Shutdown();
+    old_server.reset();
+    if (old) old->Close();
     JoinStreams();
     leader_->SetReplicator(nullptr);
+    old.reset();
     ReplicationOptions o;
     o.epoch = epoch;
     o.semi_sync = semi_sync;
     o.sync_timeout = absl::Seconds(30);  // never degrades within a test
     o.max_log_bytes = 64 << 20;
-    log_ = std::make_unique<ReplicationLog>(o, leader_.get());
-    leader_->SetReplicator(log_.get());
-    service_ = NewMasterHaService(log_.get());
+    auto log = std::make_unique<ReplicationLog>(o, leader_.get());
+    leader_->SetReplicator(log.get());
+    service_ = NewMasterHaService(log.get());
+    {
+      MutexLock lock(&streams_mu_);
+      log_ = std::move(log);
+    }
     grpc::ServerBuilder b;
     if (!GetParam()) {
       b.AddListeningPort(port_ == 0 ? "127.0.0.1:0" : absl::StrCat("127.0.0.1:", port_),
                          grpc::InsecureServerCredentials(), &port_);
     }
     b.RegisterService(service_.get());
-    server_ = b.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
+    std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+    ASSERT_NE(server, nullptr);
+    {
+      MutexLock lock(&streams_mu_);
+      server_ = std::move(server);
+    }
     if (GetParam() && !front_.valid()) {
       absl::StatusOr<transport::tcp::Fd> l = transport::tcp::Listen("127.0.0.1", 0, &port_);
       ASSERT_OK(l.status());
@@ -234,7 +248,12 @@ class CopierTest : public ::testing::TestWithParam<bool> {
       uint32_t magic = 0;
       if (::recv(fd, &magic, 4, MSG_PEEK | MSG_WAITALL) != 4 || magic != direct::kCallMagic) {
         fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);  // as gRPC accepts its own
-        grpc::AddInsecureChannelFromFd(server_.get(), fd);
+        MutexLock lock(&streams_mu_);
+        if (server_ == nullptr) {
+          ::close(fd);  // between leaders
+        } else {
+          grpc::AddInsecureChannelFromFd(server_.get(), fd);
+        }
         continue;
       }
       char h[direct::kHeaderSize];
@@ -247,9 +266,13 @@ class CopierTest : public ::testing::TestWithParam<bool> {
         ::close(fd);
         continue;
       }
-      ++streams_;
       MutexLock lock(&streams_mu_);
-      stream_threads_.emplace_back([this, fd, first, log = log_.get()] {
+      if (log_ == nullptr) {  // between leaders
+        ::close(fd);
+        continue;
+      }
+      ++streams_;
+      stream_threads_.emplace_back([fd, first, log = log_.get()] {
         log->Stream(fd, first);
         ::close(fd);
       });
@@ -265,10 +288,10 @@ class CopierTest : public ::testing::TestWithParam<bool> {
   }
   void TearDown() override {
     StopWriter();
-    if (server_) server_->Shutdown();
-    if (log_) log_->Close();
     if (front_.valid()) ::shutdown(front_.get(), SHUT_RDWR);
     if (acceptor_.joinable()) acceptor_.join();
+    if (server_) server_->Shutdown();
+    if (log_) log_->Close();
     JoinStreams();
     leader_->SetReplicator(nullptr);
   }
