@@ -1,6 +1,5 @@
 #include "master/ha.h"
 
-#include <fcntl.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
@@ -9,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 
 #include "absl/strings/str_cat.h"
 #include "config/base/http_server.h"
@@ -119,8 +119,15 @@ class StandbyFront {
     const absl::Time deadline = absl::Now() + absl::Seconds(1);  // a silent peer holds no one up long
     char h[direct::kHeaderSize];
     uint32_t magic = 0;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 1000) != 1 || ::recv(fd, &magic, 4, MSG_PEEK) != 4) {
+    ssize_t n = -1;
+    while (absl::Now() < deadline) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 100) < 0 && errno != EINTR) break;
+      n = ::recv(fd, &magic, 4, MSG_PEEK);
+      if (n == 4 || n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) break;
+      if (n > 0) absl::SleepFor(absl::Milliseconds(1));  // the rest of the four bytes is on its way
+    }
+    if (n != 4) {
       ::close(fd);
       return;
     }

@@ -2,17 +2,18 @@
 //
 // Leader: ReplicationLog is the Replicator its store hands every committed
 // batch to. Batches are numbered from 1 in each epoch and the latest are
-// kept in memory (at most max_log_bytes) for standbys to pull over the
-// MasterHa service. Semi-synchronous (the default): a write returns once a
-// standby has acknowledged its batch, so a promoted standby has every
-// acknowledged put. When no standby acknowledges within sync_timeout the
+// kept in memory (at most max_log_bytes). Standbys follow them on a stream
+// the leader pushes as batches commit (Stream, on the direct lane), or pull
+// them over the MasterHa service from a leader that does not stream.
+// Semi-synchronous (the default): a write returns once a standby has
+// acknowledged its batch, so a promoted standby has every acknowledged put. When no standby acknowledges within sync_timeout the
 // log turns degraded and stops waiting, until a standby has caught up
 // again: one dead standby never stops the cluster's puts. After Close (the
 // leader was deposed) every waiting and later write fails UNAVAILABLE.
 //
-// Standby: StandbyCopier pulls the leader's batches and applies them to its
-// own store, with its position ("h/pos": epoch and sequence) in the same
-// write. A copy without a position in the leader's log (new, too far
+// Standby: StandbyCopier follows the leader's stream (or pulls) and applies
+// the batches to its own store, with its position ("h/pos": epoch and
+// sequence) in the same write. A copy without a position in the leader's log (new, too far
 // behind, or following an earlier epoch) first takes a snapshot: the whole
 // store in pages, then the batches after the snapshot's sequence. While a
 // snapshot is being installed "h/snap" marks the copy incomplete: such a
