@@ -38,6 +38,10 @@ absl::StatusOr<std::unique_ptr<MasterClient>> MasterClient::Create(const std::st
     }
   }
   if (addresses.empty()) addresses.emplace_back();
+  if (addresses.size() > kMaxMasters) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("master address '", address, "' names ", addresses.size(), " masters; at most ", kMaxMasters));
+  }
   for (const std::string& a : addresses) {
     size_t colon = a.rfind(':');
     if (a.empty() || colon == std::string::npos || colon + 1 == a.size()) {
@@ -66,31 +70,61 @@ absl::StatusOr<std::unique_ptr<MasterClient>> MasterClient::Create(const std::st
     creds = grpc::experimental::TlsCredentials(tls);
     options.direct = false;  // the direct lane would carry the token in the clear
   }
-  std::vector<std::unique_ptr<Endpoint>> endpoints;
-  for (const std::string& a : addresses) {
-    auto e = std::make_unique<Endpoint>();
-    e->address = a;
-    e->channel = grpc::CreateCustomChannel(a, creds, args);
-    e->stub = v1::Master::NewStub(e->channel);
-    // A gRPC target URI ("dns:///h:p", "unix:...") names nothing the lane can dial.
-    if (options.direct && a.find('/') == std::string::npos && a.rfind("unix:", 0) != 0) {
-      e->direct = std::make_unique<internal::DirectChannel>(a, static_cast<uint32_t>(options.max_message_size),
-                                                            options.reply_spin, options.token);
-    }
-    endpoints.push_back(std::move(e));
+  std::unique_ptr<MasterClient> client(new MasterClient(address, options, std::move(creds), std::move(args)));
+  for (const std::string& a : addresses) (void)client->EndpointFor(a);
+  return client;
+}
+
+std::unique_ptr<MasterClient::Endpoint> MasterClient::MakeEndpoint(const std::string& address) const {
+  auto e = std::make_unique<Endpoint>();
+  e->address = address;
+  e->channel = grpc::CreateCustomChannel(address, creds_, args_);
+  e->stub = v1::Master::NewStub(e->channel);
+  // A gRPC target URI ("dns:///h:p", "unix:...") names nothing the lane can dial.
+  if (options_.direct && address.find('/') == std::string::npos && address.rfind("unix:", 0) != 0) {
+    e->direct = std::make_unique<internal::DirectChannel>(address, static_cast<uint32_t>(options_.max_message_size),
+                                                          options_.reply_spin, options_.token);
   }
-  return std::unique_ptr<MasterClient>(new MasterClient(address, options, std::move(endpoints)));
+  return e;
+}
+
+std::optional<size_t> MasterClient::EndpointFor(const std::string& address) {
+  MutexLock lock(&add_mu_);
+  const size_t n = count_.load(std::memory_order_acquire);
+  for (size_t i = 0; i < n; ++i) {
+    if (endpoints_[i]->address == address) return i;
+  }
+  if (n == kMaxMasters) return std::nullopt;
+  endpoints_[n] = MakeEndpoint(address);
+  count_.store(n + 1, std::memory_order_release);  // published whole
+  return n;
+}
+
+void MasterClient::Reresolve() {
+  if (!etcd_) return;
+  MutexLock lock(&resolve_mu_);
+  if (absl::Now() - resolved_ < absl::Seconds(1)) return;
+  resolved_ = absl::Now();
+  absl::StatusOr<std::vector<std::string>> found =
+      ResolveEtcdMasters(address_, std::min(options_.rpc_timeout, absl::Seconds(1)));
+  if (!found.ok()) return;  // etcd unreachable for now: the masters known stay
+  for (const std::string& a : *found) (void)EndpointFor(a);
 }
 
 std::vector<std::string> MasterClient::masters() const {
   std::vector<std::string> out;
-  for (const auto& e : endpoints_) out.push_back(e->address);
+  const size_t n = count_.load(std::memory_order_acquire);
+  for (size_t i = 0; i < n; ++i) out.push_back(endpoints_[i]->address);
   return out;
 }
 
 MasterClient::MasterClient(std::string address, MasterClientOptions options,
-                           std::vector<std::unique_ptr<Endpoint>> endpoints)
-    : address_(std::move(address)), options_(options), endpoints_(std::move(endpoints)) {}
+                           std::shared_ptr<grpc::ChannelCredentials> creds, grpc::ChannelArguments args)
+    : address_(std::move(address)),
+      options_(options),
+      etcd_(IsEtcdMasterAddress(address_)),
+      creds_(std::move(creds)),
+      args_(std::move(args)) {}
 
 namespace {
 // No direct id: the call always goes over gRPC.
@@ -103,6 +137,15 @@ constexpr absl::Duration kConnectBudget = absl::Milliseconds(500);
 // A master that answered this refused the call without running it.
 bool NotLeader(const absl::Status& s) {
   return absl::IsUnavailable(s) && absl::StrContains(s.message(), kNotLeader);
+}
+
+// The leader a standby's refusal names ("... the leader is h:p"), or "".
+std::string NamedLeader(absl::string_view message) {
+  constexpr absl::string_view kIs = "the leader is ";
+  const size_t at = message.find(kIs);
+  if (at == absl::string_view::npos) return "";
+  absl::string_view rest = message.substr(at + kIs.size());
+  return std::string(rest.substr(0, rest.find_first_of(" ;,)")));
 }
 }  // namespace
 
@@ -129,8 +172,11 @@ absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direc
   absl::Duration backoff = absl::Milliseconds(50);
   const Req* send = &req;
   Req stripped;
-  const size_t n = endpoints_.size();
+  size_t n = count_.load(std::memory_order_acquire);
   size_t at = current_.load(std::memory_order_relaxed) % n;
+  // Calls follow a leader among several masters: those known, or those etcd
+  // may name later (so one dead master is not waited for, as a lone one is).
+  auto several = [&] { return n > 1 || etcd_; };
   size_t tried = 0;  // endpoints tried since the last backoff
   for (;;) {
     Endpoint& ep = *endpoints_[at];
@@ -159,14 +205,14 @@ absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direc
       const bool ready_before = ep.channel->GetState(false) == GRPC_CHANNEL_READY;
       // A master that was down a moment ago (a standby just elected) is
       // dialled now, not after the channel's reconnect backoff (up to 1 s).
-      if (n > 1 && !ready_before) grpc::experimental::ChannelResetConnectionBackoff(ep.channel.get());
+      if (several() && !ready_before) grpc::experimental::ChannelResetConnectionBackoff(ep.channel.get());
       const absl::Time attempt_deadline =
-          n > 1 && !ready_before ? std::min(deadline, absl::Now() + kConnectBudget) : deadline;
+          several() && !ready_before ? std::min(deadline, absl::Now() + kConnectBudget) : deadline;
       ctx.set_deadline(absl::ToChronoTime(attempt_deadline));
       // With several masters, a call on a connection that breaks (its
       // master died) fails at once rather than waiting out its deadline
       // for that master to come back: the next one may already lead.
-      ctx.set_wait_for_ready(n == 1 || !ready_before);
+      ctx.set_wait_for_ready(!several() || !ready_before);
       if (!options_.token.empty()) ctx.AddMetadata(auth::kAuthorizationHeader, absl::StrCat("Bearer ", options_.token));
       grpc::Status s = call(ep.stub.get(), &ctx, *send, resp);
       if (s.ok()) {
@@ -179,7 +225,7 @@ absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direc
         return absl::OkStatus();
       }
       const bool connected = ep.channel->GetState(false) == GRPC_CHANNEL_READY;
-      if (n > 1 && !ready_before && !connected &&
+      if (several() && !ready_before && !connected &&
           (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || s.error_code() == grpc::StatusCode::UNAVAILABLE)) {
         // No connection came up in its budget: the call never left.
         sent = false;
@@ -199,8 +245,16 @@ absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direc
                           absl::StrCat("master ", ep.address, " ", method, ": ", s.error_message()));
       }
     }
-    const bool elsewhere = n > 1 && (!sent || NotLeader(st) || (idempotent && absl::IsUnavailable(st)));
-    if (n > 1 && (absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st))) {
+    // A standby names the leader: that one next, learned if it is new.
+    std::optional<size_t> named;
+    if (NotLeader(st)) {
+      if (const std::string leader = NamedLeader(st.message()); !leader.empty() && leader != ep.address) {
+        named = EndpointFor(leader);
+        n = count_.load(std::memory_order_acquire);
+      }
+    }
+    const bool elsewhere = several() && (!sent || NotLeader(st) || (idempotent && absl::IsUnavailable(st)));
+    if (several() && (absl::IsUnavailable(st) || absl::IsDeadlineExceeded(st))) {
       // A master that stalled or dropped the call: the next call starts
       // with the next one, rather than waiting on this one again.
       size_t expected = at;
@@ -209,15 +263,18 @@ absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direc
     if (!elsewhere && (!idempotent || !absl::IsUnavailable(st))) return st;
     if (absl::Now() + backoff >= deadline) return st;
     if (elsewhere && ++tried < n) {
-      at = (at + 1) % n;  // the next master, at once
+      at = named.has_value() ? *named : (at + 1) % n;  // the next master, at once
     } else {
-      // Every master tried (or the one there is): wait before going round again.
+      // Every master tried (or the one there is): wait before going round
+      // again, with any masters etcd has learned of since.
       tried = 0;
-      if (elsewhere) at = (at + 1) % n;
+      Reresolve();
+      n = count_.load(std::memory_order_acquire);
+      if (elsewhere) at = named.has_value() ? *named : (at + 1) % n;
       std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
       // With several masters a new leader is found sooner (each round
       // costs one connection attempt per master).
-      backoff = std::min(backoff * 2, n > 1 ? absl::Milliseconds(200) : absl::Milliseconds(500));
+      backoff = std::min(backoff * 2, several() ? absl::Milliseconds(200) : absl::Milliseconds(500));
     }
     if constexpr (requires { req.released_keys_size(); }) {
       if (send->released_keys_size() > 0) {

@@ -21,9 +21,14 @@
 // Thread-safe.
 #pragma once
 
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <array>
 #include <atomic>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,7 +109,12 @@ class MasterClient {
   static constexpr size_t kMaxReleasesPerCall = 2048;
 
   const std::string& address() const { return address_; }
-  // The masters this client calls (an etcd:// address resolved), host:port each.
+  // The masters this client calls, host:port each: those its address
+  // names (an etcd:// address resolved), then any learned since: a leader
+  // a standby named in its refusal, or, with etcd://, a master registered
+  // later (read again, at most once a second, when every master known
+  // failed a call). At most kMaxMasters.
+  static constexpr size_t kMaxMasters = 16;
   std::vector<std::string> masters() const;
   // The highest master epoch any answer carried (docs/ha.md; 0 from a
   // single master). An answer with a lower one (a deposed master's) is
@@ -130,7 +140,15 @@ class MasterClient {
     std::unique_ptr<v1::Master::Stub> stub;
     std::unique_ptr<internal::DirectChannel> direct;  // null when options_.direct is off
   };
-  MasterClient(std::string address, MasterClientOptions options, std::vector<std::unique_ptr<Endpoint>> endpoints);
+  MasterClient(std::string address, MasterClientOptions options, std::shared_ptr<grpc::ChannelCredentials> creds,
+               grpc::ChannelArguments args);
+  std::unique_ptr<Endpoint> MakeEndpoint(const std::string& address) const;
+  // The endpoint of `address`, added when new and there is room; nullopt
+  // when there is none.
+  std::optional<size_t> EndpointFor(const std::string& address);
+  // With an etcd:// address: the cluster's masters read again (at most once
+  // a second), new ones added.
+  void Reresolve();
   // `direct`: the method's direct id, or 0 for gRPC only.
   template <class Req, class Resp, class Call>
   // `deadline`: the call's, when sooner than rpc_timeout from now.
@@ -139,7 +157,16 @@ class MasterClient {
 
   std::string address_;
   MasterClientOptions options_;
-  std::vector<std::unique_ptr<Endpoint>> endpoints_;
+  const bool etcd_;  // address_ is etcd://: the masters may change
+  const std::shared_ptr<grpc::ChannelCredentials> creds_;
+  const grpc::ChannelArguments args_;
+  // Calls read the first count_ endpoints without a lock: one is never
+  // moved or removed once made; new ones are appended under add_mu_.
+  std::array<std::unique_ptr<Endpoint>, kMaxMasters> endpoints_;
+  std::atomic<size_t> count_{0};
+  Mutex add_mu_;
+  Mutex resolve_mu_;
+  absl::Time resolved_ ABSL_GUARDED_BY(resolve_mu_) = absl::InfinitePast();
   std::atomic<size_t> current_{0};  // the endpoint that answered last
   std::atomic<uint64_t> epoch_{0};
   // OK for an answer whose epoch (if it has one) is not below epoch_,

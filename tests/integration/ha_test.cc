@@ -6,6 +6,7 @@
 // moments each master last and first answered) in its output. Skips,
 // saying why, where etcd is not installed (scripts/install-deps.sh
 // installs Debian's etcd-server).
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,7 +22,9 @@
 #include "client/master_client.h"
 #include "config/base/status.h"
 #include "httplib.h"
+#include "proto/direct_frame.h"
 #include "proto/etcd_client.h"
+#include "proto/master.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/fault_proxy.h"
 #include "tests/support/process.h"
@@ -404,8 +407,8 @@ TEST_F(HaTest, KillingTheLeaderUnderLoadLosesNoAcknowledgedPut) {
 
 // A standby answers on the ports it takes over when elected: /v1/ha says
 // what it is and whom it follows; every call on its RPC port, direct or
-// over gRPC, is refused naming the leader, and a caller with several
-// masters goes on to the leader at once. Elected, it serves on the same
+// over gRPC, is refused naming the leader, which a client then calls (one
+// address of any master is enough). Elected, it serves on the same
 // listener: a client given only its address is served after the kill.
 TEST_F(HaTest, AStandbyNamesTheLeaderAndKeepsItsPortWhenElected) {
   const int leader = StartGroup();
@@ -431,15 +434,37 @@ TEST_F(HaTest, AStandbyNamesTheLeaderAndKeepsItsPortWhenElected) {
     EXPECT_THAT(segments->body, ::testing::HasSubstr("the leader is " + leader_address));
   }
 
+  // Its RPC port: a call refused naming the leader, over gRPC and direct.
+  {
+    auto stub = v1::Master::NewStub(grpc::CreateChannel(standby_address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::StatsRequest req;
+    v1::StatsResponse resp;
+    const grpc::Status refused = stub->Stats(&ctx, req, &resp);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+    EXPECT_THAT(refused.error_message(), ::testing::HasSubstr(kNotLeader));
+    EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("the leader is " + leader_address));
+
+    ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd, transport::tcp::Dial(standby_address, absl::Now() + absl::Seconds(5)));
+    char h[direct::kHeaderSize];
+    direct::EncodeCall({direct::DirectMethod::kPing, 0}, h);
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    ASSERT_OK(transport::tcp::WriteFull(fd.get(), h, sizeof h, deadline));
+    ASSERT_OK(transport::tcp::ReadFull(fd.get(), h, sizeof h, deadline));
+    ASSERT_OK_AND_ASSIGN(direct::ReplyHeader reply, direct::DecodeReply(h, 1 << 20));
+    EXPECT_EQ(reply.code, static_cast<uint8_t>(absl::StatusCode::kUnavailable));
+    std::string message(reply.message_length, '\0');
+    ASSERT_OK(transport::tcp::ReadFull(fd.get(), message.data(), message.size(), deadline));
+    EXPECT_THAT(message, ::testing::HasSubstr("the leader is " + leader_address));
+  }
+  // A client given only the standby learns the leader from it, either lane.
   for (bool direct : {true, false}) {
     client::MasterClientOptions o;
     o.direct = direct;
-    o.rpc_timeout = absl::Milliseconds(500);
     ASSERT_OK_AND_ASSIGN(auto mc, client::MasterClient::Create(standby_address, o));
-    absl::Status refused = mc->Exists({"any"}).status();
-    EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
-    EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr(kNotLeader)) << refused;
-    EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("the leader is " + leader_address)) << refused;
+    EXPECT_OK(mc->Exists({"any"}).status()) << (direct ? "direct" : "gRPC");
+    EXPECT_EQ(mc->masters(), (std::vector<std::string>{standby_address, leader_address}));
   }
   {
     // The standby listed first: the leader serves, and at once.
@@ -450,23 +475,53 @@ TEST_F(HaTest, AStandbyNamesTheLeaderAndKeepsItsPortWhenElected) {
     EXPECT_LT(absl::Now() - start, absl::Seconds(1));
   }
 
+  // A client given only the standby's address: served by the leader it
+  // names, and, once the leader is killed, by the standby elected on the
+  // same port.
   client::ClientOptions o;
   o.master = standby_address;
-  o.metadata = absl::StrCat("http://", hosts_[standby], ":", http_[standby]);
-  o.rpc_timeout = absl::Seconds(1);
+  o.metadata = MetadataList();
   ASSERT_OK_AND_ASSIGN(auto c, client::Client::Create(o));
-  EXPECT_THAT(std::string(c->Put("before", Payload("before", kValueBytes)).message()),
-              ::testing::HasSubstr(kNotLeader));
+  ASSERT_OK(c->Put("before", Payload("before", kValueBytes)));
   masters_[leader]->Kill(SIGKILL);
   absl::Status put = absl::UnknownError("not tried");
   ASSERT_TRUE(WaitFor([&] {
     put = c->Put("after", Payload("after", kValueBytes));
     return put.ok();
   }, absl::Seconds(20))) << put << "\n" << Logs();
-  ASSERT_OK_AND_ASSIGN(std::string got, c->Get("after"));
-  EXPECT_EQ(got, Payload("after", kValueBytes));
+  for (const char* k : {"before", "after"}) {
+    ASSERT_OK_AND_ASSIGN(std::string got, c->Get(k));
+    EXPECT_EQ(got, Payload(k, kValueBytes));
+  }
   ASSERT_OK_AND_ASSIGN(json now, Ha(standby));
   EXPECT_EQ(now["role"], "leader");
+}
+
+// A client given etcd:// learns of a master registered after it resolved
+// the cluster: once every master it knows fails a call it reads etcd
+// again, and follows the leader to a master it had never heard of.
+TEST_F(HaTest, AnEtcdClientFindsAMasterThatJoinedAfterIt) {
+  StartEtcd();
+  StartMaster(0);
+  ASSERT_EQ(WaitForLeader(), 0) << Logs();
+  client::MasterClientOptions o;
+  o.rpc_timeout = absl::Seconds(10);
+  ASSERT_OK_AND_ASSIGN(auto mc,
+                       client::MasterClient::Create(absl::StrCat("etcd://", etcd_->endpoints(), "/test"), o));
+  ASSERT_OK(mc->Exists({"any"}).status());
+  const std::string first = absl::StrCat("127.0.0.1:", rpc_[0]);
+  ASSERT_EQ(mc->masters(), std::vector<std::string>{first});
+
+  StartMaster(1);  // joins as a standby
+  ASSERT_TRUE(WaitForSynced(0, 1)) << Logs();
+  masters_[0]->Kill(SIGKILL);
+  ASSERT_EQ(WaitForLeader(absl::Seconds(20), 0), 1) << Logs();
+  absl::Status s = absl::UnknownError("not tried");
+  ASSERT_TRUE(WaitFor([&] {
+    s = mc->Exists({"any"}).status();
+    return s.ok();
+  }, absl::Seconds(20))) << s;
+  EXPECT_EQ(mc->masters(), (std::vector<std::string>{first, absl::StrCat("127.0.0.1:", rpc_[1])}));
 }
 
 // Told only where etcd is (--master etcd://h:p/<cluster>, no metadata
