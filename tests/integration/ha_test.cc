@@ -593,17 +593,20 @@ TEST_F(HaTest, DaemonsAndClientsGivenOnlyEtcdFindAndFollowTheLeader) {
 }
 
 // Calls Stats on one master alone every few milliseconds, keeping when
-// it last and first answered OK.
+// it last and first answered OK. Over a bare gRPC stub: a MasterClient
+// would follow a standby's refusal to the leader it names.
 class Prober {
  public:
-  explicit Prober(int rpc_port) {
-    client::MasterClientOptions o;
-    o.rpc_timeout = absl::Milliseconds(300);
-    auto m = client::MasterClient::Create(absl::StrCat("127.0.0.1:", rpc_port), o);
-    if (m.ok()) master_ = std::move(*m);
+  explicit Prober(int rpc_port)
+      : stub_(v1::Master::NewStub(
+            grpc::CreateChannel(absl::StrCat("127.0.0.1:", rpc_port), grpc::InsecureChannelCredentials()))) {
     thread_ = std::thread([this] {
-      while (!stop_ && master_ != nullptr) {
-        const bool ok = master_->Stats().ok();
+      while (!stop_) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+        v1::StatsRequest req;
+        v1::StatsResponse resp;
+        const bool ok = stub_->Stats(&ctx, req, &resp).ok();
         const absl::Time t = absl::Now();
         std::lock_guard<std::mutex> l(mu_);
         if (ok) {
@@ -634,7 +637,7 @@ class Prober {
   }
 
  private:
-  std::unique_ptr<client::MasterClient> master_;
+  std::unique_ptr<v1::Master::Stub> stub_;
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   absl::Time first_ok_ = absl::InfiniteFuture();
