@@ -200,9 +200,14 @@ void HaNode::OpenFront() {
   absl::Status started = listener.status();
   if (front != nullptr) started = front->Start(config_, [this] { return StatusJson(); });
   if (!started.ok()) {
-    TKV_LOG(WARNING) << "ha: a standby answers on its ports; binding them: " << started << " (tried again each round)";
+    if (!said_no_front_) {
+      TKV_LOG(WARNING) << "ha: a standby answers on its ports; binding them: " << started
+                       << " (tried again each round)";
+      said_no_front_ = true;
+    }
     return;
   }
+  said_no_front_ = false;
   front_ = std::move(front);
 }
 

@@ -124,6 +124,7 @@ class HaNode {
   absl::Time last_key_check_ = absl::InfinitePast();
   bool said_no_copy_ = false;
   bool said_ahead_ = false;
+  bool said_no_front_ = false;
 
   std::thread lease_thread_;
   std::thread role_thread_;
