@@ -141,10 +141,10 @@ bool NotLeader(const absl::Status& s) {
 
 // The leader a standby's refusal names ("... the leader is h:p"), or "".
 std::string NamedLeader(absl::string_view message) {
-  constexpr absl::string_view kIs = "the leader is ";
-  const size_t at = message.find(kIs);
+  const absl::string_view is(kLeaderIs);
+  const size_t at = message.find(is);
   if (at == absl::string_view::npos) return "";
-  absl::string_view rest = message.substr(at + kIs.size());
+  absl::string_view rest = message.substr(at + is.size());
   return std::string(rest.substr(0, rest.find_first_of(" ;,)")));
 }
 }  // namespace

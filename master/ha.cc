@@ -195,7 +195,7 @@ void HaNode::OpenFront() {
     const View v = view();
     return absl::UnavailableError(absl::StrCat(
         "tierkv master ", self_, ": ", kNotLeader, " (a standby of cluster ", config_.cluster_id, "); ",
-        v.leader.empty() ? std::string("no leader is elected now") : absl::StrCat("the leader is ", v.leader)));
+        v.leader.empty() ? std::string("no leader is elected now") : absl::StrCat(kLeaderIs, v.leader)));
   }) : nullptr;
   absl::Status started = listener.status();
   if (front != nullptr) started = front->Start(config_, [this] { return StatusJson(); });

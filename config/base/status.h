@@ -42,6 +42,9 @@ namespace tierkv {
 // leader of its group (master/ha.h): it did not run the call, and a client
 // given several masters tries the next.
 inline constexpr char kNotLeader[] = "not the leader";
+// A standby's refusal ends with this and the leader's host:port, which
+// master clients read to call the leader next (master/ha.h).
+inline constexpr char kLeaderIs[] = "the leader is ";
 
 // Converts an errno value into a status whose code says what the caller
 // should do (EAGAIN/ECONNREFUSED -> UNAVAILABLE, ENOENT -> NOT_FOUND, ...),
