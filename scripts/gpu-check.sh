@@ -4,11 +4,52 @@
 # GPU benchmarks (transfer engine vs cudaMemcpy; L2<->L1 page copies vs one
 # copy) and the demo with L1 on the GPU. Output goes to $OUT (default
 # build-gpu/out). Builds in build-gpu for sm_90 only, to keep it quick.
+#
+# A GPU host that lacks the Debian packages (and cannot install them) runs
+# binaries built elsewhere: `gpu-check.sh --pack [build-dir]` (default
+# build) writes build-gpu/pack.tar.xz with the binaries this script runs and
+# every shared library they load but the C library and the GPU driver; a
+# later `gpu-check.sh` beside that file unpacks it (over whatever binaries
+# build-gpu holds) instead of building. The build must have found nvcc.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+readonly BINS=(tests/unit/tierkv_unit_tests tools/tierkv-bench tools/tierkv tools/tierkv-master tools/tierkv-store)
+
+if [ "${1:-}" = "--pack" ]; then
+  set -e
+  from=${2:-build}
+  grep -Eq '^CMAKE_CUDA_COMPILER:[A-Z]+=.+' "$from/CMakeCache.txt" 2>/dev/null ||
+    { echo "$from was configured without nvcc: nothing to check on a GPU" >&2; exit 1; }
+  stage=$(mktemp -d)
+  trap 'rm -rf "$stage"' EXIT
+  mkdir -p "$stage/lib"
+  for b in "${BINS[@]}"; do
+    mkdir -p "$stage/$(dirname "$b")"
+    strip -o "$stage/$b" "$from/$b"
+    # The C library (all of glibc), the loader and the driver come from the GPU host; a
+    # newer glibc there runs what this one linked.
+    ldd "$from/$b" | awk '$3 ~ /^\// {print $3}' |
+      grep -Ev '/(libc|libm|libmvec|libdl|libpthread|librt|libresolv|libutil|libanl|ld-linux[^/]*|libcuda)\.so' |
+      while read -r lib; do cp -Ln "$lib" "$stage/lib/"; done
+  done
+  mkdir -p build-gpu
+  tar -C "$stage" -cJf build-gpu/pack.tar.xz .
+  echo "build-gpu/pack.tar.xz: $(du -h build-gpu/pack.tar.xz | cut -f1) ($(ls "$stage/lib" | wc -l) libraries)"
+  exit 0
+fi
+
 OUT=${OUT:-build-gpu/out}
 mkdir -p "$OUT"
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
+if [ -f build-gpu/pack.tar.xz ]; then
+  tar -C build-gpu -xJf build-gpu/pack.tar.xz || exit 1
+fi
+if [ -d build-gpu/lib ]; then
+  export LD_LIBRARY_PATH="$PWD/build-gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  for b in "${BINS[@]}"; do
+    ldd "build-gpu/$b" | grep 'not found' | sed "s|^|$b: |" >&2 || true
+  done
+fi
 if [ ! -x build-gpu/tests/unit/tierkv_unit_tests ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/configure.txt" 2>&1 || { tail -20 "$OUT/configure.txt"; exit 1; }
