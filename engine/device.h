@@ -6,8 +6,8 @@
 //   cpu       host memory; copies are memcpy, attention is the reference
 //             loop (HostAttention).
 //   cuda:<n>  GPU memory (built with TIERKV_HAVE_CUDA). Copies between L1
-//             and host memory are cudaMemcpyAsync on a copy stream, issued
-//             in batches and waited for once; K/V writes and attention are
+//             and host memory go on a copy stream, queued and issued as one
+//             cudaMemcpyBatchAsync, and waited for once; K/V writes and attention are
 //             kernels on a compute stream that waits (on the GPU, not the
 //             CPU) for the copies issued before them. So restoring a
 //             prefix from L2 overlaps the CPU's work on the first layer.

@@ -32,8 +32,8 @@
 //   the backend registered with the NICs as well.
 // - cuda (CUDA IPC): RegisterBuffer of cuda:<dev> memory exports an IPC
 //   handle; Prepare checks the peer is on the same host (as shm does) and
-//   opens the handles; Post issues cudaMemcpyAsync on dedicated streams and
-//   synchronises them before returning. capabilities().cuda_memory is true.
+//   opens the handles; Post issues cudaMemcpyAsync on a stream of its own
+//   (pooled per channel) and waits for it before returning. capabilities().cuda_memory is true.
 //
 // Thread-safety: a Backend is shared by all engine threads. A PeerChannel's
 // Post may be called from several worker threads at once.

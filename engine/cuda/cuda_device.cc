@@ -4,7 +4,9 @@
 
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "config/base/log.h"
 #include "engine/cuda/kernels.h"
@@ -35,6 +37,7 @@ class CudaDevice final : public Device {
   explicit CudaDevice(int ordinal) : ordinal_(ordinal), name_(absl::StrCat("cuda:", ordinal)) {}
 
   ~CudaDevice() override {
+    (void)Flush();
     cudaSetDevice(ordinal_);
     if (compute_ != nullptr) cudaStreamSynchronize(compute_);
     if (copy_ != nullptr) cudaStreamSynchronize(copy_);
@@ -77,6 +80,7 @@ class CudaDevice final : public Device {
   }
 
   void Free(char* p, size_t) override {
+    (void)Flush();
     cudaSetDevice(ordinal_);
     cudaStreamSynchronize(copy_);
     cudaStreamSynchronize(compute_);
@@ -93,6 +97,7 @@ class CudaDevice final : public Device {
   }
 
   void UnregisterHost(char* p) override {
+    (void)Flush();
     cudaSetDevice(ordinal_);
     cudaStreamSynchronize(copy_);
     cudaHostUnregister(p);
@@ -100,21 +105,22 @@ class CudaDevice final : public Device {
 
   absl::Status CopyIn(char* l1, const char* host, size_t bytes) override {
     if (!error_.ok()) return error_;
-    cudaSetDevice(ordinal_);
     copies_pending_ = true;
-    return Check(cudaMemcpyAsync(l1, host, bytes, cudaMemcpyHostToDevice, copy_), "cudaMemcpyAsync (L2 to L1)");
+    return Queue(Direction::kIn, l1, host, bytes);
   }
 
   absl::Status CopyOut(char* host, const char* l1, size_t bytes) override {
     if (!error_.ok()) return error_;
-    cudaSetDevice(ordinal_);
     if (kernels_pending_) {
-      // The copy must see the K/V the kernels wrote.
+      // The copy must see the K/V the kernels wrote: queued copies out were
+      // issued after earlier kernels, so they go first, then the wait.
+      if (absl::Status s = Flush(); !s.ok()) return s;
+      cudaSetDevice(ordinal_);
       if (absl::Status s = Check(cudaEventRecord(computed_, compute_), "cudaEventRecord"); !s.ok()) return s;
       if (absl::Status s = Check(cudaStreamWaitEvent(copy_, computed_, 0), "cudaStreamWaitEvent"); !s.ok()) return s;
       kernels_pending_ = false;
     }
-    return Check(cudaMemcpyAsync(host, l1, bytes, cudaMemcpyDeviceToHost, copy_), "cudaMemcpyAsync (L1 to L2)");
+    return Queue(Direction::kOut, host, l1, bytes);
   }
 
   absl::Status Attention(const AttentionChunk& c) override {
@@ -138,6 +144,7 @@ class CudaDevice final : public Device {
     std::memcpy(in + q_elems * sizeof(float), c.k, kv_elems * sizeof(float));
     std::memcpy(in + (q_elems + kv_elems) * sizeof(float), c.v, kv_elems * sizeof(float));
     std::memcpy(in + (q_elems + 2 * kv_elems) * sizeof(float), c.pages->data(), table_bytes);
+    if (absl::Status s = Flush(); !s.ok()) return s;
     if (copies_pending_) {
       // Restored pages must have landed before the kernels read them.
       if (absl::Status s = Check(cudaEventRecord(copied_, copy_), "cudaEventRecord"); !s.ok()) return s;
@@ -180,6 +187,7 @@ class CudaDevice final : public Device {
 
   absl::Status Sync() override {
     if (!error_.ok()) return error_;
+    if (absl::Status s = Flush(); !s.ok()) return s;
     cudaSetDevice(ordinal_);
     if (absl::Status s = Check(cudaStreamSynchronize(copy_), "copies"); !s.ok()) return s;
     if (absl::Status s = Check(cudaStreamSynchronize(compute_), "kernels"); !s.ok()) return s;
@@ -188,6 +196,69 @@ class CudaDevice final : public Device {
   }
 
  private:
+  enum class Direction { kIn, kOut };
+
+  // Copies are queued and issued together: one cudaMemcpyAsync costs a few
+  // microseconds of CPU, as long as a 64 KiB page takes to cross PCIe, so
+  // issuing pages one by one capped restores of small pages at a third of
+  // the link. The queue holds one direction; a copy the other way, or a
+  // second copy to a destination already queued (copies in one batch run
+  // in no set order), issues it first, and so does everything that must
+  // see the copies land (Attention, Sync, Free, UnregisterHost).
+  absl::Status Queue(Direction d, char* dst, const char* src, size_t bytes) {
+    if (!batch_.dsts.empty() && (d != batch_.direction || batch_.dst_set.contains(dst))) {
+      if (absl::Status s = Flush(); !s.ok()) return s;
+    }
+    batch_.direction = d;
+    batch_.dsts.push_back(dst);
+    batch_.srcs.push_back(src);
+    batch_.sizes.push_back(bytes);
+    batch_.dst_set.insert(dst);
+    if (batch_.dsts.size() >= kMaxBatch) return Flush();
+    return absl::OkStatus();
+  }
+
+  absl::Status Flush() {
+    if (batch_.dsts.empty()) return absl::OkStatus();
+    cudaSetDevice(ordinal_);
+    const char* what = batch_.direction == Direction::kIn ? "copies L2 to L1" : "copies L1 to L2";
+    cudaError_t e = cudaSuccess;
+#if CUDART_VERSION >= 13000
+    if (batch_.dsts.size() > 1) {
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t first = 0;
+      e = cudaMemcpyBatchAsync(batch_.dsts.data(), batch_.srcs.data(), batch_.sizes.data(), batch_.dsts.size(), &attr,
+                               &first, 1, copy_);
+      if (e == cudaErrorNotSupported || e == cudaErrorInvalidValue) {
+        // A driver or memory kind the batch call refuses: one call each.
+        cudaGetLastError();
+        e = IssueEach();
+      }
+    } else {
+      e = IssueEach();
+    }
+#else
+    e = IssueEach();
+#endif
+    batch_.dsts.clear();
+    batch_.srcs.clear();
+    batch_.sizes.clear();
+    batch_.dst_set.clear();
+    return Check(e, what);
+  }
+
+  cudaError_t IssueEach() {
+    const cudaMemcpyKind kind = batch_.direction == Direction::kIn ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    for (size_t i = 0; i < batch_.dsts.size(); ++i) {
+      if (cudaError_t e = cudaMemcpyAsync(batch_.dsts[i], batch_.srcs[i], batch_.sizes[i], kind, copy_);
+          e != cudaSuccess) {
+        return e;
+      }
+    }
+    return cudaSuccess;
+  }
+
   // Records the first failure; the device then answers with it.
   absl::Status Check(cudaError_t e, const char* what) {
     if (e == cudaSuccess) return absl::OkStatus();
@@ -227,6 +298,14 @@ class CudaDevice final : public Device {
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   cudaEvent_t copied_ = nullptr, computed_ = nullptr;
   bool copies_pending_ = false, kernels_pending_ = false;
+  static constexpr size_t kMaxBatch = 4096;
+  struct {
+    Direction direction = Direction::kIn;
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<size_t> sizes;
+    absl::flat_hash_set<const void*> dst_set;
+  } batch_;
   absl::Status error_;
   PinnedBuffer staging_in_, staging_out_;
   DeviceBuffer inputs_, out_, scores_;

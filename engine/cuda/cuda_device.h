@@ -1,7 +1,8 @@
 // The engine's L1 pool on a GPU (see engine/device.h for the contract).
 // Built with TIERKV_HAVE_CUDA only.
 //
-// Streams: copies between L1 and host memory go on a copy stream, attention
+// Streams: copies between L1 and host memory go on a copy stream (queued,
+// then issued together as one batch call), attention
 // on a compute stream. Before a kernel that may read L1, the compute stream
 // waits for an event recorded after the last copy in; before a copy out,
 // the copy stream waits for the last kernel. So a batch of restores is

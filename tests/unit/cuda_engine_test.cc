@@ -102,6 +102,35 @@ TEST(CudaEngineTest, PagesRoundTripBetweenL1AndPinnedL2) {
   gpu->UnregisterHost(host);
 }
 
+// Copies are issued in batches whose members run in no set order; the
+// device must still apply them in the order they were asked for.
+TEST(CudaEngineTest, CopiesTakeEffectInTheOrderIssued) {
+  REQUIRE_GPU(gpu);
+  constexpr size_t kPage = 4096;
+  std::vector<char> first(kPage, 'a'), second(kPage, 'b'), out1(kPage), out2(kPage);  // pageable
+  ASSERT_OK_AND_ASSIGN(char* l1, gpu->Allocate(kPage));
+  ASSERT_OK(gpu->CopyIn(l1, first.data(), kPage));
+  ASSERT_OK(gpu->CopyIn(l1, second.data(), kPage));  // the later copy to one page wins
+  ASSERT_OK(gpu->CopyOut(out1.data(), l1, kPage));   // sees both
+  ASSERT_OK(gpu->CopyIn(l1, first.data(), kPage));   // after the copy out read it
+  ASSERT_OK(gpu->CopyOut(out2.data(), l1, kPage));
+  ASSERT_OK(gpu->Sync());
+  EXPECT_EQ(out1, second);
+  EXPECT_EQ(out2, first);
+  gpu->Free(l1, kPage);
+
+  // More small pages than one batch holds, each with its own bytes.
+  constexpr size_t kSmall = 256, kMany = 5000;
+  std::vector<char> in(kSmall * kMany), back(kSmall * kMany);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<char>(i * 7 + i / kSmall);
+  ASSERT_OK_AND_ASSIGN(char* many, gpu->Allocate(in.size()));
+  for (size_t p = 0; p < kMany; ++p) ASSERT_OK(gpu->CopyIn(many + p * kSmall, in.data() + p * kSmall, kSmall));
+  for (size_t p = 0; p < kMany; ++p) ASSERT_OK(gpu->CopyOut(back.data() + p * kSmall, many + p * kSmall, kSmall));
+  ASSERT_OK(gpu->Sync());
+  EXPECT_EQ(back, in);
+  gpu->Free(many, in.size());
+}
+
 EngineConfig SmallModel(std::shared_ptr<Device> d) {
   EngineConfig c;
   c.page_tokens = 16;

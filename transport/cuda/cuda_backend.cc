@@ -3,8 +3,11 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -61,6 +64,7 @@ class CudaChannel final : public PeerChannel {
  public:
   explicit CudaChannel(std::vector<Mapping> maps) : maps_(std::move(maps)) {}
   ~CudaChannel() override {
+    for (cudaStream_t s : streams_) cudaStreamDestroy(s);
     for (const Mapping& m : maps_) {
       if (m.opened) cudaIpcCloseMemHandle(m.addr);
     }
@@ -68,7 +72,7 @@ class CudaChannel final : public PeerChannel {
 
   void Post(absl::Span<Slice* const> slices, absl::Time deadline) override {
     cudaStream_t stream = nullptr;
-    if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
+    if (cudaError_t e = TakeStream(&stream); e != cudaSuccess) {
       for (Slice* s : slices) s->status = CudaError("cudaStreamCreate", e);
       return;
     }
@@ -93,9 +97,17 @@ class CudaChannel final : public PeerChannel {
     }
     // Poll until the deadline; past it, still wait (the copies are DMA into
     // the caller's memory and cannot be recalled), then report the lateness.
+    // The first kSpin of it yields rather than sleeps: a device-to-device
+    // copy of a few MiB ends in microseconds, less than a sleep's wake-up.
     cudaError_t e;
-    while ((e = cudaStreamQuery(stream)) == cudaErrorNotReady && absl::Now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    const absl::Time spin_until = absl::Now() + kSpin;
+    absl::Time now;
+    while ((e = cudaStreamQuery(stream)) == cudaErrorNotReady && (now = absl::Now()) < deadline) {
+      if (now < spin_until) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
     }
     bool late = e == cudaErrorNotReady;
     if (late) e = cudaStreamSynchronize(stream);
@@ -107,13 +119,42 @@ class CudaChannel final : public PeerChannel {
         s->status = absl::DeadlineExceededError("cuda copy finished after its deadline");
       }
     }
-    cudaStreamDestroy(stream);
+    GiveBackStream(stream, e == cudaSuccess);
   }
   bool healthy() const override { return healthy_.load(); }
 
  private:
+  static constexpr absl::Duration kSpin = absl::Microseconds(200);
+
+  // Streams are reused across Posts (several may run at once, one stream
+  // each): creating and destroying one per Post cost as much as the copies
+  // of a device-to-device batch.
+  cudaError_t TakeStream(cudaStream_t* stream) {
+    {
+      MutexLock lock(&mu_);
+      if (!streams_.empty()) {
+        *stream = streams_.back();
+        streams_.pop_back();
+        return cudaSuccess;
+      }
+    }
+    return cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking);
+  }
+
+  // A stream whose copies failed is not reused.
+  void GiveBackStream(cudaStream_t stream, bool ok) {
+    if (ok) {
+      MutexLock lock(&mu_);
+      streams_.push_back(stream);
+      return;
+    }
+    cudaStreamDestroy(stream);
+  }
+
   std::vector<Mapping> maps_;
   std::atomic<bool> healthy_{true};
+  Mutex mu_;
+  std::vector<cudaStream_t> streams_ ABSL_GUARDED_BY(mu_);
 };
 
 class CudaBackend final : public Backend {
