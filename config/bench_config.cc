@@ -43,7 +43,7 @@ const FlagTable<BenchConfig>& BenchFlags() {
                           "master/store: how long a client call busy-polls for its reply before sleeping "
                           "(0s: never, as before; the library's default is 50us)"),
           DurationFlag<C>("direct-spin", &C::direct_spin, "100us", 0, 0.001,
-                          "master/store: the embedded master's --direct-spin, how long its direct lane "
+                          "master (also --ha), store: the embedded masters' --direct-spin, how long a direct lane "
                           "polls a connection calling back to back for the next call (0s: never)"),
           BoolFlag<C>("ha", &C::ha, "false",
                       "master: the high-availability figures instead (docs/ha.md; needs /usr/bin/etcd): put rate "

@@ -117,8 +117,9 @@ const FlagTable<MasterConfig>& MasterFlags() {
           DurationFlag<C>("direct-spin", &C::direct_spin, "100us", 0, 0.001,
                           "after a reply, a direct-lane connection whose calls come back to back (the "
                           "last within twice this of the reply before it) polls for its next call this "
-                          "long before sleeping, which saves its client a wake-up per call; 0s: never "
-                          "spin (docs/performance.md)"),
+                          "long before sleeping, which saves its client a wake-up per call; replication "
+                          "streams between masters poll as long for the next frame or acknowledgement; "
+                          "0s: never spin (docs/performance.md)"),
           IntFlag<C>("direct-spinners", &C::direct_spinners, "0", 0, 256,
                      "at most this many direct-lane connections spin at once (others sleep); 0: a "
                      "quarter of the usable cores, 1 to 16"),

@@ -213,7 +213,8 @@ void HaNode::OpenFront() {
 
 absl::Status HaNode::OpenStandby() {
   ASSIGN_OR_RETURN(store_, OpenRocksDbStore(config_.data_dir));
-  copier_ = std::make_unique<StandbyCopier>(store_.get(), self_);
+  copier_ = std::make_unique<StandbyCopier>(store_.get(), self_, StandbyCopier::kDefaultPageBytes,
+                                             config_.direct_spin);
   return absl::OkStatus();
 }
 
@@ -401,6 +402,7 @@ void HaNode::Promote(int64_t epoch, int64_t lease, bool had_copy) {
   ro.semi_sync = config_.ha_sync == "semi";
   ro.sync_timeout = config_.ha_sync_timeout;
   ro.caught_up = [this] { cv_.SignalAll(); };  // the role thread clears the mark now
+  ro.spin = config_.direct_spin;
   ro.mark_ahead = [this](bool ahead) {
     return ahead ? etcd_->Put(Key("ahead"), self_) : etcd_->DeleteIfValue(Key("ahead"), self_);
   };

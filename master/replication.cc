@@ -287,7 +287,9 @@ void ReplicationLog::Stream(int fd, const v1::PullRequest& first) {
   std::thread acks([&] {
     v1::PullRequest ack;
     std::string in;
-    while (RecvCall(fd, &ack, &in)) {
+    // Under semi-sync, writers wait for this acknowledgement: a reader
+    // asleep in recv adds its wake-up to every round.
+    while ((transport::tcp::SpinUntilReadable(fd, options_.spin), RecvCall(fd, &ack, &in))) {
       MutexLock lock(&mu_);
       if (ack.next_seq() == 0 || ack.next_seq() > last_seq_ + 1) break;  // acknowledges what was never sent
       Acknowledge(name, ack.next_seq());
@@ -415,8 +417,8 @@ std::unique_ptr<v1::MasterHa::Service> NewMasterHaService(ReplicationLog* log) {
 
 // --------------------------------------------------------------- standby
 
-StandbyCopier::StandbyCopier(IndexStore* store, std::string self, uint32_t page_bytes)
-    : store_(store), self_(std::move(self)), page_bytes_(page_bytes) {
+StandbyCopier::StandbyCopier(IndexStore* store, std::string self, uint32_t page_bytes, absl::Duration spin)
+    : store_(store), self_(std::move(self)), page_bytes_(page_bytes), spin_(spin) {
   pos_ = ReadPosition(store_);
   thread_ = std::thread([this] { Loop(); });
 }
@@ -622,6 +624,9 @@ absl::Status StandbyCopier::StreamFrom(const std::string& address, ReplPosition 
   };
   for (;;) {
     v1::PullResponse resp;
+    // The next frame follows the leader's next commit, often within the
+    // spin: waking from recv for it would add to a semi-sync round.
+    transport::tcp::SpinUntilReadable(fd.get(), spin_);
     RETURN_IF_ERROR(read(&resp));
     // Frames that came while the last write was applied go in one write,
     // with one acknowledgement: the busier the leader, the larger each.

@@ -97,6 +97,9 @@ struct ReplicationOptions {
   // Called when a standby has caught up after the log was degraded, so the
   // mark can be cleared (UnmarkIfSynced) without waiting for a timer.
   std::function<void()> caught_up;
+  // How long a stream's reader busy-polls for a standby's next
+  // acknowledgement before sleeping (--direct-spin; zero: never).
+  absl::Duration spin = absl::ZeroDuration();
 };
 
 struct StandbyInfo {
@@ -194,7 +197,11 @@ class StandbyCopier {
  public:
   // `self`: this master's advertised address, its name to the leader.
   // `page_bytes`: how much one pull or snapshot page carries at most.
-  StandbyCopier(IndexStore* store, std::string self, uint32_t page_bytes = 4 << 20);
+  // `spin`: how long the stream's reader busy-polls for the leader's next
+  // frame before sleeping (--direct-spin; zero: never).
+  static constexpr uint32_t kDefaultPageBytes = 4 << 20;
+  StandbyCopier(IndexStore* store, std::string self, uint32_t page_bytes = kDefaultPageBytes,
+                absl::Duration spin = absl::ZeroDuration());
   ~StandbyCopier();  // Stop()
 
   // Copies from the leader at `address` (host:port) from now on; "" pauses.
@@ -226,6 +233,7 @@ class StandbyCopier {
   IndexStore* const store_;
   const std::string self_;
   const uint32_t page_bytes_;
+  const absl::Duration spin_;
   Mutex mu_;
   CondVar cv_;
   uint64_t snapshots_ ABSL_GUARDED_BY(mu_) = 0;

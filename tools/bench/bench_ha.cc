@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/master_client.h"
+#include "config/flags.h"
 #include "config/master_config.h"
 #include "httplib.h"
 #include "master/ha.h"
@@ -178,6 +179,7 @@ struct Run {
   std::string bin;  // the directory holding tierkv-master
   std::unique_ptr<Child> etcd;
   std::string etcd_endpoint;
+  std::string direct_spin;  // "--direct-spin=...", for every master started
 };
 
 absl::Status StartEtcd(Run* run) {
@@ -211,7 +213,8 @@ absl::StatusOr<std::string> StartPair(Run* run, const std::string& sync,
                      Config({"--etcd=" + run->etcd_endpoint, "--cluster-id=rate-" + sync,
                              absl::StrCat("--advertise=127.0.0.1:", rpc[i]), absl::StrCat("--rpc-port=", rpc[i]),
                              absl::StrCat("--http-port=", http[i]),
-                             absl::StrCat("--data-dir=", run->dir, "/rate-", sync, i), "--ha-sync=" + sync}));
+                             absl::StrCat("--data-dir=", run->dir, "/rate-", sync, i), "--ha-sync=" + sync,
+                             run->direct_spin}));
     ASSIGN_OR_RETURN(auto node, master::HaNode::Start(c));
     nodes->push_back(std::move(node));
   }
@@ -239,7 +242,7 @@ absl::Status PutRates(Run* run, int threads, json* out) {
   ASSIGN_OR_RETURN(const std::string semi, StartPair(run, "semi", &nodes));
   ASSIGN_OR_RETURN(const std::string async, StartPair(run, "async", &nodes));
   ASSIGN_OR_RETURN(MasterConfig single_cfg, Config({"--rpc-port=0", "--http-port=0",
-                                                    absl::StrCat("--data-dir=", run->dir, "/single")}));
+                                                    absl::StrCat("--data-dir=", run->dir, "/single"), run->direct_spin}));
   ASSIGN_OR_RETURN(auto single, master::MasterServer::Start(single_cfg));
   const std::string single_address = absl::StrCat("127.0.0.1:", single->rpc_port());
   {
@@ -280,7 +283,8 @@ absl::Status Failovers(Run* run, int kills, json* out) {
                                   {"--etcd=" + run->etcd_endpoint, "--cluster-id=failover",
                                    absl::StrCat("--advertise=127.0.0.1:", rpc[i]), absl::StrCat("--rpc-port=", rpc[i]),
                                    absl::StrCat("--http-port=", http[i]),
-                                   absl::StrCat("--data-dir=", run->dir, "/failover", i), "--segment-ttl=30s"},
+                                   absl::StrCat("--data-dir=", run->dir, "/failover", i), "--segment-ttl=30s",
+                                   run->direct_spin},
                                   absl::StrCat(run->dir, "/master", i, ".log")));
     return absl::OkStatus();
   };
@@ -448,6 +452,7 @@ int RunHa(const BenchConfig& config) {
   run.dir = absl::StrCat(std::filesystem::temp_directory_path().string(), "/tierkv-bench-ha-", getpid());
   std::filesystem::create_directories(run.dir);
   run.bin = std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
+  run.direct_spin = "--direct-spin=" + PrintDuration(config.direct_spin);
   json out;
   auto fail = [&](absl::string_view what, const absl::Status& s) {
     std::fprintf(stderr, "tierkv-bench master --ha: %s: %s (logs in %s)\n", std::string(what).c_str(),
