@@ -22,15 +22,22 @@ if [ "${1:-}" = "--pack" ]; then
     { echo "$from was configured without nvcc: nothing to check on a GPU" >&2; exit 1; }
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' EXIT
+  chmod 755 "$stage"
   mkdir -p "$stage/lib"
   for b in "${BINS[@]}"; do
     mkdir -p "$stage/$(dirname "$b")"
     strip -o "$stage/$b" "$from/$b"
-    # The C library (all of glibc), the loader and the driver come from the GPU host; a
-    # newer glibc there runs what this one linked.
-    ldd "$from/$b" | awk '$3 ~ /^\// {print $3}' |
-      grep -Ev '/(libc|libm|libmvec|libdl|libpthread|librt|libresolv|libutil|libanl|ld-linux[^/]*|libcuda)\.so' |
-      while read -r lib; do cp -Ln "$lib" "$stage/lib/"; done
+    deps=$(ldd "$from/$b" || true)  # a static binary loads nothing
+    if grep -q 'not found' <<<"$deps"; then
+      echo "$from/$b: $(grep 'not found' <<<"$deps" | tr -s ' \t\n' ' ')" >&2
+      exit 1
+    fi
+    # The C library (all of glibc), the loader and the driver come from
+    # the GPU host; a newer glibc there runs what this one linked.
+    for lib in $(awk '$3 ~ /^\// {print $3}' <<<"$deps" |
+      grep -Ev '/(libc|libm|libmvec|libdl|libpthread|librt|libresolv|libutil|libanl|ld-linux[^/]*|libcuda)\.so' || true); do
+      [ -e "$stage/lib/${lib##*/}" ] || cp -L "$lib" "$stage/lib/"
+    done
   done
   mkdir -p build-gpu
   tar -C "$stage" -cJf build-gpu/pack.tar.xz .

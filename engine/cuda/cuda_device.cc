@@ -105,7 +105,6 @@ class CudaDevice final : public Device {
 
   absl::Status CopyIn(char* l1, const char* host, size_t bytes) override {
     if (!error_.ok()) return error_;
-    copies_pending_ = true;
     return Queue(Direction::kIn, l1, host, bytes);
   }
 
@@ -146,7 +145,8 @@ class CudaDevice final : public Device {
     std::memcpy(in + (q_elems + 2 * kv_elems) * sizeof(float), c.pages->data(), table_bytes);
     if (absl::Status s = Flush(); !s.ok()) return s;
     if (copies_pending_) {
-      // Restored pages must have landed before the kernels read them.
+      // Restored pages must have landed before the kernels read them, and
+      // pages copied out must have left before the kernels write them.
       if (absl::Status s = Check(cudaEventRecord(copied_, copy_), "cudaEventRecord"); !s.ok()) return s;
       if (absl::Status s = Check(cudaStreamWaitEvent(compute_, copied_, 0), "cudaStreamWaitEvent"); !s.ok()) return s;
       copies_pending_ = false;
@@ -203,8 +203,10 @@ class CudaDevice final : public Device {
   // issuing pages one by one capped restores of small pages at a third of
   // the link. The queue holds one direction; a copy the other way, or a
   // second copy to a destination already queued (copies in one batch run
-  // in no set order), issues it first, and so does everything that must
-  // see the copies land (Attention, Sync, Free, UnregisterHost).
+  // in no set order; L1 copies are whole pages, so a destination is known
+  // by its start), issues it first, and so does everything that must see
+  // the copies land (Attention, Sync, Free, UnregisterHost). After an
+  // error the queue is dropped: the device answers with the error anyway.
   absl::Status Queue(Direction d, char* dst, const char* src, size_t bytes) {
     if (!batch_.dsts.empty() && (d != batch_.direction || batch_.dst_set.contains(dst))) {
       if (absl::Status s = Flush(); !s.ok()) return s;
@@ -220,7 +222,12 @@ class CudaDevice final : public Device {
 
   absl::Status Flush() {
     if (batch_.dsts.empty()) return absl::OkStatus();
+    if (!error_.ok()) {
+      ClearBatch();
+      return error_;
+    }
     cudaSetDevice(ordinal_);
+    copies_pending_ = true;  // the next kernels wait for these copies
     const char* what = batch_.direction == Direction::kIn ? "copies L2 to L1" : "copies L1 to L2";
     cudaError_t e = cudaSuccess;
 #if CUDART_VERSION >= 13000
@@ -241,11 +248,15 @@ class CudaDevice final : public Device {
 #else
     e = IssueEach();
 #endif
+    ClearBatch();
+    return Check(e, what);
+  }
+
+  void ClearBatch() {
     batch_.dsts.clear();
     batch_.srcs.clear();
     batch_.sizes.clear();
     batch_.dst_set.clear();
-    return Check(e, what);
   }
 
   cudaError_t IssueEach() {

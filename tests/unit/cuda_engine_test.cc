@@ -129,6 +129,28 @@ TEST(CudaEngineTest, CopiesTakeEffectInTheOrderIssued) {
   ASSERT_OK(gpu->Sync());
   EXPECT_EQ(back, in);
   gpu->Free(many, in.size());
+
+  // A page copied out leaves before a later kernel writes K/V into it.
+  KvLayout layout{2, 2, 32, 16, 1};
+  const size_t pb = layout.PageBytes();
+  std::vector<char> before(pb), after(pb), written(pb);
+  for (size_t i = 0; i < pb; ++i) before[i] = static_cast<char>(i * 13 + 1);
+  ASSERT_OK_AND_ASSIGN(char* page, gpu->Allocate(pb));
+  ASSERT_OK(gpu->CopyIn(page, before.data(), pb));
+  ASSERT_OK(gpu->Sync());
+  ASSERT_OK(gpu->CopyOut(after.data(), page, pb));
+  std::mt19937 rng(9);
+  const int heads = 4, n = 16;
+  std::vector<float> q = Random(n * heads * 32, rng), k = Random(n * 2 * 32, rng), v = Random(n * 2 * 32, rng);
+  std::vector<float> out(q.size());
+  std::vector<char*> pages{page};
+  AttentionChunk c{&layout, 0, 0, n, heads, q.data(), k.data(), v.data(), &pages, out.data()};
+  ASSERT_OK(gpu->Attention(c));
+  ASSERT_OK(gpu->CopyOut(written.data(), page, pb));
+  ASSERT_OK(gpu->Sync());
+  EXPECT_EQ(after, before);
+  EXPECT_NE(written, before);  // the kernel did write the page
+  gpu->Free(page, pb);
 }
 
 EngineConfig SmallModel(std::shared_ptr<Device> d) {
