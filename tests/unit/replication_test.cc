@@ -215,6 +215,7 @@ class CopierTest : public ::testing::TestWithParam<bool> {
     o.semi_sync = semi_sync;
     o.sync_timeout = absl::Seconds(30);  // never degrades within a test
     o.max_log_bytes = 64 << 20;
+    o.spin = Spin();
     auto log = std::make_unique<ReplicationLog>(o, leader_.get());
     leader_->SetReplicator(log.get());
     service_ = NewMasterHaService(log.get());
@@ -241,6 +242,8 @@ class CopierTest : public ::testing::TestWithParam<bool> {
       acceptor_ = std::thread([this] { Accept(); });
     }
   }
+  // Streams poll before sleeping, as masters do by default (--direct-spin).
+  absl::Duration Spin() const { return GetParam() ? absl::Microseconds(100) : absl::ZeroDuration(); }
   void Accept() {
     for (;;) {
       const int fd = ::accept4(front_.get(), nullptr, nullptr, SOCK_CLOEXEC);
@@ -357,7 +360,7 @@ TEST_P(CopierTest, ACopyTakenWhileTheLeaderWritesConvergesOnItsStore) {
   ASSERT_OK(standby->Write({{"o/stale", "gone after the snapshot", false}}));
   StartWriter();
   // Small pages: the snapshot takes many pages while the writer goes on.
-  StandbyCopier copier(standby.get(), "s1", 16 << 10);
+  StandbyCopier copier(standby.get(), "s1", 16 << 10, Spin());
   copier.Follow(address());
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   StopWriter();
@@ -372,7 +375,7 @@ TEST_P(CopierTest, ARestartedCopierResumesWhereItWasAndANewEpochTakesASnapshot) 
   StartLeader(1);
   auto standby = NewMemStore();
   {
-    StandbyCopier copier(standby.get(), "s1");
+    StandbyCopier copier(standby.get(), "s1", StandbyCopier::kDefaultPageBytes, Spin());
     copier.Follow(address());
     StartWriter();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -382,7 +385,7 @@ TEST_P(CopierTest, ARestartedCopierResumesWhereItWasAndANewEpochTakesASnapshot) 
   // Stopped and started again on the same store: pulls on, no snapshot.
   StartWriter();
   {
-    StandbyCopier copier(standby.get(), "s1");
+    StandbyCopier copier(standby.get(), "s1", StandbyCopier::kDefaultPageBytes, Spin());
     copier.Follow(address());
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     StopWriter();
@@ -408,7 +411,7 @@ TEST_P(CopierTest, ARestartedCopierResumesWhereItWasAndANewEpochTakesASnapshot) 
 TEST_P(CopierTest, ASemiSyncWriteReturnsOnceTheStandbyHasIt) {
   StartLeader(1, /*semi_sync=*/true);
   auto standby = NewMemStore();
-  StandbyCopier copier(standby.get(), "s1");
+  StandbyCopier copier(standby.get(), "s1", StandbyCopier::kDefaultPageBytes, Spin());
   copier.Follow(address());
   ASSERT_OK(leader_->Write({{"o/first", "1", false}}));
   ASSERT_TRUE(WaitCaughtUp(&copier));
