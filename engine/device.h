@@ -7,9 +7,9 @@
 //             loop (HostAttention).
 //   cuda:<n>  GPU memory (built with TIERKV_HAVE_CUDA). Copies between L1
 //             and host memory go on a copy stream, queued and issued as one
-//             cudaMemcpyBatchAsync, and waited for once; K/V writes and attention are
-//             kernels on a compute stream that waits (on the GPU, not the
-//             CPU) for the copies issued before them. So restoring a
+//             cudaMemcpyBatchAsync, and waited for once; K/V writes and
+//             attention are kernels on a compute stream that waits (on the
+//             GPU, not the CPU) for the copies issued before them. So restoring a
 //             prefix from L2 overlaps the CPU's work on the first layer.
 //
 // Ordering: operations take effect in the order they are issued. A copy

@@ -287,9 +287,11 @@ void ReplicationLog::Stream(int fd, const v1::PullRequest& first) {
   std::thread acks([&] {
     v1::PullRequest ack;
     std::string in;
-    // Under semi-sync, writers wait for this acknowledgement: a reader
-    // asleep in recv adds its wake-up to every round.
-    while ((transport::tcp::SpinUntilReadable(fd, options_.spin), RecvCall(fd, &ack, &in))) {
+    for (;;) {
+      // Under semi-sync, writers wait for this acknowledgement: a reader
+      // asleep in recv adds its wake-up to every round.
+      transport::tcp::SpinUntilReadable(fd, options_.spin);
+      if (!RecvCall(fd, &ack, &in)) break;
       MutexLock lock(&mu_);
       if (ack.next_seq() == 0 || ack.next_seq() > last_seq_ + 1) break;  // acknowledges what was never sent
       Acknowledge(name, ack.next_seq());
