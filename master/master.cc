@@ -162,6 +162,7 @@ absl::Status Master::Recover() {
 void Master::DropSegmentIds(const std::vector<uint32_t>& ids, absl::string_view why, bool expected,
                             const absl::flat_hash_map<uint32_t, uint32_t>& keep_ssd) {
   if (ids.empty()) return;
+  membership_.fetch_add(1, std::memory_order_acq_rel);
   uint64_t dropped = index_->DropSegments(ids, keep_ssd);
   segments_dropped_->Increment(static_cast<double>(ids.size()));
   // An unmount is an operator's (or a daemon's) choice; a lost segment is news.

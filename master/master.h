@@ -15,8 +15,8 @@
 
 #include <atomic>
 #include <functional>
-
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -187,6 +187,10 @@ class Master {
   // Stats so clients told only the RPC address find the metadata server.
   void set_http_port(int port) { http_port_.store(port, std::memory_order_relaxed); }
   int http_port() const { return http_port_.load(std::memory_order_relaxed); }
+  // Changes whenever segments leave (and differs between master starts):
+  // GetReplicas answers carry it, so a client that remembers replicas
+  // (its replica cache) forgets them once a segment they may name is gone.
+  uint64_t membership() const { return membership_.load(std::memory_order_acquire); }
 
  private:
   Master(MasterOptions options, std::unique_ptr<IndexStore> store, Clock* clock);
@@ -207,6 +211,9 @@ class Master {
   std::unique_ptr<KvEventPublisher> kv_events_;
   std::unique_ptr<QueryStats> queries_;
   metrics::Counter* segments_dropped_ = nullptr;
+  // Drawn at each start, so a restarted master does not repeat its
+  // predecessor's values; bumped before the index drops a segment's replicas.
+  std::atomic<uint64_t> membership_{(uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()};
   mutable Mutex clients_mu_;
   absl::flat_hash_map<std::string, absl::Time> clients_ ABSL_GUARDED_BY(clients_mu_);
   metrics::Counter* pending_refused_ = nullptr;

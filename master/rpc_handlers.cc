@@ -231,6 +231,9 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
       resp->add_lease_tokens(r.lease_token);
     }
   }
+  // Read after the lookup: an answer that may reflect a drop names the
+  // membership after it.
+  resp->set_membership(m->membership());
   // Read after the leases were granted, so a client's view of what is left
   // errs short.
   resp->set_now_unix_ms(absl::ToUnixMillis(m->clock()->Now()));
