@@ -215,7 +215,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const BenchConfig& config,
   co.transports = {config.transport};
   co.connections = static_cast<int>(config.connections);
   co.workers = std::max<int>(static_cast<int>(config.connections), threads);
-  co.replica_cache = static_cast<size_t>(config.replica_cache);
+  if (config.replica_cache >= 0) co.replica_cache = static_cast<size_t>(config.replica_cache);
   co.reply_spin = config.reply_spin;
   ASSIGN_OR_RETURN(c->client, client::Client::Create(co));
   // Steady state: every page of the segment has been touched once, in the
@@ -338,7 +338,8 @@ int RunStore(const BenchConfig& config) {
   double raw_w = fig("raw/write", "bytes_per_second") / 1e9, raw_r = fig("raw/read", "bytes_per_second") / 1e9;
   double put_ratio = raw_w > 0 ? put / raw_w : 0, get_ratio = raw_r > 0 ? get / raw_r : 0;
   nlohmann::json out{{"transport", config.transport},
-                     {"replica_cache", config.replica_cache},
+                     {"replica_cache", config.replica_cache >= 0 ? static_cast<size_t>(config.replica_cache)
+                                                                 : client::ClientOptions().replica_cache},
                      {"reply_spin_us", absl::ToDoubleMicroseconds(config.reply_spin)},
                      {"direct_spin_us", absl::ToDoubleMicroseconds(config.direct_spin)},
                      {"value_bytes", value},
@@ -431,8 +432,17 @@ int RunStore(const BenchConfig& config) {
       std::printf("\n%-14s %-52s | %-52s | ratio\n%s", "case", "tierkv", config.peer.c_str(), peer_table.c_str());
     }
     std::printf("%s", compare_tables.c_str());
-    std::printf("\nput %.2f GB/s (%.2fx raw %.2f), get %.2f GB/s (%.2fx raw %.2f); target >= 0.85: %s\n", put,
-                put_ratio, raw_w, get, get_ratio, raw_r, std::min(put_ratio, get_ratio) >= 0.85 ? "met" : "MISSED");
+    // The targets docs/performance.md tracks: same host, a single get at
+    // 0.6x the raw read, batched gets at 0.8x and puts at 0.85x; batched
+    // tcp at 0.9x both ways. A case without one prints none.
+    const bool same_host = config.transport == "shm";
+    const double get_target = batch == 1 ? (same_host ? 0.6 : 0) : (same_host ? 0.8 : 0.9);
+    const double put_target = batch == 1 ? 0 : (same_host ? 0.85 : 0.9);
+    auto verdict = [](double ratio, double target) {
+      return target <= 0 ? std::string() : absl::StrFormat(" (target >= %.2f: %s)", target, ratio >= target ? "met" : "MISSED");
+    };
+    std::printf("\nput %.2f GB/s (%.2fx raw %.2f)%s, get %.2f GB/s (%.2fx raw %.2f)%s\n", put, put_ratio, raw_w,
+                verdict(put_ratio, put_target).c_str(), get, get_ratio, raw_r, verdict(get_ratio, get_target).c_str());
   }
   return 0;
 }
