@@ -303,7 +303,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   MasterClient* master = c->master_.get();
   c->replicas_ = std::make_unique<internal::ReplicaCache>(
       options.replica_cache, options.replica_cache_hold,
-      [master](const std::string& key, uint64_t token, int64_t expiry_ms) { master->ReleaseLease(key, token, expiry_ms); });
+      [master](const std::string& key, uint64_t token, int64_t expiry_ms) { master->ReleaseLease(key, token, expiry_ms); },
+      options.replica_cache_fresh);
   if (options.lend_size > 0) {
     LenderOptions lo;
     lo.name = options.lend_name.empty() ? absl::StrCat("client-", options.client_id) : options.lend_name;
@@ -731,6 +732,7 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
     std::vector<internal::Located> got;
     std::vector<absl::Status> staged;
     if (resp.ok()) {
+      replicas_->Heard(asked, resp->epoch(), resp->membership());
       got = Impl::Locate(*resp, asked);
       staged = StageSsdHits(*resp, asked_keys, timeout > absl::ZeroDuration() ? timeout : options_.transfer_timeout,
                             grants_.get(), options_.tls);

@@ -30,10 +30,13 @@
 // given up as a miss (NOT_FOUND), since after the lease the store may hand
 // the extent to another put.
 //
-// Replica cache (off unless ClientOptions::replica_cache is set): a Get remembers where the value sits for as long as the
-// read lease GetReplicas granted with it runs (less the margin above), and
-// a Get of the same key inside that time reads it there without asking the
-// master. The lease keeps those extents from being freed or reused, so the
+// Replica cache (ClientOptions::replica_cache; on by default, 0 turns it
+// off): a Get remembers where the value sits for as long as the read lease
+// GetReplicas granted with it runs (less the margin above), and a Get of
+// the same key inside that time reads it there without asking the master,
+// as long as the master answered this client within
+// `replica_cache_fresh` (100 ms): past that, the next Get asks, which
+// renews it. The lease keeps those extents from being freed or reused, so the
 // bytes read are the value that was current when the lease was granted,
 // and they are checksummed as always. This client's own Remove and
 // RemoveAll are never answered from the cache; a key removed by another
@@ -41,10 +44,15 @@
 // has ended) can still be read here until the lease ends, as a read begun
 // before the removal would have been. A remembered location that fails
 // (its daemon died, the lease ran out mid-read, a checksum mismatch) is
-// forgotten and the key asked of the master again, once. What changes
-// under faults: a get served from the cache learns that its store is cut
-// off only when the transfer times out (not from the index at once), and
-// gets inside the lease still succeed while the master is down.
+// forgotten and the key asked of the master again, once. Every answer
+// names the master's epoch and membership (which changes whenever
+// segments leave); one naming a new one forgets every entry. So under
+// faults a cached get behaves as an uncached one would have up to
+// `replica_cache_fresh` earlier: gets may still succeed for that long
+// after the master's last answer to this client when the master goes
+// away, and a store the master has dropped (a dead or cut-off daemon) is
+// not read through the cache once the client has heard of the drop, at
+// most `replica_cache_fresh` after it.
 //
 // Batch calls are the fast path: one RPC per phase for the whole batch and
 // one transfer batch; they return one status per key.
@@ -100,8 +108,12 @@ struct ClientOptions {
   bool verify_checksums = true;
   // Keys whose replicas are remembered while their read lease runs, so a
   // repeated Get of a key skips the master (see "Replica cache" above);
-  // 0 (the default) turns this off.
-  size_t replica_cache = 0;
+  // 0 turns this off. An entry costs about a hundred bytes and its key.
+  size_t replica_cache = 16384;
+  // Entries serve only within this of the master's last answer to a
+  // GetReplicas of this client; the bound on how stale a cached get may be
+  // under faults.
+  absl::Duration replica_cache_fresh = absl::Milliseconds(100);
   // While DRAM is evicted the master counts readers, and a read's lease is
   // given back as soon as the read is over, so the object may go at once.
   // The replica cache keeps such a read (and its lease) this long at most;

@@ -22,6 +22,9 @@ void ReplicaCache::EraseEntry(absl::flat_hash_map<std::string, Located>::iterato
 std::optional<Located> ReplicaCache::Lookup(const std::string& key, absl::Time now) {
   if (capacity_ == 0) return std::nullopt;
   MutexLock lock(&mu_);
+  // Not forgotten: the next answer, if it names the same view, makes them
+  // serve again.
+  if (now - heard_ > fresh_) return std::nullopt;
   auto it = entries_.find(key);
   if (it == entries_.end()) return std::nullopt;
   if (now >= it->second.lease_end) {
@@ -72,6 +75,19 @@ void ReplicaCache::Insert(const std::string& key, Located where, uint64_t since,
   }
 }
 
+void ReplicaCache::Heard(absl::Time asked, uint64_t epoch, uint64_t membership) {
+  MutexLock lock(&mu_);
+  if (viewed_ && (epoch != epoch_ || membership != membership_)) {
+    if (asked < view_changed_) return;  // from before the change this client already heard
+    ForgetAll();
+    view_changed_ = absl::Now();
+  }
+  viewed_ = true;
+  epoch_ = epoch;
+  membership_ = membership;
+  heard_ = std::max(heard_, asked);
+}
+
 void ReplicaCache::ReleaseEnded(absl::Time now) {
   MutexLock lock(&mu_);
   while (!held_.empty() && held_.front().end <= now) {
@@ -101,6 +117,10 @@ void ReplicaCache::Invalidate(const std::string& key) {
 
 void ReplicaCache::Clear() {
   MutexLock lock(&mu_);
+  ForgetAll();
+}
+
+void ReplicaCache::ForgetAll() {
   for (const auto& [key, where] : entries_) Drop(key, where);
   entries_.clear();
   held_.clear();

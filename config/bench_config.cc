@@ -36,9 +36,9 @@ const FlagTable<BenchConfig>& BenchFlags() {
           BoolFlag<C>("tls-compare", &C::tls_compare, "false",
                       "store: also run the same cases against a second embedded cluster with TLS on every port "
                       "(the master's, and the daemon's transfer port with --data-tls), printed as with/without"),
-          IntFlag<C>("replica-cache", &C::replica_cache, "0", 0, 1 << 24,
-                     "store: keys whose replicas the client remembers while their read lease runs (0: off, "
-                     "as the library's default; e.g. 65536 to measure the cache)"),
+          IntFlag<C>("replica-cache", &C::replica_cache, "-1", -1, 1 << 24,
+                     "store: keys whose replicas the client remembers while their read lease runs (0: off; "
+                     "-1: the library's default)"),
           DurationFlag<C>("reply-spin", &C::reply_spin, "50us", 0, 1,
                           "master/store: how long a client call busy-polls for its reply before sleeping "
                           "(0s: never, as before; the library's default is 50us)"),

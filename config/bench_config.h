@@ -24,7 +24,7 @@ struct BenchConfig {
   std::string ssd_dir;         // ssd: where the files go (default $TMPDIR or /tmp)
   uint64_t ssd_size = 0;       // ssd: the tier's file; half of it is written per case
   std::string peer;            // store: none, or redis (a peer store measured beside ours)
-  int64_t replica_cache = 0;   // store: the client's replica cache entries (0: off)
+  int64_t replica_cache = -1;  // store: the client's replica cache entries (0: off, -1: its default)
   bool auth_compare = false;   // store: also a cluster running --auth token, same cases
   bool tls_compare = false;    // store: also a cluster with TLS on every port, same cases
   absl::Duration reply_spin;   // master/store: the client's busy-poll for replies

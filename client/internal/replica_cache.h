@@ -16,10 +16,18 @@
 // lease's expiry, so a give-back that never comes costs no more than the
 // lease the master granted.
 //
-//   ReplicaCache cache(4096);
+// Entries serve only while the master has answered recently: within
+// `fresh` of the last GetReplicas answer (Heard), so a client whose master
+// is gone stops reading from memory nobody vouches for any more. Each
+// answer names the master's epoch and membership (it changes whenever
+// segments leave); one naming others than the last forgets every entry,
+// since some may sit on a segment that has gone.
+//
+//   ReplicaCache cache(4096, absl::Milliseconds(100), release, absl::Milliseconds(100));
 //   uint64_t since = cache.generation();
-//   ... GetReplicas, read the value, verify its checksum ...
-//   cache.Insert(key, located, since);   // refused if an Invalidate came between
+//   ... GetReplicas (asked at `asked`), read the value, verify its checksum ...
+//   cache.Heard(asked, resp.epoch(), resp.membership());
+//   cache.Insert(key, located, since);   // refused if an Invalidate or a new membership came between
 //   std::optional<Located> hit = cache.Lookup(key, absl::Now());
 //
 // Thread-safe.
@@ -59,14 +67,23 @@ class ReplicaCache {
   // Gives a counted read's lease back: (key, token, expiry in unix ms).
   using Release = std::function<void(const std::string&, uint64_t, int64_t)>;
   // At most `capacity` entries; 0 disables the cache (every Lookup misses).
-  // Counted reads are kept for at most `hold` (0: never).
-  explicit ReplicaCache(size_t capacity, absl::Duration hold = absl::ZeroDuration(), Release release = nullptr)
-      : capacity_(capacity), hold_(hold), release_(std::move(release)) {}
+  // Counted reads are kept for at most `hold` (0: never). Entries serve
+  // within `fresh` of the master's last answer (infinite: Heard is not
+  // needed).
+  explicit ReplicaCache(size_t capacity, absl::Duration hold = absl::ZeroDuration(), Release release = nullptr,
+                        absl::Duration fresh = absl::InfiniteDuration())
+      : capacity_(capacity), fresh_(fresh), hold_(hold), release_(std::move(release)) {}
   ~ReplicaCache();
 
   // The entry for `key` if its lease has not ended by `now` (an ended one
-  // is dropped).
+  // is dropped) and the master answered within `fresh` before `now`.
   std::optional<Located> Lookup(const std::string& key, absl::Time now);
+  // A GetReplicas answer to a request sent at `asked`, from a master at
+  // `epoch` whose membership was `membership`. Renews freshness from
+  // `asked`; an answer naming another epoch or membership than the last
+  // forgets every entry (as Clear) unless it was asked before the last
+  // such change was heard (a late answer from before it).
+  void Heard(absl::Time asked, uint64_t epoch, uint64_t membership);
   // The current generation; pass it to Insert.
   uint64_t generation() const;
   // Remembers `where` for `key` unless an Invalidate or Clear happened
@@ -93,14 +110,24 @@ class ReplicaCache {
  private:
   // Gives back the lease `where` holds, if any.
   void Drop(const std::string& key, const Located& where) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets every entry, giving their leases back, and refuses inserts
+  // begun before.
+  void ForgetAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Erases entries_[it], giving its lease back.
   void EraseEntry(absl::flat_hash_map<std::string, Located>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t capacity_;
+  const absl::Duration fresh_;
   const absl::Duration hold_;
   const Release release_;
   mutable Mutex mu_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last answer heard: when it was asked, and the view it named.
+  absl::Time heard_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool viewed_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t membership_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time view_changed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::flat_hash_map<std::string, Located> entries_ ABSL_GUARDED_BY(mu_);
   // Counted entries in the order their holds end: (end, key, token). One
   // whose key now has another entry (or none) is skipped when it comes up.

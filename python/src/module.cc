@@ -106,8 +106,8 @@ class PyClient {
            std::vector<std::string> rdma_devices, uint64_t lend_size, const std::string& lend_name,
            const std::string& host, const std::string& client_id, const std::string& listen,
            double rpc_timeout, double transfer_timeout, bool verify_checksums, int connections, int workers,
-           double reply_spin, const std::string& token, const std::string& tls_ca, const std::string& tls_cert,
-           const std::string& tls_key) {
+           double reply_spin, int64_t replica_cache, const std::string& token, const std::string& tls_ca,
+           const std::string& tls_cert, const std::string& tls_key) {
     ClientOptions o;
     o.token = token;
     o.tls = {tls_ca, tls_cert, tls_key};
@@ -126,6 +126,8 @@ class PyClient {
     o.connections = connections;
     o.workers = workers;
     o.reply_spin = absl::Seconds(reply_spin);
+    if (replica_cache < 0) Throw(absl::InvalidArgumentError("replica_cache must be 0 (off) or more entries"));
+    o.replica_cache = static_cast<size_t>(replica_cache);
     absl::StatusOr<std::unique_ptr<Client>> c;
     {
       py::gil_scoped_release nogil;
@@ -589,15 +591,18 @@ PYBIND11_MODULE(_tierkv, m) {
   m.def("value_size", &tierkv::client::ValueSizeOf, py::arg("stored_size"), py::arg("put_id"),
         "The value's bytes of an object of stored_size written by put put_id (/v1/objects' size and put_id).");
 
+  // Python's default is the C++ one.
+  m.attr("DEFAULT_REPLICA_CACHE") = ClientOptions().replica_cache;
+
   py::class_<PyClient>(m, "_Client")
       .def(py::init<const std::string&, const std::string&, std::vector<std::string>, std::vector<std::string>,
                     uint64_t, const std::string&, const std::string&, const std::string&, const std::string&,
-                    double, double, bool, int, int, double, const std::string&, const std::string&,
+                    double, double, bool, int, int, double, int64_t, const std::string&, const std::string&,
                     const std::string&, const std::string&>(),
            py::arg("master"), py::arg("metadata"), py::arg("transports"), py::arg("rdma_devices"),
            py::arg("lend_size"), py::arg("lend_name"), py::arg("host"), py::arg("client_id"), py::arg("listen"),
            py::arg("rpc_timeout"), py::arg("transfer_timeout"), py::arg("verify_checksums"),
-           py::arg("connections"), py::arg("workers"), py::arg("reply_spin"), py::arg("token"), py::arg("tls_ca"),
+           py::arg("connections"), py::arg("workers"), py::arg("reply_spin"), py::arg("replica_cache"), py::arg("token"), py::arg("tls_ca"),
            py::arg("tls_cert"), py::arg("tls_key"))
       .def("close", &PyClient::Close)
       .def("put",

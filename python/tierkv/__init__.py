@@ -21,7 +21,7 @@ from . import _errors
 from ._errors import *  # noqa: F401,F403  (Error and one class per status)
 from ._errors import Error, from_status
 from ._tierkv import buffer_address, discover_metadata, read_token_file, stored_size, value_size
-from ._tierkv import _Client
+from ._tierkv import DEFAULT_REPLICA_CACHE, _Client
 
 __all__ = ["Client", "Error", "buffer_address", "discover_metadata", "read_token_file", "stored_size", "value_size"] + [
     n for n in _errors.__all__ if n not in ("from_status", "CODE_NAMES")]
@@ -49,7 +49,9 @@ class Client:
     the master for it. lend_size: bytes of this
     process's memory lent to the cluster as a segment (0: none).
     Timeouts are in seconds. reply_spin: seconds a call busy-polls for its
-    reply before sleeping (0: never). token (or token_file, a file whose
+    reply before sleeping (0: never). replica_cache: keys whose replicas are
+    remembered while their read lease runs and the master answered within
+    100 ms, so a repeated get skips the master (0: off; client/client.h). token (or token_file, a file whose
     first word is the token; default $TIERKV_TOKEN_FILE): the bearer token
     for a master running --auth token. tls_ca (default $TIERKV_TLS_CA): the
     PEM certificates that sign the master's (and daemons'), to reach a master
@@ -64,7 +66,7 @@ class Client:
     def __init__(self, master="127.0.0.1:50051", metadata=None, *, transports=None, rdma_devices=None,
                  lend_size=0, lend_name="", host="", client_id="", listen="127.0.0.1", rpc_timeout=5.0,
                  transfer_timeout=30.0, verify_checksums=True, connections=4, workers=4, reply_spin=50e-6,
-                 token=None, token_file=None, tls_ca=None, tls_cert=None, tls_key=None):
+                 replica_cache=DEFAULT_REPLICA_CACHE, token=None, token_file=None, tls_ca=None, tls_cert=None, tls_key=None):
         if not token:
             token_file = token_file or os.environ.get("TIERKV_TOKEN_FILE", "")
             token = read_token_file(token_file) if token_file else ""
@@ -74,7 +76,8 @@ class Client:
             metadata = discover_metadata(master, rpc_timeout, token, *tls)
         self._c = _Client(master, metadata, list(transports or []), list(rdma_devices or []), int(lend_size),
                           lend_name, host, client_id, listen, float(rpc_timeout), float(transfer_timeout),
-                          bool(verify_checksums), int(connections), int(workers), float(reply_spin), token, *tls)
+                          bool(verify_checksums), int(connections), int(workers), float(reply_spin), int(replica_cache), token,
+                          *tls)
         self._token = token
         self._tls = tls
         self.master = master

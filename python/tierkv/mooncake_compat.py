@@ -28,7 +28,8 @@ scatter in place: no part is copied on the way.
 Timeouts come from TIERKV_RPC_TIMEOUT and TIERKV_TRANSFER_TIMEOUT (seconds;
 defaults 5 and 30), as tierkv's flags read TIERKV_<FLAG>; TIERKV_REPLY_SPIN
 (seconds, default 50e-6; 0: never) is how long a call busy-polls for its
-reply before sleeping. TIERKV_TOKEN_FILE names the file holding the token
+reply before sleeping. TIERKV_REPLICA_CACHE (keys, 0: off) sizes the cache of
+replicas a repeated get reads without asking the master. TIERKV_TOKEN_FILE names the file holding the token
 for a master running --auth token.
 """
 
@@ -41,7 +42,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from . import Client, Error, value_size
+from . import DEFAULT_REPLICA_CACHE, Client, Error, value_size
 
 log = logging.getLogger("tierkv.mooncake_compat")
 
@@ -145,6 +146,17 @@ def _env_seconds(name, default):
         return default
 
 
+def _env_count(name, default):
+    try:
+        n = int(os.environ.get(name, default))
+        if n >= 0:
+            return n
+    except ValueError:
+        pass
+    log.warning("%s=%r is not a count of 0 or more; using %s", name, os.environ[name], default)
+    return default
+
+
 def _listen_address(hostname):
     """The address the lent segment serves on: local_hostname's host part."""
     host = hostname.rsplit(":", 1)[0] if hostname.count(":") == 1 else hostname
@@ -222,7 +234,8 @@ class MooncakeDistributedStore:
                        host=hostname.rsplit(":", 1)[0], listen=_listen_address(hostname),
                        rpc_timeout=_env_seconds("TIERKV_RPC_TIMEOUT", 5.0),
                        transfer_timeout=_env_seconds("TIERKV_TRANSFER_TIMEOUT", 30.0),
-                       reply_spin=_env_seconds("TIERKV_REPLY_SPIN", 50e-6))
+                       reply_spin=_env_seconds("TIERKV_REPLY_SPIN", 50e-6),
+                       replica_cache=_env_count("TIERKV_REPLICA_CACHE", DEFAULT_REPLICA_CACHE))
         try:
             try:
                 client = Client(master, metadata, **options)

@@ -22,7 +22,8 @@ extra_config keys (all optional but the master): master_server_address (or
 TIERKV_MASTER), metadata_server ("P2PHANDSHAKE": ask the master),
 global_segment_size (bytes this process lends, default 0), protocol
 ("tcp"/"rdma"), rdma_devices, replicas, transfer_timeout, rpc_timeout,
-reply_spin (seconds a call busy-polls for its reply; 0: never), token_file
+reply_spin (seconds a call busy-polls for its reply; 0: never), replica_cache
+(keys whose replicas a repeated get reads without the master; 0: off), token_file
 (the token for a master running --auth token; default $TIERKV_TOKEN_FILE).
 """
 
@@ -30,7 +31,7 @@ import logging
 import os
 import threading
 
-from . import Client, Error
+from . import DEFAULT_REPLICA_CACHE, Client, Error
 
 log = logging.getLogger("tierkv.sglang")
 
@@ -88,6 +89,7 @@ class TierkvStore(_Base):
                     rpc_timeout=float(extra.get("rpc_timeout", 5.0)),
                     transfer_timeout=float(extra.get("transfer_timeout", 30.0)),
                     reply_spin=float(extra.get("reply_spin", 50e-6)),
+                    replica_cache=int(extra.get("replica_cache", DEFAULT_REPLICA_CACHE)),
                     token_file=extra.get("token_file") or None)
         try:
             self.client = Client(master, metadata, **opts)

@@ -51,6 +51,13 @@ class StoreClusterTest : public ::testing::Test {
   void TearDown() override {
     if (HasFailure()) std::cerr << cluster_.Logs();
   }
+  // The master's sample of `name` on /metrics (-1: none).
+  double Metric(const std::string& name) {
+    absl::StatusOr<std::string> m = cluster_.HttpGet("/metrics");
+    EXPECT_OK(m.status());
+    const size_t at = m.ok() ? m->find("\n" + name + " ") : std::string::npos;  // not its # HELP line
+    return at == std::string::npos ? -1.0 : std::strtod(m->c_str() + at + name.size() + 2, nullptr);
+  }
   std::unique_ptr<client::Client> Client(std::vector<std::string> transports = {}, const std::string& token = "") {
     auto c = cluster_.NewClient(std::move(transports), token);
     EXPECT_TRUE(c.ok()) << c.status();
@@ -206,10 +213,15 @@ TEST_F(StoreClusterTest, FillingPastCapacityEvicts) {
 
 // While DRAM is evicted, a read is counted: the client gives its lease
 // back on its next call to the master, so the object is free to go then
-// rather than at the lease's end.
+// rather than at the lease's end. (Without the replica cache; the next
+// test has it.)
 TEST_F(StoreClusterTest, ReadsUnderPressureGiveTheirLeasesBackOnTheNextCall) {
   ASSERT_OK(cluster_.Start({.daemons = 1, .segment_size = "32mib"}));
-  auto client = Client();
+  client::ClientOptions o;
+  o.master = cluster_.master_address();
+  o.metadata = cluster_.metadata_url();
+  o.replica_cache = 0;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::Client> client, client::Client::Create(o));
   for (int i = 0; i < 40; ++i) {
     ASSERT_OK(client->Put(absl::StrCat("fill-", i), ValueFor(absl::StrCat("fill-", i), 1 << 20))) << i;
   }
@@ -244,6 +256,7 @@ TEST_F(StoreClusterTest, ACachedReadUnderPressureHoldsItsLeaseForTheHoldOnly) {
   o.metadata = cluster_.metadata_url();
   o.replica_cache = 64;
   o.replica_cache_hold = absl::Milliseconds(500);
+  o.replica_cache_fresh = absl::Seconds(10);  // the hold is what this test bounds
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::Client> client, client::Client::Create(o));
   for (int i = 0; i < 40; ++i) {
     ASSERT_OK(client->Put(absl::StrCat("fill-", i), ValueFor(absl::StrCat("fill-", i), 1 << 20))) << i;
@@ -253,12 +266,6 @@ TEST_F(StoreClusterTest, ACachedReadUnderPressureHoldsItsLeaseForTheHoldOnly) {
     absl::StatusOr<std::string> body = cluster_.HttpGet("/v1/objects/" + key);
     EXPECT_OK(body.status());
     return body.ok() ? nlohmann::json::parse(*body)["lease_expiry_unix_ms"] : nlohmann::json();
-  };
-  auto metric = [&](const std::string& name) {
-    absl::StatusOr<std::string> m = cluster_.HttpGet("/metrics");
-    EXPECT_OK(m.status());
-    const size_t at = m.ok() ? m->find("\n" + name + " ") : std::string::npos;  // not its # HELP line
-    return at == std::string::npos ? -1.0 : std::strtod(m->c_str() + at + name.size() + 2, nullptr);
   };
   const std::string lookups = "tierkv_master_rpc_total{method=\"GetReplicas\"}";
   // A page still in DRAM besides fill-39, for the lookup after the hold:
@@ -274,24 +281,84 @@ TEST_F(StoreClusterTest, ACachedReadUnderPressureHoldsItsLeaseForTheHoldOnly) {
   const absl::Time first = absl::Now();
   ASSERT_OK_AND_ASSIGN(std::string got, client->Get("fill-39"));
   EXPECT_EQ(got, ValueFor("fill-39", 1 << 20));
-  const double asked = metric(lookups);
+  const double asked = Metric(lookups);
   ASSERT_GT(asked, 0);
   ASSERT_OK(client->BatchExists({"fill-0"}).status());  // a call that would carry a give-back
   EXPECT_FALSE(lease_of("fill-39").is_null()) << "held by the cache";
   ASSERT_OK_AND_ASSIGN(got, client->Get("fill-39"));
   EXPECT_EQ(got, ValueFor("fill-39", 1 << 20));
   if (absl::Now() - first < absl::Milliseconds(400)) {
-    EXPECT_EQ(metric(lookups), asked) << "the second get, inside the hold, asked the master";
+    EXPECT_EQ(Metric(lookups), asked) << "the second get, inside the hold, asked the master";
   }
-  const double released = metric("tierkv_master_leases_released_total");
+  const double released = Metric("tierkv_master_leases_released_total");
   absl::SleepFor(absl::Milliseconds(600) - (absl::Now() - first));
   ASSERT_OK_AND_ASSIGN(got, client->Get(other));  // the hold is over: its give-back goes with this lookup
-  EXPECT_EQ(metric(lookups), asked + 1);
+  EXPECT_EQ(Metric(lookups), asked + 1);
   EXPECT_TRUE(lease_of("fill-39").is_null());
-  EXPECT_EQ(metric("tierkv_master_leases_released_total"), released + 1);
+  EXPECT_EQ(Metric("tierkv_master_leases_released_total"), released + 1);
   ASSERT_OK_AND_ASSIGN(got, client->Get("fill-39"));  // asked again, and found
-  EXPECT_EQ(metric(lookups), asked + 2);
+  EXPECT_EQ(Metric(lookups), asked + 2);
   EXPECT_EQ(got, ValueFor("fill-39", 1 << 20));
+}
+
+// The replica cache as it is by default: a repeated get inside the lease
+// asks nothing of the master, but only while the master keeps answering
+// this client (ClientOptions::replica_cache_fresh), and an answer that
+// names a new membership (a segment left) forgets every entry, so a
+// dropped store is not read through the cache for the rest of the lease.
+TEST_F(StoreClusterTest, TheReplicaCacheServesOnlyWhileTheMasterAnswersAndForgetsDroppedStores) {
+  // The TTL outlasts the master's pause below, so its daemons stay.
+  ASSERT_OK(cluster_.Start({.daemons = 2, .segment_size = "32mib", .segment_ttl = "2s"}));
+  client::ClientOptions o;
+  o.master = cluster_.master_address();
+  o.metadata = cluster_.metadata_url();
+  o.transports = {"shm", "tcp"};
+  o.rpc_timeout = absl::Milliseconds(300);
+  o.transfer_timeout = absl::Seconds(2);
+  ASSERT_GT(o.replica_cache, 0u) << "on by default";
+  const absl::Duration fresh = o.replica_cache_fresh;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::Client> client, client::Client::Create(o));
+  client::PutOptions on1;
+  on1.preferred_segment = "daemon-1";
+  ASSERT_OK(client->Put("k", ValueFor("k", 65536), on1));
+  const std::string lookups = "tierkv_master_rpc_total{method=\"GetReplicas\"}";
+
+  // Inside the window: the second get is read where the first found it.
+  const absl::Time heard = absl::Now();
+  EXPECT_EQ(*client->Get("k"), ValueFor("k", 65536));
+  const double asked = Metric(lookups);
+  EXPECT_EQ(*client->Get("k"), ValueFor("k", 65536));
+  if (absl::Now() - heard < fresh) {
+    EXPECT_EQ(Metric(lookups), asked) << "a get inside the window asked the master";
+  }
+
+  // The master goes silent: past the window, no get succeeds from the cache.
+  cluster_.master().Kill(SIGSTOP);
+  absl::SleepFor(fresh + absl::Milliseconds(20));
+  const absl::Time t0 = absl::Now();
+  EXPECT_FALSE(client->Get("k").ok()) << "read from the cache with the master stopped";
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+  cluster_.master().Kill(SIGCONT);
+  EXPECT_EQ(*client->Get("k"), ValueFor("k", 65536));
+
+  // daemon-1 is paused past its TTL and dropped. A client kept fresh by
+  // other lookups would otherwise read its memory through the cache (shm
+  // needs no answer from the daemon) until k's lease ends, seconds later.
+  EXPECT_EQ(*client->Get("k"), ValueFor("k", 65536));
+  cluster_.daemon(1).Kill(SIGSTOP);
+  ASSERT_OK(cluster_.WaitForLiveSegments(1));
+  const absl::Time dropped = absl::Now();
+  absl::StatusOr<std::string> got;
+  for (int i = 0; i < 500; ++i) {
+    EXPECT_THAT(client->Get("absent").status(), StatusIs(absl::StatusCode::kNotFound));  // an answer, renewing the window
+    got = client->Get("k");
+    if (!got.ok()) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_THAT(got.status(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_LT(absl::Now() - dropped, absl::Seconds(1)) << "served through the cache after its store was dropped";
+  // (k's lease, granted just before the pause, had seconds left.)
+  cluster_.daemon(1).Kill(SIGCONT);
 }
 
 TEST_F(StoreClusterTest, PrefixMatchAndGroups) {

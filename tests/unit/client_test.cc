@@ -432,9 +432,12 @@ absl::StatusOr<absl::Duration> UntilMiss(const std::function<absl::Status()>& ge
   return absl::DeadlineExceededError("still found");
 }
 
-// A client with the replica cache on (it is off by default).
-std::unique_ptr<client::Client> Cached(client::ClientOptions o) {
+// A client with the replica cache on (as by default), whose entries serve
+// within `fresh` of the master's last answer.
+std::unique_ptr<client::Client> Cached(client::ClientOptions o,
+                                       absl::Duration fresh = client::ClientOptions().replica_cache_fresh) {
   o.replica_cache = 1024;
+  o.replica_cache_fresh = fresh;
   auto c = client::Client::Create(o);
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? std::move(*c) : nullptr;
@@ -443,7 +446,8 @@ std::unique_ptr<client::Client> Cached(client::ClientOptions o) {
 TEST_F(ClientTest, ARepeatedGetInsideItsLeaseIsReadWhereItWasUntilTheLeaseEnds) {
   ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}, {"--lease-ttl=1s"}));
   ASSERT_OK_AND_ASSIGN(auto other, client::Client::Create(Options("host-d")));
-  client_ = Cached(Options("host-e"));
+  // What bounds the cache here is the lease, not the master's last answer.
+  client_ = Cached(Options("host-e"), absl::InfiniteDuration());
   ASSERT_NE(client_, nullptr);
   const std::string value = Value(30000, 8);
   ASSERT_OK(client_->Put("k", value));
@@ -490,7 +494,9 @@ TEST_F(ClientTest, AKeyThisClientRemovedIsNeverReadFromTheReplicaCache) {
 TEST_F(ClientTest, ARememberedReplicaWhoseStoreIsGoneIsAskedOfTheMasterAgain) {
   ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}));
   ASSERT_OK_AND_ASSIGN(auto other, client::Client::Create(Options("host-d")));
-  client_ = Cached(Options("host-e"));
+  // Never renewed, the entry outlives the drop unseen: its read fails. (By
+  // default the next answer names the new membership, which forgets it.)
+  client_ = Cached(Options("host-e"), absl::InfiniteDuration());
   ASSERT_NE(client_, nullptr);
   const std::string old_value = Value(30000, 11), new_value = Value(30000, 12);
   ASSERT_OK(other->Put("k", old_value, {.preferred_segment = "seg-host-a"}));
@@ -781,6 +787,44 @@ TEST(ReplicaCacheTest, EntriesEndWithTheirLeaseAndInvalidationRefusesInsertsBegu
   client::internal::ReplicaCache off(0);
   off.Insert("a", a, off.generation());
   EXPECT_FALSE(off.Lookup("a", now).has_value());
+}
+
+// Entries serve only within `fresh` of the master's last answer, and an
+// answer naming another epoch or membership forgets them all, unless it
+// was asked before this client heard of the change.
+TEST(ReplicaCacheTest, EntriesServeWhileTheMasterAnswersAndANewMembershipForgetsThem) {
+  const absl::Duration fresh = absl::Milliseconds(100);
+  client::internal::ReplicaCache cache(8, absl::ZeroDuration(), nullptr, fresh);
+  const absl::Time now = absl::Now();
+  client::internal::Located a;
+  a.stored_size = 10;
+  a.lease_end = now + absl::Seconds(5);
+  a.replicas.emplace_back("seg", 0);
+  cache.Insert("a", a, cache.generation(), now);
+  EXPECT_FALSE(cache.Lookup("a", now).has_value()) << "no answer heard yet";
+  cache.Heard(now, 1, 7);
+  EXPECT_TRUE(cache.Lookup("a", now + absl::Milliseconds(50)).has_value());
+  EXPECT_FALSE(cache.Lookup("a", now + absl::Milliseconds(150)).has_value()) << "the master has been silent";
+  // Kept meanwhile: an answer naming the same view makes it serve again.
+  cache.Heard(now + absl::Milliseconds(140), 1, 7);
+  EXPECT_TRUE(cache.Lookup("a", now + absl::Milliseconds(150)).has_value());
+  // Segments left: everything goes, and a get begun before cannot bring it back.
+  const uint64_t before = cache.generation();
+  cache.Heard(now + absl::Milliseconds(145), 1, 8);
+  EXPECT_FALSE(cache.Lookup("a", now + absl::Milliseconds(150)).has_value());
+  EXPECT_EQ(cache.size(), 0u);
+  cache.Insert("a", a, before, now);
+  EXPECT_FALSE(cache.Lookup("a", now + absl::Milliseconds(150)).has_value());
+  cache.Insert("a", a, cache.generation(), now);
+  EXPECT_TRUE(cache.Lookup("a", now + absl::Milliseconds(150)).has_value());
+  // A late answer asked before the change was heard changes nothing, and
+  // renews nothing.
+  cache.Heard(now - absl::Seconds(1), 1, 7);
+  EXPECT_TRUE(cache.Lookup("a", now + absl::Milliseconds(150)).has_value());
+  EXPECT_FALSE(cache.Lookup("a", now + absl::Milliseconds(250)).has_value());
+  // A new leader (another epoch) forgets them too.
+  cache.Heard(absl::Now(), 2, 8);
+  EXPECT_EQ(cache.size(), 0u);
 }
 
 // A counted read's lease is the cache's once inserted: held at most `hold`
