@@ -3,6 +3,7 @@
 import os
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -256,6 +257,33 @@ def test_metadata_discovered_from_the_master(cluster):
         k = unique("disc") + "k"
         c.put(k, b"found")
         assert c.get(k) == b"found"
+
+
+def _lookups(cluster):
+    """GetReplicas calls the master has served, from its /metrics."""
+    body = urllib.request.urlopen(cluster.metadata_url + "/metrics", timeout=5).read().decode()
+    for line in body.splitlines():
+        if line.startswith('tierkv_master_rpc_total{method="GetReplicas"} '):
+            return float(line.split()[-1])
+    raise AssertionError("no GetReplicas counter on /metrics")
+
+
+def test_replica_cache_is_on_by_default_and_can_be_turned_off(cluster):
+    assert tierkv.DEFAULT_REPLICA_CACHE > 0
+    with pytest.raises(tierkv.InvalidArgument):
+        tierkv.Client(cluster.master_address, cluster.metadata_url, replica_cache=-1)
+    k = unique("rc") + "k"
+    value = payload(200_000, 7).tobytes()
+    for entries, asks in ((tierkv.DEFAULT_REPLICA_CACHE, 1), (0, 3)):
+        with tierkv.Client(cluster.master_address, cluster.metadata_url, replica_cache=entries) as c:
+            if entries:
+                c.put(k, value)
+            before = _lookups(cluster)
+            t0 = time.monotonic()
+            assert [c.get(k) for _ in range(3)] == [value] * 3
+            # Remembered gets skip the master while it answered within 100 ms.
+            if entries == 0 or time.monotonic() - t0 < 0.1:
+                assert _lookups(cluster) - before == asks, entries
 
 
 def test_closed_client_raises_failed_precondition(cluster):
