@@ -3,7 +3,9 @@
 // RunBatch writes every slice's request (and WRITE payload) while reading
 // replies as they arrive, on a non-blocking socket driven by poll(), so a
 // batch never deadlocks on full socket buffers and every step honours the
-// deadline. Replies are matched by order and checked by id.
+// deadline. Replies are matched by order and checked by id. A small read
+// that starts where the batch's previous read ends (a value's trailer) is
+// sent in that read's request and shares its reply, and so its status.
 //
 // Not thread-safe: a connection is used by one worker at a time (the pool
 // in tcp_backend.cc hands it out).
@@ -58,6 +60,20 @@ class Connection {
   // RunBatch over TLS, in windows of like slices sent and then answered
   // (see there), every call bounded by the deadline.
   void RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices, absl::Time deadline);
+
+  // Slices [first, first + count) of a batch, sent as one request of
+  // `length` bytes.
+  struct Frame {
+    size_t first = 0;
+    size_t count = 1;
+    uint64_t length = 0;
+  };
+  // A read of at most kJoinedRead bytes joins the read it follows, up to
+  // kMaxJoined slices and kMaxJoinedFrame bytes (well under any server's
+  // frame cap).
+  static constexpr uint64_t kJoinedRead = 4096;
+  static constexpr size_t kMaxJoined = 64;
+  static constexpr uint64_t kMaxJoinedFrame = 16 << 20;
   // A TLS window: at most this many slices, and for writes this many
   // payload bytes (beyond one slice), whose replies fit in socket buffers.
   static constexpr size_t kTlsWindow = 64;
