@@ -8,6 +8,7 @@
 #include "tests/support/status_matchers.h"
 #include "transport/engine.h"
 #include "transport/memory.h"
+#include "transport/tcp/connection.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/wire.h"
 
@@ -842,6 +843,33 @@ TEST(DataGrantCryptoTest, ProofsBindTheKeyTheNonceAndTheSegment) {
   EXPECT_FALSE(auth::SameSecret("abc", "abd"));
   EXPECT_TRUE(auth::SameSecret("abc", "abc"));
   EXPECT_FALSE(auth::SameSecret("abc", "abcd"));
+}
+
+// A joined reply lands in pieces: each receive goes on where the last one
+// stopped, across the reads' separate buffers.
+TEST(TcpJoinedReadTest, TheRestOfAReplyIsScatteredFromWhereItStopped) {
+  char a[10], b[16], c[37];
+  Slice sa, sb, sc;
+  sa.local = a, sa.length = sizeof a;
+  sb.local = b, sb.length = sizeof b;
+  sc.local = c, sc.length = sizeof c;
+  std::vector<Slice*> joined = {&sa, &sb, &sc};
+  iovec iov[3];
+  ASSERT_EQ(ScatterRest(absl::MakeSpan(joined), 0, iov), 3u);
+  EXPECT_EQ(iov[0].iov_base, a);
+  EXPECT_EQ(iov[0].iov_len, 10u);
+  EXPECT_EQ(iov[2].iov_base, c);
+  EXPECT_EQ(iov[2].iov_len, 37u);
+  ASSERT_EQ(ScatterRest(absl::MakeSpan(joined), 4, iov), 3u);
+  EXPECT_EQ(iov[0].iov_base, a + 4);
+  EXPECT_EQ(iov[0].iov_len, 6u);
+  ASSERT_EQ(ScatterRest(absl::MakeSpan(joined), 10, iov), 2u);  // the first is full
+  EXPECT_EQ(iov[0].iov_base, b);
+  EXPECT_EQ(iov[0].iov_len, 16u);
+  ASSERT_EQ(ScatterRest(absl::MakeSpan(joined), 30, iov), 1u);
+  EXPECT_EQ(iov[0].iov_base, c + 4);
+  EXPECT_EQ(iov[0].iov_len, 33u);
+  EXPECT_EQ(ScatterRest(absl::MakeSpan(joined), 63, iov), 0u);
 }
 
 }  // namespace

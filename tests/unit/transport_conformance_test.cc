@@ -235,6 +235,51 @@ TEST_P(TransportConformance, OutOfRangeAndOverflowingOffsetsAreRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// Reads that follow one another in the segment but land in separate local
+// buffers (a value and its trailer; runs of small records) each get their
+// own bytes, though a transport may move them in one request (tcp joins a
+// small read to the one it follows and scatters the reply). A joined read
+// that runs out of the segment fails; the one it joined may fail with it.
+TEST_P(TransportConformance, AdjacentReadsOfOneBatchEachGetTheirOwnBytes) {
+  constexpr uint64_t kBase = 1000, kValue = (1 << 20) + 3, kTotal = 2 << 20;
+  char* out = LocalPattern(kTotal, 77);
+  ASSERT_OK(Do(Op::kWrite, out, kBase, kTotal)[0]);
+  struct Read {
+    uint64_t at, length;  // within what was written
+  };
+  std::vector<Read> plan = {{0, kValue}, {kValue, 16}};
+  uint64_t at = kValue + 16;
+  for (int i = 0; i < 100; ++i, at += 37) plan.push_back({at, 37});  // more than one request takes
+  at += 5;                                                            // a gap
+  plan.push_back({at, 4097});                                         // too large to join
+  at += 4097;
+  plan.push_back({at, 4096});
+  std::vector<Request> reads;
+  std::vector<char*> into;
+  for (const Read& r : plan) {
+    into.push_back(Local(r.length));
+    std::memset(into.back(), 0, r.length);
+    reads.push_back({Op::kRead, into.back(), "seg", kBase + r.at, r.length});
+  }
+  std::vector<absl::Status> got = client_->Transfer(reads, absl::Seconds(20));
+  ASSERT_EQ(got.size(), plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    ASSERT_OK(got[i]) << i;
+    EXPECT_EQ(std::memcmp(into[i], out + plan[i].at, plan[i].length), 0) << "read " << i;
+  }
+
+  char* value = Local(100);
+  char* trailer = Local(16);
+  got = client_->Transfer({{Op::kRead, value, "seg", kSegmentSize - 100, 100},
+                           {Op::kRead, trailer, "seg", kSegmentSize, 16}});
+  EXPECT_THAT(got[1], StatusIs(absl::StatusCode::kOutOfRange));
+  if (got[0].ok()) {
+    EXPECT_EQ(std::memcmp(value, region_->data() + kSegmentSize - 100, 100), 0);
+  } else {
+    EXPECT_THAT(got[0], StatusIs(absl::StatusCode::kOutOfRange));
+  }
+}
+
 TEST_P(TransportConformance, ZeroLengthRequestsSucceedAndTouchNothing) {
   region_->data()[0] = 'q';
   auto st = client_->Transfer({{Op::kWrite, nullptr, "seg", 0, 0}, {Op::kRead, nullptr, "seg", kSegmentSize, 0}});

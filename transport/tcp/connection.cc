@@ -249,22 +249,10 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
         } else if (current.status == WireStatus::kOk && f.count == 1) {
           got = ::recv(fd_.get(), s->local + payload_got, current.length - payload_got, flags);
         } else if (current.status == WireStatus::kOk) {
-          // Scattered to the joined reads, from where the payload is.
           iovec iov[kMaxJoined];
-          int cnt = 0;
-          uint64_t skip = payload_got;
-          for (size_t k = f.first; k < f.first + f.count; ++k) {
-            Slice* t = slices[k];
-            if (skip >= t->length) {
-              skip -= t->length;
-              continue;
-            }
-            iov[cnt++] = {t->local + skip, t->length - skip};
-            skip = 0;
-          }
           msghdr msg{};
           msg.msg_iov = iov;
-          msg.msg_iovlen = cnt;
+          msg.msg_iovlen = ScatterRest(slices.subspan(f.first, f.count), payload_got, iov);
           got = ::recvmsg(fd_.get(), &msg, flags);
         } else {
           char buf[kMaxErrorText];
@@ -331,6 +319,19 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
       }
     }
   }
+}
+
+size_t ScatterRest(absl::Span<Slice* const> joined, uint64_t received, iovec* iov) {
+  size_t cnt = 0;
+  for (Slice* t : joined) {
+    if (received >= t->length) {
+      received -= t->length;
+      continue;
+    }
+    iov[cnt++] = {t->local + received, t->length - received};
+    received = 0;
+  }
+  return cnt;
 }
 
 void Connection::ArmTimeout(absl::Time deadline) {

@@ -11,6 +11,8 @@
 // in tcp_backend.cc hands it out).
 #pragma once
 
+#include <sys/uio.h>
+
 #include <string>
 
 #include "absl/types/span.h"
@@ -20,6 +22,11 @@
 #include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {
+
+// Where the rest of a joined reply goes once `received` bytes of it have
+// landed: one iovec per read still short of its bytes (at most
+// joined.size()), in order. Returns how many it wrote.
+size_t ScatterRest(absl::Span<Slice* const> joined, uint64_t received, iovec* iov);
 
 class Connection {
  public:
