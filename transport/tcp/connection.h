@@ -76,11 +76,12 @@ class Connection {
     uint64_t length = 0;
   };
   // A read of at most kJoinedRead bytes joins the read it follows, up to
-  // kMaxJoined slices and kMaxJoinedFrame bytes (well under any server's
-  // frame cap).
+  // kMaxJoined slices and kMaxJoinedFrame bytes. Joining saves a fixed few
+  // microseconds per read, which matters for small values only; batches of
+  // 1 MiB values read about 10 % slower joined (docs/performance.md).
   static constexpr uint64_t kJoinedRead = 4096;
   static constexpr size_t kMaxJoined = 64;
-  static constexpr uint64_t kMaxJoinedFrame = 16 << 20;
+  static constexpr uint64_t kMaxJoinedFrame = 256 << 10;
   // A TLS window: at most this many slices, and for writes this many
   // payload bytes (beyond one slice), whose replies fit in socket buffers.
   static constexpr size_t kTlsWindow = 64;
