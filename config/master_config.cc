@@ -142,6 +142,10 @@ const FlagTable<MasterConfig>& MasterFlags() {
           DurationFlag<C>("ha-sync-timeout", &C::ha_sync_timeout, "1s", 0.001, 60,
                           "with --ha-sync semi: how long a write waits for a standby before the leader "
                           "goes on without one (logged; until a standby has caught up again)"),
+          StringFlag<C>("ha-token-file", &C::ha_token_file, "",
+                        "with --etcd and --auth token: a file whose first word is the token this master "
+                        "presents to the leader as a standby; the leader's --token-file must give its caller "
+                        "the admin role (replication reads every tenant's index)"),
           StringFlag<C>("kv-events-endpoint", &C::kv_events_endpoint, "",
                         "ZeroMQ PUB endpoint for KV events in vLLM's layout (tcp://*:5557; a "
                         "port of * picks one, logged); empty: no events. docs/kv-events.md"),
@@ -172,6 +176,10 @@ const FlagTable<MasterConfig>& MasterFlags() {
         }
         if (c.low_watermark > c.high_watermark) {
           return absl::InvalidArgumentError("--low-watermark must not exceed --high-watermark");
+        }
+        if (!c.etcd.empty() && c.auth == "token" && c.ha_token_file.empty()) {
+          return absl::InvalidArgumentError(
+              "--etcd with --auth token needs --ha-token-file: standbys present its token (admin role) to the leader");
         }
         if (c.auth != "none" && c.token_file.empty()) {
           return absl::InvalidArgumentError(absl::StrCat("--auth ", c.auth, " needs --token-file"));

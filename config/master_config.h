@@ -60,6 +60,7 @@ struct MasterConfig {
   absl::Duration ha_lease_ttl;
   std::string ha_sync;  // semi | async
   absl::Duration ha_sync_timeout;
+  std::string ha_token_file;  // the token a standby presents under --auth token
   std::string kv_events_endpoint;
   std::string kv_events_replay_endpoint;
   std::string kv_events_topic;

@@ -371,13 +371,14 @@ void DirectLane::Serve(Conn* conn) {
   std::string buf;
   char header[direct::kHeaderSize];
   bool admitted = options_.auth == nullptr || !options_.auth->enabled();
+  bool may_replicate = admitted;  // under --auth: a token with the admin role
   std::string tenant;
   transport::tcp::SpinTracker spin(&spin_);
   for (;;) {
     if (spin.hot()) SpinForNextCall(fd, &spin);
     if (!transport::tcp::RecvAll(fd, header, sizeof header).ok()) break;
     spin.Arrived();
-    if (!Call(fd, peer, header, &buf, &admitted, &tenant)) break;
+    if (!Call(fd, peer, header, &buf, &admitted, &may_replicate, &tenant)) break;
     spin.Replied();
   }
   Close(conn);
@@ -387,7 +388,7 @@ void DirectLane::Serve(Conn* conn) {
 }
 
 bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::string* buf, bool* admitted,
-                      std::string* tenant) {
+                      bool* may_replicate, std::string* tenant) {
   absl::StatusOr<direct::CallHeader> h = direct::DecodeCall(header, options_.max_message);
   if (!h.ok()) {
     // The rest of the frame cannot be found: answer, then close.
@@ -415,7 +416,10 @@ bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::
       } else {
         absl::StatusOr<auth::Identity> id = options_.auth->Authorize(hello.token(), auth::kClient, "direct lane");
         refused = id.status();
-        if (id.ok()) *tenant = id->tenant;
+        if (id.ok()) {
+          *tenant = id->tenant;
+          *may_replicate = (id->roles & auth::kAdmin) != 0;
+        }
       }
     }
     if (!refused.ok()) {
@@ -443,6 +447,10 @@ bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::
     if (options_.replication == nullptr) {
       refused = absl::FailedPreconditionError(
           "direct lane: this master leads no standbys (no --etcd); there is no replication stream");
+    } else if (!*may_replicate) {
+      // A stream carries every tenant's index, and its reader counts as a standby.
+      refused = absl::PermissionDeniedError(
+          "direct lane: a replication stream needs a token with the admin role (a standby's --ha-token-file)");
     } else if (!first.ParseFromArray(buf->data(), static_cast<int>(buf->size()))) {
       refused = absl::InvalidArgumentError("direct lane: the replication request does not parse");
     }

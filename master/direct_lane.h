@@ -146,9 +146,10 @@ class DirectLane {
   void Close(Conn* conn);
   // Runs one call; false when the connection must close after the reply.
   // `admitted` is the connection's: set by a ping whose token passed,
-  // which also sets the connection's `tenant` (master/tenants.h).
+  // which also sets the connection's `tenant` (master/tenants.h) and
+  // whether it may open a replication stream (the token's admin role).
   bool Call(int fd, const std::string& peer, const char* header, std::string* buf, bool* admitted,
-            std::string* tenant);
+            bool* may_replicate, std::string* tenant);
   // Polls `fd` for the next call and counts how the spin ended.
   void SpinForNextCall(int fd, transport::tcp::SpinTracker* tracker);
 

@@ -161,17 +161,7 @@ class Call final : public CallBase {
     if (state_->auth != nullptr && state_->auth->enabled()) {
       // The one check every gRPC call passes; the direct lane checks its
       // connections' first frame the same way.
-      auth::Credentials caller;
-      if (state_->auth->certificates()) {
-        // gRPC verified the certificate against --tls-ca in the handshake.
-        caller.certificate = PeerCertificateNames(ctx_);
-      } else {
-        auto md = ctx_.client_metadata().find(auth::kAuthorizationHeader);
-        if (md != ctx_.client_metadata().end()) {
-          caller.token = std::string(auth::BearerToken(absl::string_view(md->second.data(), md->second.size())));
-        }
-      }
-      absl::StatusOr<auth::Identity> id = state_->auth->Authorize(caller, method_->roles, method_->name);
+      absl::StatusOr<auth::Identity> id = AuthorizeGrpcCall(*state_->auth, ctx_, method_->roles, method_->name);
       if (!id.ok()) {
         st.errors->Increment();
         Refuse(grpc::Status(static_cast<grpc::StatusCode>(id.status().code()), std::string(id.status().message())));
@@ -456,5 +446,20 @@ MasterRpcService::~MasterRpcService() { Stop(); }
 void MasterRpcService::Register(grpc::ServerBuilder* builder) { impl_->Register(builder); }
 void MasterRpcService::Start() { impl_->Start(); }
 void MasterRpcService::Stop() { impl_->Stop(); }
+
+absl::StatusOr<auth::Identity> AuthorizeGrpcCall(const auth::Authenticator& auth, const grpc::ServerContext& ctx,
+                                                 uint32_t roles, absl::string_view what) {
+  auth::Credentials caller;
+  if (auth.certificates()) {
+    // gRPC verified the certificate against --tls-ca in the handshake.
+    caller.certificate = PeerCertificateNames(ctx);
+  } else {
+    auto md = ctx.client_metadata().find(auth::kAuthorizationHeader);
+    if (md != ctx.client_metadata().end()) {
+      caller.token = std::string(auth::BearerToken(absl::string_view(md->second.data(), md->second.size())));
+    }
+  }
+  return auth.Authorize(caller, roles, what);
+}
 
 }  // namespace tierkv::master

@@ -47,6 +47,11 @@
 
 namespace tierkv::master {
 
+// Who made a gRPC call: its verified client certificate (under mtls) or
+// its bearer token, authorized for one of `roles` (admin always passes).
+absl::StatusOr<auth::Identity> AuthorizeGrpcCall(const auth::Authenticator& auth, const grpc::ServerContext& ctx,
+                                                 uint32_t roles, absl::string_view what);
+
 struct ServiceLimits {
   size_t max_batch = 65536;
 };

@@ -212,9 +212,14 @@ void HaNode::OpenFront() {
 }
 
 absl::Status HaNode::OpenStandby() {
+  std::string token;
+  if (!config_.ha_token_file.empty()) {
+    // Read at each start as a standby, so a rotated token is picked up then.
+    ASSIGN_OR_RETURN(token, auth::ReadTokenFile(config_.ha_token_file));
+  }
   ASSIGN_OR_RETURN(store_, OpenRocksDbStore(config_.data_dir));
   copier_ = std::make_unique<StandbyCopier>(store_.get(), self_, StandbyCopier::kDefaultPageBytes,
-                                             config_.direct_spin);
+                                             config_.direct_spin, std::move(token));
   return absl::OkStatus();
 }
 
@@ -343,9 +348,11 @@ void HaNode::StandbyRound() {
   }
   if (lease == 0) return;  // nothing can be published or won without one
   const ReplPosition pos = copier_->position();
+  const uint64_t streamed = copier_->streamed();
   {
     MutexLock lock(&mu_);
     copy_ = pos;
+    copy_streamed_ = streamed;
   }
   (void)etcd_->Put(Key(absl::StrCat("members/", self_)), pos.valid ? EncodePosition(pos) : "", lease);
   absl::StatusOr<EtcdKey> key = etcd_->Get(Key("leader"));
@@ -532,7 +539,10 @@ std::string HaNode::StatusJson() {
   } else {
     MutexLock lock(&mu_);
     // How far behind it is shows on the leader's /v1/ha (its standbys).
-    j["copy"] = {{"complete", copy_.valid}, {"epoch", copy_.epoch}, {"seq", copy_.seq}};
+    j["copy"] = {{"complete", copy_.valid},
+                 {"epoch", copy_.epoch},
+                 {"seq", copy_.seq},
+                 {"streamed_batches", copy_streamed_}};
   }
   return j.dump();
 }

@@ -113,6 +113,8 @@ class HaNode {
   // A standby's copy as of its last round (for /v1/ha, read off the role
   // thread).
   ReplPosition copy_ ABSL_GUARDED_BY(mu_);
+  // Batches the copier took from replication streams (the rest were pulled).
+  uint64_t copy_streamed_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Owned by the role thread (and Stop, once it has joined).
   std::unique_ptr<IndexStore> store_;  // a standby's; the server holds it while leader

@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
+#include "master/grpc_service.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "proto/direct_frame.h"
 #include "transport/tcp/socket.h"
@@ -395,32 +396,45 @@ ReplicationState ReplicationLog::State() {
 
 namespace {
 
+grpc::Status ToGrpc(const absl::Status& s) {
+  return s.ok() ? grpc::Status::OK : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
 class HaService final : public v1::MasterHa::Service {
  public:
-  explicit HaService(ReplicationLog* log) : log_(log) {}
-  grpc::Status Pull(grpc::ServerContext*, const v1::PullRequest* req, v1::PullResponse* resp) override {
+  HaService(ReplicationLog* log, const auth::Authenticator* auth) : log_(log), auth_(auth) {}
+  grpc::Status Pull(grpc::ServerContext* ctx, const v1::PullRequest* req, v1::PullResponse* resp) override {
+    if (absl::Status s = Admit(*ctx, "replication pull"); !s.ok()) return ToGrpc(s);
     log_->Pull(*req, resp);
     return grpc::Status::OK;
   }
-  grpc::Status Snapshot(grpc::ServerContext*, const v1::SnapshotRequest* req, v1::SnapshotResponse* resp) override {
-    absl::Status s = log_->Snapshot(*req, resp);
-    return s.ok() ? grpc::Status::OK : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  grpc::Status Snapshot(grpc::ServerContext* ctx, const v1::SnapshotRequest* req,
+                        v1::SnapshotResponse* resp) override {
+    if (absl::Status s = Admit(*ctx, "replication snapshot"); !s.ok()) return ToGrpc(s);
+    return ToGrpc(log_->Snapshot(*req, resp));
   }
 
  private:
+  absl::Status Admit(const grpc::ServerContext& ctx, absl::string_view what) const {
+    if (auth_ == nullptr || !auth_->enabled()) return absl::OkStatus();
+    return AuthorizeGrpcCall(*auth_, ctx, auth::kAdmin, what).status();
+  }
+
   ReplicationLog* const log_;
+  const auth::Authenticator* const auth_;
 };
 
 }  // namespace
 
-std::unique_ptr<v1::MasterHa::Service> NewMasterHaService(ReplicationLog* log) {
-  return std::make_unique<HaService>(log);
+std::unique_ptr<v1::MasterHa::Service> NewMasterHaService(ReplicationLog* log, const auth::Authenticator* auth) {
+  return std::make_unique<HaService>(log, auth);
 }
 
 // --------------------------------------------------------------- standby
 
-StandbyCopier::StandbyCopier(IndexStore* store, std::string self, uint32_t page_bytes, absl::Duration spin)
-    : store_(store), self_(std::move(self)), page_bytes_(page_bytes), spin_(spin) {
+StandbyCopier::StandbyCopier(IndexStore* store, std::string self, uint32_t page_bytes, absl::Duration spin,
+                             std::string token)
+    : store_(store), self_(std::move(self)), page_bytes_(page_bytes), spin_(spin), token_(std::move(token)) {
   pos_ = ReadPosition(store_);
   thread_ = std::thread([this] { Loop(); });
 }
@@ -538,8 +552,13 @@ absl::Status StandbyCopier::Step(v1::MasterHa::Stub* stub, const std::string& ad
   v1::PullResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  Present(&ctx);
   RETURN_IF_ERROR(FromGrpc(stub->Pull(&ctx, req, &resp), "pull"));
   return Apply(resp, &pos);
+}
+
+void StandbyCopier::Present(grpc::ClientContext* ctx) const {
+  if (!token_.empty()) ctx->AddMetadata(std::string(auth::kAuthorizationHeader), absl::StrCat("Bearer ", token_));
 }
 
 absl::Status StandbyCopier::Apply(const v1::PullResponse& resp, ReplPosition* pos) {
@@ -596,6 +615,28 @@ absl::Status StandbyCopier::StreamFrom(const std::string& address, ReplPosition 
     req.AppendToString(&out);
     return transport::tcp::WriteFull(fd.get(), out.data(), out.size(), absl::Now() + patience);
   };
+  if (!token_.empty()) {
+    // A leader running --auth admits a connection by a first ping with a token.
+    v1::DirectHello hello;
+    hello.set_token(token_);
+    out.resize(direct::kHeaderSize);
+    direct::EncodeCall({direct::DirectMethod::kPing, static_cast<uint32_t>(hello.ByteSizeLong())}, out.data());
+    hello.AppendToString(&out);
+    RETURN_IF_ERROR(transport::tcp::WriteFull(fd.get(), out.data(), out.size(), absl::Now() + patience));
+    char h[direct::kHeaderSize];
+    RETURN_IF_ERROR(transport::tcp::ReadFull(fd.get(), h, sizeof h, absl::Now() + patience));
+    absl::StatusOr<direct::ReplyHeader> pong = direct::DecodeReply(h, 1 << 20);
+    if (!pong.ok()) {
+      *refused = true;  // not a direct lane
+      return pong.status();
+    }
+    std::string text(pong->message_length + pong->length, '\0');
+    RETURN_IF_ERROR(transport::tcp::ReadFull(fd.get(), text.data(), text.size(), absl::Now() + patience));
+    if (pong->code != 0) {
+      *refused = true;
+      return absl::Status(static_cast<absl::StatusCode>(pong->code), text.substr(0, pong->message_length));
+    }
+  }
   RETURN_IF_ERROR(send(pos.seq + 1));
   std::string in;
   bool answered = false;  // a reply frame came: the leader speaks the stream
@@ -676,6 +717,7 @@ absl::Status StandbyCopier::TakeSnapshot(v1::MasterHa::Stub* stub) {
     v1::SnapshotResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    Present(&ctx);
     RETURN_IF_ERROR(FromGrpc(stub->Snapshot(&ctx, req, &resp), "snapshot"));
     if (after.empty()) {
       seq = resp.seq();

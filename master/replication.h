@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "config/base/auth.h"
 #include "absl/time/time.h"
 #include "config/base/mutex.h"
 #include "config/base/status.h"
@@ -190,8 +191,11 @@ class ReplicationLog final : public Replicator {
 };
 
 // The MasterHa gRPC service over `log` (a synchronous service: a Pull
-// waits for batches on a thread of gRPC's pool).
-std::unique_ptr<v1::MasterHa::Service> NewMasterHaService(ReplicationLog* log);
+// waits for batches on a thread of gRPC's pool). With `auth` enabled,
+// Pull and Snapshot need a caller with the admin role: they read every
+// tenant's index, and a puller counts as a standby for semi-sync.
+std::unique_ptr<v1::MasterHa::Service> NewMasterHaService(ReplicationLog* log,
+                                                          const auth::Authenticator* auth = nullptr);
 
 class StandbyCopier {
  public:
@@ -199,9 +203,11 @@ class StandbyCopier {
   // `page_bytes`: how much one pull or snapshot page carries at most.
   // `spin`: how long the stream's reader busy-polls for the leader's next
   // frame before sleeping (--direct-spin; zero: never).
+  // `token`: presented to a leader running --auth token (--ha-token-file;
+  // its caller needs the admin role there); empty: none.
   static constexpr uint32_t kDefaultPageBytes = 4 << 20;
   StandbyCopier(IndexStore* store, std::string self, uint32_t page_bytes = kDefaultPageBytes,
-                absl::Duration spin = absl::ZeroDuration());
+                absl::Duration spin = absl::ZeroDuration(), std::string token = "");
   ~StandbyCopier();  // Stop()
 
   // Copies from the leader at `address` (host:port) from now on; "" pauses.
@@ -229,11 +235,14 @@ class StandbyCopier {
   // needed or Stop; *refused when the leader answered it with an error.
   absl::Status StreamFrom(const std::string& address, ReplPosition pos, bool* refused);
   absl::Status TakeSnapshot(v1::MasterHa::Stub* stub);
+  // Adds the token, if any, to a call to the leader.
+  void Present(grpc::ClientContext* ctx) const;
 
   IndexStore* const store_;
   const std::string self_;
   const uint32_t page_bytes_;
   const absl::Duration spin_;
+  const std::string token_;
   Mutex mu_;
   CondVar cv_;
   uint64_t snapshots_ ABSL_GUARDED_BY(mu_) = 0;

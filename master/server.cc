@@ -154,7 +154,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   s->rpc_->Register(&builder);
   if (ha.log != nullptr) {
-    s->ha_service_ = NewMasterHaService(ha.log);
+    s->ha_service_ = NewMasterHaService(ha.log, s->auth_.get());
     builder.RegisterService(s->ha_service_.get());
   }
   builder.SetMaxReceiveMessageSize(static_cast<int>(config.max_message_size));

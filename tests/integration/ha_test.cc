@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -48,10 +49,12 @@ using json = nlohmann::json;
 constexpr char kEtcd[] = "/usr/bin/etcd";
 constexpr size_t kValueBytes = 8192;
 
-absl::StatusOr<json> GetJson(const std::string& host, int port, const std::string& path) {
+absl::StatusOr<json> GetJson(const std::string& host, int port, const std::string& path,
+                             const std::string& token = "") {
   httplib::Client cli(host, port);
   cli.set_connection_timeout(1);
   cli.set_read_timeout(2);
+  if (!token.empty()) cli.set_bearer_token_auth(token);
   auto res = cli.Get(path);
   if (!res) return absl::UnavailableError(httplib::to_string(res.error()));
   if (res->status != 200) return absl::UnknownError(absl::StrCat("HTTP ", res->status, ": ", res->body));
@@ -190,8 +193,18 @@ class HaTest : public ::testing::Test {
     return c.ok() ? std::move(*c) : nullptr;
   }
 
+  std::unique_ptr<client::Client> NewClientWithToken(const std::string& token) {
+    client::ClientOptions o;
+    o.master = MasterList();
+    o.metadata = MetadataList();
+    o.token = token;
+    auto c = client::Client::Create(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
   // /v1/ha of master i (an error while it is not serving).
-  absl::StatusOr<json> Ha(int i) { return GetJson(hosts_[i], http_[i], "/v1/ha"); }
+  absl::StatusOr<json> Ha(int i) { return GetJson(hosts_[i], http_[i], "/v1/ha", http_token_); }
 
   // The master that serves as the leader (one only), within `timeout`; -1
   // if none does.
@@ -230,7 +243,7 @@ class HaTest : public ::testing::Test {
   bool WaitForLiveSegments(int leader, size_t n, absl::Duration timeout = absl::Seconds(20)) {
     const absl::Time deadline = absl::Now() + timeout;
     while (absl::Now() < deadline) {
-      absl::StatusOr<json> segs = GetJson(hosts_[leader], http_[leader], "/v1/segments");
+      absl::StatusOr<json> segs = GetJson(hosts_[leader], http_[leader], "/v1/segments", http_token_);
       if (segs.ok() && segs->is_array()) {
         size_t live = 0;
         for (const json& s : *segs) live += s.value("state", "") == "live";
@@ -294,6 +307,7 @@ class HaTest : public ::testing::Test {
   std::vector<int> rpc_, http_;
   std::vector<std::string> hosts_;
   bool hosts_apart_ = false;
+  std::string http_token_;  // sent to the masters' HTTP ports (under --auth token)
   std::vector<std::unique_ptr<ChildProcess>> daemons_;
 };
 
@@ -368,6 +382,94 @@ bool WaitFor(const std::function<bool()>& cond, absl::Duration timeout) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return cond();
+}
+
+// Under --auth token, replication reads every tenant's index and a reader
+// counts as a standby: a standby presents its --ha-token-file token (admin
+// role) and catches up; a client's token, or none, gets nothing from the
+// leader, over gRPC or the direct lane's stream.
+TEST_F(HaTest, ReplicationUnderAuthTakesAnAdminToken) {
+  const std::string admin = "ha-standby-token-0123456789", client = "ha-client-token-0123456789";
+  {
+    std::ofstream(dir_ + "/tokens") << admin << " standby admin\n" << client << " app client\n";
+    std::ofstream(dir_ + "/ha.token") << admin << "\n";
+  }
+  http_token_ = admin;
+  StartEtcd();
+  const std::vector<std::string> flags = {"--auth=token", "--token-file=" + dir_ + "/tokens",
+                                          "--ha-token-file=" + dir_ + "/ha.token"};
+  StartMaster(0, flags);
+  StartMaster(1, flags);
+  const int leader = WaitForLeader();
+  ASSERT_GE(leader, 0) << Logs();
+  ASSERT_TRUE(WaitForSynced(leader, 1)) << "the standby did not catch up with its token\n" << Logs();
+  const std::string at = absl::StrCat(hosts_[leader], ":", rpc_[leader]);
+  // Its copy streams (the token opens the direct lane), as without --auth.
+  const int standby = 1 - leader;
+  StartDaemon({"--master=" + MasterList(), "--metadata=" + MetadataList(), "--token-file=" + dir_ + "/ha.token"});
+  ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
+  std::unique_ptr<client::Client> writer = NewClientWithToken(admin);
+  ASSERT_NE(writer, nullptr);
+  bool streamed = false;
+  for (int i = 0; i < 100 && !streamed; ++i) {
+    ASSERT_OK(writer->Put(absl::StrCat("k", i), "v"));
+    absl::StatusOr<json> sh = Ha(standby);
+    streamed = sh.ok() && (*sh)["copy"].value("streamed_batches", 0) > 0;
+    if (!streamed) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(streamed) << "the standby pulled instead of streaming\n" << Logs();
+
+  auto stub = v1::MasterHa::NewStub(grpc::CreateChannel(at, grpc::InsecureChannelCredentials()));
+  auto pull = [&](const std::string& token) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    v1::PullRequest req;
+    req.set_standby("intruder");
+    req.set_next_seq(1);
+    v1::PullResponse resp;
+    return stub->Pull(&ctx, req, &resp).error_code();
+  };
+  EXPECT_EQ(pull(""), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(pull(client), grpc::StatusCode::PERMISSION_DENIED);
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.AddMetadata("authorization", "Bearer " + client);
+    v1::SnapshotRequest req;
+    req.set_standby("intruder");
+    v1::SnapshotResponse resp;
+    EXPECT_EQ(stub->Snapshot(&ctx, req, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+
+  // The direct lane: a client's token is admitted, its stream is not.
+  ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd, transport::tcp::Dial(at, absl::Now() + absl::Seconds(5)));
+  auto call = [&](direct::DirectMethod method, const google::protobuf::Message& m) -> absl::StatusOr<uint32_t> {
+    std::string out(direct::kHeaderSize, '\0');
+    direct::EncodeCall({method, static_cast<uint32_t>(m.ByteSizeLong())}, out.data());
+    m.AppendToString(&out);
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    RETURN_IF_ERROR(transport::tcp::WriteFull(fd.get(), out.data(), out.size(), deadline));
+    char h[direct::kHeaderSize];
+    RETURN_IF_ERROR(transport::tcp::ReadFull(fd.get(), h, sizeof h, deadline));
+    ASSIGN_OR_RETURN(direct::ReplyHeader r, direct::DecodeReply(h, 1 << 20));
+    std::string rest(r.message_length + r.length, '\0');
+    RETURN_IF_ERROR(transport::tcp::ReadFull(fd.get(), rest.data(), rest.size(), deadline));
+    return r.code;
+  };
+  v1::DirectHello hello;
+  hello.set_token(client);
+  ASSERT_OK_AND_ASSIGN(uint32_t code, call(direct::DirectMethod::kPing, hello));
+  EXPECT_EQ(code, 0u);
+  v1::PullRequest stream;
+  stream.set_standby("intruder");
+  stream.set_next_seq(1);
+  ASSERT_OK_AND_ASSIGN(code, call(direct::DirectMethod::kReplicate, stream));
+  EXPECT_EQ(code, static_cast<uint32_t>(absl::StatusCode::kPermissionDenied));
+
+  // No intruder counts among the standbys.
+  ASSERT_OK_AND_ASSIGN(json h, Ha(leader));
+  for (const json& s : h["standbys"]) EXPECT_NE(s.value("name", ""), "intruder") << h.dump();
 }
 
 TEST_F(HaTest, KillingTheLeaderUnderLoadLosesNoAcknowledgedPut) {

@@ -418,6 +418,12 @@ TEST(FlagsTest, MasterAuthFlagsAreChecked) {
   absl::StatusOr<MasterConfig> c = MasterFlags().Parse(2, token_without_file, nullptr, none);
   EXPECT_THAT(c, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(c.status().message()), ::testing::HasSubstr("--auth token needs --token-file"));
+  // Standbys of masters running --auth token need a token to replicate.
+  const char* ha_without_token[] = {"tierkv-master", "--auth=token", "--token-file=/dev/null", "--etcd=127.0.0.1:2379",
+                                    "--data-dir=/tmp/x", "--advertise=127.0.0.1:5", "--rpc-port=5"};
+  c = MasterFlags().Parse(7, ha_without_token, nullptr, none);
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(c.status().message()), ::testing::HasSubstr("needs --ha-token-file"));
   const char* unknown[] = {"tierkv-master", "--auth=kerberos"};
   EXPECT_THAT(MasterFlags().Parse(2, unknown, nullptr, none), StatusIs(absl::StatusCode::kInvalidArgument));
   const char* argv[] = {"tierkv-master"};
