@@ -91,9 +91,9 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
   if (ssl_ != nullptr) return RunBatchTls(segment, segment_id, slices, deadline);
   // Adjacent reads share a wire request: a small read starting where the
   // previous read of the batch ends (a value's trailer) joins it, and the
-  // reply is scattered back to both. Each costs the server a reply and the
-  // client a header and a receive, which is a tenth of a 64 KiB get. They
-  // share the reply's status.
+  // reply is scattered back to both. Each request costs the server a reply
+  // and the client a header and a receive: a seventh of a 64 KiB read
+  // (docs/performance.md). They share the reply's status.
   absl::InlinedVector<Frame, 4> frames;
   for (size_t i = 0; i < slices.size(); ++i) {
     const Slice* s = slices[i];
