@@ -55,7 +55,10 @@ void ReplicaCache::Insert(const std::string& key, Located where, uint64_t since,
       if (now >= it->second.lease_end) EraseEntry(it);
       it = next;
     }
-    if (entries_.size() >= capacity_) {
+    // Keeping more than half would bring the next full scan back within a
+    // few inserts: a client reading more keys per lease than the cache
+    // holds would scan it on every get.
+    if (entries_.size() > capacity_ / 2) {
       for (const auto& [k, w] : entries_) Drop(k, w);
       entries_.clear();
       held_.clear();

@@ -88,7 +88,8 @@ class ReplicaCache {
   uint64_t generation() const;
   // Remembers `where` for `key` unless an Invalidate or Clear happened
   // since generation() returned `since` (the value may have been removed
-  // while it was being read). When full, ended leases go first, then all.
+  // while it was being read). When full, ended leases go first, then all
+  // unless that left at most half.
   // A counted read's lease (where.lease_token) is the cache's from here
   // on: held while the entry lasts (at most `hold` from `now`), given back
   // at once when it is not remembered.

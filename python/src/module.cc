@@ -602,8 +602,8 @@ PYBIND11_MODULE(_tierkv, m) {
            py::arg("master"), py::arg("metadata"), py::arg("transports"), py::arg("rdma_devices"),
            py::arg("lend_size"), py::arg("lend_name"), py::arg("host"), py::arg("client_id"), py::arg("listen"),
            py::arg("rpc_timeout"), py::arg("transfer_timeout"), py::arg("verify_checksums"),
-           py::arg("connections"), py::arg("workers"), py::arg("reply_spin"), py::arg("replica_cache"), py::arg("token"), py::arg("tls_ca"),
-           py::arg("tls_cert"), py::arg("tls_key"))
+           py::arg("connections"), py::arg("workers"), py::arg("reply_spin"), py::arg("replica_cache"),
+           py::arg("token"), py::arg("tls_ca"), py::arg("tls_cert"), py::arg("tls_key"))
       .def("close", &PyClient::Close)
       .def("put",
            [](PyClient& c, const std::string& key, py::handle value, int replicas, const std::string& preferred,

@@ -23,8 +23,8 @@ from ._errors import Error, from_status
 from ._tierkv import buffer_address, discover_metadata, read_token_file, stored_size, value_size
 from ._tierkv import DEFAULT_REPLICA_CACHE, _Client
 
-__all__ = ["Client", "Error", "buffer_address", "discover_metadata", "read_token_file", "stored_size", "value_size"] + [
-    n for n in _errors.__all__ if n not in ("from_status", "CODE_NAMES")]
+__all__ = ["Client", "DEFAULT_REPLICA_CACHE", "Error", "buffer_address", "discover_metadata", "read_token_file",
+           "stored_size", "value_size"] + [n for n in _errors.__all__ if n not in ("from_status", "CODE_NAMES")]
 
 
 def _key(k):

@@ -789,6 +789,36 @@ TEST(ReplicaCacheTest, EntriesEndWithTheirLeaseAndInvalidationRefusesInsertsBegu
   EXPECT_FALSE(off.Lookup("a", now).has_value());
 }
 
+// A full cache makes room by dropping ended leases, and everything when
+// that would leave more than half: so it is scanned at most once per
+// capacity / 2 inserts, whatever the mix.
+TEST(ReplicaCacheTest, AFullCacheKeepsAtMostHalfSoItIsNotScannedOnEveryInsert) {
+  const absl::Time now = absl::Now();
+  auto located = [&](absl::Duration left) {
+    client::internal::Located w;
+    w.stored_size = 10;
+    w.lease_end = now + left;
+    w.replicas.emplace_back("seg", 0);
+    return w;
+  };
+  client::internal::ReplicaCache few_ended(8);
+  for (int i = 0; i < 8; ++i) {
+    few_ended.Insert(absl::StrCat("k", i), located(i < 2 ? absl::ZeroDuration() : absl::Seconds(5)),
+                     few_ended.generation(), now);
+  }
+  few_ended.Insert("new", located(absl::Seconds(5)), few_ended.generation(), now);
+  EXPECT_EQ(few_ended.size(), 1u);  // six left would have been more than half
+  EXPECT_TRUE(few_ended.Lookup("new", now).has_value());
+  client::internal::ReplicaCache most_ended(8);
+  for (int i = 0; i < 8; ++i) {
+    most_ended.Insert(absl::StrCat("k", i), located(i < 6 ? absl::ZeroDuration() : absl::Seconds(5)),
+                      most_ended.generation(), now);
+  }
+  most_ended.Insert("new", located(absl::Seconds(5)), most_ended.generation(), now);
+  EXPECT_EQ(most_ended.size(), 3u);  // the two live ones stay
+  EXPECT_TRUE(most_ended.Lookup("k7", now).has_value());
+}
+
 // Entries serve only within `fresh` of the master's last answer, and an
 // answer naming another epoch or membership forgets them all, unless it
 // was asked before this client heard of the change.
