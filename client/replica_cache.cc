@@ -80,12 +80,12 @@ void ReplicaCache::Insert(const std::string& key, Located where, uint64_t since,
 
 void ReplicaCache::Heard(absl::Time asked, uint64_t epoch, uint64_t membership) {
   MutexLock lock(&mu_);
-  if (viewed_ && (epoch != epoch_ || membership != membership_)) {
+  const bool viewed = heard_ != absl::InfinitePast();  // an answer came before
+  if (viewed && (epoch != epoch_ || membership != membership_)) {
     if (asked < view_changed_) return;  // from before the change this client already heard
     ForgetAll();
     view_changed_ = absl::Now();
   }
-  viewed_ = true;
   epoch_ = epoch;
   membership_ = membership;
   heard_ = std::max(heard_, asked);

@@ -164,7 +164,7 @@ class Call final : public CallBase {
       absl::StatusOr<auth::Identity> id = AuthorizeGrpcCall(*state_->auth, ctx_, method_->roles, method_->name);
       if (!id.ok()) {
         st.errors->Increment();
-        Refuse(grpc::Status(static_cast<grpc::StatusCode>(id.status().code()), std::string(id.status().message())));
+        Refuse(ToGrpcStatus(id.status()));
         return;
       }
       tenant_ = std::move(id->tenant);
@@ -446,6 +446,10 @@ MasterRpcService::~MasterRpcService() { Stop(); }
 void MasterRpcService::Register(grpc::ServerBuilder* builder) { impl_->Register(builder); }
 void MasterRpcService::Start() { impl_->Start(); }
 void MasterRpcService::Stop() { impl_->Stop(); }
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  return s.ok() ? grpc::Status::OK : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
 
 absl::StatusOr<auth::Identity> AuthorizeGrpcCall(const auth::Authenticator& auth, const grpc::ServerContext& ctx,
                                                  uint32_t roles, absl::string_view what) {

@@ -47,6 +47,9 @@
 
 namespace tierkv::master {
 
+// The gRPC status with absl's code and message (the codes are the same).
+grpc::Status ToGrpcStatus(const absl::Status& s);
+
 // Who made a gRPC call: its verified client certificate (under mtls) or
 // its bearer token, authorized for one of `roles` (admin always passes).
 absl::StatusOr<auth::Identity> AuthorizeGrpcCall(const auth::Authenticator& auth, const grpc::ServerContext& ctx,

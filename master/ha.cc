@@ -14,6 +14,7 @@
 #include "config/base/http_server.h"
 #include "config/base/log.h"
 #include "config/base/status.h"
+#include "master/grpc_service.h"
 #include "nlohmann/json.hpp"
 #include "proto/direct_frame.h"
 
@@ -34,7 +35,7 @@ class RefuseAll final : public grpc::CallbackGenericService {
     class Refused final : public grpc::ServerGenericBidiReactor {
      public:
       explicit Refused(const absl::Status& s) {
-        Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message())));
+        Finish(ToGrpcStatus(s));
       }
       void OnDone() override { delete this; }
     };

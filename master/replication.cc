@@ -396,22 +396,18 @@ ReplicationState ReplicationLog::State() {
 
 namespace {
 
-grpc::Status ToGrpc(const absl::Status& s) {
-  return s.ok() ? grpc::Status::OK : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
 class HaService final : public v1::MasterHa::Service {
  public:
   HaService(ReplicationLog* log, const auth::Authenticator* auth) : log_(log), auth_(auth) {}
   grpc::Status Pull(grpc::ServerContext* ctx, const v1::PullRequest* req, v1::PullResponse* resp) override {
-    if (absl::Status s = Admit(*ctx, "replication pull"); !s.ok()) return ToGrpc(s);
+    if (absl::Status s = Admit(*ctx, "replication pull"); !s.ok()) return ToGrpcStatus(s);
     log_->Pull(*req, resp);
     return grpc::Status::OK;
   }
   grpc::Status Snapshot(grpc::ServerContext* ctx, const v1::SnapshotRequest* req,
                         v1::SnapshotResponse* resp) override {
-    if (absl::Status s = Admit(*ctx, "replication snapshot"); !s.ok()) return ToGrpc(s);
-    return ToGrpc(log_->Snapshot(*req, resp));
+    if (absl::Status s = Admit(*ctx, "replication snapshot"); !s.ok()) return ToGrpcStatus(s);
+    return ToGrpcStatus(log_->Snapshot(*req, resp));
   }
 
  private:

@@ -123,9 +123,9 @@ class ReplicaCache {
   const Release release_;
   mutable Mutex mu_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  // The last answer heard: when it was asked, and the view it named.
+  // The last answer heard: when it was asked (InfinitePast: none yet),
+  // and the view it named.
   absl::Time heard_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  bool viewed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t membership_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time view_changed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
