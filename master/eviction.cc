@@ -29,6 +29,16 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves) {
   // Unpinned leaves first; soft-pinned leaves only when those run out.
   for (ListId list : {ListId::kLeaf, ListId::kPinnedLeaf}) {
     int idle_rounds = 0;
+    // Requeuing an object that cannot go (leased, filling, guaranteed)
+    // counts as progress until as many have been requeued as the list
+    // held: however many of them sit at the tails, every object of the list
+    // is looked at before a pinned one is evicted.
+    size_t listed = 0;
+    for (auto& shard : shards_) {
+      MutexLock lock(&shard->mu);
+      listed += shard->lists[static_cast<int>(list)].size;
+    }
+    size_t requeued = 0;
     for (;;) {
       uint64_t used = registry_->used();
       used = used > batch_bytes ? used - batch_bytes : 0;
@@ -88,6 +98,7 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves) {
             Unlist(s, slot);
             ListAtHead(s, slot);
             s.objects[slot].access = AccessTick();
+            if (++requeued <= listed) progressed = true;
             continue;
           }
           const bool tie = o.access == runner_up;

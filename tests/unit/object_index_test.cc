@@ -285,6 +285,32 @@ TEST_F(IndexTest, LeasedAndPinnedObjectsGoLast) {
   EXPECT_OK(index_->CheckInvariants());
 }
 
+// Soft-pinned objects wait for every unpinned one that can go, however
+// many leased ones sit ahead of it at the tails of the lists.
+TEST_F(IndexTest, APinnedObjectOutlastsAnUnpinnedOneBehindManyLeasedOnes) {
+  Mount("seg-a", 32 << 20);  // headroom: no watermark eviction while filling
+  ASSERT_OK(Put("pinned", 1024, {.soft_pin = true}));
+  ASSERT_OK(Put("victim", 1024));
+  // Far more leased objects than the evictor looks at in the rounds it
+  // allows itself without progress (32 per round, two rounds per shard).
+  const int leased = 8 * 32 * 2 * options_.shards;
+  for (int i = 0; i < leased; ++i) ASSERT_OK(Put(absl::StrCat("leased", i), 1024));
+  clock_.Advance(absl::Seconds(1));
+  for (int i = 0; i < leased; ++i) ASSERT_OK(index_->GetReplicas({absl::StrCat("leased", i)})[0].status);
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_OK(Put("plain", 1024));  // newer than every leased object's last read
+  // The first pass spends the leased objects' second chance and takes the victim.
+  index_->EvictTo(registry_->used() - 1024);
+  ASSERT_FALSE(Present("victim"));
+  // Now the leased objects are the oldest, unreferenced, and cannot go:
+  // the plain one must, not the pinned one.
+  index_->EvictTo(registry_->used() - 1024);
+  EXPECT_FALSE(Present("plain"));
+  EXPECT_TRUE(Present("pinned"));
+  for (int i = 0; i < leased; ++i) ASSERT_TRUE(Present(absl::StrCat("leased", i))) << i;
+  EXPECT_OK(index_->CheckInvariants());
+}
+
 // When leases hold the DRAM the evictor needs, later reads are leased for
 // pressure_lease only, until pressure_window passes without pressure.
 TEST_F(IndexTest, ReadsUnderMemoryPressureGetTheShortLease) {
