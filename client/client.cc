@@ -226,8 +226,10 @@ absl::StatusOr<std::string> DiscoverMetadata(const std::string& master, absl::Du
   if (stats.http_port() == 0) return absl::NotFoundError(absl::StrCat("master ", master, " reports no HTTP port"));
   std::vector<std::string> urls;
   for (absl::string_view one : m->masters()) {
-    urls.push_back(absl::StrCat(stats.http_tls() ? "https://" : "http://", one.substr(0, one.rfind(':')), ":",
-                                stats.http_port()));
+    std::string url = absl::StrCat(stats.http_tls() ? "https://" : "http://", one.substr(0, one.rfind(':')), ":",
+                                   stats.http_port());
+    // Masters sharing a host (tests, a rolling move) would give one URL twice.
+    if (std::find(urls.begin(), urls.end(), url) == urls.end()) urls.push_back(std::move(url));
   }
   return absl::StrJoin(urls, ",");
 }
@@ -245,6 +247,13 @@ absl::StatusOr<std::string> MetadataUrl(const std::string& metadata, const std::
         absl::StrCat("master address '", master, "' is not host:port: give the metadata URL"));
   }
   return absl::StrCat(tls.enabled() ? "https://" : "http://", master.substr(0, colon), ":8080");
+}
+
+transport::MetadataRefresh MetadataRefresher(const std::string& metadata, const std::string& master,
+                                             absl::Duration timeout, const std::string& token,
+                                             const auth::TlsFiles& tls) {
+  if (!metadata.empty() || !(IsEtcdMasterAddress(master) || absl::StrContains(master, ','))) return nullptr;
+  return [master, timeout, token, tls] { return DiscoverMetadata(master, timeout, token, tls); };
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
@@ -280,9 +289,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   } else {
     ASSIGN_OR_RETURN(options.metadata,
                      MetadataUrl(options.metadata, options.master, options.rpc_timeout, options.token, options.tls));
-    c->options_.metadata = options.metadata;
     ASSIGN_OR_RETURN(std::unique_ptr<transport::MetadataClient> m,
-                     transport::NewHttpMetadata(options.metadata, options.rpc_timeout, options.token, options.tls));
+                     transport::NewHttpMetadata(options.metadata, options.rpc_timeout, options.token, options.tls,
+                                                MetadataRefresher(c->options_.metadata, options.master,
+                                                                  options.rpc_timeout, options.token, options.tls)));
+    c->options_.metadata = options.metadata;
     eo.metadata = std::move(m);
   }
   eo.transports = options.transports;

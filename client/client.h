@@ -195,6 +195,8 @@ class Client {
   absl::Status UnregisterMemory(void* addr);
 
   // The lent segment's name ("" when not lending) and whether it is mounted.
+  // The metadata URL(s) this client found or was given at start.
+  const std::string& metadata_url() const { return options_.metadata; }
   std::string local_segment() const;
   bool local_segment_mounted() const;
 
@@ -241,6 +243,15 @@ absl::StatusOr<std::string> DiscoverMetadata(const std::string& master,
 absl::StatusOr<std::string> MetadataUrl(const std::string& metadata, const std::string& master,
                                         absl::Duration timeout = absl::Seconds(5), const std::string& token = "",
                                         const auth::TlsFiles& tls = {});
+
+// How a metadata client given MetadataUrl's answer finds the URLs again
+// (transport::NewHttpMetadata's `refresh`): where they were discovered
+// (no `metadata` given; a list of masters or etcd://), DiscoverMetadata
+// once more, so a client or daemon follows a master that joined or moved
+// after it started. nullptr where the URL was given or guessed.
+transport::MetadataRefresh MetadataRefresher(const std::string& metadata, const std::string& master,
+                                             absl::Duration timeout = absl::Seconds(5), const std::string& token = "",
+                                             const auth::TlsFiles& tls = {});
 
 // Bytes a value of `size` occupies in the store (value + checksum trailer).
 uint64_t StoredSize(uint64_t value_size);

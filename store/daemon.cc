@@ -84,7 +84,9 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   }
   transport::EngineOptions eo;
   ASSIGN_OR_RETURN(std::unique_ptr<transport::MetadataClient> metadata,
-                   transport::NewHttpMetadata(metadata_url, absl::Seconds(5), mo.token, mo.tls));
+                   transport::NewHttpMetadata(
+                       metadata_url, absl::Seconds(5), mo.token, mo.tls,
+                       client::MetadataRefresher(config.metadata, config.master, absl::Seconds(5), mo.token, mo.tls)));
   eo.metadata = std::move(metadata);
   for (absl::string_view t : absl::StrSplit(config.transport, ',', absl::SkipWhitespace())) {
     eo.transports.emplace_back(t);

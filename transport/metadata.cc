@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "config/base/auth.h"
 #include "config/base/mutex.h"
+#include "config/base/status.h"
 #include "httplib.h"
 
 namespace tierkv::transport {
@@ -41,10 +42,38 @@ class InMemoryMetadata final : public MetadataClient {
   std::map<std::string, std::string> data_ ABSL_GUARDED_BY(mu_);
 };
 
+// "http://h1:p,https://h2:p/" as scheme://host:port each.
+absl::StatusOr<std::vector<std::string>> ParseMetadataUrls(const std::string& url) {
+  std::vector<std::string> urls;
+  for (absl::string_view one : absl::StrSplit(url, ',', absl::SkipWhitespace())) {
+    absl::string_view rest = absl::StripAsciiWhitespace(one);
+    const bool https = absl::ConsumePrefix(&rest, "https://");
+    if (!https && !absl::ConsumePrefix(&rest, "http://")) {
+      return absl::InvalidArgumentError(absl::StrCat("metadata URL '", one, "' must start with http:// or https://"));
+    }
+    while (absl::ConsumeSuffix(&rest, "/")) {
+    }
+    size_t colon = rest.rfind(':');
+    int port = 0;
+    if (colon == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(colon + 1), &port) || port <= 0 ||
+        port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("metadata URL '", one, "' needs host:port"));
+    }
+    urls.push_back(absl::StrCat(https ? "https://" : "http://", rest));
+  }
+  if (urls.empty()) return absl::InvalidArgumentError("metadata URL is empty");
+  return urls;
+}
+
 class HttpMetadata final : public MetadataClient {
  public:
-  HttpMetadata(std::vector<std::string> urls, absl::Duration timeout, std::string token, auth::TlsFiles tls)
-      : urls_(std::move(urls)), timeout_(timeout), token_(std::move(token)), tls_(std::move(tls)) {}
+  HttpMetadata(std::vector<std::string> urls, absl::Duration timeout, std::string token, auth::TlsFiles tls,
+               MetadataRefresh refresh)
+      : urls_(std::make_shared<const std::vector<std::string>>(std::move(urls))),
+        timeout_(timeout),
+        token_(std::move(token)),
+        tls_(std::move(tls)),
+        refresh_(std::move(refresh)) {}
 
   absl::StatusOr<std::string> Get(const std::string& key) override {
     std::string body;
@@ -79,25 +108,63 @@ class HttpMetadata final : public MetadataClient {
 
  private:
   // Runs `op` on the server that answered last, then on each other one
-  // while they are unreachable or not the leader (UNAVAILABLE). A client
-  // per call keeps this object thread-safe without a lock; descriptor
+  // while they are unreachable or not the leader (UNAVAILABLE); when all
+  // are, finds the list again (Refresh) and tries the new one. A client
+  // per call keeps the calls themselves outside the lock; descriptor
   // traffic is rare (cached by the engine).
   template <class Op>
   absl::Status Each(Op op) {
-    const size_t n = urls_.size();
+    std::shared_ptr<const std::vector<std::string>> urls = Urls();
+    absl::Status st = EachOf(*urls, op);
+    if (!absl::IsUnavailable(st) || !refresh_) return st;
+    absl::StatusOr<std::shared_ptr<const std::vector<std::string>>> fresh = Refresh(urls);
+    if (!fresh.ok()) {
+      return absl::UnavailableError(absl::StrCat(st.message(), "; finding the masters again: ", fresh.status().message()));
+    }
+    if (*fresh == nullptr) return st;  // too soon to ask again, or nothing new
+    return EachOf(**fresh, op);
+  }
+  template <class Op>
+  absl::Status EachOf(const std::vector<std::string>& urls, Op op) {
+    const size_t n = urls.size();
     const size_t first = current_.load(std::memory_order_relaxed) % n;
     absl::Status st;
     for (size_t i = 0; i < n; ++i) {
       const size_t at = (first + i) % n;
-      auto cli = auth::NewHttpClient(urls_[at], tls_, timeout_);
+      auto cli = auth::NewHttpClient(urls[at], tls_, timeout_);
       if (!token_.empty()) cli->set_bearer_token_auth(token_.c_str());
-      st = op(*cli, urls_[at]);
+      st = op(*cli, urls[at]);
       if (!absl::IsUnavailable(st)) {
         current_.store(at, std::memory_order_relaxed);
         return st;
       }
     }
     return st;
+  }
+  std::shared_ptr<const std::vector<std::string>> Urls() {
+    MutexLock lock(&mu_);
+    return urls_;
+  }
+  // The new list, installed; nullptr when the last attempt was under a
+  // second ago (a dead group is not asked on every call) or the list
+  // found is the one `tried`.
+  absl::StatusOr<std::shared_ptr<const std::vector<std::string>>> Refresh(
+      const std::shared_ptr<const std::vector<std::string>>& tried) {
+    const absl::Time now = absl::Now();
+    {
+      MutexLock lock(&mu_);
+      if (urls_ != tried) return urls_;  // another call found a new list meanwhile
+      if (now - last_refresh_ < absl::Seconds(1)) return nullptr;
+      last_refresh_ = now;
+    }
+    ASSIGN_OR_RETURN(std::string found, refresh_());
+    ASSIGN_OR_RETURN(std::vector<std::string> parsed, ParseMetadataUrls(found));
+    if (parsed == *tried) return nullptr;
+    auto next = std::make_shared<const std::vector<std::string>>(std::move(parsed));
+    MutexLock lock(&mu_);
+    urls_ = next;
+    current_.store(0, std::memory_order_relaxed);
+    return next;
   }
   std::string Path(const std::string& key) {
     return absl::StrCat("/metadata?key=", httplib::detail::encode_query_param(key));
@@ -115,40 +182,27 @@ class HttpMetadata final : public MetadataClient {
                         absl::StrCat("metadata ", method, " to ", url, " answered ", status, ": ", body.substr(0, 200)));
   }
 
-  const std::vector<std::string> urls_;  // scheme://host:port each
-  std::atomic<size_t> current_{0};
-  absl::Duration timeout_;
-  std::string token_;
-  auth::TlsFiles tls_;
+  Mutex mu_;
+  // scheme://host:port each; replaced whole by Refresh, so a call in flight
+  // keeps the list it started with.
+  std::shared_ptr<const std::vector<std::string>> urls_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_refresh_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::atomic<size_t> current_{0};  // an index into the list; taken modulo its size
+  const absl::Duration timeout_;
+  const std::string token_;
+  const auth::TlsFiles tls_;
+  const MetadataRefresh refresh_;
 };
 
 }  // namespace
 
 std::shared_ptr<MetadataClient> NewInMemoryMetadata() { return std::make_shared<InMemoryMetadata>(); }
 
-absl::StatusOr<std::unique_ptr<MetadataClient>> NewHttpMetadata(const std::string& url,
-                                                                absl::Duration timeout,
-                                                                const std::string& token,
-                                                                const auth::TlsFiles& tls) {
-  std::vector<std::string> urls;
-  for (absl::string_view one : absl::StrSplit(url, ',', absl::SkipWhitespace())) {
-    absl::string_view rest = absl::StripAsciiWhitespace(one);
-    const bool https = absl::ConsumePrefix(&rest, "https://");
-    if (!https && !absl::ConsumePrefix(&rest, "http://")) {
-      return absl::InvalidArgumentError(absl::StrCat("metadata URL '", one, "' must start with http:// or https://"));
-    }
-    while (absl::ConsumeSuffix(&rest, "/")) {
-    }
-    size_t colon = rest.rfind(':');
-    int port = 0;
-    if (colon == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(colon + 1), &port) || port <= 0 ||
-        port > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat("metadata URL '", one, "' needs host:port"));
-    }
-    urls.push_back(absl::StrCat(https ? "https://" : "http://", rest));
-  }
-  if (urls.empty()) return absl::InvalidArgumentError("metadata URL is empty");
-  return std::unique_ptr<MetadataClient>(new HttpMetadata(std::move(urls), timeout, token, tls));
+absl::StatusOr<std::unique_ptr<MetadataClient>> NewHttpMetadata(const std::string& url, absl::Duration timeout,
+                                                                const std::string& token, const auth::TlsFiles& tls,
+                                                                MetadataRefresh refresh) {
+  ASSIGN_OR_RETURN(std::vector<std::string> urls, ParseMetadataUrls(url));
+  return std::unique_ptr<MetadataClient>(new HttpMetadata(std::move(urls), timeout, token, tls, std::move(refresh)));
 }
 
 }  // namespace tierkv::transport

@@ -7,6 +7,7 @@
 // Thread-safe. Calls block for at most the client's timeout.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -37,9 +38,18 @@ std::shared_ptr<MetadataClient> NewInMemoryMetadata();
 // `url` may list several ("http://h1:p,http://h2:p": the masters of a
 // high-availability group): a call goes to the one that answered last, and
 // to the next while one is unreachable or answers 503 (not the leader).
+//
+// `refresh`, when set, finds the URL list again (in the same form as
+// `url`): when every URL known has failed a call with UNAVAILABLE, the
+// client asks it (at most once a second, outside any lock) and, if the
+// answer differs, tries the call once more over the new list. So callers
+// of masters found in etcd follow a master that joined, or moved, after
+// they started. A failing `refresh` adds its reason to the call's status.
+using MetadataRefresh = std::function<absl::StatusOr<std::string>()>;
 absl::StatusOr<std::unique_ptr<MetadataClient>> NewHttpMetadata(const std::string& url,
                                                                 absl::Duration timeout = absl::Seconds(5),
                                                                 const std::string& token = "",
-                                                                const auth::TlsFiles& tls = {});
+                                                                const auth::TlsFiles& tls = {},
+                                                                MetadataRefresh refresh = nullptr);
 
 }  // namespace tierkv::transport

@@ -446,6 +446,7 @@ class PyClient {
 
   std::string LocalSegment() { return Get()->local_segment(); }
   bool LocalSegmentMounted() { return Get()->local_segment_mounted(); }
+  std::string MetadataUrl() { return Get()->metadata_url(); }
 
  private:
   std::shared_ptr<Client> Get() {
@@ -692,5 +693,6 @@ PYBIND11_MODULE(_tierkv, m) {
       .def("stats", &PyClient::Stats)
       .def("cxx_reference", &PyClient::Reference)
       .def_property_readonly("local_segment", &PyClient::LocalSegment)
-      .def_property_readonly("local_segment_mounted", &PyClient::LocalSegmentMounted);
+      .def_property_readonly("local_segment_mounted", &PyClient::LocalSegmentMounted)
+      .def_property_readonly("metadata_url", &PyClient::MetadataUrl);
 }

@@ -259,6 +259,25 @@ def test_metadata_discovered_from_the_master(cluster):
         assert c.get(k) == b"found"
 
 
+def test_a_metadata_list_is_tried_past_a_dead_master(cluster):
+    # A high-availability group's list, with a master that is gone first:
+    # both the client's own metadata calls and http_get reach the live one.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = "http://127.0.0.1:%d" % s.getsockname()[1]
+    with tierkv.Client(cluster.master_address, dead + "," + cluster.metadata_url) as c:
+        assert c.metadata == dead + "," + cluster.metadata_url
+        assert b"tierkv_master_rpc_total" in c.http_get("/metrics")
+        k = unique("list") + "k"
+        c.put(k, b"listed")
+        assert c.get(k) == b"listed"
+    with tierkv.Client(cluster.master_address, dead) as c:
+        with pytest.raises(OSError):
+            c.http_get("/metrics", timeout=1)
+
+
 def _lookups(cluster):
     """GetReplicas calls the master has served, from its /metrics."""
     body = urllib.request.urlopen(cluster.metadata_url + "/metrics", timeout=5).read().decode()

@@ -44,9 +44,11 @@ def _results(pair, ok_value):
 class Client:
     """The C++ client (client::Client). Thread-safe: share one per process.
 
-    master: host:port of the master's RPC port. metadata: http://host:port
-    (https:// for a master with --tls-cert) of the metadata server; None asks
-    the master for it. lend_size: bytes of this
+    master: host:port of the master's RPC port (or "h1:p1,h2:p2", or
+    "etcd://h:p/<cluster>": a high-availability group). metadata:
+    http://host:port (https:// for a master with --tls-cert) of the metadata
+    server, or one per master, comma-separated; None asks the master(s) for
+    it, and a group again when its masters move. lend_size: bytes of this
     process's memory lent to the cluster as a segment (0: none).
     Timeouts are in seconds. reply_spin: seconds a call busy-polls for its
     reply before sleeping (0: never). replica_cache: keys whose replicas are
@@ -72,36 +74,52 @@ class Client:
             token = read_token_file(token_file) if token_file else ""
         tls = (tls_ca or os.environ.get("TIERKV_TLS_CA", ""), tls_cert or os.environ.get("TIERKV_TLS_CERT", ""),
                tls_key or os.environ.get("TIERKV_TLS_KEY", ""))
-        if not metadata:
+        # With several masters or etcd://, the C++ client finds the URLs
+        # itself, and again when the masters move; one master is asked for
+        # its HTTP port.
+        if not metadata and not (master.startswith("etcd://") or "," in master):
             metadata = discover_metadata(master, rpc_timeout, token, *tls)
-        self._c = _Client(master, metadata, list(transports or []), list(rdma_devices or []), int(lend_size),
+        self._c = _Client(master, metadata or "", list(transports or []), list(rdma_devices or []), int(lend_size),
                           lend_name, host, client_id, listen, float(rpc_timeout), float(transfer_timeout),
                           bool(verify_checksums), int(connections), int(workers), float(reply_spin), int(replica_cache), token,
                           *tls)
         self._token = token
         self._tls = tls
         self.master = master
-        self.metadata = metadata
+        self.metadata = self._c.metadata_url
 
     def http_get(self, path, timeout=5.0):
         """GET `path` on the master's HTTP port (the metadata URL), with this
         client's token and, for an https:// URL, its TLS files; the body as
-        bytes. Raises urllib.error.HTTPError for an error status, OSError
-        when the master cannot be reached."""
+        bytes. With several masters, each in turn while one is unreachable or
+        answers 503 (not the leader). Raises urllib.error.HTTPError for an
+        error status, OSError when no master can be reached."""
         import ssl
+        import urllib.error
         import urllib.request
 
-        req = urllib.request.Request(self.metadata.rstrip("/") + path)
-        if self._token:
-            req.add_header("Authorization", f"Bearer {self._token}")
-        context = None
-        if self.metadata.startswith("https://"):
-            ca, cert, key = self._tls
-            context = ssl.create_default_context(cafile=ca or None)
-            if cert:
-                context.load_cert_chain(cert, key or None)
-        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
-            return r.read()
+        last = None
+        for url in self.metadata.split(","):
+            url = url.strip().rstrip("/")
+            req = urllib.request.Request(url + path)
+            if self._token:
+                req.add_header("Authorization", f"Bearer {self._token}")
+            context = None
+            if url.startswith("https://"):
+                ca, cert, key = self._tls
+                context = ssl.create_default_context(cafile=ca or None)
+                if cert:
+                    context.load_cert_chain(cert, key or None)
+            try:
+                with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
+                    return r.read()
+            except urllib.error.HTTPError as e:
+                if e.code != 503:
+                    raise
+                last = e
+            except OSError as e:
+                last = e
+        raise last
 
     def close(self):
         """Stops the client (and unlends its segment). Later calls raise FailedPrecondition."""

@@ -626,6 +626,35 @@ TEST_F(HaTest, AnEtcdClientFindsAMasterThatJoinedAfterIt) {
   EXPECT_EQ(mc->masters(), (std::vector<std::string>{first, absl::StrCat("127.0.0.1:", rpc_[1])}));
 }
 
+// The same for the metadata URL: a client given only etcd, started when
+// one master was up, reads a segment descriptor through a master that
+// joined later, after the first is gone. Its metadata client finds the
+// URLs again once every one it knew has failed.
+TEST_F(HaTest, AnEtcdClientsMetadataFollowsAMasterThatJoinedAfterIt) {
+  StartEtcd();
+  StartMaster(0);
+  ASSERT_EQ(WaitForLeader(), 0) << Logs();
+  const std::string by_etcd = absl::StrCat("etcd://", etcd_->endpoints(), "/test");
+  client::ClientOptions o;
+  o.master = by_etcd;
+  o.rpc_timeout = absl::Seconds(10);
+  o.transfer_timeout = absl::Seconds(10);
+  ASSERT_OK_AND_ASSIGN(auto c, client::Client::Create(o));
+  EXPECT_EQ(c->metadata_url(), absl::StrCat("http://127.0.0.1:", http_[0]));
+
+  StartMaster(1);
+  ASSERT_TRUE(WaitForSynced(0, 1)) << Logs();
+  masters_[0]->Kill(SIGKILL);
+  ASSERT_EQ(WaitForLeader(absl::Seconds(20), 0), 1) << Logs();
+  // A daemon that starts now publishes its descriptor to master 1 only.
+  StartDaemon({"--master=" + by_etcd});
+  ASSERT_TRUE(WaitForLiveSegments(1, 1)) << Logs();
+  const std::string value(100000, 'm');
+  ASSERT_OK(c->Put("after-the-move", value)) << Logs();
+  ASSERT_OK_AND_ASSIGN(std::string back, c->Get("after-the-move"));
+  EXPECT_EQ(back, value);
+}
+
 // Told only where etcd is (--master etcd://h:p/<cluster>, no metadata
 // URL), a daemon and a client find the masters, the leader first, and the
 // metadata URLs themselves, and follow the next leader when it is killed.
