@@ -612,7 +612,7 @@ absl::StatusOr<uint64_t> ObjectIndex::Impl::Recover() {
       stale.push_back({std::string(k), "", true});
       return true;
     }
-    absl::InlinedVector<Replica, 1> replicas;
+    ReplicaList replicas;
     for (const v1::Extent& e : rec.replicas()) {
       std::optional<uint32_t> id = registry_->IdOf(e.segment());
       if (!id) continue;

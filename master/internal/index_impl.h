@@ -5,6 +5,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cassert>
+#include <cstddef>
+#include <initializer_list>
+#include <new>
 #include <memory>
 #include <random>
 #include <string>
@@ -35,7 +39,138 @@ struct Group {
   std::vector<std::string> keys;
 };
 
-// ~120 bytes; the key's characters live in the std::string (heap for keys
+// An object's replicas: one inline (nearly every object has one), more on
+// the heap. 16 bytes where absl::InlinedVector<Replica, 1> takes 24: the
+// list's state is kept in the first word, which a replica uses for its
+// segment id, so segment ids kEmptyTag and kHeapTag are never stored.
+class ReplicaList {
+ public:
+  using iterator = Replica*;
+  using const_iterator = const Replica*;
+
+  ReplicaList() { SetEmpty(); }
+  ReplicaList(std::initializer_list<Replica> replicas) : ReplicaList() { assign(replicas.begin(), replicas.end()); }
+  ReplicaList(const ReplicaList& other) : ReplicaList() { assign(other.begin(), other.end()); }
+  ReplicaList(ReplicaList&& other) noexcept : u_(other.u_) { other.SetEmpty(); }
+  ReplicaList& operator=(const ReplicaList& other) {
+    if (this != &other) assign(other.begin(), other.end());
+    return *this;
+  }
+  ReplicaList& operator=(ReplicaList&& other) noexcept {
+    if (this != &other) {
+      clear();
+      u_ = other.u_;
+      other.SetEmpty();
+    }
+    return *this;
+  }
+  ~ReplicaList() { clear(); }
+
+  size_t size() const { return tag() == kEmptyTag ? 0 : tag() == kHeapTag ? u_.heap.size : 1; }
+  bool empty() const { return tag() == kEmptyTag; }
+  Replica* begin() { return tag() == kHeapTag ? u_.heap.data : &u_.one; }
+  const Replica* begin() const { return tag() == kHeapTag ? u_.heap.data : &u_.one; }
+  Replica* end() { return begin() + size(); }
+  const Replica* end() const { return begin() + size(); }
+  Replica& operator[](size_t i) { return begin()[i]; }
+  const Replica& operator[](size_t i) const { return begin()[i]; }
+
+  void push_back(const Replica& r) {
+    const size_t n = size();
+    if (n == 0) {
+      SetOne(r);
+      return;
+    }
+    if (n == 1 && tag() != kHeapTag) {
+      Replica* d = new Replica[2]{u_.one, r};
+      SetHeap(2, 2, d);
+      return;
+    }
+    if (n == u_.heap.cap) {
+      Replica* d = new Replica[2 * n];
+      std::copy(u_.heap.data, u_.heap.data + n, d);
+      delete[] u_.heap.data;
+      u_.heap.data = d;
+      u_.heap.cap = static_cast<uint16_t>(2 * n);
+    }
+    u_.heap.data[n] = r;
+    u_.heap.size = static_cast<uint16_t>(n + 1);
+  }
+  // Removes [first, last); one replica left goes back inline.
+  Replica* erase(const Replica* first, const Replica* last) {
+    const size_t at = static_cast<size_t>(first - begin());
+    const size_t gone = static_cast<size_t>(last - first);
+    if (gone == 0) return begin() + at;
+    const size_t n = size();
+    Replica* b = begin();
+    for (size_t i = at; i + gone < n; ++i) b[i] = b[i + gone];
+    Shrink(n - gone);
+    return begin() + at;
+  }
+  Replica* erase(const Replica* pos) { return erase(pos, pos + 1); }
+  void clear() {
+    if (tag() == kHeapTag) delete[] u_.heap.data;
+    SetEmpty();
+  }
+  template <class It>
+  void assign(It first, It last) {
+    clear();
+    for (; first != last; ++first) push_back(*first);
+  }
+
+ private:
+  static constexpr uint32_t kEmptyTag = UINT32_MAX;
+  static constexpr uint32_t kHeapTag = UINT32_MAX - 1;
+  // Shares its first member with Replica (segment_id), so the tag may be
+  // read whichever of the two is active.
+  struct Heap {
+    uint32_t tag;
+    uint16_t size;
+    uint16_t cap;
+    Replica* data;
+  };
+  union U {
+    U() : heap{kEmptyTag, 0, 0, nullptr} {}
+    Replica one;
+    Heap heap;
+  };
+  static_assert(sizeof(U) == 16 && offsetof(Replica, segment_id) == 0);
+
+  uint32_t tag() const { return u_.heap.tag; }
+  // Placement new makes the member written the union's active one.
+  void SetEmpty() { SetHeapState(kEmptyTag, 0, 0, nullptr); }
+  void SetHeap(uint16_t size, uint16_t cap, Replica* data) { SetHeapState(kHeapTag, size, cap, data); }
+  void SetHeapState(uint32_t tag, uint16_t size, uint16_t cap, Replica* data) {
+    new (&u_.heap) Heap{tag, size, cap, data};
+  }
+  void SetOne(const Replica& r) {
+    assert(r.segment_id != kEmptyTag && r.segment_id != kHeapTag);
+    new (&u_.one) Replica(r);
+  }
+  // Keeps the first `n` of the heap list (n < its size).
+  void Shrink(size_t n) {
+    if (tag() != kHeapTag) {
+      if (n == 0) SetEmpty();
+      return;
+    }
+    if (n > 1) {
+      u_.heap.size = static_cast<uint16_t>(n);
+      return;
+    }
+    Replica* d = u_.heap.data;
+    if (n == 1) {
+      SetOne(d[0]);
+    } else {
+      SetEmpty();
+    }
+    delete[] d;
+  }
+
+  U u_;
+};
+static_assert(sizeof(ReplicaList) == 16);
+
+// ~112 bytes; the key's characters live in the std::string (heap for keys
 // longer than 15 bytes). Field order packs the small ones together.
 struct Object {
   std::string key;
@@ -43,7 +178,7 @@ struct Object {
   // Names the put that wrote the bytes (PutStartOut::put_id); 0 for an
   // object recovered from a record older than put ids.
   uint64_t put_id = 0;
-  absl::InlinedVector<Replica, 1> replicas;
+  ReplicaList replicas;
   int64_t deadline_ms = 0;  // lease expiry (complete) or put deadline (pending)
   Group* group = nullptr;
   uint32_t prev = kNil, next = kNil;  // leaf-LRU links within the shard
@@ -64,7 +199,7 @@ struct Object {
   // Set by an access, cleared when the evictor gives the object a second
   // chance: touching writes one bit of the object instead of relinking
   // the list (CLOCK-style approximate LRU). Bit fields keep the slot at
-  // 120 bytes.
+  // 112 bytes.
   bool referenced : 1 = false;
   bool read : 1 = false;    // read since its put: admitted to an SSD tier on eviction
   bool moving : 1 = false;  // an offload order is out: off the eviction lists, its extent held
@@ -85,7 +220,7 @@ inline uint64_t LeaseToken(uint32_t slot, uint32_t gen, uint64_t boot) {
   const uint64_t t = ((uint64_t{slot} + 1) << 32 | gen) ^ boot;
   return t != 0 ? t : 1;
 }
-static_assert(sizeof(Object) <= 120, "an index slot grew: check tierkv-bench master's bytes per object");
+static_assert(sizeof(Object) <= 112, "an index slot grew: check tierkv-bench master's bytes per object");
 
 // Object slots in fixed chunks: references stay valid as it grows (the
 // LRU links and the set point at slots), and unlike std::deque it costs no
@@ -218,7 +353,7 @@ struct FollowUp {
   // their record is durable: freed earlier, a crash before the write would
   // bring the record back over extents another put has since overwritten.
   struct Extents {
-    absl::InlinedVector<Replica, 1> replicas;
+    ReplicaList replicas;
     uint64_t size;
   };
   std::vector<Extents> freed;
@@ -400,7 +535,7 @@ class ObjectIndex::Impl {
   // Extents of objects removed while a reader held a lease: invisible at
   // once, but not handed out again until the lease ends (Tick frees them).
   struct DeferredFree {
-    absl::InlinedVector<Replica, 1> replicas;
+    ReplicaList replicas;
     uint64_t size = 0;
     int64_t until_ms = 0;
   };

@@ -1,4 +1,5 @@
 #include "master/object_index.h"
+#include "master/internal/index_impl.h"
 #include "master/replication.h"
 
 #include <future>
@@ -14,6 +15,59 @@ namespace {
 
 using ::tierkv::testing::IsOk;
 using ::tierkv::testing::StatusIs;
+
+// An object's replica list: one inline, more on the heap, back inline when
+// one is left; copies and moves keep every replica.
+TEST(ReplicaListTest, GrowsShrinksCopiesAndMoves) {
+  auto ids = [](const ReplicaList& l) {
+    std::vector<uint32_t> out;
+    for (const Replica& r : l) out.push_back(r.segment_id);
+    return out;
+  };
+  ReplicaList l;
+  EXPECT_TRUE(l.empty());
+  EXPECT_EQ(l.begin(), l.end());
+  l.push_back({7, false, false, 4096});
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_EQ(l[0].offset, 4096u);
+  for (uint32_t i = 8; i < 13; ++i) l.push_back({i, i % 2 == 0, false, i * 64ull});
+  EXPECT_EQ(ids(l), (std::vector<uint32_t>{7, 8, 9, 10, 11, 12}));
+  EXPECT_TRUE(l[1].ssd);
+  EXPECT_EQ(l[5].offset, 12 * 64u);
+
+  ReplicaList copy = l;
+  ReplicaList moved = std::move(copy);
+  EXPECT_TRUE(copy.empty());  // NOLINT(bugprone-use-after-move): a moved-from list is empty
+  EXPECT_EQ(ids(moved), ids(l));
+
+  // The erase-remove idiom the index uses.
+  l.erase(std::remove_if(l.begin(), l.end(), [](const Replica& r) { return r.ssd; }), l.end());
+  EXPECT_EQ(ids(l), (std::vector<uint32_t>{7, 9, 11}));
+  l.erase(l.begin() + 1);
+  EXPECT_EQ(ids(l), (std::vector<uint32_t>{7, 11}));
+  Replica* next = l.erase(l.begin());
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_EQ(next, l.begin());
+  EXPECT_EQ(l[0].segment_id, 11u);
+  EXPECT_EQ(l[0].offset, 11 * 64u);
+  l.erase(l.begin(), l.end());
+  EXPECT_TRUE(l.empty());
+
+  ReplicaList a = {{1, false, false, 64}, {2, false, true, 128}};
+  ReplicaList b = {{3, false, false, 192}};
+  b = a;
+  EXPECT_EQ(ids(b), (std::vector<uint32_t>{1, 2}));
+  EXPECT_TRUE(b[1].stage);
+  a = ReplicaList{{4, false, false, 0}};
+  EXPECT_EQ(ids(a), (std::vector<uint32_t>{4}));
+  b = std::move(a);
+  EXPECT_EQ(ids(b), (std::vector<uint32_t>{4}));
+  b.assign(moved.begin(), moved.end());
+  EXPECT_EQ(ids(b), (std::vector<uint32_t>{7, 8, 9, 10, 11, 12}));
+  b.clear();
+  EXPECT_TRUE(b.empty());
+  static_assert(sizeof(Object) <= 112);
+}
 
 class IndexTest : public ::testing::Test {
  protected:
