@@ -77,8 +77,10 @@ class Client:
         # With several masters or etcd://, the C++ client finds the URLs
         # itself, and again when the masters move; one master is asked for
         # its HTTP port.
-        if not metadata and not (master.startswith("etcd://") or "," in master):
+        group = master.startswith("etcd://") or "," in master
+        if not metadata and not group:
             metadata = discover_metadata(master, rpc_timeout, token, *tls)
+        self._follow = group and not metadata
         self._c = _Client(master, metadata or "", list(transports or []), list(rdma_devices or []), int(lend_size),
                           lend_name, host, client_id, listen, float(rpc_timeout), float(transfer_timeout),
                           bool(verify_checksums), int(connections), int(workers), float(reply_spin), int(replica_cache), token,
@@ -92,14 +94,28 @@ class Client:
         """GET `path` on the master's HTTP port (the metadata URL), with this
         client's token and, for an https:// URL, its TLS files; the body as
         bytes. With several masters, each in turn while one is unreachable or
-        answers 503 (not the leader). Raises urllib.error.HTTPError for an
-        error status, OSError when no master can be reached."""
+        answers 503 (not the leader); with masters found in etcd or a list
+        and none answering, they are found again once. Raises
+        urllib.error.HTTPError for an error status, OSError when no master
+        can be reached."""
+        try:
+            return self._http_get(self.metadata, path, timeout)
+        except OSError as e:
+            if not self._follow or (getattr(e, "code", 503) != 503):
+                raise
+            found = discover_metadata(self.master, timeout, self._token, *self._tls)
+            if found == self.metadata:
+                raise
+            self.metadata = found
+            return self._http_get(found, path, timeout)
+
+    def _http_get(self, urls, path, timeout):
         import ssl
         import urllib.error
         import urllib.request
 
         last = None
-        for url in self.metadata.split(","):
+        for url in urls.split(","):
             url = url.strip().rstrip("/")
             req = urllib.request.Request(url + path)
             if self._token:
