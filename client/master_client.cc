@@ -1,8 +1,6 @@
 #include "client/master_client.h"
 
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/security/tls_certificate_provider.h>
-#include <grpcpp/security/tls_credentials_options.h>
 
 #include <algorithm>
 #include <iterator>
@@ -14,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "config/base/auth.h"
 #include "config/base/status.h"
+#include "proto/channel_credentials.h"
 #include "proto/etcd_client.h"
 
 namespace tierkv::client {
@@ -54,22 +53,8 @@ absl::StatusOr<std::unique_ptr<MasterClient>> MasterClient::Create(const std::st
   // Reconnect quickly after a master restart.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-  if (options.tls.enabled()) {
-    RETURN_IF_ERROR(auth::CheckTlsFiles(options.tls, /*server=*/false, "master client"));
-    // Watched files: a renewed certificate is picked up without a restart.
-    auto provider = options.tls.cert.empty()
-                        ? std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(options.tls.ca,
-                                                                                              auth::kTlsRefreshSeconds)
-                        : std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-                              options.tls.key, options.tls.cert, options.tls.ca, auth::kTlsRefreshSeconds);
-    grpc::experimental::TlsChannelCredentialsOptions tls;
-    tls.set_certificate_provider(provider);
-    tls.watch_root_certs();
-    if (!options.tls.cert.empty()) tls.watch_identity_key_cert_pairs();
-    creds = grpc::experimental::TlsCredentials(tls);
-    options.direct = false;  // the direct lane would carry the token in the clear
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> creds, MasterChannelCredentials(options.tls, "master client"));
+  if (options.tls.enabled()) options.direct = false;  // the direct lane would carry the token in the clear
   std::unique_ptr<MasterClient> client(new MasterClient(address, options, std::move(creds), std::move(args)));
   for (const std::string& a : addresses) (void)client->EndpointFor(a);
   return client;

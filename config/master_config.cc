@@ -30,7 +30,7 @@ const FlagTable<MasterConfig>& MasterFlags() {
           StringFlag<C>("tls-ca", &C::tls_ca, "",
                         "PEM certificates that sign clients' certificates: with it every gRPC caller, and every "
                         "HTTP request but the open probes, must present one they sign (mutual TLS); it also "
-                        "verifies daemons' HTTPS; needs --tls-cert"),
+                        "verifies daemons' HTTPS and, with --etcd, a standby's leader; needs --tls-cert"),
           BoolFlag<C>("insecure-allow-remote", &C::insecure_allow_remote, "false",
                       "serve --auth none on a routable --listen (logged as a warning)"),
           BoolFlag<C>("open-metrics", &C::open_metrics, "false",
@@ -192,6 +192,10 @@ const FlagTable<MasterConfig>& MasterFlags() {
           return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
         }
         if (!c.tls_ca.empty() && c.tls_cert.empty()) return absl::InvalidArgumentError("--tls-ca needs --tls-cert");
+        if (!c.etcd.empty() && !c.tls_cert.empty() && c.tls_ca.empty()) {
+          return absl::InvalidArgumentError(
+              "--etcd with --tls-cert needs --tls-ca: a standby verifies its leader's certificate with it");
+        }
         if (c.kv_events_endpoint.empty() && !c.kv_events_replay_endpoint.empty()) {
           return absl::InvalidArgumentError("--kv-events-replay-endpoint needs --kv-events-endpoint");
         }

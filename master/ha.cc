@@ -16,6 +16,7 @@
 #include "config/base/status.h"
 #include "master/grpc_service.h"
 #include "nlohmann/json.hpp"
+#include "proto/channel_credentials.h"
 #include "proto/direct_frame.h"
 
 namespace tierkv::master {
@@ -218,9 +219,15 @@ absl::Status HaNode::OpenStandby() {
     // Read at each start as a standby, so a rotated token is picked up then.
     ASSIGN_OR_RETURN(token, auth::ReadTokenFile(config_.ha_token_file));
   }
+  // A standby calls its leader as a client would, with this master's TLS
+  // files: the CA verifies the leader, and under --auth mtls the
+  // certificate is who the standby is (it needs the admin role there).
+  const auth::TlsFiles tls{config_.tls_ca, config_.tls_cert, config_.tls_key};
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> creds,
+                   MasterChannelCredentials(tls, "tierkv-master (as a standby)"));
   ASSIGN_OR_RETURN(store_, OpenRocksDbStore(config_.data_dir));
   copier_ = std::make_unique<StandbyCopier>(store_.get(), self_, StandbyCopier::kDefaultPageBytes,
-                                             config_.direct_spin, std::move(token));
+                                             config_.direct_spin, std::move(token), std::move(creds), tls.enabled());
   return absl::OkStatus();
 }
 

@@ -429,8 +429,14 @@ std::unique_ptr<v1::MasterHa::Service> NewMasterHaService(ReplicationLog* log, c
 // --------------------------------------------------------------- standby
 
 StandbyCopier::StandbyCopier(IndexStore* store, std::string self, uint32_t page_bytes, absl::Duration spin,
-                             std::string token)
-    : store_(store), self_(std::move(self)), page_bytes_(page_bytes), spin_(spin), token_(std::move(token)) {
+                             std::string token, std::shared_ptr<grpc::ChannelCredentials> creds, bool tls)
+    : store_(store),
+      self_(std::move(self)),
+      page_bytes_(page_bytes),
+      spin_(spin),
+      token_(std::move(token)),
+      creds_(creds != nullptr ? std::move(creds) : grpc::InsecureChannelCredentials()),
+      tls_(tls) {
   pos_ = ReadPosition(store_);
   thread_ = std::thread([this] { Loop(); });
 }
@@ -496,12 +502,12 @@ void StandbyCopier::Loop() {
       if (generation != generation_ || stub == nullptr) {
         generation = generation_;
         address = leader_;
-        stream = true;
+        stream = !tls_;  // a leader serving TLS has no direct lane to stream on
         grpc::ChannelArguments args;
         args.SetMaxReceiveMessageSize(64 << 20);
         args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
         args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-        stub = v1::MasterHa::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+        stub = v1::MasterHa::NewStub(grpc::CreateCustomChannel(address, creds_, args));
       }
     }
     absl::Status s = Step(stub.get(), address, &stream);

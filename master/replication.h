@@ -25,6 +25,8 @@
 // Thread-safe.
 #pragma once
 
+#include <grpcpp/security/credentials.h>
+
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -205,9 +207,13 @@ class StandbyCopier {
   // frame before sleeping (--direct-spin; zero: never).
   // `token`: presented to a leader running --auth token (--ha-token-file;
   // its caller needs the admin role there); empty: none.
+  // `creds`: for the leader's gRPC port; null: insecure. A leader serving
+  // TLS has no direct lane, so with TLS credentials the copy is pulled over
+  // gRPC, never streamed.
   static constexpr uint32_t kDefaultPageBytes = 4 << 20;
   StandbyCopier(IndexStore* store, std::string self, uint32_t page_bytes = kDefaultPageBytes,
-                absl::Duration spin = absl::ZeroDuration(), std::string token = "");
+                absl::Duration spin = absl::ZeroDuration(), std::string token = "",
+                std::shared_ptr<grpc::ChannelCredentials> creds = nullptr, bool tls = false);
   ~StandbyCopier();  // Stop()
 
   // Copies from the leader at `address` (host:port) from now on; "" pauses.
@@ -243,6 +249,8 @@ class StandbyCopier {
   const uint32_t page_bytes_;
   const absl::Duration spin_;
   const std::string token_;
+  const std::shared_ptr<grpc::ChannelCredentials> creds_;
+  const bool tls_;
   Mutex mu_;
   CondVar cv_;
   uint64_t snapshots_ ABSL_GUARDED_BY(mu_) = 0;

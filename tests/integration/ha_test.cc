@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "client/master_client.h"
+#include "config/base/auth.h"
 #include "config/base/status.h"
 #include "httplib.h"
 #include "proto/direct_frame.h"
@@ -31,6 +32,7 @@
 #include "tests/support/process.h"
 #include "tests/support/sanitizers.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/tls_certs.h"
 #include "tests/support/values.h"
 #include "transport/engine.h"
 #include "transport/metadata.h"
@@ -49,13 +51,14 @@ using json = nlohmann::json;
 constexpr char kEtcd[] = "/usr/bin/etcd";
 constexpr size_t kValueBytes = 8192;
 
+// Over HTTPS when given TLS files (masters with --tls-cert).
 absl::StatusOr<json> GetJson(const std::string& host, int port, const std::string& path,
-                             const std::string& token = "") {
-  httplib::Client cli(host, port);
-  cli.set_connection_timeout(1);
-  cli.set_read_timeout(2);
-  if (!token.empty()) cli.set_bearer_token_auth(token);
-  auto res = cli.Get(path);
+                             const std::string& token = "", const auth::TlsFiles& tls = {}) {
+  auto cli = auth::NewHttpClient(absl::StrCat(tls.enabled() ? "https://" : "http://", host, ":", port), tls,
+                                 absl::Seconds(2));
+  cli->set_connection_timeout(1);
+  if (!token.empty()) cli->set_bearer_token_auth(token);
+  auto res = cli->Get(path);
   if (!res) return absl::UnavailableError(httplib::to_string(res.error()));
   if (res->status != 200) return absl::UnknownError(absl::StrCat("HTTP ", res->status, ": ", res->body));
   json j = json::parse(res->body, nullptr, false);
@@ -167,7 +170,9 @@ class HaTest : public ::testing::Test {
   }
   std::string MetadataList() const {
     std::vector<std::string> out;
-    for (size_t i = 0; i < http_.size(); ++i) out.push_back(absl::StrCat("http://", hosts_[i], ":", http_[i]));
+    for (size_t i = 0; i < http_.size(); ++i) {
+      out.push_back(absl::StrCat(http_tls_.enabled() ? "https://" : "http://", hosts_[i], ":", http_[i]));
+    }
     return absl::StrJoin(out, ",");
   }
 
@@ -187,6 +192,7 @@ class HaTest : public ::testing::Test {
     client::ClientOptions o;
     o.master = MasterList();
     o.metadata = MetadataList();
+    o.tls = http_tls_;
     o.transfer_timeout = absl::Seconds(10);
     auto c = client::Client::Create(o);
     EXPECT_TRUE(c.ok()) << c.status();
@@ -204,7 +210,7 @@ class HaTest : public ::testing::Test {
   }
 
   // /v1/ha of master i (an error while it is not serving).
-  absl::StatusOr<json> Ha(int i) { return GetJson(hosts_[i], http_[i], "/v1/ha", http_token_); }
+  absl::StatusOr<json> Ha(int i) { return GetJson(hosts_[i], http_[i], "/v1/ha", http_token_, http_tls_); }
 
   // The master that serves as the leader (one only), within `timeout`; -1
   // if none does.
@@ -243,7 +249,7 @@ class HaTest : public ::testing::Test {
   bool WaitForLiveSegments(int leader, size_t n, absl::Duration timeout = absl::Seconds(20)) {
     const absl::Time deadline = absl::Now() + timeout;
     while (absl::Now() < deadline) {
-      absl::StatusOr<json> segs = GetJson(hosts_[leader], http_[leader], "/v1/segments", http_token_);
+      absl::StatusOr<json> segs = GetJson(hosts_[leader], http_[leader], "/v1/segments", http_token_, http_tls_);
       if (segs.ok() && segs->is_array()) {
         size_t live = 0;
         for (const json& s : *segs) live += s.value("state", "") == "live";
@@ -308,6 +314,7 @@ class HaTest : public ::testing::Test {
   std::vector<std::string> hosts_;
   bool hosts_apart_ = false;
   std::string http_token_;  // sent to the masters' HTTP ports (under --auth token)
+  auth::TlsFiles http_tls_;  // presented to the masters' ports (with --tls-cert), and by NewClient
   std::vector<std::unique_ptr<ChildProcess>> daemons_;
 };
 
@@ -470,6 +477,47 @@ TEST_F(HaTest, ReplicationUnderAuthTakesAnAdminToken) {
   // No intruder counts among the standbys.
   ASSERT_OK_AND_ASSIGN(json h, Ha(leader));
   for (const json& s : h["standbys"]) EXPECT_NE(s.value("name", ""), "intruder") << h.dump();
+}
+
+// Under --auth mtls the masters' ports speak only TLS, so there is no
+// direct lane to stream on: a standby pulls over gRPC, presenting its own
+// certificate (admin role), catches up, and takes over with the whole
+// index when the leader is killed.
+TEST_F(HaTest, MastersUnderMutualTlsReplicateAndFailOver) {
+  absl::StatusOr<testing::TestCerts> certs = testing::MakeTestCerts(dir_);
+  if (!certs.ok()) GTEST_SKIP() << "no test certificates: " << certs.status();
+  // The masters are their server certificate (CN tierkv-master); the
+  // daemon and the client the client one.
+  std::ofstream(dir_ + "/identities") << "cert:tierkv-master masters admin\n"
+                                      << "cert:decode-1.tierkv decode-1 admin\n";
+  http_tls_ = {certs->ca, certs->client_cert, certs->client_key};
+  const std::vector<std::string> flags = {"--auth=mtls", "--token-file=" + dir_ + "/identities",
+                                          "--tls-cert=" + certs->server_cert, "--tls-key=" + certs->server_key,
+                                          "--tls-ca=" + certs->ca};
+  StartEtcd();
+  StartMaster(0, flags);
+  StartMaster(1, flags);
+  const int leader = WaitForLeader();
+  ASSERT_GE(leader, 0) << Logs();
+  ASSERT_TRUE(WaitForSynced(leader, 1)) << "the standby did not catch up over TLS\n" << Logs();
+  StartDaemon({"--master=" + MasterList(), "--metadata=" + MetadataList(), "--tls-ca=" + certs->ca,
+               "--tls-cert=" + certs->client_cert, "--tls-key=" + certs->client_key});
+  ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
+  std::unique_ptr<client::Client> c = NewClient();
+  ASSERT_NE(c, nullptr);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 50; ++i) {
+    keys.push_back(absl::StrCat("tls-", i));
+    ASSERT_OK(c->Put(keys.back(), Payload(keys.back(), kValueBytes))) << Logs();
+  }
+  ASSERT_TRUE(WaitForSynced(leader, 1)) << Logs();
+  ASSERT_OK_AND_ASSIGN(json h, Ha(leader));
+  EXPECT_EQ(h["standbys"].size(), 1u) << h.dump();
+
+  masters_[leader]->Kill(SIGKILL);
+  ASSERT_EQ(WaitForLeader(absl::Seconds(20), leader), 1 - leader) << Logs();
+  ASSERT_TRUE(WaitForLiveSegments(1 - leader, 1)) << Logs();
+  ExpectAllReadable(c.get(), keys);
 }
 
 TEST_F(HaTest, KillingTheLeaderUnderLoadLosesNoAcknowledgedPut) {

@@ -424,6 +424,12 @@ TEST(FlagsTest, MasterAuthFlagsAreChecked) {
   c = MasterFlags().Parse(7, ha_without_token, nullptr, none);
   EXPECT_THAT(c, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(c.status().message()), ::testing::HasSubstr("needs --ha-token-file"));
+  // A standby of masters serving TLS verifies its leader with --tls-ca.
+  const char* ha_tls_without_ca[] = {"tierkv-master", "--tls-cert=/c.pem", "--tls-key=/k.pem", "--etcd=127.0.0.1:2379",
+                                     "--data-dir=/tmp/x", "--advertise=127.0.0.1:5", "--rpc-port=5"};
+  c = MasterFlags().Parse(7, ha_tls_without_ca, nullptr, none);
+  EXPECT_THAT(c, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(c.status().message()), ::testing::HasSubstr("--etcd with --tls-cert needs --tls-ca"));
   const char* unknown[] = {"tierkv-master", "--auth=kerberos"};
   EXPECT_THAT(MasterFlags().Parse(2, unknown, nullptr, none), StatusIs(absl::StatusCode::kInvalidArgument));
   const char* argv[] = {"tierkv-master"};
