@@ -57,6 +57,10 @@ std::string GrpcPeerName(const std::string& peer) {
 
 namespace {
 
+// How long a decided answer waits for etcd to confirm a lapsed lease: the
+// client's default call timeout.
+constexpr absl::Duration kHeldAnswerWait = absl::Seconds(5);
+
 // Frames a reply in `buf`: header, status message, then `resp` (of `body`
 // bytes, its sizes computed by ByteSizeLong) if given.
 template <class Resp>
@@ -490,8 +494,10 @@ bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::
     absl::Time start = absl::Now();
     handler(*req, resp);
     st.latency->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-    // As over gRPC: a lease that lapsed while it ran withholds the answer.
-    if (absl::Status serving = master_->Serving(); !serving.ok()) {
+    // As over gRPC: a lease that lapsed while it ran withholds the answer,
+    // unless etcd confirms it soon. A direct frame carries no deadline; a
+    // caller that gave up meanwhile has closed the connection.
+    if (absl::Status serving = master_->ServingBy(absl::Now() + kHeldAnswerWait); !serving.ok()) {
       st.errors->Increment();
       FrameReply<Resp>(serving, nullptr, buf);
       return;

@@ -214,8 +214,9 @@ class Call final : public CallBase {
     method_->handler(master_, &ctx_, tenant_, req_, &resp_);
     method_->stats.latency->Observe(absl::ToDoubleSeconds(absl::Now() - start));
     // A lease that lapsed while the handler ran (a stalled process): what
-    // it found may be stale, so the caller hears nothing of it.
-    if (absl::Status serving = master_->Serving(); !serving.ok()) {
+    // it found may be stale, so the caller hears nothing of it, unless etcd
+    // confirms the lease before the call's deadline.
+    if (absl::Status serving = master_->ServingBy(absl::FromChrono(ctx_.deadline())); !serving.ok()) {
       method_->stats.errors->Increment();
       responder_.FinishWithError(grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(serving.message())), this);
     } else {

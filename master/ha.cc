@@ -25,6 +25,10 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
+// The leader serves until the send time of its last answered keepalive
+// plus the TTL, less this share of the TTL (docs/ha.md, "Fencing").
+constexpr double kLeaseMargin = 1.0 / 3;
+
 // How often a master looks at the leader key (and a leader at its gate).
 absl::Duration RoundOf(absl::Duration ttl) { return std::clamp(ttl / 30, absl::Milliseconds(50), absl::Milliseconds(100)); }
 
@@ -163,7 +167,9 @@ class StandbyFront {
 };
 
 HaNode::HaNode(const MasterConfig& config, Clock* clock)
-    : config_(config), clock_(clock), self_(config.advertise), ttl_(config.ha_lease_ttl) {}
+    : config_(config), clock_(clock), self_(config.advertise), ttl_(config.ha_lease_ttl) {
+  gate_.set_grace(kLeaseMargin * ttl_);
+}
 
 absl::StatusOr<std::unique_ptr<HaNode>> HaNode::Start(const MasterConfig& config, Clock* clock) {
   if (config.etcd.empty() || config.advertise.empty() || config.data_dir.empty()) {
@@ -232,7 +238,9 @@ absl::Status HaNode::OpenStandby() {
 }
 
 void HaNode::LeaseLoop() {
-  const auto period = absl::ToChronoMilliseconds(ttl_ / 4);
+  // Six renewals a TTL: one that fails is tried again well before the
+  // gate closes, and a lapse that etcd later confirms was harmless is short.
+  const auto period = absl::ToChronoMilliseconds(ttl_ / 6);
   int failures = 0;  // in a row: only the first is logged
   MutexLock lock(&mu_);
   while (!stop_) {
@@ -247,7 +255,7 @@ void HaNode::LeaseLoop() {
       lease_ = got->id != 0 ? got->id : lease;
       // etcd counts the TTL from when it took the call, which was after
       // `sent`; the margin covers the two clocks' rates.
-      lease_until_ = sent + absl::ToChronoNanoseconds(got->ttl - ttl_ / 3);
+      lease_until_ = sent + absl::ToChronoNanoseconds(got->ttl - kLeaseMargin * ttl_);
       // Only the lease the leader key is bound to opens the gate: after
       // it expired, a new one proves nothing about the key.
       if (leader_ && lease_ == leader_lease_) gate_.OpenUntil(lease_until_);
@@ -289,7 +297,38 @@ void HaNode::RoleLoop() {
 }
 
 void HaNode::LeaderRound() {
-  if (!gate_.open()) return Depose("its etcd lease may have lapsed");
+  if (!gate_.open()) {
+    // The lease is unconfirmed: no answer from etcd in time (most often
+    // etcd electing a raft leader, which takes a second or more). Nothing
+    // is served meanwhile. A keepalive etcd answers for this same lease
+    // proves the key never expired, so no other master can have led, and
+    // the lease thread opens the gate again at this epoch; an expired
+    // lease, or no answer for a further TTL, and it steps down.
+    std::chrono::steady_clock::time_point until;
+    bool same_lease;
+    {
+      MutexLock lock(&mu_);
+      until = lease_until_;
+      same_lease = lease_ == leader_lease_;
+    }
+    if (!same_lease) return Depose("its etcd lease expired");
+    if (SteadyClock::now() >= until + absl::ToChronoNanoseconds(ttl_)) {
+      return Depose("etcd has not confirmed its lease for a TTL past the lease's end");
+    }
+    if (!holding_) {
+      TKV_LOG(WARNING) << "ha: not serving until etcd confirms the lease (it may have lapsed); still the leader "
+                          "while etcd holds the key";
+      holding_ = true;
+      held_since_ = SteadyClock::now();
+    }
+    return;
+  }
+  if (holding_) {
+    TKV_LOG(INFO) << "ha: etcd confirmed the lease; serving again at the same epoch after "
+                  << absl::FormatDuration(absl::FromChrono(SteadyClock::now() - held_since_));
+    holding_ = false;
+    last_key_check_ = absl::InfinitePast();  // and the key is read again now
+  }
   log_->UnmarkIfSynced();
   // The key itself, now and then: an operator may have deleted it.
   if (clock_->Now() - last_key_check_ < absl::Seconds(1)) return;
@@ -456,6 +495,7 @@ void HaNode::Promote(int64_t epoch, int64_t lease, bool had_copy) {
 void HaNode::Depose(absl::string_view why) {
   TKV_LOG(WARNING) << "ha: stepping down: " << why;
   gate_.Close();
+  holding_ = false;
   if (log_ != nullptr) log_->Close();
   uint64_t epoch;
   {
@@ -528,7 +568,8 @@ HaNode::View HaNode::view() {
 
 std::string HaNode::StatusJson() {
   const View v = view();
-  nlohmann::json j{{"role", v.role}, {"epoch", v.epoch}, {"leader", v.leader}, {"self", self_},
+  nlohmann::json j{{"role", v.role}, {"serving", v.role == "leader" && gate_.open()},
+                   {"epoch", v.epoch}, {"leader", v.leader}, {"self", self_},
                    {"cluster_id", config_.cluster_id}, {"lease_ttl_seconds", absl::ToDoubleSeconds(ttl_)}};
   if (log_ != nullptr) {
     const ReplicationState s = log_->State();

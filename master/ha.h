@@ -1,7 +1,7 @@
 // HaNode: a master in a high-availability group (--etcd); docs/ha.md.
 //
 // Every master of a --cluster-id holds an etcd lease, renewed every
-// quarter of its TTL, and publishes where its copy of the store stands
+// sixth of its TTL, and publishes where its copy of the store stands
 // under /tierkv/<cluster>/members/<advertise>. The leader is the master
 // that created /tierkv/<cluster>/leader (a transaction on "does not
 // exist", bound to its lease); its epoch is that key's create revision.
@@ -26,13 +26,19 @@
 // RECOVERING until their daemons re-mount with the same incarnation. It
 // serves only while its lease is surely alive: until the send time of the
 // last answered keepalive plus the TTL etcd gave, less a third of the TTL.
-// A leader whose lease lapsed or whose key is gone closes its gate (every
-// call is then refused), shuts its server and rejoins as a standby, whose
-// copy the new leader's snapshot replaces.
+// A leader whose gate closed refuses every call but keeps its key while
+// it waits for etcd (a raft election among etcd's members leaves
+// keepalives unanswered for a second or more): a keepalive answered for
+// the same lease proves the key never expired, and the gate opens again at
+// the same epoch. A leader whose lease expired, whose key is gone, or
+// that etcd has not answered for a TTL past the lease's end shuts its
+// server and rejoins as a standby, whose copy the new leader's snapshot
+// replaces.
 //
 // Thread-safe.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -127,6 +133,9 @@ class HaNode {
   bool said_no_copy_ = false;
   bool said_ahead_ = false;
   bool said_no_front_ = false;
+  // A leader whose gate closed, waiting for etcd to confirm its lease.
+  bool holding_ = false;
+  std::chrono::steady_clock::time_point held_since_;
 
   std::thread lease_thread_;
   std::thread role_thread_;

@@ -138,6 +138,12 @@ class Master {
   // master); UNAVAILABLE naming kNotLeader otherwise. The RPC
   // shells check it before a handler runs and again before its reply goes.
   absl::Status Serving() const { return options_.gate == nullptr ? absl::OkStatus() : options_.gate->Check(); }
+  // For an answer already decided: Serving(), or, while the gate is shut
+  // with the leader waiting on etcd, OK once etcd confirms the lease before
+  // `deadline` (the answer was the leader's all along).
+  absl::Status ServingBy(absl::Time deadline) const {
+    return options_.gate == nullptr ? absl::OkStatus() : options_.gate->AwaitOpen(deadline);
+  }
 
   // Liveness and housekeeping; called periodically.
   void Tick();

@@ -42,9 +42,30 @@ Mutation FromWire(const v1::StoreMutation& m) { return {m.key(), m.value(), m.re
 
 }  // namespace
 
-absl::Status ServingGate::Check() const {
-  if (open()) return absl::OkStatus();
+namespace {
+absl::Status NotServing() {
   return absl::UnavailableError(absl::StrCat("tierkv master: ", kNotLeader, "; try another master"));
+}
+}  // namespace
+
+absl::Status ServingGate::Check() const { return open() ? absl::OkStatus() : NotServing(); }
+
+absl::Status ServingGate::AwaitOpen(absl::Time deadline) const {
+  if (open()) return absl::OkStatus();
+  const int64_t until = until_ns_.load(std::memory_order_acquire);
+  if (until == 0) return NotServing();  // closed for good, or never opened
+  const std::chrono::steady_clock::duration left =
+      std::chrono::steady_clock::duration(until) + absl::ToChronoNanoseconds(grace_) -
+      std::chrono::steady_clock::now().time_since_epoch();
+  deadline = std::min(deadline, absl::Now() + absl::FromChrono(left));
+  MutexLock lock(&mu_);
+  const uint64_t closes = closes_;
+  while (!open() && closes_ == closes) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline) break;
+    cv_.WaitFor(&mu_, absl::ToChronoNanoseconds(deadline - now));
+  }
+  return open() && closes_ == closes ? absl::OkStatus() : NotServing();
 }
 
 std::string EncodePosition(const ReplPosition& p) { return absl::StrCat(p.epoch, " ", p.seq); }

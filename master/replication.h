@@ -68,13 +68,24 @@ ReplPosition ParsePosition(absl::string_view s);
 // The store's own position, from its "h/pos" and "h/snap" keys.
 ReplPosition ReadPosition(IndexStore* store);
 
+// The leader's serving gate: open while its etcd lease is surely alive.
+// It closes by itself when that time passes (the lease unconfirmed), and
+// for good on Close (the leader steps down); OpenUntil opens it again.
 class ServingGate {
  public:
   // Open until `until` (steady clock), as the lease allows.
   void OpenUntil(std::chrono::steady_clock::time_point until) {
     until_ns_.store(until.time_since_epoch().count(), std::memory_order_release);
+    MutexLock lock(&mu_);
+    cv_.SignalAll();
   }
-  void Close() { until_ns_.store(0, std::memory_order_release); }
+  // Closed for good: calls waiting in AwaitOpen are refused.
+  void Close() {
+    until_ns_.store(0, std::memory_order_release);
+    MutexLock lock(&mu_);
+    ++closes_;
+    cv_.SignalAll();
+  }
   bool open() const {
     return std::chrono::steady_clock::now().time_since_epoch().count() <
            until_ns_.load(std::memory_order_acquire);
@@ -82,9 +93,22 @@ class ServingGate {
   // OK while open; UNAVAILABLE naming kNotLeader (config/base/status.h)
   // otherwise.
   absl::Status Check() const;
+  // For an answer already decided: OK if the gate is open, or opens again
+  // before `deadline` and within the grace after it closed, without having
+  // been closed for good in between (the lease was confirmed, so the leader
+  // never stopped being one); else as Check.
+  absl::Status AwaitOpen(absl::Time deadline) const;
+  // The grace: no successor can be elected sooner after the gate closes by
+  // itself (the lease's margin), so a wait that long delays no failover.
+  // Zero (the default): answers do not wait. Set before serving.
+  void set_grace(absl::Duration grace) { grace_ = grace; }
 
  private:
   std::atomic<int64_t> until_ns_{0};
+  absl::Duration grace_;
+  mutable Mutex mu_;
+  mutable CondVar cv_;
+  uint64_t closes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 struct ReplicationOptions {

@@ -68,12 +68,11 @@ EtcdClient::EtcdClient(std::vector<std::string> endpoints, absl::Duration call_t
     // A member that comes back is dialled again within a second.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    // Pings find a member that stopped answering (SIGSTOP keeps its socket
-    // open) without a call having to time out on it first.
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    // No HTTP/2 keepalive pings: etcd allows none between calls and none
+    // more often than every 5 s (--grpc-keepalive-min-time), and answers
+    // more with GOAWAY "too_many_pings", dropping the calls in flight. A
+    // member that stopped answering (SIGSTOP keeps its socket open) is
+    // found by the calls' deadlines instead, and tried last after that.
     m->channel = grpc::CreateCustomChannel(e, grpc::InsecureChannelCredentials(), args);
     m->kv = pb::KV::NewStub(m->channel);
     m->lease = pb::Lease::NewStub(m->channel);
@@ -101,11 +100,14 @@ absl::Status EtcdClient::Run(const char* what, Fn attempt) {
     if (now >= deadline) break;
     const absl::Time attempt_deadline = now + (deadline - now) / static_cast<int64_t>(n - i);
     last = attempt(*members_[idx], attempt_deadline);
+    MutexLock lock(&mu_);
     if (last.ok() || (!absl::IsUnavailable(last) && !absl::IsDeadlineExceeded(last))) {
-      MutexLock lock(&mu_);
       preferred_ = idx;
       return last;
     }
+    // The next call starts with the next member, so one that hangs costs
+    // its share of one call, not of every call until another answers.
+    if (preferred_ == idx) preferred_ = (idx + 1) % n;
   }
   if (last.ok()) last = absl::DeadlineExceededError(absl::StrCat("etcd ", what, ": no member answered in time"));
   return last;

@@ -5,7 +5,8 @@
 // keepalives included, so a stalled member (SIGSTOP, a partition) costs one
 // timeout, never a wedged thread. A call that times out or finds its member
 // unavailable moves on to the next endpoint and is tried there within the
-// same deadline; the endpoint that answered last is tried first next time.
+// same deadline; the endpoint that answered last is tried first next time,
+// and one that failed is tried after the others.
 //
 //   auto etcd = EtcdClient::Create({"127.0.0.1:2379"});
 //   auto lease = (*etcd)->Grant(absl::Seconds(3));

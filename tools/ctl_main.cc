@@ -277,6 +277,9 @@ int Ha(const CtlConfig& c) {
               ha->value("cluster_id", "?").c_str(), ha->value("sync", "?").c_str(),
               static_cast<unsigned long long>(ha->value("last_seq", uint64_t{0})),
               static_cast<unsigned long long>(ha->value("degraded_writes", uint64_t{0})));
+  if (!ha->value("serving", true)) {
+    std::printf("not serving: waiting for etcd to confirm its lease (it steps down if etcd does not)\n");
+  }
   std::printf("%-28s %12s %10s %12s %10s\n", "STANDBY", "ACKED", "LAG", "SNAPSHOTTING", "SEEN");
   for (const json& s : (*ha)["standbys"]) {
     std::printf("%-28s %12llu %10llu %12s %9.1fs\n", s.value("name", "?").c_str(),

@@ -435,6 +435,57 @@ TEST_P(CopierTest, ASemiSyncWriteReturnsOnceTheStandbyHasIt) {
   ExpectCopiedAsAsked(&copier, standby.get());
 }
 
+// A decided answer waits on a gate that closed by itself (the lease went
+// unconfirmed) and goes out once it opens again; never across a Close
+// (the leader stepped down, even if a later term opened the gate).
+TEST(ServingGateTest, AnAnswerWaitsForTheLeaseToBeConfirmedButNotAcrossAStepDown) {
+  using std::chrono::steady_clock;
+  ServingGate gate;
+  EXPECT_TRUE(absl::IsUnavailable(gate.Check()));
+  gate.OpenUntil(steady_clock::now() + std::chrono::seconds(10));
+  EXPECT_OK(gate.Check());
+  EXPECT_OK(gate.AwaitOpen(absl::Now()));
+
+  // Without a grace a lapsed gate refuses at once, whatever the deadline.
+  gate.OpenUntil(steady_clock::now() - std::chrono::milliseconds(1));
+  absl::Time start = absl::Now();
+  EXPECT_TRUE(absl::IsUnavailable(gate.AwaitOpen(start + absl::Seconds(10))));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  gate.set_grace(absl::Seconds(10));
+
+  // Lapsed by time: the wait ends OK when the gate opens again.
+  gate.OpenUntil(steady_clock::now() - std::chrono::milliseconds(1));
+  EXPECT_TRUE(absl::IsUnavailable(gate.Check()));
+  std::thread confirm([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gate.OpenUntil(steady_clock::now() + std::chrono::seconds(10));
+  });
+  EXPECT_OK(gate.AwaitOpen(absl::Now() + absl::Seconds(10)));
+  confirm.join();
+
+  // Not confirmed before the deadline.
+  gate.OpenUntil(steady_clock::now() - std::chrono::milliseconds(1));
+  start = absl::Now();
+  absl::Status late = gate.AwaitOpen(start + absl::Milliseconds(50));
+  EXPECT_TRUE(absl::IsUnavailable(late)) << late;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
+
+  // Closed for good, then opened for a new term: the old answer is refused.
+  std::atomic<bool> waiting{false};
+  std::thread step_down([&] {
+    while (!waiting) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the wait has begun
+    gate.Close();
+    gate.OpenUntil(steady_clock::now() + std::chrono::seconds(10));
+  });
+  waiting = true;
+  absl::Status refused = gate.AwaitOpen(absl::Now() + absl::Seconds(10));
+  step_down.join();
+  EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
+  EXPECT_NE(refused.message().find("not the leader"), std::string::npos) << refused;
+  EXPECT_OK(gate.Check());
+}
+
 TEST(ReplPositionTest, AnIncompleteSnapshotLeavesNoPosition) {
   auto store = NewMemStore();
   EXPECT_FALSE(ReadPosition(store.get()).valid);
