@@ -817,6 +817,8 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
       }
     } else if (st[i].ok() && !where[i].cached) {
       replicas_->Insert(keys[i], where[i], generation);
+    } else if (st[i].ok()) {
+      master_->NoteCachedRead(keys[i]);  // the master was not asked: it hears on the next call
     }
     if (st[i].ok()) {
       result[i] = where[i].stored_size - TrailerSize(where[i].put_id);

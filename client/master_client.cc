@@ -262,13 +262,15 @@ absl::Status MasterClient::Invoke(const char* method, direct::DirectMethod direc
       backoff = std::min(backoff * 2, several() ? absl::Milliseconds(200) : absl::Milliseconds(500));
     }
     if constexpr (requires { req.released_keys_size(); }) {
-      if (send->released_keys_size() > 0) {
+      if (send->released_keys_size() > 0 || send->cache_hit_keys_size() > 0) {
         // The master may have applied them already: a second give-back
-        // would take another reader's count. Unsent, they just run out.
+        // would take another reader's count, and reads would count twice.
+        // Unsent, leases just run out and reads go uncounted.
         stripped = req;
         stripped.clear_released_keys();
         stripped.clear_released_tokens();
         stripped.clear_released_expiry_unix_ms();
+        stripped.clear_cache_hit_keys();
         send = &stripped;
       }
     }
@@ -325,11 +327,23 @@ void MasterClient::ReleaseLease(std::string key, uint64_t token, int64_t expiry_
   releases_.push_back({std::move(key), token, expiry_unix_ms});
 }
 
+void MasterClient::NoteCachedRead(std::string key) {
+  MutexLock lock(&release_mu_);
+  if (cached_reads_.size() >= kMaxQueuedReleases) cached_reads_.pop_front();
+  cached_reads_.push_back(std::move(key));
+}
+
 template <class Req>
 void MasterClient::AttachReleases(Req* req) {
   std::vector<Release> out;
   {
     MutexLock lock(&release_mu_);
+    const size_t reads = std::min(cached_reads_.size(), kMaxReleasesPerCall);
+    if (reads > 0) {
+      req->mutable_cache_hit_keys()->Reserve(static_cast<int>(reads));
+      for (size_t i = 0; i < reads; ++i) req->add_cache_hit_keys(std::move(cached_reads_[i]));
+      cached_reads_.erase(cached_reads_.begin(), cached_reads_.begin() + reads);
+    }
     if (releases_.empty()) return;
     const size_t n = std::min(releases_.size(), kMaxReleasesPerCall);
     out.assign(std::make_move_iterator(releases_.begin()), std::make_move_iterator(releases_.begin() + n));
@@ -349,7 +363,7 @@ absl::StatusOr<v1::PutStartResponse> MasterClient::PutStart(const v1::PutStartRe
   bool queued;
   {
     MutexLock lock(&release_mu_);
-    queued = !releases_.empty();
+    queued = !releases_.empty() || !cached_reads_.empty();
   }
   if ((request.client_id().empty() && !options_.client_id.empty()) || queued) {
     v1::PutStartRequest named = request;

@@ -107,6 +107,11 @@ class MasterClient {
   // At most this many ride on one request (the rest wait for the next), so
   // they keep it far under the master's message size limit.
   static constexpr size_t kMaxReleasesPerCall = 2048;
+  // Queues a read this client served from its replica cache, so the
+  // master counts it (hit rates, eviction order) as if asked. It rides on
+  // the next call as releases do; at most kMaxQueuedReleases wait (the
+  // oldest go uncounted), kMaxReleasesPerCall per call.
+  void NoteCachedRead(std::string key);
 
   const std::string& address() const { return address_; }
   // The masters this client calls, host:port each: those its address
@@ -128,7 +133,8 @@ class MasterClient {
     uint64_t token;
     int64_t expiry_ms;
   };
-  // Moves the queued releases into `req` (KeysRequest, PutStartRequest).
+  // Moves the queued releases and cached reads into `req` (KeysRequest,
+  // PutStartRequest).
   template <class Req>
   void AttachReleases(Req* req);
   v1::KeysRequest KeysWithReleases(const std::vector<std::string>& keys);
@@ -175,6 +181,7 @@ class MasterClient {
   absl::Status Fresh(const Resp& resp);
   Mutex release_mu_;
   std::deque<Release> releases_ ABSL_GUARDED_BY(release_mu_);
+  std::deque<std::string> cached_reads_ ABSL_GUARDED_BY(release_mu_);
 };
 
 // An ItemStatus from the wire as an absl::Status.

@@ -887,6 +887,19 @@ size_t ObjectIndex::Impl::ReleaseLeases(const std::vector<LeaseRelease>& release
   return applied;
 }
 
+std::vector<KeyHit> ObjectIndex::Impl::NoteCachedReads(const std::vector<std::string>& keys) {
+  std::vector<KeyHit> hits(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Shard& s = *shards_[ShardOf(keys[i])];
+    MutexLock lock(&s.mu);
+    const uint32_t slot = Find(s, keys[i]);
+    if (slot == kNil || !Visible(s.objects[slot])) continue;
+    hits[i] = HitOf(s.objects[slot]);
+    Touch(s, slot);
+  }
+  return hits;
+}
+
 std::vector<bool> ObjectIndex::Impl::Exists(const std::vector<std::string>& keys,
                                             std::vector<KeyHit>* hits) {
   std::vector<bool> out(keys.size());
@@ -1058,6 +1071,9 @@ std::vector<LookupOut> ObjectIndex::GetReplicas(const std::vector<std::string>& 
 }
 size_t ObjectIndex::ReleaseLeases(const std::vector<LeaseRelease>& releases) {
   return impl_->ReleaseLeases(releases);
+}
+std::vector<KeyHit> ObjectIndex::NoteCachedReads(const std::vector<std::string>& keys) {
+  return impl_->NoteCachedReads(keys);
 }
 std::vector<bool> ObjectIndex::Exists(const std::vector<std::string>& keys, std::vector<KeyHit>* hits) {
   return impl_->Exists(keys, hits);

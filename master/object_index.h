@@ -279,6 +279,11 @@ class ObjectIndex {
   // is freed on eviction without stage_grace. Returns releases applied.
   size_t ReleaseLeases(const std::vector<LeaseRelease>& releases);
 
+  // Reads a client served from its replica cache, reported on a later
+  // call: each visible key counts as an access (its eviction order), and
+  // what was seen of it is returned, one per key (found false: gone since).
+  std::vector<KeyHit> NoteCachedReads(const std::vector<std::string>& keys);
+
   // With `hits`, also what was seen of each key (one per key).
   std::vector<bool> Exists(const std::vector<std::string>& keys, std::vector<KeyHit>* hits = nullptr);
 

@@ -66,9 +66,16 @@ absl::Status AsCallerSees(const absl::Status& s, const std::string& tenant) {
 }
 
 // The leases a request gives back, applied before its own work so a put
-// or stage in the same call finds the DRAM they held.
+// or stage in the same call finds the DRAM they held; and the reads its
+// client served from its replica cache since its last call, counted as
+// reads (hit rates, eviction order) as if the master had been asked.
 template <class Request>
 void ApplyReleases(Master* m, const Request& req, const std::string& tenant) {
+  if (req.cache_hit_keys_size() > 0) {
+    std::vector<std::string> keys = Keys(req.cache_hit_keys(), tenant);
+    std::vector<KeyHit> hits = m->index().NoteCachedReads(keys);
+    m->queries().Record(TenantKey(tenant, req.client_id()), QueryStats::kGet, keys, hits, m->clock()->Now());
+  }
   const int n = std::min({req.released_keys_size(), req.released_tokens_size(), req.released_expiry_unix_ms_size()});
   if (n == 0) return;
   std::vector<LeaseRelease> releases;

@@ -370,6 +370,7 @@ class ObjectIndex::Impl {
   std::vector<absl::Status> PutRevoke(const std::vector<std::string>& keys);
   std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys, bool resolve_names);
   size_t ReleaseLeases(const std::vector<LeaseRelease>& releases);
+  std::vector<KeyHit> NoteCachedReads(const std::vector<std::string>& keys);
   std::vector<bool> Exists(const std::vector<std::string>& keys, std::vector<KeyHit>* hits);
   size_t PrefixMatch(const std::vector<std::string>& keys, std::vector<KeyHit>* hits);
   std::vector<absl::Status> Remove(const std::vector<std::string>& keys, bool force);

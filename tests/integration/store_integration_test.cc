@@ -301,6 +301,39 @@ TEST_F(StoreClusterTest, ACachedReadUnderPressureHoldsItsLeaseForTheHoldOnly) {
   EXPECT_EQ(got, ValueFor("fill-39", 1 << 20));
 }
 
+// Gets served from the replica cache ask the master nothing, yet its hit
+// rates count every one: the client reports them on its next call.
+TEST_F(StoreClusterTest, GetsServedFromTheReplicaCacheCountInTheMastersHitRates) {
+  ASSERT_OK(cluster_.Start({.daemons = 1, .segment_size = "32mib"}));
+  client::ClientOptions o;
+  o.master = cluster_.master_address();
+  o.metadata = cluster_.metadata_url();
+  o.client_id = "cache-reader";
+  ASSERT_GT(o.replica_cache, 0u) << "on by default";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::Client> client, client::Client::Create(o));
+  ASSERT_OK(client->Put("k", ValueFor("k", 65536)));
+  const std::string lookups = "tierkv_master_rpc_total{method=\"GetReplicas\"}";
+  const double before = std::max(0.0, Metric(lookups));
+  constexpr int kGets = 8;
+  const absl::Time first = absl::Now();
+  for (int i = 0; i < kGets; ++i) ASSERT_EQ(*client->Get("k"), ValueFor("k", 65536)) << i;
+  const absl::Duration took = absl::Now() - first;
+  const double asked = Metric(lookups) - before;
+  if (took < o.replica_cache_fresh) EXPECT_EQ(asked, 1) << "gets inside the window asked the master";
+  // The next call carries the cached reads (an Exists: counted apart).
+  ASSERT_OK(client->BatchExists({"other"}).status());
+  const nlohmann::json stats = Stats();
+  nlohmann::json row;
+  for (const nlohmann::json& r : stats["queries"]["clients"]) {
+    if (r.value("client", "") == "cache-reader") row = r;
+  }
+  ASSERT_FALSE(row.is_null()) << stats.dump();
+  EXPECT_EQ(row["get"]["pages_asked"], kGets) << row.dump();
+  EXPECT_EQ(row["get"]["pages_found"], kGets) << row.dump();
+  EXPECT_GE(row["get"]["bytes_found"].get<uint64_t>(), uint64_t{kGets} * 65536) << row.dump();
+  std::printf("%d gets: %.0f asked the master, all %d counted in its hit rates\n", kGets, asked, kGets);
+}
+
 // The replica cache as it is by default: a repeated get inside the lease
 // asks nothing of the master, but only while the master keeps answering
 // this client (ClientOptions::replica_cache_fresh), and an answer that

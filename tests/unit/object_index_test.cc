@@ -296,6 +296,33 @@ TEST_F(IndexTest, EvictsLeastRecentlyUsedAboveHighWatermark) {
   EXPECT_OK(index_->CheckInvariants());
 }
 
+// Reads a client served from its replica cache, reported later, count as
+// reads: the oldest ten become most recent (no lease is taken for them),
+// and what was seen is returned; a key gone since is reported not found.
+TEST_F(IndexTest, CachedReadsReportedLaterKeepTheirKeysRecent) {
+  Mount("seg-a", 100 * 1024);
+  for (int i = 0; i < 95; ++i) {
+    ASSERT_OK(Put(absl::StrCat("k", i), 1024));
+    clock_.Advance(absl::Seconds(1));
+  }
+  std::vector<std::string> read;
+  for (int i = 0; i < 10; ++i) read.push_back(absl::StrCat("k", i));
+  read.push_back("never-put");
+  std::vector<KeyHit> hits = index_->NoteCachedReads(read);
+  ASSERT_EQ(hits.size(), read.size());
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_TRUE(hits[i].found) << i;
+    EXPECT_EQ(hits[i].size, 1024u) << i;
+    EXPECT_GE(hits[i].idle_s, 84u) << i;  // put 85 to 94 s before
+  }
+  EXPECT_FALSE(hits[10].found);
+  ASSERT_OK(Put("trigger", 1024));  // 96 % > 95 %: evict down to 90 %
+  EXPECT_LE(registry_->used(), 90u * 1024);
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(Present(absl::StrCat("k", i))) << i;
+  for (int i = 10; i < 16; ++i) EXPECT_FALSE(Present(absl::StrCat("k", i))) << i;
+  EXPECT_OK(index_->CheckInvariants());
+}
+
 // Puts 20 ms apart, all within one second and spread over the index's
 // shards: eviction takes them oldest first across shards, not round-robin
 // among equals (as with the one-second ticks the index had).
