@@ -55,7 +55,10 @@ class RefuseAll final : public grpc::CallbackGenericService {
 
 // A standby's ports (master/ha.h): the RPC listener it will hand over, a
 // thread accepting on it, a gRPC server that refuses every call, and an
-// HTTP server with /v1/ha and the probes.
+// HTTP server with /v1/ha and the probes. Under TLS there is no listener:
+// the gRPC server owns the RPC port with the master's TLS credentials (a
+// TLS port has no direct lane) and gives it up on Release, for the
+// leader's server to bind.
 class StandbyFront {
  public:
   StandbyFront(transport::tcp::Fd listener, std::function<absl::Status()> refusal)
@@ -65,8 +68,17 @@ class StandbyFront {
   absl::Status Start(const MasterConfig& config, std::function<std::string()> status_json) {
     grpc::ServerBuilder builder;
     builder.RegisterCallbackGenericService(&grpc_service_);
+    const auth::TlsFiles tls{config.tls_ca, config.tls_cert, config.tls_key};
+    int bound = 0;
+    if (tls.enabled()) {
+      ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds, MasterServerCredentials(tls));
+      builder.AddListeningPort(absl::StrCat(config.listen, ":", config.rpc_port), creds, &bound);
+    }
     grpc_ = builder.BuildAndStart();
-    if (grpc_ == nullptr) return absl::InternalError("the standby's gRPC server did not start");
+    if (grpc_ == nullptr || (tls.enabled() && bound == 0)) {
+      return absl::UnavailableError(
+          absl::StrCat("the standby's gRPC server did not start on ", config.listen, ":", config.rpc_port));
+    }
     HttpServer::Options o;
     o.threads = 1;
     o.tls = {config.tls_ca, config.tls_cert, config.tls_key};
@@ -91,12 +103,13 @@ class StandbyFront {
       return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", config.listen, ":", config.http_port));
     }
     http_->Start();
-    acceptor_ = std::thread([this] { AcceptLoop(); });
+    if (listener_.valid()) acceptor_ = std::thread([this] { AcceptLoop(); });
     return absl::OkStatus();
   }
 
   // Stops answering and returns the RPC listener, still listening: the
   // connections that arrive meanwhile wait in its backlog for the server.
+  // Under TLS the port is closed and none is returned.
   transport::tcp::Fd Release() {
     stop_ = true;
     if (acceptor_.joinable()) acceptor_.join();
@@ -195,10 +208,12 @@ HaNode::~HaNode() { Stop(); }
 std::string HaNode::Key(absl::string_view name) const { return EtcdClusterKey(config_.cluster_id, name); }
 
 void HaNode::OpenFront() {
-  if (front_ != nullptr || !config_.tls_cert.empty()) return;
+  if (front_ != nullptr) return;
   int port = 0;
+  // Under TLS the front's gRPC server binds the port itself.
   absl::StatusOr<transport::tcp::Fd> listener =
-      transport::tcp::Listen(config_.listen, static_cast<int>(config_.rpc_port), &port);
+      config_.tls_cert.empty() ? transport::tcp::Listen(config_.listen, static_cast<int>(config_.rpc_port), &port)
+                               : absl::StatusOr<transport::tcp::Fd>(transport::tcp::Fd());
   auto front = listener.ok() ? std::make_unique<StandbyFront>(std::move(*listener), [this] {
     const View v = view();
     return absl::UnavailableError(absl::StrCat(

@@ -12,7 +12,10 @@
 // with several masters goes on to the next at once); its HTTP port serves
 // /v1/ha (its role, epoch, leader and copy) and the probes. The RPC
 // listener is handed to the server it starts when elected, so the port
-// stays open across the promotion. With TLS (--tls-cert) it binds neither.
+// stays open across the promotion. With TLS (--tls-cert) both ports
+// serve TLS, and the RPC port is closed and bound again by the leader's
+// server when elected (a TLS port has no direct lane, so nothing is
+// handed over).
 // When the leader key is gone it campaigns, but only with a complete copy
 // (or in a cluster that never had a leader) and when no live member has
 // published a copy further along; a member waits a round after the key

@@ -2,8 +2,6 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
-#include <grpcpp/security/tls_certificate_provider.h>
-#include <grpcpp/security/tls_credentials_options.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -25,6 +23,7 @@
 #include "master/direct_lane.h"
 #include "master/grpc_service.h"
 #include "master/http_service.h"
+#include "proto/channel_credentials.h"
 
 namespace tierkv::master {
 
@@ -118,17 +117,8 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   if (tls.enabled()) {
     // gRPC owns the port and its TLS; the direct lane, plain TCP, is off
     // (it would carry tokens and answers in the clear).
-    RETURN_IF_ERROR(auth::CheckTlsFiles(tls, /*server=*/true, "tierkv-master"));
-    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-        tls.key, tls.cert, tls.ca, auth::kTlsRefreshSeconds);
-    grpc::experimental::TlsServerCredentialsOptions creds(provider);
-    creds.watch_identity_key_cert_pairs();
-    if (!tls.ca.empty()) {
-      creds.watch_root_certs();
-      creds.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-    }
-    builder.AddListeningPort(absl::StrCat(config.listen, ":", config.rpc_port),
-                             grpc::experimental::TlsServerCredentials(creds), &s->rpc_port_);
+    ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds, MasterServerCredentials(tls));
+    builder.AddListeningPort(absl::StrCat(config.listen, ":", config.rpc_port), creds, &s->rpc_port_);
     TKV_LOG(INFO) << "gRPC over TLS" << (tls.ca.empty() ? "" : ", client certificates required")
                   << "; the direct lane is off";
   } else {

@@ -23,4 +23,17 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MasterChannelCredentia
   return grpc::experimental::TlsCredentials(options);
 }
 
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MasterServerCredentials(const auth::TlsFiles& tls) {
+  RETURN_IF_ERROR(auth::CheckTlsFiles(tls, /*server=*/true, "tierkv-master"));
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(tls.key, tls.cert, tls.ca,
+                                                                                      auth::kTlsRefreshSeconds);
+  grpc::experimental::TlsServerCredentialsOptions creds(provider);
+  creds.watch_identity_key_cert_pairs();
+  if (!tls.ca.empty()) {
+    creds.watch_root_certs();
+    creds.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  }
+  return grpc::experimental::TlsServerCredentials(creds);
+}
+
 }  // namespace tierkv

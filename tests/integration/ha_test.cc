@@ -515,6 +515,22 @@ TEST_F(HaTest, MastersUnderMutualTlsReplicateAndFailOver) {
   const int leader = WaitForLeader();
   ASSERT_GE(leader, 0) << Logs();
   ASSERT_TRUE(WaitForSynced(leader, 1)) << "the standby did not catch up over TLS\n" << Logs();
+  // The standby answers on its ports under TLS too: /v1/ha over HTTPS, and
+  // on its RPC port a refusal naming the leader, which a client given only
+  // the standby follows.
+  const int standby = 1 - leader;
+  const std::string leader_address = absl::StrCat(hosts_[leader], ":", rpc_[leader]);
+  const std::string standby_address = absl::StrCat(hosts_[standby], ":", rpc_[standby]);
+  {
+    ASSERT_OK_AND_ASSIGN(json sh, Ha(standby));
+    EXPECT_EQ(sh["role"], "standby") << sh.dump();
+    EXPECT_EQ(sh["leader"], leader_address) << sh.dump();
+    client::MasterClientOptions o;
+    o.tls = http_tls_;
+    ASSERT_OK_AND_ASSIGN(auto mc, client::MasterClient::Create(standby_address, o));
+    EXPECT_OK(mc->Exists({"any"}).status());
+    EXPECT_EQ(mc->masters(), (std::vector<std::string>{standby_address, leader_address}));
+  }
   StartDaemon({"--master=" + MasterList(), "--metadata=" + MetadataList(), "--tls-ca=" + certs->ca,
                "--tls-cert=" + certs->client_cert, "--tls-key=" + certs->client_key});
   ASSERT_TRUE(WaitForLiveSegments(leader, 1)) << Logs();
@@ -530,8 +546,8 @@ TEST_F(HaTest, MastersUnderMutualTlsReplicateAndFailOver) {
   EXPECT_EQ(h["standbys"].size(), 1u) << h.dump();
 
   masters_[leader]->Kill(SIGKILL);
-  ASSERT_EQ(WaitForLeader(absl::Seconds(20), leader), 1 - leader) << Logs();
-  ASSERT_TRUE(WaitForLiveSegments(1 - leader, 1)) << Logs();
+  ASSERT_EQ(WaitForLeader(absl::Seconds(20), leader), standby) << Logs();
+  ASSERT_TRUE(WaitForLiveSegments(standby, 1)) << Logs();
   ExpectAllReadable(c.get(), keys);
 }
 
