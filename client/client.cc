@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -347,6 +349,48 @@ absl::Status Client::Put(const std::string& key, absl::string_view value, const 
 }
 
 std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, const PutOptions& options) {
+  std::vector<absl::Status> out(items.size());
+  std::vector<size_t> todo(items.size());
+  for (size_t i = 0; i < todo.size(); ++i) todo[i] = i;
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  absl::Duration backoff = absl::Milliseconds(50);
+  bool put_again = false;  // after a failover: once
+  while (!todo.empty()) {
+    std::vector<PutItem> some;
+    for (size_t i : todo) some.push_back(items[i]);
+    uint64_t granted = 0;
+    std::vector<absl::Status> got = PutOnce(some, options, &granted);
+    // A leader replaced between the grant and the commit: the new one holds
+    // no pending put (PutEnd: NOT_FOUND), its daemons refuse the old
+    // epoch's writes (FAILED_PRECONDITION), or the commit found no leader
+    // in time (UNAVAILABLE). Nothing of the put is visible, and the new
+    // leader grants it afresh. A single master keeps epoch 0.
+    const bool failed_over = !put_again && granted != 0 && master_->epoch() > granted;
+    std::vector<size_t> next;
+    bool waiting = false;
+    for (size_t k = 0; k < todo.size(); ++k) {
+      const absl::Status& s = got[k];
+      const bool remount = absl::IsUnavailable(s) && absl::StrContains(s.message(), kAwaitingRemount);
+      const bool lost = failed_over && items[todo[k]].group.empty() &&
+                        (absl::IsNotFound(s) || absl::IsFailedPrecondition(s) || absl::IsUnavailable(s));
+      if ((remount && absl::Now() + backoff < deadline) || lost) {
+        next.push_back(todo[k]);
+        waiting |= remount;
+      }
+      out[todo[k]] = std::move(got[k]);
+    }
+    put_again |= failed_over && !next.empty();
+    if (waiting) {
+      std::this_thread::sleep_for(absl::ToChronoMilliseconds(backoff));
+      backoff = std::min(backoff * 2, absl::Milliseconds(200));
+    }
+    todo = std::move(next);
+  }
+  return out;
+}
+
+std::vector<absl::Status> Client::PutOnce(const std::vector<PutItem>& items, const PutOptions& options,
+                                          uint64_t* epoch) {
   const size_t n = items.size();
   std::vector<absl::Status> out(n);
   if (n == 0) return out;
@@ -375,6 +419,7 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
     for (auto& s : out) s = started.status();
     return out;
   }
+  *epoch = started->epoch();
 
   // A writer dying here holds extents that nothing will ever commit.
   (void)TIERKV_FAILPOINT("client.put.after_start");

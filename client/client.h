@@ -159,7 +159,13 @@ class Client {
 
   // ALREADY_EXISTS if the key is present or being put; RESOURCE_EXHAUSTED
   // when the cluster has no room; UNAVAILABLE when the master or a store
-  // cannot be reached.
+  // cannot be reached. A put whose grant came from a master that was
+  // replaced before the put committed (a failover: the new leader never
+  // knew of the grant, and daemons refuse writes at the old epoch) is put
+  // again once, from the start, at the new leader; items of a group are
+  // not (the group fails whole, as it would). One refused because every
+  // segment awaits its daemon's re-mount (a master just elected or
+  // restarted) is tried again until rpc_timeout has passed.
   absl::Status Put(const std::string& key, absl::string_view value, const PutOptions& options = {});
   std::vector<absl::Status> BatchPut(const std::vector<PutItem>& items, const PutOptions& options = {});
 
@@ -206,6 +212,8 @@ class Client {
  private:
   Client() = default;
   struct Impl;
+  // One try of BatchPut; `epoch`: the epoch of the master that granted it.
+  std::vector<absl::Status> PutOnce(const std::vector<PutItem>& items, const PutOptions& options, uint64_t* epoch);
   // Where one value goes: buffers that together hold exactly its bytes.
   using Pieces = absl::InlinedVector<absl::Span<char>, 1>;
   // GetReplicas, then reads each present key into place(i, value_size)

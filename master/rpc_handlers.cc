@@ -160,6 +160,7 @@ void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& clie
 }
 
 void PutEnd(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::KeysResponse* resp) {
+  resp->set_epoch(m->options().epoch);
   // sleep:<ms> makes this a long handler that holds no index lock (as a
   // huge batch's decoding would), for the tests of what waits behind it.
   (void)TIERKV_FAILPOINT("master.rpc.put_end");
@@ -176,6 +177,7 @@ void PutEnd(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1
 }
 
 void PutRevoke(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::KeysResponse* resp) {
+  resp->set_epoch(m->options().epoch);
   ApplyReleases(m, req, tenant);
   for (const absl::Status& s : m->index().PutRevoke(Keys(req.keys(), tenant))) {
     SetStatus(resp->add_status(), AsCallerSees(s, tenant));
@@ -269,6 +271,7 @@ void PrefixMatch(Master* m, const v1::KeysRequest& req, const std::string& tenan
 }
 
 void Remove(Master* m, const v1::RemoveRequest& req, const std::string& tenant, v1::KeysResponse* resp) {
+  resp->set_epoch(m->options().epoch);
   for (const absl::Status& s : m->index().Remove(Keys(req.keys(), tenant), req.force())) {
     SetStatus(resp->add_status(), AsCallerSees(s, tenant));
   }

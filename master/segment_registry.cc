@@ -4,6 +4,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "config/base/status.h"
 
 namespace tierkv::master {
 
@@ -146,7 +147,7 @@ absl::StatusOr<std::vector<Replica>> SegmentRegistry::Allocate(uint64_t size, in
   if (live == 0) {
     // Not a matter of space: evicting would only throw cached data away.
     return absl::UnavailableError(
-        recovering > 0 ? absl::StrCat("no live segment: ", recovering, " awaiting re-mount after a master restart")
+        recovering > 0 ? absl::StrCat("no live segment: ", recovering, " ", kAwaitingRemount, " after a master restart")
                        : std::string("no segment is mounted"));
   }
   if (candidates.empty()) {

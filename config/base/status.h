@@ -45,6 +45,10 @@ inline constexpr char kNotLeader[] = "not the leader";
 // A standby's refusal ends with this and the leader's host:port, which
 // master clients read to call the leader next (master/ha.h).
 inline constexpr char kLeaderIs[] = "the leader is ";
+// In an UNAVAILABLE put refusal from a master whose segments all await
+// their daemons' re-mount (just restarted, or just elected): it lasts a
+// heartbeat, so a client tries the put again within its call timeout.
+inline constexpr char kAwaitingRemount[] = "awaiting re-mount";
 
 // Converts an errno value into a status whose code says what the caller
 // should do (EAGAIN/ECONNREFUSED -> UNAVAILABLE, ENOENT -> NOT_FOUND, ...),

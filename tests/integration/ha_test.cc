@@ -586,6 +586,49 @@ TEST_F(HaTest, KillingTheLeaderUnderLoadLosesNoAcknowledgedPut) {
   EXPECT_EQ(rejoined["standbys"][0]["name"], absl::StrCat("127.0.0.1:", rpc_[leader])) << rejoined.dump();
 }
 
+// A put granted by the leader, whose commit comes after that leader was
+// killed: the new leader never knew of the grant (PutEnd: no put in
+// progress), so the client puts it again from the start there, and the
+// put succeeds. The writer is a separate process that stalls before its
+// commit (a failpoint), so the kill falls inside the put.
+TEST_F(HaTest, APutWhoseLeaderDiesBeforeItsCommitIsPutAgainAtTheNextOne) {
+  const int leader = StartGroup();
+  ASSERT_GE(leader, 0);
+  const std::string worker_dir = dir_ + "/worker";
+  std::filesystem::create_directories(worker_dir);
+  const std::string cmd = absl::StrCat(
+      "echo listening port=0; exec /usr/bin/env TIERKV_FAILPOINTS=client.put.before_end=sleep:4000 ",
+      BinaryPath("../tests/tierkv-test-worker"), " session ", MasterList(), " ", MetadataList(), " ", worker_dir,
+      " 1 1");
+  ASSERT_OK_AND_ASSIGN(auto worker, ChildProcess::Start("/bin/sh", {"-c", cmd}));
+  // The put is granted: it waits as pending at the leader.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<json> st = GetJson(hosts_[leader], http_[leader], "/v1/stats");
+        return st.ok() && st->value("pending", 0) >= 1;
+      },
+      absl::Seconds(10)))
+      << Logs();
+  masters_[leader]->Kill(SIGKILL);
+  ASSERT_EQ(WaitForLeader(absl::Seconds(20), leader), 1 - leader) << Logs();
+  json phase1;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::ifstream in(worker_dir + "/phase1");
+        if (!in) return false;
+        phase1 = json::parse(in, nullptr, false);
+        return !phase1.is_discarded();
+      },
+      absl::Seconds(30)))
+      << worker->Stderr() << Logs();
+  EXPECT_EQ(phase1["acked"], 1) << worker->Stderr();
+  EXPECT_EQ(phase1["verified"], 1) << worker->Stderr();
+  auto c = NewClient();
+  ASSERT_NE(c, nullptr);
+  ASSERT_OK_AND_ASSIGN(std::string got, c->Get("s1-0"));
+  EXPECT_EQ(got, testing::SessionValue("s1-0"));
+}
+
 // A standby answers on the ports it takes over when elected: /v1/ha says
 // what it is and whom it follows; every call on its RPC port, direct or
 // over gRPC, is refused naming the leader, which a client then calls (one
