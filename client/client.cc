@@ -370,8 +370,10 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
     bool waiting = false;
     for (size_t k = 0; k < todo.size(); ++k) {
       const absl::Status& s = got[k];
-      const bool remount = absl::IsUnavailable(s) && absl::StrContains(s.message(), kAwaitingRemount);
-      const bool lost = failed_over && items[todo[k]].group.empty() &&
+      // A group is never put again in part: its members fail whole, as they would.
+      const bool alone = items[todo[k]].group.empty();
+      const bool remount = alone && absl::IsUnavailable(s) && absl::StrContains(s.message(), kAwaitingRemount);
+      const bool lost = failed_over && alone &&
                         (absl::IsNotFound(s) || absl::IsFailedPrecondition(s) || absl::IsUnavailable(s));
       if ((remount && absl::Now() + backoff < deadline) || lost) {
         next.push_back(todo[k]);
