@@ -11,7 +11,7 @@
 
 namespace tierkv::master {
 
-uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves) {
+uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves, bool* exhausted) {
   MutexLock evicting(&evict_mu_);
   uint64_t freed = 0;
   int64_t now = NowMs();
@@ -26,9 +26,14 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves) {
   const size_t flush_at = batch_moves ? kMoveBatch : 1;
   std::vector<Move> batch;
   uint64_t batch_bytes = 0;
+  bool ran_out = false;  // of candidates in every list
   // Unpinned leaves first; soft-pinned leaves only when those run out.
   for (ListId list : {ListId::kLeaf, ListId::kPinnedLeaf}) {
+    // Once at the target the pass is done: used bytes that rose again
+    // meanwhile (other puts) are no reason to evict pinned objects.
+    if (list != ListId::kLeaf && !ran_out) break;
     int idle_rounds = 0;
+    ran_out = false;
     // Requeuing an object that cannot go (leased, filling, guaranteed)
     // counts as progress until as many have been requeued as the list
     // held: however many of them sit at the tails, every object of the list
@@ -66,7 +71,10 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves) {
           runner_up = a;
         }
       }
-      if (best == shards_.size()) break;
+      if (best == shards_.size()) {
+        ran_out = true;
+        break;
+      }
       Shard& s = *shards_[best];
       FollowUp follow;
       std::vector<Move> moves;
@@ -157,12 +165,14 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves) {
       if (progressed) {
         idle_rounds = 0;
       } else if (++idle_rounds > static_cast<int>(shards_.size()) * 2) {
-        break;  // everything left is leased or still filling
+        ran_out = true;  // everything left is leased or still filling
+        break;
       }
     }
   }
   if (!batch.empty()) FinishMoves(std::move(batch));
   if (registry_->used() > target_used) NotePressure();  // what is left is leased, filling or pinned
+  if (exhausted != nullptr) *exhausted = ran_out;
   return freed;
 }
 

@@ -12,6 +12,14 @@
 #include "proto/master.pb.h"
 
 namespace tierkv::master {
+namespace {
+
+// Eviction passes one PutStart item runs for room of its own before it is
+// refused: enough to outlast other writers taking the room first, few
+// enough that a store whose objects cannot go refuses at once.
+constexpr int kRoomAttempts = 8;
+
+}  // namespace
 
 absl::Status ValidateKey(absl::string_view key, size_t max_len) {
   if (key.empty()) return absl::InvalidArgumentError("empty key");
@@ -541,14 +549,23 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
           item.size, replicas, item.preferred_segment,
           home != homes.end() ? absl::Span<const uint32_t>(home->second) : absl::Span<const uint32_t>());
       if (!placed.ok()) {
-        if (attempt == 0 && absl::IsResourceExhausted(placed.status())) {
-          // Make room outside the shard lock, then try once more.
+        if (attempt < kRoomAttempts && absl::IsResourceExhausted(placed.status())) {
+          // Make room outside the shard lock, for the rest of this call at
+          // once (one pass, not one per item), then try again.
           s.mu.Unlock();
-          uint64_t used = registry_->used();
-          uint64_t need = item.size * replicas;
-          EvictTo(used > need ? used - need : 0);
+          uint64_t need = 0;
+          for (size_t j = i; j < items.size(); ++j) {
+            if (out[j].status.ok()) need += items[j].size * static_cast<uint64_t>(std::max(1, items[j].replicas));
+          }
+          const uint64_t used = registry_->used();
+          bool exhausted = false;
+          const uint64_t freed = EvictTo(used > need ? used - need : 0, /*batch_moves=*/false, &exhausted);
           s.mu.Lock();
-          continue;
+          // Another writer's PutStart may take that room first, and another
+          // pass (the evictor's, a writer's) may have made it already: go on
+          // unless this pass freed nothing for want of candidates (all that
+          // is left is leased, pinned or being written).
+          if (freed > 0 || !exhausted) continue;
         }
         res.status = placed.status();
         break;

@@ -388,7 +388,10 @@ class ObjectIndex::Impl {
   TenantTable& tenants() { return tenants_; }
 
   // --- eviction.cc
-  uint64_t EvictTo(uint64_t target_used, bool batch_moves = false);
+  // ObjectIndex::EvictTo; *exhausted (when given) says whether the pass
+  // stopped above its target because no candidate was left, rather than
+  // having reached it (perhaps with another pass's help).
+  uint64_t EvictTo(uint64_t target_used, bool batch_moves = false, bool* exhausted = nullptr);
   // Evicts `tenant`'s own candidates, least recently used first (soft-pinned
   // last), until their DRAM charge freed reaches `bytes` or none is left;
   // returns the charge freed. For a put over the tenant's quota.

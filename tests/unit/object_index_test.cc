@@ -1130,6 +1130,61 @@ TEST_F(IndexTest, AFullStoreStillEvictsInlineForThePut) {
   index_.reset();
 }
 
+// Puts from several writers into a full store, faster than the evictor
+// keeps headroom: each finds room by evicting inline, and none is refused
+// while committed objects could go, even when another writer's PutStart
+// takes the room it just freed. Nor does a pass that reached its target
+// go on to soft-pinned objects because other puts filled the room again.
+TEST_F(IndexTest, ConcurrentPutsIntoAFullStoreAreNeverRefusedWhileObjectsCanBeEvicted) {
+  IndexOptions o;
+  o.high_watermark = 0.95;
+  o.low_watermark = 0.9;
+  Build(o);
+  Mount("seg-a", 256 * 1024);
+  PutItem pinned;
+  pinned.soft_pin = true;
+  for (int i = 0; i < 8; ++i) ASSERT_OK(Put(absl::StrCat("pinned/", i), 1024, pinned));
+  std::thread evictor([this] { index_->RunEvictor(); });
+  const absl::Time up = absl::Now() + absl::Seconds(10);
+  while (!index_->EvictorRunning() && absl::Now() < up) std::this_thread::yield();
+  ASSERT_TRUE(index_->EvictorRunning());
+  constexpr int kWriters = 4, kRounds = 300, kBatch = 16;  // 16 KiB in flight each
+  std::atomic<int> refused{0};
+  std::mutex mu;
+  std::string first_refusal;
+  std::vector<std::thread> writers;
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&, w] {
+      for (int r = 0; r < kRounds; ++r) {
+        std::vector<PutItem> items;
+        std::vector<std::string> keys;
+        for (int i = 0; i < kBatch; ++i) {
+          keys.push_back(absl::StrCat("w", w, "/", r, "/", i));
+          items.push_back({keys.back(), 1024});
+        }
+        std::vector<std::string> commit;
+        std::vector<PutStartOut> started = index_->PutStart(items);
+        for (size_t i = 0; i < started.size(); ++i) {
+          if (started[i].status.ok()) {
+            commit.push_back(keys[i]);
+          } else if (refused.fetch_add(1) == 0) {
+            std::lock_guard<std::mutex> lock(mu);
+            first_refusal = started[i].status.ToString();
+          }
+        }
+        for (const absl::Status& s : index_->PutEnd(commit)) EXPECT_OK(s);
+      }
+    });
+  }
+  for (std::thread& t : writers) t.join();
+  index_->StopEvictor();
+  evictor.join();
+  EXPECT_EQ(refused.load(), 0) << "first: " << first_refusal;
+  EXPECT_GT(index_->Stats().evictions, 0u);
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(Present(absl::StrCat("pinned/", i))) << "pinned/" << i << " was evicted";
+  EXPECT_OK(index_->CheckInvariants());
+}
+
 // StopEvictor before RunEvictor starts makes it return at once.
 TEST_F(IndexTest, StoppedEvictorDoesNotStart) {
   index_->StopEvictor();
