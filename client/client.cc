@@ -359,13 +359,21 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
     std::vector<PutItem> some;
     for (size_t i : todo) some.push_back(items[i]);
     uint64_t granted = 0;
-    std::vector<absl::Status> got = PutOnce(some, options, &granted);
+    bool unanswered = false;
+    std::vector<absl::Status> got = PutOnce(some, options, &granted, &unanswered);
     // A leader replaced between the grant and the commit: the new one holds
     // no pending put (PutEnd: NOT_FOUND), its daemons refuse the old
     // epoch's writes (FAILED_PRECONDITION), or the commit found no leader
     // in time (UNAVAILABLE). Nothing of the put is visible, and the new
-    // leader grants it afresh. A single master keeps epoch 0.
-    const bool failed_over = !put_again && granted != 0 && master_->epoch() > granted;
+    // leader grants it afresh. A single master keeps epoch 0. Or the
+    // PutStart itself went unanswered (its master died holding it): a grant
+    // it made died with it, since pending puts are not persisted, and a
+    // master that lives on refuses the second PutStart as a put in
+    // progress, which fails the put as the first answer would have.
+    // Only one that failed within the call timeout is tried again, so a put
+    // waits at most about twice that when no master answers at all.
+    const bool failed_over =
+        !put_again && ((granted != 0 && master_->epoch() > granted) || (unanswered && absl::Now() < deadline));
     std::vector<size_t> next;
     bool waiting = false;
     for (size_t k = 0; k < todo.size(); ++k) {
@@ -392,7 +400,7 @@ std::vector<absl::Status> Client::BatchPut(const std::vector<PutItem>& items, co
 }
 
 std::vector<absl::Status> Client::PutOnce(const std::vector<PutItem>& items, const PutOptions& options,
-                                          uint64_t* epoch) {
+                                          uint64_t* epoch, bool* unanswered) {
   const size_t n = items.size();
   std::vector<absl::Status> out(n);
   if (n == 0) return out;
@@ -418,6 +426,7 @@ std::vector<absl::Status> Client::PutOnce(const std::vector<PutItem>& items, con
   }
   absl::StatusOr<v1::PutStartResponse> started = master_->PutStart(req);
   if (!started.ok()) {
+    *unanswered = absl::IsUnavailable(started.status());
     for (auto& s : out) s = started.status();
     return out;
   }

@@ -212,8 +212,11 @@ class Client {
  private:
   Client() = default;
   struct Impl;
-  // One try of BatchPut; `epoch`: the epoch of the master that granted it.
-  std::vector<absl::Status> PutOnce(const std::vector<PutItem>& items, const PutOptions& options, uint64_t* epoch);
+  // One try of BatchPut; `epoch`: the epoch of the master that granted it;
+  // `unanswered`: PutStart itself failed UNAVAILABLE (no master answered
+  // it; one may have died holding it).
+  std::vector<absl::Status> PutOnce(const std::vector<PutItem>& items, const PutOptions& options, uint64_t* epoch,
+                                    bool* unanswered);
   // Where one value goes: buffers that together hold exactly its bytes.
   using Pieces = absl::InlinedVector<absl::Span<char>, 1>;
   // GetReplicas, then reads each present key into place(i, value_size)

@@ -133,6 +133,9 @@ void Heartbeat(Master* m, const v1::HeartbeatRequest& req, v1::HeartbeatResponse
 void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& client, const std::string& tenant,
               v1::PutStartResponse* resp) {
   resp->set_epoch(m->options().epoch);
+  // sleep:<ms> holds the call here, before anything is granted, for the
+  // tests of a master that dies with a PutStart in hand.
+  (void)TIERKV_FAILPOINT("master.rpc.put_start");
   ApplyReleases(m, req, tenant);
   std::vector<PutItem> items;
   items.reserve(req.items_size());

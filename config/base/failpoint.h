@@ -10,7 +10,8 @@
 // configured with -DTIERKV_FAILPOINTS=OFF) compile every failpoint out.
 //
 // The failpoints: client.put.after_start, client.put.before_end,
-// transport.tcp.serve, master.persist.write, master.rpc.put_end,
+// transport.tcp.serve, master.persist.write, master.rpc.put_start,
+// master.rpc.put_end,
 // master.direct.drop_reply,
 // store.heartbeat,
 // store.ssd.direct, store.ssd.scan, store.ssd.write, store.ssd.write_full,

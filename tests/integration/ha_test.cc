@@ -379,7 +379,11 @@ class Writer {
         begun_.push_back(begun);
         times_.push_back(absl::Now());
       } else {
-        ++failed_;
+        // The first few, so a run that fails some says why.
+        if (failed_.fetch_add(1) < 5) {
+          std::printf("writer %s: put %s failed after %.0f ms: %s\n", prefix_.c_str(), key.c_str(),
+                      absl::ToDoubleMilliseconds(absl::Now() - begun), s.ToString().c_str());
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
       std::this_thread::sleep_for(absl::ToChronoMicroseconds(pause_));
@@ -627,6 +631,40 @@ TEST_F(HaTest, APutWhoseLeaderDiesBeforeItsCommitIsPutAgainAtTheNextOne) {
   ASSERT_NE(c, nullptr);
   ASSERT_OK_AND_ASSIGN(std::string got, c->Get("s1-0"));
   EXPECT_EQ(got, testing::SessionValue("s1-0"));
+}
+
+// A PutStart the leader holds when it is killed: the client's connection
+// breaks with no answer (UNAVAILABLE), and the grant, if any was made,
+// died with that leader. The client puts it again at the next leader,
+// and the put succeeds. Both masters stall PutStart (a failpoint), so the
+// kill falls inside the call.
+TEST_F(HaTest, APutStartTheLeaderDiesHoldingIsPutAgainAtTheNextOne) {
+  ASSERT_EQ(setenv("TIERKV_FAILPOINTS", "master.rpc.put_start=sleep:800", 1), 0);
+  const int leader = StartGroup();
+  unsetenv("TIERKV_FAILPOINTS");  // for the masters alone
+  ASSERT_GE(leader, 0);
+  client::ClientOptions o;
+  o.master = MasterList();
+  o.metadata = MetadataList();
+  o.rpc_timeout = absl::Seconds(10);  // the failover (about 3 s) and a second stalled PutStart
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::Client> c, client::Client::Create(o));
+  const std::string value = Payload("held", kValueBytes);
+  absl::Status put;
+  absl::Time begun;
+  std::thread writer([&] {
+    begun = absl::Now();
+    put = c->Put("held", value);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // inside the 800 ms stall
+  const absl::Time killed = absl::Now();
+  masters_[leader]->Kill(SIGKILL);
+  writer.join();
+  std::printf("put begun %.0f ms before the kill: %s after %.0f ms\n", absl::ToDoubleMilliseconds(killed - begun),
+              put.ToString().c_str(), absl::ToDoubleMilliseconds(absl::Now() - begun));
+  ASSERT_OK(put) << Logs();
+  EXPECT_EQ(WaitForLeader(absl::Seconds(20), leader), 1 - leader) << Logs();
+  ASSERT_OK_AND_ASSIGN(std::string got, c->Get("held"));
+  EXPECT_EQ(got, value);
 }
 
 // A standby answers on the ports it takes over when elected: /v1/ha says
