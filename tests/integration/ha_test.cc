@@ -203,12 +203,14 @@ class HaTest : public ::testing::Test {
     daemons_.push_back(std::move(*d));
   }
 
-  std::unique_ptr<client::Client> NewClient() {
+  // `rpc_timeout`: the client's call timeout, when not the library's.
+  std::unique_ptr<client::Client> NewClient(absl::Duration rpc_timeout = absl::ZeroDuration()) {
     client::ClientOptions o;
     o.master = MasterList();
     o.metadata = MetadataList();
     o.tls = http_tls_;
     o.transfer_timeout = absl::Seconds(10);
+    if (rpc_timeout > absl::ZeroDuration()) o.rpc_timeout = rpc_timeout;
     auto c = client::Client::Create(o);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(*c) : nullptr;
@@ -643,11 +645,9 @@ TEST_F(HaTest, APutStartTheLeaderDiesHoldingIsPutAgainAtTheNextOne) {
   const int leader = StartGroup();
   unsetenv("TIERKV_FAILPOINTS");  // for the masters alone
   ASSERT_GE(leader, 0);
-  client::ClientOptions o;
-  o.master = MasterList();
-  o.metadata = MetadataList();
-  o.rpc_timeout = absl::Seconds(10);  // the failover (about 3 s) and a second stalled PutStart
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::Client> c, client::Client::Create(o));
+  // Time for the failover (about 3 s) and a second stalled PutStart.
+  std::unique_ptr<client::Client> c = NewClient(absl::Seconds(10));
+  ASSERT_NE(c, nullptr);
   const std::string value = Payload("held", kValueBytes);
   absl::Status put;
   absl::Time begun;
