@@ -100,6 +100,15 @@ class IndexTest : public ::testing::Test {
 
   bool Present(const std::string& key) { return index_->Exists({key})[0]; }
 
+  // The background evictor on a thread of the test's, returned once it
+  // runs (or after 10 s without: the caller checks EvictorRunning).
+  std::thread StartEvictor() {
+    std::thread t([this] { index_->RunEvictor(); });
+    const absl::Time up = absl::Now() + absl::Seconds(10);
+    while (!index_->EvictorRunning() && absl::Now() < up) std::this_thread::yield();
+    return t;
+  }
+
   ManualClock clock_;
   IndexOptions options_;
   std::unique_ptr<SegmentRegistry> registry_;
@@ -1044,9 +1053,7 @@ TEST_F(IndexTest, BackgroundEvictorKeepsHeadroomOffTheRequestPath) {
   o.listener = &watcher;
   Build(o);
   Mount("seg-a", 100 * 1024);
-  std::thread evictor([this] { index_->RunEvictor(); });
-  const absl::Time up = absl::Now() + absl::Seconds(10);
-  while (!index_->EvictorRunning() && absl::Now() < up) std::this_thread::yield();
+  std::thread evictor = StartEvictor();
   ASSERT_TRUE(index_->EvictorRunning());
   // 51 KiB: the last put crosses the high watermark (50 KiB).
   for (int i = 0; i < 51; ++i) ASSERT_OK(Put(absl::StrCat("k", i), 1024)) << i;
@@ -1087,9 +1094,7 @@ TEST_F(IndexTest, AnEvictorThatFindsNothingToEvictBacksOff) {
   // Puts still being written take it past the high watermark (50 KiB).
   for (int i = 0; i < 10; ++i) ASSERT_OK(index_->PutStart({{absl::StrCat("p", i), 1024}})[0].status);
   ASSERT_GT(registry_->used(), 50u * 1024);
-  std::thread evictor([this] { index_->RunEvictor(); });
-  const absl::Time up = absl::Now() + absl::Seconds(10);
-  while (!index_->EvictorRunning() && absl::Now() < up) std::this_thread::yield();
+  std::thread evictor = StartEvictor();
   ASSERT_TRUE(index_->EvictorRunning());
   // 300 puts over about 300 ms, each past the high watermark.
   for (int i = 0; i < 300; ++i) {
@@ -1116,9 +1121,7 @@ TEST_F(IndexTest, AFullStoreStillEvictsInlineForThePut) {
   o.listener = &watcher;
   Build(o);
   Mount("seg-a", 8 * 1024);
-  std::thread evictor([this] { index_->RunEvictor(); });
-  const absl::Time up = absl::Now() + absl::Seconds(10);
-  while (!index_->EvictorRunning() && absl::Now() < up) std::this_thread::yield();
+  std::thread evictor = StartEvictor();
   for (int i = 0; i < 8; ++i) ASSERT_OK(Put(absl::StrCat("k", i), 1024)) << i;
   EXPECT_EQ(registry_->used(), 8u * 1024);
   ASSERT_OK(Put("one-more", 1024));
@@ -1144,9 +1147,7 @@ TEST_F(IndexTest, ConcurrentPutsIntoAFullStoreAreNeverRefusedWhileObjectsCanBeEv
   PutItem pinned;
   pinned.soft_pin = true;
   for (int i = 0; i < 8; ++i) ASSERT_OK(Put(absl::StrCat("pinned/", i), 1024, pinned));
-  std::thread evictor([this] { index_->RunEvictor(); });
-  const absl::Time up = absl::Now() + absl::Seconds(10);
-  while (!index_->EvictorRunning() && absl::Now() < up) std::this_thread::yield();
+  std::thread evictor = StartEvictor();
   ASSERT_TRUE(index_->EvictorRunning());
   constexpr int kWriters = 4, kRounds = 300, kBatch = 16;  // 16 KiB in flight each
   std::atomic<int> refused{0};
