@@ -104,19 +104,23 @@ uint64_t ReplicationLog::Append(const std::vector<const std::vector<Mutation>*>&
       }
     }
   }
-  MutexLock lock(&mu_);
-  e.seq = ++last_seq_;
-  e.batch.set_seq(e.seq);
   e.bytes = e.batch.ByteSizeLong() + 64;
-  log_bytes_ += e.bytes;
-  log_.push_back(std::move(e));
-  // The oldest go first; a standby that still needed them takes a snapshot.
-  while (log_bytes_ > options_.max_log_bytes && log_.size() > 1) {
-    log_bytes_ -= log_.front().bytes;
-    log_.pop_front();
+  uint64_t seq;
+  {
+    MutexLock lock(&mu_);
+    seq = e.seq = ++last_seq_;
+    e.batch.set_seq(e.seq);
+    log_bytes_ += e.bytes;
+    log_.push_back(std::move(e));
+    // The oldest go first; a standby that still needed them takes a snapshot.
+    while (log_bytes_ > options_.max_log_bytes && log_.size() > 1) {
+      log_bytes_ -= log_.front().bytes;
+      log_.pop_front();
+    }
   }
+  // After the unlock: a sender woken under it would only wait for it again.
   appended_cv_.SignalAll();
-  return last_seq_;
+  return seq;
 }
 
 uint64_t ReplicationLog::LastAppended() {
@@ -124,27 +128,40 @@ uint64_t ReplicationLog::LastAppended() {
   return last_seq_;
 }
 
-void ReplicationLog::WakeAll() {
-  for (auto& [seq, waiter] : waiters_) waiter->SignalAll();
+void ReplicationLog::Claim(uint64_t seq, WakeList* wake) {
+  for (auto it = waiters_.begin(); it != waiters_.end() && it->first <= seq; it = waiters_.erase(it)) {
+    it->second->claimed = true;
+    wake->Add(std::move(it->second));
+  }
 }
 
 absl::Status ReplicationLog::Await(uint64_t seq) {
   if (!options_.semi_sync) return absl::OkStatus();
   const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(options_.sync_timeout);
   {
-    MutexLock lock(&mu_);
-    if (!closed_ && synced_ && acked_ < seq) {
-      // Woken only when its own batch is acknowledged (or the mode
-      // changes), not on every acknowledgement: a round that acknowledges
-      // a few batches must not wake every writer waiting on later ones.
-      CondVar mine;
-      auto at = waiters_.emplace(seq, &mine);
-      while (!closed_ && synced_ && acked_ < seq && std::chrono::steady_clock::now() < deadline) {
-        mine.WaitFor(&mu_, std::chrono::duration_cast<std::chrono::milliseconds>(
-                               deadline - std::chrono::steady_clock::now()) + std::chrono::milliseconds(1));
+    // Woken only when its own batch is acknowledged (or the mode changes),
+    // not on every acknowledgement: a round that acknowledges a few batches
+    // must not wake every writer waiting on later ones.
+    std::shared_ptr<Waiter> mine;
+    std::multimap<uint64_t, std::shared_ptr<Waiter>>::iterator at;
+    {
+      MutexLock lock(&mu_);
+      if (!closed_ && synced_ && acked_ < seq) {
+        mine = std::make_shared<Waiter>();
+        at = waiters_.emplace(seq, mine);
       }
-      waiters_.erase(at);
     }
+    if (mine != nullptr && !mine->WaitUntil(deadline)) {
+      bool claimed;
+      {
+        MutexLock lock(&mu_);
+        claimed = mine->claimed;
+        if (!claimed) waiters_.erase(at);
+      }
+      if (claimed) mine->Wait();  // woken just after its claimer unlocks
+    }
+    WakeList wake;
+    MutexLock lock(&mu_);
     if (closed_) {
       return absl::UnavailableError(absl::StrCat("tierkv master: ", kNotLeader,
                                                  " any more; the write may not have reached a standby"));
@@ -152,7 +169,7 @@ absl::Status ReplicationLog::Await(uint64_t seq) {
     if (acked_ >= seq) return absl::OkStatus();
     if (synced_) {
       synced_ = false;
-      WakeAll();  // every writer waiting goes on unreplicated too
+      Claim(UINT64_MAX, &wake);  // every writer waiting goes on unreplicated too
       TKV_LOG(WARNING) << "replication: no standby acknowledged batch " << seq << " within "
                        << options_.sync_timeout << "; writes go on unreplicated until one catches up";
     }
@@ -204,14 +221,14 @@ bool ReplicationLog::Positioned(const v1::PullRequest& req, StandbyInfo* standby
   return !standby->snapshotting;
 }
 
-void ReplicationLog::Acknowledge(const std::string& name, uint64_t next_seq) {
+void ReplicationLog::Acknowledge(const std::string& name, uint64_t next_seq, WakeList* wake) {
   StandbyInfo& standby = Standby(name);
   standby.last_seen = absl::Now();
   // Everything before next_seq is applied there.
   standby.acked = std::max(standby.acked, next_seq - 1);
   if (standby.acked > acked_) {
     acked_ = standby.acked;
-    for (auto it = waiters_.begin(); it != waiters_.end() && it->first <= acked_; ++it) it->second->Signal();
+    Claim(acked_, wake);
   }
   if (!synced_ && standby.acked >= last_seq_) {
     synced_ = true;
@@ -234,14 +251,20 @@ uint64_t ReplicationLog::AddBatches(uint64_t next, size_t max_bytes, v1::PullRes
 
 void ReplicationLog::Pull(const v1::PullRequest& req, v1::PullResponse* resp) {
   resp->set_epoch(options_.epoch);
-  MutexLock lock(&mu_);
-  StandbyInfo& standby = Standby(req.standby());
-  standby.last_seen = absl::Now();
-  if (!Positioned(req, &standby)) {
-    resp->set_snapshot_needed(true);
-    return;
+  {
+    // The writers this lets go are woken before the wait below: one of them
+    // may be what it waits for.
+    WakeList wake;
+    MutexLock lock(&mu_);
+    StandbyInfo& standby = Standby(req.standby());
+    standby.last_seen = absl::Now();
+    if (!Positioned(req, &standby)) {
+      resp->set_snapshot_needed(true);
+      return;
+    }
+    Acknowledge(req.standby(), req.next_seq(), &wake);
   }
-  Acknowledge(req.standby(), req.next_seq());
+  MutexLock lock(&mu_);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min(req.wait_ms(), 1000u));
   while (!closed_ && last_seq_ < req.next_seq() && std::chrono::steady_clock::now() < deadline) {
     appended_cv_.WaitFor(&mu_, std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -289,12 +312,13 @@ void ReplicationLog::Stream(int fd, const v1::PullRequest& first) {
   uint64_t next = first.next_seq();
   bool positioned;
   {
+    WakeList wake;
     MutexLock lock(&mu_);
     StandbyInfo& standby = Standby(name);
     standby.last_seen = absl::Now();
     if (closed_) return;
     positioned = Positioned(first, &standby);
-    if (positioned) Acknowledge(name, next);
+    if (positioned) Acknowledge(name, next, &wake);
   }
   if (!positioned) {
     resp.set_epoch(options_.epoch);
@@ -306,6 +330,7 @@ void ReplicationLog::Stream(int fd, const v1::PullRequest& first) {
   // for this long is gone; one that stops reading is dropped as fast.
   transport::tcp::SetTimeouts(fd, absl::Seconds(2));
   bool ended = false;  // guarded by mu_: the acknowledgements stopped
+  uint64_t acked_next = next;  // guarded by mu_: the standby has every batch before this
   std::thread acks([&] {
     v1::PullRequest ack;
     std::string in;
@@ -314,9 +339,16 @@ void ReplicationLog::Stream(int fd, const v1::PullRequest& first) {
       // asleep in recv adds its wake-up to every round.
       transport::tcp::SpinUntilReadable(fd, options_.spin);
       if (!RecvCall(fd, &ack, &in)) break;
-      MutexLock lock(&mu_);
-      if (ack.next_seq() == 0 || ack.next_seq() > last_seq_ + 1) break;  // acknowledges what was never sent
-      Acknowledge(name, ack.next_seq());
+      WakeList wake;
+      bool more;
+      {
+        MutexLock lock(&mu_);
+        if (ack.next_seq() == 0 || ack.next_seq() > last_seq_ + 1) break;  // acknowledges what was never sent
+        Acknowledge(name, ack.next_seq(), &wake);
+        more = ack.next_seq() > acked_next;
+        if (more) acked_next = ack.next_seq();
+      }
+      if (more) appended_cv_.SignalAll();  // the sender may go on
     }
     ::shutdown(fd, SHUT_RDWR);
     MutexLock lock(&mu_);
@@ -331,7 +363,8 @@ void ReplicationLog::Stream(int fd, const v1::PullRequest& first) {
     {
       MutexLock lock(&mu_);
       const auto heartbeat = std::chrono::steady_clock::now() + std::chrono::milliseconds(kPullWaitMs);
-      while (!closed_ && !ended && last_seq_ < next && std::chrono::steady_clock::now() < heartbeat) {
+      while (!closed_ && !ended && (last_seq_ < next || (!options_.semi_sync && acked_next < next)) &&
+             std::chrono::steady_clock::now() < heartbeat) {
         appended_cv_.WaitFor(&mu_, std::chrono::duration_cast<std::chrono::milliseconds>(
                                        heartbeat - std::chrono::steady_clock::now()) + std::chrono::milliseconds(1));
       }
@@ -395,10 +428,11 @@ absl::Status ReplicationLog::Snapshot(const v1::SnapshotRequest& req, v1::Snapsh
 }
 
 void ReplicationLog::Close() {
+  WakeList wake;
   MutexLock lock(&mu_);
   closed_ = true;
   appended_cv_.SignalAll();
-  WakeAll();
+  Claim(UINT64_MAX, &wake);
 }
 
 ReplicationState ReplicationLog::State() {

@@ -30,8 +30,8 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
-#include <map>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -180,14 +180,66 @@ class ReplicationLog final : public Replicator {
     size_t bytes;
     v1::ReplBatch batch;
   };
+  // A writer in Await. Whoever wakes it first takes it out of waiters_
+  // (claimed, under mu_), then wakes it after unlocking: a writer woken
+  // under the log's lock would only wait for that lock again. (Not a
+  // std::binary_semaphore: its timed wait spins on sched_yield, which
+  // costs the other threads on a busy machine more than the wait saves.)
+  class Waiter {
+   public:
+    void Wake() {
+      {
+        MutexLock lock(&mu_);
+        woken_ = true;
+      }
+      cv_.Signal();
+    }
+    // Whether it was woken before `deadline`.
+    bool WaitUntil(std::chrono::steady_clock::time_point deadline) {
+      MutexLock lock(&mu_);
+      while (!woken_) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline) return false;
+        cv_.WaitFor(&mu_, deadline - now);
+      }
+      return true;
+    }
+    void Wait() {
+      MutexLock lock(&mu_);
+      while (!woken_) cv_.Wait(&mu_);
+    }
+    bool claimed = false;  // guarded by the log's mu_
+
+   private:
+    Mutex mu_;
+    CondVar cv_;
+    bool woken_ ABSL_GUARDED_BY(mu_) = false;
+  };
+  // Releases the claimed writers when it goes out of scope: declare it
+  // before the MutexLock, so that happens after the unlock.
+  class WakeList {
+   public:
+    WakeList() = default;
+    WakeList(const WakeList&) = delete;
+    WakeList& operator=(const WakeList&) = delete;
+    ~WakeList() {
+      for (const std::shared_ptr<Waiter>& w : claimed_) w->Wake();
+    }
+    void Add(std::shared_ptr<Waiter> w) { claimed_.push_back(std::move(w)); }
+
+   private:
+    std::vector<std::shared_ptr<Waiter>> claimed_;
+  };
   // The standby `name`, created on first sight.
   StandbyInfo& Standby(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void WakeAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Claims every writer waiting on a batch up to `seq` into `wake`.
+  void Claim(uint64_t seq, WakeList* wake) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the log can serve a standby asking for `req` (else it needs a
   // snapshot); marks the standby snapshotting or not.
   bool Positioned(const v1::PullRequest& req, StandbyInfo* standby) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The standby `name` has applied every batch before `next_seq`.
-  void Acknowledge(const std::string& name, uint64_t next_seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writers it lets go are added to `wake`.
+  void Acknowledge(const std::string& name, uint64_t next_seq, WakeList* wake) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds the batches from `next` (in the log) up to about max_bytes;
   // returns the sequence after the last added.
   uint64_t AddBatches(uint64_t next, size_t max_bytes, v1::PullResponse* resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -197,8 +249,9 @@ class ReplicationLog final : public Replicator {
   Mutex mu_;
   CondVar appended_cv_;  // a batch arrived, or Close
   // Writers waiting in Await, by the batch each waits for; each is
-  // signalled once its batch is acknowledged, or on Close or degrading.
-  std::multimap<uint64_t, CondVar*> waiters_ ABSL_GUARDED_BY(mu_);
+  // claimed and woken once its batch is acknowledged, or on Close or
+  // degrading.
+  std::multimap<uint64_t, std::shared_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(mu_);
   std::deque<Entry> log_ ABSL_GUARDED_BY(mu_);
   size_t log_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;
