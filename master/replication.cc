@@ -348,7 +348,7 @@ void ReplicationLog::Stream(int fd, const v1::PullRequest& first) {
         more = ack.next_seq() > acked_next;
         if (more) acked_next = ack.next_seq();
       }
-      if (more) appended_cv_.SignalAll();  // the sender may go on
+      if (more && !options_.semi_sync) appended_cv_.SignalAll();  // the async sender may go on
     }
     ::shutdown(fd, SHUT_RDWR);
     MutexLock lock(&mu_);
@@ -356,14 +356,18 @@ void ReplicationLog::Stream(int fd, const v1::PullRequest& first) {
     appended_cv_.SignalAll();
   });
   // Batches go out as they commit, while the standby applies the last
-  // ones: no round waits for the standby to ask again.
+  // ones: no round waits for the standby to ask again. An async sender
+  // that has caught up keeps one frame in flight, so the next carries
+  // every batch committed meanwhile; one with a backlog (a standby
+  // catching up) sends page after page without waiting.
+  bool backlog = false;
   for (bool last = false; !last;) {
     resp.Clear();
     resp.set_epoch(options_.epoch);
     {
       MutexLock lock(&mu_);
       const auto heartbeat = std::chrono::steady_clock::now() + std::chrono::milliseconds(kPullWaitMs);
-      while (!closed_ && !ended && (last_seq_ < next || (!options_.semi_sync && acked_next < next)) &&
+      while (!closed_ && !ended && (last_seq_ < next || (!options_.semi_sync && !backlog && acked_next < next)) &&
              std::chrono::steady_clock::now() < heartbeat) {
         appended_cv_.WaitFor(&mu_, std::chrono::duration_cast<std::chrono::milliseconds>(
                                        heartbeat - std::chrono::steady_clock::now()) + std::chrono::milliseconds(1));
@@ -375,6 +379,7 @@ void ReplicationLog::Stream(int fd, const v1::PullRequest& first) {
           last = true;
         } else {
           next = AddBatches(next, max_bytes, &resp);
+          backlog = last_seq_ >= next;  // the page was full
         }
       }
     }
