@@ -184,7 +184,9 @@ class ReplicationLog final : public Replicator {
   // (claimed, under mu_), then wakes it after unlocking: a writer woken
   // under the log's lock would only wait for that lock again. (Not a
   // std::binary_semaphore: its timed wait spins on sched_yield, which
-  // costs the other threads on a busy machine more than the wait saves.)
+  // costs the other threads on a busy machine more than the wait saves;
+  // nor absl::Notification, whose locking TSan cannot see here, as
+  // config/base/mutex.h explains.)
   class Waiter {
    public:
     void Wake() {
