@@ -21,6 +21,8 @@ const FlagTable<BenchConfig>& BenchFlags() {
           SizeFlag<C>("value", &C::value, "1mib", 1, 1u << 30, "store: bytes per value"),
           StringFlag<C>("transport", &C::transport, "tcp", "transfer: tcp, shm or cuda (GPU memory); store: tcp or shm"),
           IntFlag<C>("connections", &C::connections, "4", 1, 64, "transfer/store: tcp connections per peer"),
+          IntFlag<C>("workers", &C::workers, "0", 0, 256,
+                     "transfer/store: the client engine's worker threads (0: max(connections, threads))"),
           SizeFlag<C>("segment-size", &C::segment_size, "1gib", 1 << 20, 1e13,
                       "memory: the segment a daemon lends (time to ready) and the region prefaulted"),
           StringFlag<C>("l1-device", &C::l1_device, "auto", "l1: the engine's L1 device (auto, cpu, cuda:<n>)"),

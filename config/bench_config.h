@@ -18,6 +18,7 @@ struct BenchConfig {
   uint64_t value = 0;          // store value size
   std::string transport;       // transfer/store: tcp, shm, ...
   int64_t connections = 0;     // transfer: tcp connections per peer
+  int64_t workers = 0;         // transfer/store: the client engine's workers (0: its default)
   int64_t repetitions = 0;     // interleaved repetitions; medians are reported
   std::string l1_device;       // l1: auto, cpu, cuda:<n>
   uint64_t segment_size = 0;   // memory: bytes a daemon lends / a region prefaulted

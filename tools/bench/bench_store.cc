@@ -214,7 +214,8 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const BenchConfig& config,
   co.tls = {tls.ca, "", ""};
   co.transports = {config.transport};
   co.connections = static_cast<int>(config.connections);
-  co.workers = std::max<int>(static_cast<int>(config.connections), threads);
+  co.workers = config.workers > 0 ? static_cast<int>(config.workers)
+                                   : std::max<int>(static_cast<int>(config.connections), threads);
   if (config.replica_cache >= 0) co.replica_cache = static_cast<size_t>(config.replica_cache);
   co.reply_spin = config.reply_spin;
   ASSIGN_OR_RETURN(c->client, client::Client::Create(co));
