@@ -1,6 +1,7 @@
 // tierkv-bench's configuration: one table for every subcommand's flags.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -33,6 +34,12 @@ struct BenchConfig {
   bool ha = false;             // master: the high-availability figures instead
   int64_t ha_kills = 0;        // master --ha: leader kills for the failover figures
   std::string ha_objects;      // master --ha: index sizes whose promotion is timed
+
+  // The client engine's worker threads for transfer and store: --workers,
+  // or by default one per connection or client thread, whichever is more.
+  int client_workers() const {
+    return static_cast<int>(workers > 0 ? workers : std::max(connections, threads));
+  }
 };
 
 const FlagTable<BenchConfig>& BenchFlags();

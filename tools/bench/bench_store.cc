@@ -159,7 +159,7 @@ absl::Status WriteSelfSigned(const std::string& cert_path, const std::string& ke
 // --auth token everywhere (kAuth) or TLS on every port (kTls), and warms
 // the whole segment.
 absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const BenchConfig& config, uint64_t segment,
-                                                      const std::string& name, Variant variant, int threads) {
+                                                      const std::string& name, Variant variant) {
   auto c = std::make_unique<Cluster>();
   std::vector<std::string> margs{"tierkv-master", "--rpc-port=0", "--http-port=0",
                                  "--direct-spin=" + PrintDuration(config.direct_spin)};
@@ -214,8 +214,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const BenchConfig& config,
   co.tls = {tls.ca, "", ""};
   co.transports = {config.transport};
   co.connections = static_cast<int>(config.connections);
-  co.workers = config.workers > 0 ? static_cast<int>(config.workers)
-                                   : std::max<int>(static_cast<int>(config.connections), threads);
+  co.workers = config.client_workers();
   if (config.replica_cache >= 0) co.replica_cache = static_cast<size_t>(config.replica_cache);
   co.reply_spin = config.reply_spin;
   ASSIGN_OR_RETURN(c->client, client::Client::Create(co));
@@ -242,7 +241,7 @@ int RunStore(const BenchConfig& config) {
   // that recycle memory through eviction, as in steady state.
   uint64_t segment = std::max<uint64_t>(1ull << 30, 16 * value * batch * threads);
   absl::StatusOr<std::unique_ptr<Cluster>> plain =
-      StartCluster(config, segment, "bench-store", Variant::kPlain, threads);
+      StartCluster(config, segment, "bench-store", Variant::kPlain);
   if (!plain.ok()) {
     std::fprintf(stderr, "tierkv-bench: %s\n", std::string(plain.status().message()).c_str());
     return 1;
@@ -260,7 +259,7 @@ int RunStore(const BenchConfig& config) {
         std::tuple{config.tls_compare, Variant::kTls, "tls", "TLS, --data-tls"}}) {
     if (!on) continue;
     absl::StatusOr<std::unique_ptr<Cluster>> c =
-        StartCluster(config, segment, absl::StrCat("bench-", prefix), variant, threads);
+        StartCluster(config, segment, absl::StrCat("bench-", prefix), variant);
     if (!c.ok()) {
       std::fprintf(stderr, "tierkv-bench: the %s cluster: %s\n", label, std::string(c.status().message()).c_str());
       return 1;

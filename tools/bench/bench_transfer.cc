@@ -236,8 +236,7 @@ int RunTransfer(const BenchConfig& config) {
   auto server = transport::TransferEngine::Create(so);
   transport::EngineOptions co = so;
   co.backend.connections = static_cast<int>(config.connections);
-  co.workers = config.workers > 0 ? static_cast<int>(config.workers)
-                                   : std::max<int>(static_cast<int>(config.connections), threads);
+  co.workers = config.client_workers();
   auto client = transport::TransferEngine::Create(co);
   if (!server.ok() || !client.ok()) {
     std::fprintf(stderr, "tierkv-bench: cannot start the engines\n");
