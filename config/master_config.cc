@@ -36,7 +36,7 @@ const FlagTable<MasterConfig>& MasterFlags() {
           BoolFlag<C>("open-metrics", &C::open_metrics, "false",
                       "with --auth token, serve /metrics without a token (for a scraper that sends none)"),
           BoolFlag<C>("open-health", &C::open_health, "true",
-                      "with --auth token, serve /health and /ready without a token (for probes)"),
+                      "with --auth token, serve /health, /ready, /healthz and /livez without a token (for probes)"),
           IntFlag<C>("rpc-port", &C::rpc_port, "50051", 0, 65535,
                      "RPC port (gRPC, and the clients' direct lane on the same port); 0 picks a free one"),
           IntFlag<C>("http-port", &C::http_port, "8080", 0, 65535,

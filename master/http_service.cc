@@ -105,7 +105,9 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
   server->set_payload_max_length(limits.max_body);
   if (limits.auth != nullptr) {
     auth::RequireHttpAuth(server, limits.auth, [limits](const httplib::Request& req) -> uint32_t {
-      if (req.path == "/health" || req.path == "/ready") return limits.open_health ? 0 : auth::kAnyRole;
+      if (req.path == "/health" || req.path == "/ready" || req.path == "/healthz" || req.path == "/livez") {
+        return limits.open_health ? 0 : auth::kAnyRole;
+      }
       if (req.path == "/metrics") return limits.open_metrics ? 0 : auth::kAnyRole;
       // Only a daemon publishes or withdraws a segment's descriptor.
       if (req.path == "/metadata" && req.method != "GET" && req.method != "HEAD") return auth::kDaemon;
@@ -301,6 +303,11 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
   server->Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
   });
+  // Liveness, answered alike by a standby (master/ha.cc): one probe path
+  // for every master of an HA cluster, whichever role it holds now.
+  for (const char* probe : {"/healthz", "/livez"}) {
+    server->Get(probe, [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  }
   server->Get("/ready", [=](const httplib::Request&, httplib::Response& res) {
     // Puts fail without a live segment, so a launcher gating clients on
     // /ready must not release them before one has mounted.

@@ -7,14 +7,17 @@
 //   GET /v1/objects/{key}            replicas, size, state, lease, pin
 //   GET /v1/stats                    index and capacity figures
 //   GET /metrics                     Prometheus text format 0.0.4
-//   GET /health                      liveness: 200 while the process serves
+//   GET /health                      200 while this master serves (a
+//                                    standby answers 503: master/ha.h)
+//   GET /healthz, /livez             liveness: 200 while the process is up,
+//                                    answered by a standby too
 //   GET /ready                       200 once persistence is loaded and at
 //                                    least one segment is live; else 503
 //                                    with the reason as the body
 //
 // With --auth token every path needs a bearer token (config/base/auth.h):
 // PUT and DELETE /metadata the daemon role, other reads the client or
-// daemon role; /health and /ready are open while `open_health`, /metrics
+// daemon role; /health, /ready, /healthz and /livez are open while `open_health`, /metrics
 // while `open_metrics`. A request without an accepted token gets 401, one
 // whose caller lacks the role 403, each with the reason as the body. A
 // metadata key belongs to the caller that first wrote it: another

@@ -695,6 +695,21 @@ TEST_F(HaTest, AStandbyNamesTheLeaderAndKeepsItsPortWhenElected) {
     EXPECT_EQ(segments->status, 503);
     EXPECT_THAT(segments->body, ::testing::HasSubstr("the leader is " + leader_address));
   }
+  // Probes: /health is 200 on the master that serves only (a Service
+  // gated on it reaches the leader); liveness is 200 on either role.
+  for (int i : {leader, standby}) {
+    httplib::Client http(hosts_[i], http_[i]);
+    const std::string role = i == leader ? "leader" : "standby";
+    httplib::Result health = http.Get("/health");
+    ASSERT_TRUE(health) << role;
+    EXPECT_EQ(health->status, i == leader ? 200 : 503) << role;
+    for (const char* probe : {"/healthz", "/livez"}) {
+      httplib::Result live = http.Get(probe);
+      ASSERT_TRUE(live) << role << " " << probe;
+      EXPECT_EQ(live->status, 200) << role << " " << probe;
+      EXPECT_EQ(live->body, "ok\n") << role << " " << probe;
+    }
+  }
 
   // Its RPC port: a call refused naming the leader, over gRPC and direct.
   {

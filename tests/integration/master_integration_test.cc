@@ -417,6 +417,8 @@ TEST_F(MasterProcessTest, MetadataEndpointRoundTrip) {
   EXPECT_EQ(unknown->status, 404);
   EXPECT_TRUE(json::parse(unknown->body).contains("error"));
   EXPECT_EQ(http_->Get("/health")->status, 200);
+  EXPECT_EQ(http_->Get("/healthz")->status, 200);
+  EXPECT_EQ(http_->Get("/livez")->status, 200);
   // Live, but not ready: no segment to put anything in.
   auto ready = http_->Get("/ready");
   ASSERT_TRUE(ready);
@@ -844,8 +846,8 @@ TEST_F(MasterProcessTest, TokenAuthGuardsGrpcTheDirectLaneAndHttp) {
   absl::StatusOr<std::vector<bool>> present = anonymous->Exists({"by-client"});
   EXPECT_TRUE(absl::IsUnauthenticated(present.status())) << present.status();
 
-  // HTTP: health open, the rest by token and role.
-  EXPECT_EQ(http_->Get("/health")->status, 200);
+  // HTTP: the probes open, the rest by token and role.
+  for (const char* probe : {"/health", "/healthz", "/livez"}) EXPECT_EQ(http_->Get(probe)->status, 200) << probe;
   auto refused = http_->Get("/v1/stats");
   ASSERT_TRUE(refused);
   EXPECT_EQ(refused->status, 401);
