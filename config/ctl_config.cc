@@ -32,7 +32,7 @@ const FlagTable<CtlConfig>& CtlFlags() {
                         "HTTPS when --tls-ca is given"),
           StringFlag<C>("token-file", &C::token_file, "",
                         "file whose first word is the token to present to a master running --auth token "
-                        "(remove-all needs role admin); empty: none"),
+                        "(tenants set and clear need role admin); empty: none"),
           StringFlag<C>("tls-ca", &C::tls_ca, "",
                         "PEM certificates that sign the master's: reach its gRPC port over TLS (a master with "
                         "--tls-cert); empty: plain"),

@@ -1,7 +1,7 @@
 // Failpoints: named places where a test can make the process fail on
 // purpose, switched on by the TIERKV_FAILPOINTS environment variable:
 //
-//   TIERKV_FAILPOINTS=client.put.before_end=abort,master.persist=error
+//   TIERKV_FAILPOINTS=client.put.before_end=abort,master.persist.write=error
 //
 // Actions: `abort` kills the process on the spot (as a crash would),
 // `error` makes TIERKV_FAILPOINT return true so the caller fails the
@@ -17,7 +17,7 @@
 // store.ssd.direct, store.ssd.scan, store.ssd.write, store.ssd.write_full,
 // store.ssd.read (docs/faults.md says where each sits).
 //
-//   if (TIERKV_FAILPOINT("master.persist")) return absl::InternalError("failpoint");
+//   if (TIERKV_FAILPOINT("master.persist.write")) return absl::InternalError("failpoint");
 #pragma once
 
 namespace tierkv {
