@@ -94,9 +94,11 @@ std::vector<absl::Status> StageSsdHits(const v1::GetReplicasResponse& resp, cons
   absl::flat_hash_map<uint32_t, Batch> by_segment;
   for (int i = 0, r = 0; i < resp.sizes_size() && static_cast<size_t>(i) < keys.size(); ++i) {
     const int count = i < resp.replica_counts_size() ? static_cast<int>(resp.replica_counts(i)) : 0;
-    for (int k = 0; k < count; ++k, ++r) {
-      if (r >= resp.replica_stage_size() || !resp.replica_stage(r)) continue;
-      if (r >= resp.replica_segments_size() || r >= resp.replica_offsets_size()) continue;
+    // Bounded by the lists as well as the count, which a broken master may overstate.
+    const int listed =
+        std::min({resp.replica_stage_size(), resp.replica_segments_size(), resp.replica_offsets_size()});
+    for (int k = 0; k < count && r < listed; ++k, ++r) {
+      if (!resp.replica_stage(r)) continue;
       Batch& b = by_segment[resp.replica_segments(r)];
       v1::TierMoveItem* item = b.req.add_items();
       // The daemon knows the record by the master's key: in a tenant, the
@@ -124,7 +126,7 @@ std::vector<absl::Status> StageSsdHits(const v1::GetReplicasResponse& resp, cons
       failed = absl::UnavailableError("its daemon has no SSD tier now");
     } else {
       // A daemon serving HTTPS advertises https://host:port.
-      std::unique_ptr<httplib::Client> cli =
+      absl::StatusOr<std::unique_ptr<httplib::Client>> cli =
           auth::NewHttpClient(endpoint->second, tls, absl::FromChrono(us));
       // What is left of the lease bounds the daemon's writes into our
       // extents, measured from here so no clocks need agree.
@@ -141,8 +143,9 @@ std::vector<absl::Status> StageSsdHits(const v1::GetReplicasResponse& resp, cons
           }
         }
       }
-      httplib::Result res = cli->Post("/tier/stage", headers, body, "application/x-protobuf");
-      if (!res) {
+      if (!cli.ok()) {
+        failed = cli.status();
+      } else if (httplib::Result res = (*cli)->Post("/tier/stage", headers, body, "application/x-protobuf"); !res) {
         failed = absl::UnavailableError(absl::StrCat(endpoint->second, ": ", httplib::to_string(res.error())));
       } else if (res->status != 200 || !answer.ParseFromString(res->body)) {
         failed = absl::UnavailableError(absl::StrCat(endpoint->second, ": HTTP ", res->status));
@@ -741,8 +744,11 @@ struct Client::Impl {
       const int64_t expiry = i < resp.lease_expiry_unix_ms_size() ? resp.lease_expiry_unix_ms(i) : 0;
       // The master's clock beside its lease measures the lease's length;
       // without it (an older master) the expiry is read on our clock.
-      absl::Time until = resp.now_unix_ms() > 0 ? asked + absl::Milliseconds(expiry - resp.now_unix_ms())
-                                                 : absl::FromUnixMillis(expiry);
+      // An expiry already past is a lease over (and is not subtracted, so
+      // no value a master sends can overflow).
+      const int64_t now_ms = resp.now_unix_ms();
+      absl::Time until = now_ms > 0 ? asked + absl::Milliseconds(expiry > now_ms ? expiry - now_ms : 0)
+                                    : absl::FromUnixMillis(expiry);
       absl::Duration margin = std::min(absl::Milliseconds(500), std::max(until - asked, absl::ZeroDuration()) / 10);
       w.lease_end = until - margin;
       if (i < resp.lease_tokens_size()) {
@@ -921,7 +927,13 @@ std::vector<absl::StatusOr<std::string>> Client::BatchGet(const std::vector<std:
   std::vector<std::string> values(keys.size());
   std::vector<absl::StatusOr<size_t>> got =
       Fetch(keys, absl::ZeroDuration(), [&](size_t i, uint64_t size, Pieces* to) {
-        values[i].resize(size);
+        // The size is the master's word: one this process cannot hold
+        // fails the key, not the caller.
+        try {
+          values[i].resize(size);
+        } catch (const std::exception&) {
+          return false;
+        }
         to->push_back(absl::MakeSpan(values[i]));
         return true;
       });

@@ -20,6 +20,15 @@ constexpr char kMetadataPrefix[] = "m/";
 constexpr char kMetadataOwnerPrefix[] = "mw/";  // metadata key -> the name of the caller that wrote it
 constexpr char kTenantPrefix[] = "t/";           // tenant -> "<quota bytes> <guaranteed bytes>"
 
+// A daemon's SSD tier address, which the master and readers dial: empty
+// (no tier) or one NewHttpClient takes.
+absl::Status CheckTierAddress(const std::string& segment, const std::string& tier_http) {
+  if (tier_http.empty()) return absl::OkStatus();
+  absl::StatusOr<std::string> url = auth::HttpEndpointUrl(tier_http);
+  if (url.ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("segment ", segment, ": its SSD tier's ", url.status().message()));
+}
+
 // The evictor's offload orders, POSTed to the daemon's /tier/offload
 // (store/daemon.h). Every failure is a per-order status: the index then
 // evicts those objects, which is a miss later, never wrong bytes.
@@ -36,8 +45,9 @@ std::vector<absl::Status> OffloadOverHttp(const std::string& tier_http, const st
     item->set_length(o.length);
   }
   // A daemon serving HTTPS advertises its tier as https://host:port.
-  std::unique_ptr<httplib::Client> cli =
+  absl::StatusOr<std::unique_ptr<httplib::Client>> cli =
       auth::NewHttpClient(tier_http, {tls.ca, "", ""}, std::max(timeout, absl::Milliseconds(1)));
+  if (!cli.ok()) return std::vector<absl::Status>(orders.size(), Annotate(cli.status(), "offload"));
   const std::string body = req.SerializeAsString();
   httplib::Headers headers;
   if (!data_key.empty()) {
@@ -47,7 +57,7 @@ std::vector<absl::Status> OffloadOverHttp(const std::string& tier_http, const st
       headers.emplace(name, value);
     }
   }
-  httplib::Result res = cli->Post("/tier/offload", headers, body, "application/x-protobuf");
+  httplib::Result res = (*cli)->Post("/tier/offload", headers, body, "application/x-protobuf");
   v1::TierMoveResponse resp;
   absl::Status failed;
   if (!res) {
@@ -177,6 +187,10 @@ void Master::DropSegmentIds(const std::vector<uint32_t>& ids, absl::string_view 
 std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments) {
   std::vector<absl::Status> out;
   for (const SegmentSpec& spec : segments) {
+    if (absl::Status tier = CheckTierAddress(spec.name, spec.tier_http); !tier.ok()) {
+      out.push_back(tier);
+      continue;
+    }
     bool restored = false, same_ssd = false;
     std::optional<uint32_t> replaced;
     absl::StatusOr<uint32_t> id =
@@ -235,7 +249,9 @@ HeartbeatResult Master::Heartbeat(const std::vector<SegmentSpec>& segments,
   for (const SegmentSpec& s : segments) {
     if (!registry_.Heartbeat(s.name, s.incarnation, now)) {
       out.remount.push_back(s.name);
-    } else {
+    } else if (CheckTierAddress(s.name, s.tier_http).ok()) {
+      // Its mount checked the address it gave then; one changed since to
+      // something unusable leaves the tier as it was.
       registry_.UpdateTier(s);
     }
   }
@@ -280,6 +296,7 @@ void Master::Tick() {
 }
 
 absl::StatusOr<SsdRecordsResult> Master::SyncSsd(const SsdRecords& in) {
+  RETURN_IF_ERROR(CheckTierAddress(in.segment, in.tier_http));
   std::optional<uint32_t> id = registry_.LiveId(in.segment, in.incarnation);
   if (!id) {
     return absl::FailedPreconditionError(

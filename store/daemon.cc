@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -190,7 +191,11 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   }
   d->http_->Start();
   if (d->ssd_ != nullptr) {
-    d->tier_http_ = auth::HttpUrl(absl::StrCat(d->engine_->advertised_address(), ":", d->http_port_), d->http_->tls());
+    // An IPv6 literal goes in brackets, as a URL needs it.
+    const std::string& host = d->engine_->advertised_address();
+    const bool v6 = absl::StrContains(host, ':') && !absl::StartsWith(host, "[");
+    d->tier_http_ = auth::HttpUrl(absl::StrCat(v6 ? "[" : "", host, v6 ? "]" : "", ":", d->http_port_),
+                                  d->http_->tls());
     d->tier_ready_.store(true, std::memory_order_release);
   }
   return d;
@@ -382,7 +387,9 @@ void StoreDaemon::ServeTierMove(const httplib::Request& req, httplib::Response& 
     auto deadline = std::chrono::steady_clock::time_point::max();
     int64_t within_ms = 0;
     if (absl::SimpleAtoi(req.get_header_value("X-Tierkv-Stage-Within-Ms"), &within_ms) && within_ms >= 0) {
-      deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(within_ms);
+      // Leases run seconds; a day bounds the sum below the clock's range.
+      constexpr int64_t kLongestMs = 24 * 3600 * 1000;
+      deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min(within_ms, kLongestMs));
     }
     std::vector<absl::StatusOr<uint64_t>> got = StageFromSsd(moves, deadline);
     for (size_t i = 0; i < got.size(); ++i) {

@@ -59,7 +59,7 @@ absl::StatusOr<std::vector<std::string>> HttpAddresses(const CtlConfig& c) {
 absl::StatusOr<std::unique_ptr<httplib::Client>> MasterHttp(const CtlConfig& c, const std::string& address) {
   if (address.rfind(':') == std::string::npos) return absl::InvalidArgumentError("--http must be host:port");
   const auth::TlsFiles tls{c.tls_ca, c.tls_cert, c.tls_key};
-  auto cli = auth::NewHttpClient(auth::HttpUrl(address, tls.enabled()), tls, c.timeout);
+  ASSIGN_OR_RETURN(auto cli, auth::NewHttpClient(auth::HttpUrl(address, tls.enabled()), tls, c.timeout));
   ASSIGN_OR_RETURN(std::string token, auth::ReadTokenFile(c.token_file));
   if (!token.empty()) cli->set_bearer_token_auth(token.c_str());
   return cli;

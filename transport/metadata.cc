@@ -47,19 +47,12 @@ absl::StatusOr<std::vector<std::string>> ParseMetadataUrls(const std::string& ur
   std::vector<std::string> urls;
   for (absl::string_view one : absl::StrSplit(url, ',', absl::SkipWhitespace())) {
     absl::string_view rest = absl::StripAsciiWhitespace(one);
-    const bool https = absl::ConsumePrefix(&rest, "https://");
-    if (!https && !absl::ConsumePrefix(&rest, "http://")) {
+    if (!absl::StartsWith(rest, "https://") && !absl::StartsWith(rest, "http://")) {
       return absl::InvalidArgumentError(absl::StrCat("metadata URL '", one, "' must start with http:// or https://"));
     }
-    while (absl::ConsumeSuffix(&rest, "/")) {
-    }
-    size_t colon = rest.rfind(':');
-    int port = 0;
-    if (colon == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(colon + 1), &port) || port <= 0 ||
-        port > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat("metadata URL '", one, "' needs host:port"));
-    }
-    urls.push_back(absl::StrCat(https ? "https://" : "http://", rest));
+    absl::StatusOr<std::string> checked = auth::HttpEndpointUrl(rest);
+    if (!checked.ok()) return absl::InvalidArgumentError(absl::StrCat("metadata URL: ", checked.status().message()));
+    urls.push_back(*std::move(checked));
   }
   if (urls.empty()) return absl::InvalidArgumentError("metadata URL is empty");
   return urls;
@@ -131,9 +124,10 @@ class HttpMetadata final : public MetadataClient {
     absl::Status st;
     for (size_t i = 0; i < n; ++i) {
       const size_t at = (first + i) % n;
-      auto cli = auth::NewHttpClient(urls[at], tls_, timeout_);
-      if (!token_.empty()) cli->set_bearer_token_auth(token_.c_str());
-      st = op(*cli, urls[at]);
+      absl::StatusOr<std::unique_ptr<httplib::Client>> cli = auth::NewHttpClient(urls[at], tls_, timeout_);
+      if (!cli.ok()) return cli.status();  // ParseMetadataUrls let through what the client refuses
+      if (!token_.empty()) (*cli)->set_bearer_token_auth(token_.c_str());
+      st = op(**cli, urls[at]);
       if (!absl::IsUnavailable(st)) {
         current_.store(at, std::memory_order_relaxed);
         return st;

@@ -523,9 +523,47 @@ std::string HttpUrl(absl::string_view endpoint, bool tls) {
   return absl::StrCat(tls ? "https://" : "http://", endpoint);
 }
 
-std::unique_ptr<httplib::Client> NewHttpClient(absl::string_view endpoint, const TlsFiles& tls,
-                                               absl::Duration timeout) {
-  const std::string url = HttpUrl(endpoint, false);
+absl::StatusOr<std::string> HttpEndpointUrl(absl::string_view endpoint) {
+  // httplib parses a URL's port with std::stoi, which throws past INT_MAX:
+  // what it is handed must already be sound.
+  constexpr size_t kMaxEndpoint = 512;
+  auto refuse = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HTTP endpoint '", absl::CHexEscape(endpoint.substr(0, 80)), endpoint.size() > 80 ? "..." : "",
+                     "': ", why));
+  };
+  if (endpoint.size() > kMaxEndpoint) return refuse(absl::StrCat("over ", kMaxEndpoint, " bytes"));
+  absl::string_view rest = endpoint;
+  const bool https = absl::ConsumePrefix(&rest, "https://");
+  if (!https && !absl::ConsumePrefix(&rest, "http://") && absl::StrContains(rest, "://")) {
+    return refuse("the scheme must be http:// or https://");
+  }
+  while (absl::ConsumeSuffix(&rest, "/")) {
+  }
+  const size_t colon = rest.rfind(':');
+  if (colon == absl::string_view::npos) return refuse("needs host:port");
+  absl::string_view host = rest.substr(0, colon), port_text = rest.substr(colon + 1);
+  int port = 0;
+  if (port_text.empty() || port_text.size() > 5 || !std::all_of(port_text.begin(), port_text.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(port_text, &port) || port < 1 || port > 65535) {
+    return refuse("the port must be a number from 1 to 65535");
+  }
+  if (host.empty()) return refuse("the host is empty");
+  if (absl::ConsumePrefix(&host, "[")) {
+    if (!absl::ConsumeSuffix(&host, "]") || host.empty() ||
+        !std::all_of(host.begin(), host.end(), [](char c) { return absl::ascii_isxdigit(c) || c == ':' || c == '.'; })) {
+      return refuse("a bracketed host must be an IPv6 address");
+    }
+  } else if (!std::all_of(host.begin(), host.end(),
+                          [](char c) { return absl::ascii_isalnum(c) || c == '.' || c == '-' || c == '_'; })) {
+    return refuse("the host must be a name or an address");
+  }
+  return absl::StrCat(https ? "https://" : "http://", rest);
+}
+
+absl::StatusOr<std::unique_ptr<httplib::Client>> NewHttpClient(absl::string_view endpoint, const TlsFiles& tls,
+                                                               absl::Duration timeout) {
+  ASSIGN_OR_RETURN(const std::string url, HttpEndpointUrl(endpoint));
   std::unique_ptr<httplib::Client> cli;
   if (absl::StartsWith(url, "https://")) {
     // A server that closes mid-request (one refusing our certificate).

@@ -298,9 +298,16 @@ Credentials CredentialsOf(const httplib::Request& req, bool certificate);
 // presenting `tls.cert`/`tls.key` when given; "http://host:port" or a
 // bare "host:port" is plain. Connect, read and write bounded by `timeout`.
 // The first HTTPS client ignores SIGPIPE unless the program handles it
-// (IgnoreSigpipeUnlessHandled).
-std::unique_ptr<httplib::Client> NewHttpClient(absl::string_view endpoint, const TlsFiles& tls,
-                                               absl::Duration timeout);
+// (IgnoreSigpipeUnlessHandled). An endpoint HttpEndpointUrl refuses is
+// INVALID_ARGUMENT (endpoints come from peers: a daemon's tier, etcd).
+absl::StatusOr<std::unique_ptr<httplib::Client>> NewHttpClient(absl::string_view endpoint, const TlsFiles& tls,
+                                                               absl::Duration timeout);
+// `endpoint` ("host:port", "http://host:port" or "https://host:port", a
+// trailing "/" allowed) as the URL NewHttpClient dials, with http:// when
+// it has no scheme; INVALID_ARGUMENT naming what is wrong: another
+// scheme, an empty host, a host other than a name, an IPv4 address or a
+// bracketed IPv6 one, a port outside 1-65535, or over 512 bytes.
+absl::StatusOr<std::string> HttpEndpointUrl(absl::string_view endpoint);
 // "host:port" as a URL: https:// when `tls`, http:// otherwise; an
 // endpoint that already has a scheme is returned as it is.
 std::string HttpUrl(absl::string_view endpoint, bool tls);

@@ -54,8 +54,8 @@ constexpr size_t kValueBytes = 8192;
 // Over HTTPS when given TLS files (masters with --tls-cert).
 absl::StatusOr<json> GetJson(const std::string& host, int port, const std::string& path,
                              const std::string& token = "", const auth::TlsFiles& tls = {}) {
-  auto cli = auth::NewHttpClient(absl::StrCat(tls.enabled() ? "https://" : "http://", host, ":", port), tls,
-                                 absl::Seconds(2));
+  ASSIGN_OR_RETURN(auto cli, auth::NewHttpClient(absl::StrCat(tls.enabled() ? "https://" : "http://", host, ":", port),
+                                                 tls, absl::Seconds(2)));
   cli->set_connection_timeout(1);
   if (!token.empty()) cli->set_bearer_token_auth(token);
   auto res = cli->Get(path);

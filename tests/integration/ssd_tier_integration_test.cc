@@ -483,7 +483,9 @@ class SsdDaemonTlsTest : public SsdDaemonTest {
   // scheme with `tls`; -1 when no HTTP answer came.
   int MasterHttp(const std::string& method, const std::string& url, const auth::TlsFiles& tls,
                  const std::string& path, std::string* body = nullptr) {
-    auto cli = auth::NewHttpClient(url, tls, absl::Seconds(3));
+    absl::StatusOr<std::unique_ptr<httplib::Client>> made = auth::NewHttpClient(url, tls, absl::Seconds(3));
+    if (!made.ok()) return -1;
+    std::unique_ptr<httplib::Client>& cli = *made;
     httplib::Result res = method == "GET" ? cli->Get(path) : cli->Put(path, "x", "application/octet-stream");
     if (!res) return -1;
     if (body != nullptr) *body = res->body;
@@ -537,7 +539,7 @@ TEST_F(SsdDaemonTlsTest, EveryPortServesTlsAndCallersAreTheirCertificates) {
   const std::string daemon_https = absl::StrCat("https://127.0.0.1:", daemon_->port("http"));
   EXPECT_EQ(MasterHttp("GET", absl::StrCat("http://127.0.0.1:", daemon_->port("http")), {}, "/health"), -1);
   {
-    auto cli = auth::NewHttpClient(daemon_https, {certs_.ca, "", ""}, absl::Seconds(3));
+    ASSERT_OK_AND_ASSIGN(auto cli, auth::NewHttpClient(daemon_https, {certs_.ca, "", ""}, absl::Seconds(3)));
     httplib::Result res = cli->Post("/tier/stage", "", "application/x-protobuf");
     ASSERT_TRUE(res);
     EXPECT_EQ(res->status, 401);

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "config/base/status.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 
@@ -97,9 +98,11 @@ absl::StatusOr<std::unique_ptr<client::Client>> TestCluster::NewClient(std::vect
 }
 
 absl::StatusOr<std::string> TestCluster::HttpGet(const std::string& path, int port, const std::string& token) {
-  auto cli = auth::NewHttpClient(
-      auth::HttpUrl(absl::StrCat("127.0.0.1:", port == 0 ? http_port_ : port), options_.tls.enabled()), options_.tls,
-      absl::Seconds(5));
+  ASSIGN_OR_RETURN(
+      auto cli,
+      auth::NewHttpClient(
+          auth::HttpUrl(absl::StrCat("127.0.0.1:", port == 0 ? http_port_ : port), options_.tls.enabled()),
+          options_.tls, absl::Seconds(5)));
   if (!token.empty() || !options_.token.empty()) cli->set_bearer_token_auth(token.empty() ? options_.token : token);
   auto res = cli->Get(path);
   if (!res) return absl::UnavailableError(httplib::to_string(res.error()));

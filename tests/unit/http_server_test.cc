@@ -20,6 +20,38 @@
 namespace tierkv {
 namespace {
 
+// Endpoints come from peers (a daemon's tier, etcd): each is checked
+// before httplib parses it, whose port parser throws past INT_MAX.
+TEST(HttpEndpointTest, SoundEndpointsBecomeUrlsAndTheRestAreRefusedWithTheReason) {
+  for (const auto& [in, want] : std::vector<std::pair<std::string, std::string>>{
+           {"10.0.0.7:8900", "http://10.0.0.7:8900"},
+           {"http://node-3.rack_2.example:1", "http://node-3.rack_2.example:1"},
+           {"https://[fd00::1]:65535/", "https://[fd00::1]:65535"},
+       }) {
+    absl::StatusOr<std::string> url = auth::HttpEndpointUrl(in);
+    ASSERT_TRUE(url.ok()) << in << ": " << url.status();
+    EXPECT_EQ(*url, want);
+  }
+  for (const auto& [in, why] : std::vector<std::pair<std::string, std::string>>{
+           {"h:99999999999", "the port must be a number from 1 to 65535"},
+           {"h:0", "the port must be a number from 1 to 65535"},
+           {"h:65536", "the port must be a number from 1 to 65535"},
+           {"h:+80", "the port must be a number from 1 to 65535"},
+           {"h", "needs host:port"},
+           {":80", "the host is empty"},
+           {"ftp://h:21", "the scheme must be http:// or https://"},
+           {"a b:80", "the host must be a name or an address"},
+           {"h/../x:80", "the host must be a name or an address"},
+           {"[zz]:80", "a bracketed host must be an IPv6 address"},
+           {std::string(600, 'a') + ":80", "over 512 bytes"},
+       }) {
+    absl::StatusOr<std::string> url = auth::HttpEndpointUrl(in);
+    EXPECT_EQ(url.status().code(), absl::StatusCode::kInvalidArgument) << in;
+    EXPECT_NE(url.status().message().find(why), absl::string_view::npos) << in << ": " << url.status();
+    EXPECT_EQ(auth::NewHttpClient(in, {}, absl::Seconds(1)).status().code(), absl::StatusCode::kInvalidArgument) << in;
+  }
+}
+
 TEST(HttpServerTest, StopRightAfterStartReturnsAndAStartedServerAnswers) {
   // Start without waiting, so Stop often meets a loop that is not running
   // yet: httplib's stop() alone would be lost and the join would hang.
@@ -73,8 +105,8 @@ class HttpServerTlsTest : public ::testing::Test {
     return server;
   }
   std::unique_ptr<httplib::Client> Dial(const auth::TlsFiles& tls, bool https = true) {
-    return auth::NewHttpClient(absl::StrCat(https ? "https" : "http", "://127.0.0.1:", port_), tls,
-                               absl::Seconds(5));
+    return *auth::NewHttpClient(absl::StrCat(https ? "https" : "http", "://127.0.0.1:", port_), tls,
+                                absl::Seconds(5));
   }
 
   std::string dir_;

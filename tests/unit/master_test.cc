@@ -327,6 +327,30 @@ TEST_F(MasterSsdTest, SsdReplicasOfADaemonThatRestartedWhileTheMasterWasDownCome
   EXPECT_OK(m->index().CheckInvariants());
 }
 
+// A daemon's tier address is dialled by the master's evictor and by
+// readers: one no HTTP client can take (a port past INT_MAX made the
+// parser throw) is refused at each door and never installed.
+TEST_F(MasterSsdTest, ATierAddressNoClientCanDialIsRefusedAndNeverInstalled) {
+  auto m = NewMaster();
+  SegmentSpec bad = Tiered("i1");
+  bad.tier_http = "127.0.0.1:99999999999";
+  absl::Status refused = m->Mount({bad})[0];
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("segment a: its SSD tier's HTTP endpoint"));
+  EXPECT_TRUE(m->registry().Snapshot().empty());
+
+  ASSERT_OK(m->Mount({Tiered("i1")})[0]);
+  EXPECT_TRUE(m->Heartbeat({bad}, "").remount.empty());  // alive, its old address kept
+  ASSERT_EQ(m->registry().Snapshot().size(), 1u);
+  EXPECT_EQ(m->registry().Snapshot()[0].spec.tier_http, "127.0.0.1:9");
+  SsdRecords listing = Listing("i1", 1, {});
+  listing.tier_http = "https://bad host:80";
+  EXPECT_THAT(m->SyncSsd(listing).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(m->registry().Snapshot()[0].spec.tier_http, "127.0.0.1:9");
+  listing.tier_http = "";
+  EXPECT_OK(m->SyncSsd(listing).status());
+}
+
 TEST_F(MasterTest, MetadataKeyspace) {
   auto m = NewMaster();
   EXPECT_THAT(m->GetMetadata("x"), StatusIs(absl::StatusCode::kNotFound));
