@@ -608,7 +608,8 @@ std::string HaNode::StatusJson() {
                  {"seq", copy_.seq},
                  {"streamed_batches", copy_streamed_}};
   }
-  return j.dump();
+  // Addresses come from etcd's values, which need not be UTF-8.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace tierkv::master

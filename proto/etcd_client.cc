@@ -305,6 +305,9 @@ absl::StatusOr<std::vector<std::string>> ResolveEtcdMasters(absl::string_view ad
     }
     ASSIGN_OR_RETURN(auto members, etcd->List(prefix));
     for (const auto& [key, value] : members) {
+      // etcd answers a range with keys inside it; one outside (a broken
+      // proxy) is skipped rather than cut.
+      if (!absl::StartsWith(key, prefix)) continue;
       std::string m = key.substr(prefix.size());
       if (!m.empty() && std::find(masters.begin(), masters.end(), m) == masters.end()) masters.push_back(std::move(m));
     }
