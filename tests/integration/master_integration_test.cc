@@ -428,6 +428,28 @@ TEST_F(MasterProcessTest, MetadataEndpointRoundTrip) {
   EXPECT_EQ(http_->Get("/ready")->status, 200);
 }
 
+// A daemon's SSD tier address that no HTTP client can take (the parser
+// httplib uses throws on a port past INT_MAX) is refused with the reason,
+// over the wire, and the master serves on.
+TEST_F(MasterProcessTest, ASegmentWhoseTierAddressCannotBeDialledIsRefusedAndTheMasterServesOn) {
+  StartMaster();
+  v1::MountSegmentRequest req;
+  v1::Segment* s = req.add_segments();
+  s->set_name("seg-bad-tier");
+  s->set_host("host-b");
+  s->set_capacity(64 << 20);
+  s->set_incarnation("inc-1");
+  s->set_tier_http("127.0.0.1:99999999999");
+  s->set_ssd_capacity(1 << 30);
+  v1::MountSegmentResponse resp;
+  ASSERT_TRUE(stub_->MountSegment(Ctx().get(), req, &resp).ok());
+  ASSERT_EQ(resp.status_size(), 1);
+  EXPECT_EQ(resp.status(0).code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(resp.status(0).message(), ::testing::HasSubstr("the port must be a number from 1 to 65535"));
+  EXPECT_EQ(http_->Get("/health")->status, 200);
+  Mount("seg-good");  // the next daemon mounts as ever
+}
+
 TEST_F(MasterProcessTest, OversizedHttpBodyIs413) {
   StartMaster({"--max-http-body=64kib"});
   auto r = http_->Put("/metadata?key=big", std::string(1 << 20, 'x'), "application/octet-stream");
