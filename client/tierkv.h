@@ -10,7 +10,10 @@
  * UNAVAILABLE, 15 DATA_LOSS, ...). When `error` is not NULL and the call
  * fails, *error receives a message the caller frees with
  * tierkv_free_string. Handles are opaque and thread-safe; buffers are the
- * caller's and are not kept after a call returns. */
+ * caller's and are not kept after a call returns. No call lets a C++
+ * exception reach the caller: one raised inside is answered as a status
+ * (8 RESOURCE_EXHAUSTED for memory that could not be had, 13 INTERNAL
+ * otherwise). */
 #ifndef TIERKV_CLIENT_TIERKV_H_
 #define TIERKV_CLIENT_TIERKV_H_
 
