@@ -204,7 +204,15 @@ std::optional<std::string> ObjectIndex::Impl::OffloadTier(const Object& o) const
       o.replicas[0].ssd) {
     return std::nullopt;
   }
-  return registry_->TierFor(o.replicas[0].segment_id, o.size);
+  std::optional<std::string> tier = registry_->TierFor(o.replicas[0].segment_id, o.size);
+  if (tier && TierPaused(*tier, NowMs())) return std::nullopt;
+  return tier;
+}
+
+bool ObjectIndex::Impl::TierPaused(const std::string& tier, int64_t now_ms) const {
+  MutexLock lock(&tier_pause_mu_);
+  auto it = tier_paused_until_ms_.find(tier);
+  return it != tier_paused_until_ms_.end() && now_ms < it->second;
 }
 
 uint64_t ObjectIndex::Impl::EvictTenant(absl::string_view tenant, uint64_t bytes) {
@@ -282,10 +290,30 @@ void ObjectIndex::Impl::FinishMoves(std::vector<Move> moves) {
   for (size_t i = 0; i < moves.size(); ++i) by_tier[moves[i].tier_http].push_back(i);
   std::vector<absl::Status> got(moves.size(), absl::UnavailableError("no answer to the offload order"));
   for (const auto& [tier, which] : by_tier) {
+    // Moves picked before the tier was paused are not sent either.
+    if (TierPaused(tier, NowMs())) {
+      for (size_t i : which) {
+        got[i] = absl::UnavailableError(absl::StrCat("offload to ", tier, ": paused, an order went unanswered"));
+      }
+      continue;
+    }
     std::vector<TierOrder> orders;
     for (size_t i : which) orders.push_back(moves[i].order);
     std::vector<absl::Status> answer = options_.offload(tier, orders, options_.offload_timeout);
     for (size_t k = 0; k < which.size() && k < answer.size(); ++k) got[which[k]] = answer[k];
+    const bool unanswered =
+        answer.size() < which.size() || std::all_of(answer.begin(), answer.end(), [](const absl::Status& s) {
+          return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+        });
+    if (unanswered) {
+      {
+        MutexLock lock(&tier_pause_mu_);
+        tier_paused_until_ms_[tier] = NowMs() + absl::ToInt64Milliseconds(kTierPause);
+      }
+      TKV_LOG(WARNING) << "SSD tier " << tier << " did not take an order of " << which.size() << " ("
+                       << (answer.empty() ? absl::UnavailableError("no answer") : answer[0])
+                       << "); no order goes there for " << kTierPause;
+    }
   }
   const int64_t now = NowMs();
   FollowUp follow;

@@ -576,6 +576,15 @@ class ObjectIndex::Impl {
 
   Mutex evict_mu_;  // one evictor at a time
   size_t evict_cursor_ ABSL_GUARDED_BY(evict_mu_) = 0;
+  // SSD tiers whose last order went unanswered, and until when (ms) no
+  // order goes to them. Orders go out under evict_mu_, so a stalled daemon
+  // would otherwise hold every pass (and every put waiting for room) for
+  // offload_timeout once per round; paused, it costs that once per
+  // kTierPause and its objects are evicted as plain evictions meanwhile.
+  static constexpr absl::Duration kTierPause = absl::Seconds(10);
+  bool TierPaused(const std::string& tier, int64_t now_ms) const;
+  mutable Mutex tier_pause_mu_;  // a leaf: taken under shard locks
+  absl::flat_hash_map<std::string, int64_t> tier_paused_until_ms_ ABSL_GUARDED_BY(tier_pause_mu_);
   std::atomic<uint64_t> objects_{0}, pending_{0}, evictions_{0}, evicted_bytes_{0};
   std::atomic<uint64_t> evictor_passes_{0};
   TenantTable tenants_;

@@ -1265,6 +1265,7 @@ class OffloadTest : public IndexTest {
     IndexOptions o;
     o.offload = [this](const std::string& tier, const std::vector<TierOrder>& orders, absl::Duration) {
       std::lock_guard<std::mutex> lock(mu_);
+      ++calls_;
       std::vector<absl::Status> out;
       for (const TierOrder& t : orders) {
         tiers_.push_back(tier);
@@ -1305,6 +1306,7 @@ class OffloadTest : public IndexTest {
   std::vector<TierOrder> ordered_;
   bool fail_ = false;
   bool extent_freed_early_ = false;
+  size_t calls_ = 0;  // orders sent
 };
 
 TEST_F(OffloadTest, ReadPagesMoveToSsdAndStayReadableThroughAStagingExtent) {
@@ -1436,6 +1438,41 @@ TEST_F(OffloadTest, AFailedOffloadIsAPlainEviction) {
   EXPECT_EQ(index_->Stats().offloaded, 0u);
   EXPECT_EQ(index_->Stats().offload_failed, ordered_.size());
   EXPECT_LE(registry_->used(), 90u * 1024);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+// A tier that does not answer is sent nothing for a while: its objects
+// are evicted as plain evictions, and no pass waits on it again until the
+// pause is over.
+TEST_F(OffloadTest, ATierThatDoesNotAnswerIsPausedAndTriedAgainAfter) {
+  MountWithTier("seg-a", 100 * 1024, 1 << 20);
+  fail_ = true;
+  FillAndEvict(/*read=*/true);
+  ASSERT_EQ(calls_, 1u) << "one order, then the tier is paused";
+  const uint64_t failed = index_->Stats().offload_failed;
+  EXPECT_EQ(failed, ordered_.size());
+  EXPECT_LE(registry_->used(), 90u * 1024);
+
+  // More read pages evicted within the pause: no order, plain evictions.
+  auto fill_read = [&](const std::string& prefix) {
+    for (int i = 0; i < 40; ++i) {
+      ASSERT_OK(Put(absl::StrCat(prefix, i), 1024));
+      ASSERT_OK(index_->GetReplicas({absl::StrCat(prefix, i)})[0].status);
+      clock_.Advance(absl::Milliseconds(50));
+    }
+    clock_.Advance(options_.lease_ttl + absl::Seconds(1));
+    index_->EvictTo(50 * 1024);
+  };
+  fill_read("p");
+  EXPECT_EQ(calls_, 1u);
+  EXPECT_EQ(index_->Stats().offloaded, 0u);
+
+  // Past the pause, with the tier back: orders go out and pages move.
+  clock_.Advance(absl::Seconds(11));
+  fail_ = false;
+  fill_read("q");
+  EXPECT_GT(calls_, 1u);
+  EXPECT_GT(index_->Stats().offloaded, 0u);
   EXPECT_OK(index_->CheckInvariants());
 }
 
