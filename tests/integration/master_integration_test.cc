@@ -64,13 +64,19 @@ class MasterProcessTest : public ::testing::Test {
     return ctx;
   }
 
-  void Mount(const std::string& name, const std::string& incarnation = "inc-1") {
+  // One 64 MiB segment `name` on host-<name>.
+  static v1::MountSegmentRequest MountRequest(const std::string& name, const std::string& incarnation = "inc-1") {
     v1::MountSegmentRequest req;
     v1::Segment* s = req.add_segments();
     s->set_name(name);
     s->set_host("host-" + name);
     s->set_capacity(64 << 20);
     s->set_incarnation(incarnation);
+    return req;
+  }
+
+  void Mount(const std::string& name, const std::string& incarnation = "inc-1") {
+    v1::MountSegmentRequest req = MountRequest(name, incarnation);
     v1::MountSegmentResponse resp;
     ASSERT_TRUE(stub_->MountSegment(Ctx().get(), req, &resp).ok());
     ASSERT_EQ(resp.status(0).code(), 0) << resp.status(0).message();
@@ -433,14 +439,9 @@ TEST_F(MasterProcessTest, MetadataEndpointRoundTrip) {
 // over the wire, and the master serves on.
 TEST_F(MasterProcessTest, ASegmentWhoseTierAddressCannotBeDialledIsRefusedAndTheMasterServesOn) {
   StartMaster();
-  v1::MountSegmentRequest req;
-  v1::Segment* s = req.add_segments();
-  s->set_name("seg-bad-tier");
-  s->set_host("host-b");
-  s->set_capacity(64 << 20);
-  s->set_incarnation("inc-1");
-  s->set_tier_http("127.0.0.1:99999999999");
-  s->set_ssd_capacity(1 << 30);
+  v1::MountSegmentRequest req = MountRequest("seg-bad-tier");
+  req.mutable_segments(0)->set_tier_http("127.0.0.1:99999999999");
+  req.mutable_segments(0)->set_ssd_capacity(1 << 30);
   v1::MountSegmentResponse resp;
   ASSERT_TRUE(stub_->MountSegment(Ctx().get(), req, &resp).ok());
   ASSERT_EQ(resp.status_size(), 1);
@@ -785,12 +786,7 @@ TEST_F(MasterProcessTest, TokenAuthGuardsGrpcTheDirectLaneAndHttp) {
   EXPECT_NE(s.message().find("'old' expired at 2020-01-01"), std::string::npos) << s;
   s = AsStatus(stub_->Stats(TokenCtx("not-a-token-of-ours-00").get(), sreq, &sresp));
   EXPECT_TRUE(absl::IsUnauthenticated(s)) << s;
-  v1::MountSegmentRequest mount;
-  v1::Segment* seg = mount.add_segments();
-  seg->set_name("seg-a");
-  seg->set_host("host-a");
-  seg->set_capacity(64 << 20);
-  seg->set_incarnation("inc-1");
+  v1::MountSegmentRequest mount = MountRequest("seg-a");
   v1::MountSegmentResponse mresp;
   s = AsStatus(stub_->MountSegment(TokenCtx(kClientToken).get(), mount, &mresp));
   EXPECT_TRUE(absl::IsPermissionDenied(s)) << s;
