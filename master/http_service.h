@@ -17,12 +17,12 @@
 //
 // With --auth token every path needs a bearer token (config/base/auth.h):
 // PUT and DELETE /metadata the daemon role, other reads the client or
-// daemon role; /health, /ready, /healthz and /livez are open while `open_health`, /metrics
-// while `open_metrics`. A request without an accepted token gets 401, one
-// whose caller lacks the role 403, each with the reason as the body. A
-// metadata key belongs to the caller that first wrote it: another
-// daemon's PUT or DELETE of it gets 403 naming the owner (an admin's
-// passes).
+// daemon role; /health, /ready, /healthz and /livez are open while
+// `open_health`, /metrics while `open_metrics`. A request without an
+// accepted token gets 401, one whose caller lacks the role 403, each with
+// the reason as the body. A metadata key belongs to the caller that first
+// wrote it: another daemon's PUT or DELETE of it gets 403 naming the owner
+// (an admin's passes).
 //
 // Malformed requests get 400 and unknown paths 404, each with a JSON body
 // {"error": "..."}; bodies over the limit get 413.
