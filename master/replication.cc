@@ -178,9 +178,20 @@ absl::Status ReplicationLog::Await(uint64_t seq) {
   if (options_.mark_ahead) {
     MutexLock mark(&mark_mu_);
     if (!marked_) {
+      {
+        // A writer that waited here through a step-down asks etcd nothing.
+        MutexLock lock(&mu_);
+        if (closed_) {
+          return absl::UnavailableError(absl::StrCat("tierkv master: ", kNotLeader,
+                                                     " any more; the write may not have reached a standby"));
+        }
+      }
+      if (absl::Now() < mark_failed_until_) return mark_failure_;
       if (absl::Status s = options_.mark_ahead(true); !s.ok()) {
-        return absl::UnavailableError(absl::StrCat(
+        mark_failure_ = absl::UnavailableError(absl::StrCat(
             "the write reached no standby, and marking the leader ahead of its standbys failed: ", s.message()));
+        mark_failed_until_ = absl::Now() + options_.sync_timeout;
+        return mark_failure_;
       }
       marked_ = true;
       marked_now_ = true;

@@ -268,6 +268,10 @@ class ReplicationLog final : public Replicator {
   // taken under mu_.
   Mutex mark_mu_;
   bool marked_ ABSL_GUARDED_BY(mark_mu_) = false;
+  // A mark that failed, answered to the writers behind it until then
+  // (sync_timeout on), rather than each asking etcd again in turn.
+  absl::Status mark_failure_ ABSL_GUARDED_BY(mark_mu_);
+  absl::Time mark_failed_until_ ABSL_GUARDED_BY(mark_mu_) = absl::InfinitePast();
   std::atomic<bool> marked_now_{false};  // marked_, readable without waiting on mark_mu_
 };
 

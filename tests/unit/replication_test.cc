@@ -144,11 +144,23 @@ TEST(ReplicationLogTest, AWriteNoStandbyHasIsRefusedWhenTheMarkCannotBeMade) {
   marks.answer = absl::UnavailableError("etcd unreachable");
   ReplicationOptions o;
   o.mark_ahead = marks.fn();
+  o.sync_timeout = absl::Milliseconds(300);
   ReplicationLog log(o, store.get());
   store->SetReplicator(&log);
   absl::Status s = store->Write({{"o/1", "x", false}});
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
   EXPECT_NE(s.message().find("etcd unreachable"), std::string::npos) << s;
+  EXPECT_EQ(marks.ahead.load(), 1);
+  // The writes right behind it get the same answer without asking etcd
+  // again (each ask may take the etcd call's whole deadline).
+  s = store->Write({{"o/2", "x", false}});
+  EXPECT_NE(s.message().find("etcd unreachable"), std::string::npos) << s;
+  EXPECT_EQ(marks.ahead.load(), 1);
+  // After sync_timeout the next write asks again, and goes on once marked.
+  absl::SleepFor(absl::Milliseconds(350));
+  marks.answer = absl::OkStatus();
+  EXPECT_OK(store->Write({{"o/3", "x", false}}));
+  EXPECT_EQ(marks.ahead.load(), 2);
   store->SetReplicator(nullptr);
 }
 
