@@ -40,6 +40,12 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
 
 Mutation FromWire(const v1::StoreMutation& m) { return {m.key(), m.value(), m.remove()}; }
 
+// A write the log was closed under (a step-down) while it waited.
+absl::Status SteppedDown() {
+  return absl::UnavailableError(
+      absl::StrCat("tierkv master: ", kNotLeader, " any more; the write may not have reached a standby"));
+}
+
 }  // namespace
 
 namespace {
@@ -162,10 +168,7 @@ absl::Status ReplicationLog::Await(uint64_t seq) {
     }
     WakeList wake;
     MutexLock lock(&mu_);
-    if (closed_) {
-      return absl::UnavailableError(absl::StrCat("tierkv master: ", kNotLeader,
-                                                 " any more; the write may not have reached a standby"));
-    }
+    if (closed_) return SteppedDown();
     if (acked_ >= seq) return absl::OkStatus();
     if (synced_) {
       synced_ = false;
@@ -181,10 +184,7 @@ absl::Status ReplicationLog::Await(uint64_t seq) {
       {
         // A writer that waited here through a step-down asks etcd nothing.
         MutexLock lock(&mu_);
-        if (closed_) {
-          return absl::UnavailableError(absl::StrCat("tierkv master: ", kNotLeader,
-                                                     " any more; the write may not have reached a standby"));
-        }
+        if (closed_) return SteppedDown();
       }
       if (absl::Now() < mark_failed_until_) return mark_failure_;
       if (absl::Status s = options_.mark_ahead(true); !s.ok()) {
