@@ -210,6 +210,7 @@ std::optional<std::string> ObjectIndex::Impl::OffloadTier(const Object& o) const
 }
 
 bool ObjectIndex::Impl::TierPaused(const std::string& tier, int64_t now_ms) const {
+  if (now_ms >= pauses_end_ms_.load(std::memory_order_acquire)) return false;
   MutexLock lock(&tier_pause_mu_);
   auto it = tier_paused_until_ms_.find(tier);
   return it != tier_paused_until_ms_.end() && now_ms < it->second;
@@ -308,7 +309,12 @@ void ObjectIndex::Impl::FinishMoves(std::vector<Move> moves) {
     if (unanswered) {
       {
         MutexLock lock(&tier_pause_mu_);
-        tier_paused_until_ms_[tier] = NowMs() + absl::ToInt64Milliseconds(kTierPause);
+        const int64_t until = NowMs() + absl::ToInt64Milliseconds(kTierPause);
+        tier_paused_until_ms_[tier] = until;
+        // Written under the lock, so no other pause lowers it meanwhile.
+        if (until > pauses_end_ms_.load(std::memory_order_relaxed)) {
+          pauses_end_ms_.store(until, std::memory_order_release);
+        }
       }
       TKV_LOG(WARNING) << "SSD tier " << tier << " did not take an order of " << which.size() << " ("
                        << (answer.empty() ? absl::UnavailableError("no answer") : answer[0])

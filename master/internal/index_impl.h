@@ -585,6 +585,9 @@ class ObjectIndex::Impl {
   bool TierPaused(const std::string& tier, int64_t now_ms) const;
   mutable Mutex tier_pause_mu_;  // a leaf: taken under shard locks
   absl::flat_hash_map<std::string, int64_t> tier_paused_until_ms_ ABSL_GUARDED_BY(tier_pause_mu_);
+  // The latest pause's end: until then some tier may be paused. Every
+  // candidate of a pass asks, so past it none takes the lock.
+  std::atomic<int64_t> pauses_end_ms_{0};
   std::atomic<uint64_t> objects_{0}, pending_{0}, evictions_{0}, evicted_bytes_{0};
   std::atomic<uint64_t> evictor_passes_{0};
   TenantTable tenants_;
