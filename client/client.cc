@@ -16,12 +16,12 @@
 #include "client/internal/replica_cache.h"
 #include "client/internal/trailer_arena.h"
 #include "client/lender.h"
-#include "config/base/auth.h"
-#include "config/base/crc32c.h"
+#include "base/auth.h"
+#include "base/crc32c.h"
 #include "proto/etcd_client.h"
-#include "config/base/failpoint.h"
-#include "config/base/mutex.h"
-#include "config/base/status.h"
+#include "base/failpoint.h"
+#include "base/mutex.h"
+#include "base/status.h"
 #include "httplib.h"
 
 namespace tierkv::client {

@@ -87,7 +87,7 @@ struct ClientOptions {
   // Overrides `metadata` (tests, embedded clusters).
   std::shared_ptr<transport::MetadataClient> metadata_client;
   // The bearer token for a master running --auth token, sent with every
-  // RPC and metadata request (config/base/auth.h); or the file holding it
+  // RPC and metadata request (base/auth.h); or the file holding it
   // (read once by Create; `token` wins). Both empty: no token.
   std::string token;
   std::string token_file;

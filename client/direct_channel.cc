@@ -9,7 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "config/base/status.h"
+#include "base/status.h"
 #include "proto/master.pb.h"
 
 namespace tierkv::client::internal {
@@ -44,12 +44,12 @@ void DirectChannel::DropIdle() {
   idle_.clear();
 }
 
-void DirectChannel::Give(transport::tcp::Fd fd) {
+void DirectChannel::Give(net::Fd fd) {
   MutexLock lock(&mu_);
   if (idle_.size() < kMaxIdleConnections) idle_.push_back({std::move(fd), absl::Now()});
 }
 
-absl::StatusOr<transport::tcp::Fd> DirectChannel::Take(absl::Time deadline, Outcome* failure) {
+absl::StatusOr<net::Fd> DirectChannel::Take(absl::Time deadline, Outcome* failure) {
   *failure = Outcome::kNotSent;
   const absl::Time now = absl::Now();
   {
@@ -61,7 +61,7 @@ absl::StatusOr<transport::tcp::Fd> DirectChannel::Take(absl::Time deadline, Outc
     }
   }
   const absl::Time connect_by = std::min(deadline, now + kMaxConnect);
-  absl::StatusOr<transport::tcp::Fd> fd = transport::tcp::Dial(address_, connect_by);
+  absl::StatusOr<net::Fd> fd = net::Dial(address_, connect_by);
   if (!fd.ok()) {
     // An address the lane cannot dial (a gRPC target URI, say) will not
     // become dialable: gRPC alone serves it.
@@ -103,16 +103,16 @@ absl::Status DirectChannel::Exchange(int fd, DirectMethod method, const google::
   if (body > 0) {
     req->SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(buf->data() + direct::kHeaderSize));
   }
-  RETURN_IF_ERROR(transport::tcp::WriteFull(fd, buf->data(), buf->size(), deadline));
+  RETURN_IF_ERROR(net::WriteFull(fd, buf->data(), buf->size(), deadline));
   char header[direct::kHeaderSize];
-  (void)transport::tcp::SpinUntilReadable(fd, std::min(reply_spin_, deadline - absl::Now()));
-  RETURN_IF_ERROR(transport::tcp::ReadFull(fd, header, sizeof header, deadline));
+  (void)net::SpinUntilReadable(fd, std::min(reply_spin_, deadline - absl::Now()));
+  RETURN_IF_ERROR(net::ReadFull(fd, header, sizeof header, deadline));
   absl::StatusOr<direct::ReplyHeader> h = direct::DecodeReply(header, max_message_);
   if (!h.ok()) return absl::UnavailableError(absl::StrCat("reply: ", h.status().message()));
   std::string message(h->message_length, '\0');
-  RETURN_IF_ERROR(transport::tcp::ReadFull(fd, message.data(), message.size(), deadline));
+  RETURN_IF_ERROR(net::ReadFull(fd, message.data(), message.size(), deadline));
   buf->resize(h->length);
-  RETURN_IF_ERROR(transport::tcp::ReadFull(fd, buf->data(), buf->size(), deadline));
+  RETURN_IF_ERROR(net::ReadFull(fd, buf->data(), buf->size(), deadline));
   *answer = h->code == 0 ? absl::OkStatus() : absl::Status(static_cast<absl::StatusCode>(h->code), message);
   if (message_out != nullptr) *message_out = std::move(message);
   return absl::OkStatus();
@@ -124,7 +124,7 @@ DirectChannel::Result DirectChannel::Call(DirectMethod method, const google::pro
   const size_t body = req.ByteSizeLong();
   if (body > kMaxRequest) return {Outcome::kNotSent, absl::ResourceExhaustedError("large requests go over gRPC")};
   Outcome failure;
-  absl::StatusOr<transport::tcp::Fd> fd = Take(deadline, &failure);
+  absl::StatusOr<net::Fd> fd = Take(deadline, &failure);
   if (!fd.ok()) return {failure, fd.status()};
   std::string buf;
   absl::Status answer;

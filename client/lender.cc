@@ -3,9 +3,9 @@
 #include <random>
 
 #include "absl/strings/str_format.h"
-#include "config/base/failpoint.h"
-#include "config/base/log.h"
-#include "config/base/status.h"
+#include "base/failpoint.h"
+#include "base/log.h"
+#include "base/status.h"
 
 namespace tierkv::client {
 

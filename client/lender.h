@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/master_client.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 #include "transport/engine.h"
 #include "transport/memory.h"
 

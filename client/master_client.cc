@@ -10,8 +10,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "config/base/auth.h"
-#include "config/base/status.h"
+#include "base/auth.h"
+#include "base/status.h"
 #include "proto/channel_credentials.h"
 #include "proto/etcd_client.h"
 

@@ -35,8 +35,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/internal/direct_channel.h"
-#include "config/base/auth.h"
-#include "config/base/mutex.h"
+#include "base/auth.h"
+#include "base/mutex.h"
 #include "proto/direct_frame.h"
 #include "proto/master.grpc.pb.h"
 
@@ -52,10 +52,10 @@ struct MasterClientOptions {
   // How long a direct call busy-polls for its reply before sleeping in the
   // kernel (see BackendOptions::reply_spin); 0 never spins.
   absl::Duration reply_spin = absl::Microseconds(50);
-  // A bearer token for a master running --auth token (config/base/auth.h),
+  // A bearer token for a master running --auth token (base/auth.h),
   // sent with every call; empty: none.
   std::string token;
-  // TLS to a master serving gRPC with --tls-cert (config/base/auth.h):
+  // TLS to a master serving gRPC with --tls-cert (base/auth.h):
   // `tls.ca` verifies it, tls.cert/tls.key are ours for one that requires
   // them. With TLS the direct lane is off (it is plain TCP). Empty: plain.
   auth::TlsFiles tls;

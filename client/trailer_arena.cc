@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/crc32c.h"
-#include "config/base/log.h"
+#include "base/crc32c.h"
+#include "base/log.h"
 
 namespace tierkv::client::internal {
 

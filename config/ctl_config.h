@@ -13,7 +13,7 @@ struct CtlConfig {
   std::string master;     // gRPC host:port
   std::string http;       // the master's HTTP host:port
   std::string token_file;  // the caller's token for a master running --auth token
-  // TLS on the master's gRPC port (config/base/auth.h TlsFiles).
+  // TLS on the master's gRPC port (base/auth.h TlsFiles).
   std::string tls_ca;
   std::string tls_cert;
   std::string tls_key;

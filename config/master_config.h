@@ -11,9 +11,9 @@ namespace tierkv {
 
 struct MasterConfig {
   std::string listen;
-  std::string auth;        // none | token (config/base/auth.h)
+  std::string auth;        // none | token (base/auth.h)
   std::string token_file;  // the accepted tokens, for --auth token
-  // TLS on the master's gRPC port (config/base/auth.h TlsFiles).
+  // TLS on the master's gRPC port (base/auth.h TlsFiles).
   std::string tls_ca;
   std::string tls_cert;
   std::string tls_key;

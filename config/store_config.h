@@ -13,7 +13,7 @@ struct StoreConfig {
   std::string master;         // host:port of the master's gRPC
   std::string metadata;       // http://host:port of the metadata server
   std::string token_file;     // this daemon's token for the master
-  // TLS on the master's gRPC port (config/base/auth.h TlsFiles).
+  // TLS on the master's gRPC port (base/auth.h TlsFiles).
   std::string tls_ca;
   std::string tls_cert;
   std::string tls_key;

@@ -13,7 +13,7 @@ struct TierkvConfig {
   std::string master;        // host:port; empty = an embedded cluster
   std::string metadata;      // http://host:port (with --master)
   std::string token_file;    // with --master: the token for a master running --auth token
-  // TLS on the master's gRPC port (config/base/auth.h TlsFiles).
+  // TLS on the master's gRPC port (base/auth.h TlsFiles).
   std::string tls_ca;
   std::string tls_cert;
   std::string tls_key;

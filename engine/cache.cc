@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/log.h"
+#include "base/log.h"
 
 namespace tierkv::engine {
 

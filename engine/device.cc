@@ -6,7 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "config/base/log.h"
+#include "base/log.h"
 #include "transport/memory.h"
 
 #ifdef TIERKV_HAVE_CUDA

@@ -18,7 +18,7 @@
 #include <optional>
 #include <vector>
 
-#include "config/base/metrics.h"
+#include "base/metrics.h"
 #include "engine/cache.h"
 #include "engine/model.h"
 

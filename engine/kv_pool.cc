@@ -1,6 +1,6 @@
 #include "engine/kv_pool.h"
 
-#include "config/base/log.h"
+#include "base/log.h"
 
 namespace tierkv::engine {
 

@@ -17,7 +17,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/client.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 
 namespace tierkv::engine {
 

@@ -16,8 +16,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "config/base/failpoint.h"
-#include "config/base/log.h"
+#include "base/failpoint.h"
+#include "base/log.h"
 #include "master/replication.h"
 #include "proto/direct_frame.h"
 
@@ -82,7 +82,7 @@ void FrameReply(const absl::Status& status, const Resp* resp, std::string* buf, 
 
 absl::Status SendAll(int fd, const std::string& buf) {
   iovec iov{const_cast<char*>(buf.data()), buf.size()};
-  return transport::tcp::SendVecAll(fd, &iov, 1);
+  return net::SendVecAll(fd, &iov, 1);
 }
 
 // Closing with unread bytes sends a reset, which can reach the client
@@ -91,7 +91,7 @@ absl::Status SendAll(int fd, const std::string& buf) {
 // for 200 ms), letting the reply arrive.
 void DrainBeforeClose(int fd) {
   ::shutdown(fd, SHUT_WR);
-  transport::tcp::SetTimeouts(fd, absl::Milliseconds(200));
+  net::SetTimeouts(fd, absl::Milliseconds(200));
   char sink[16 << 10];
   for (size_t drained = 0; drained < (1u << 20);) {
     ssize_t n = ::recv(fd, sink, sizeof sink, 0);
@@ -141,7 +141,7 @@ DirectLane::DirectLane(Master* master, rpc::RpcMetrics* metrics, Options options
   spin_capped_ = &spins.Add({{"outcome", "capped"}});
 }
 
-transport::tcp::ServerSpin::Counts DirectLane::spins() const {
+net::ServerSpin::Counts DirectLane::spins() const {
   return {static_cast<uint64_t>(spin_call_->Value()), static_cast<uint64_t>(spin_idle_->Value()),
           static_cast<uint64_t>(spin_capped_->Value())};
 }
@@ -151,8 +151,8 @@ DirectLane::ThreadCounts DirectLane::threads() const {
           static_cast<int64_t>(connections_->Value())};
 }
 
-void DirectLane::SpinForNextCall(int fd, transport::tcp::SpinTracker* tracker) {
-  using Outcome = transport::tcp::ServerSpin::Outcome;
+void DirectLane::SpinForNextCall(int fd, net::SpinTracker* tracker) {
+  using Outcome = net::ServerSpin::Outcome;
   const Outcome outcome = spin_.Spin(fd);
   tracker->Spun(outcome);
   (outcome == Outcome::kCall ? spin_call_ : outcome == Outcome::kIdle ? spin_idle_ : spin_capped_)->Increment();
@@ -160,7 +160,7 @@ void DirectLane::SpinForNextCall(int fd, transport::tcp::SpinTracker* tracker) {
 
 DirectLane::~DirectLane() { Stop(); }
 
-void DirectLane::Start(transport::tcp::Fd listener, grpc::Server* grpc) {
+void DirectLane::Start(net::Fd listener, grpc::Server* grpc) {
   listener_ = std::move(listener);
   grpc_ = grpc;
   acceptor_ = std::thread([this] { AcceptLoop(); });
@@ -316,7 +316,7 @@ void DirectLane::Serve(Conn* conn) {
   }
   // The first four bytes say which protocol this is; both kinds of client
   // speak first (gRPC sends the HTTP/2 preface on connecting).
-  transport::tcp::SetTimeouts(fd, options_.first_bytes_timeout);
+  net::SetTimeouts(fd, options_.first_bytes_timeout);
   char magic[4];
   ssize_t n;
   do {
@@ -332,7 +332,7 @@ void DirectLane::Serve(Conn* conn) {
     } else if (first != direct::kCallMagic) {
       route = kGrpc;
       // gRPC expects the socket as it would have accepted it.
-      transport::tcp::SetTimeouts(fd, absl::ZeroDuration());
+      net::SetTimeouts(fd, absl::ZeroDuration());
       fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
       grpc::AddInsecureChannelFromFd(grpc_, fd);
       conn->fd = -1;
@@ -353,7 +353,7 @@ void DirectLane::Serve(Conn* conn) {
     // The first call (a client's ping) is read before the answer, so the
     // close that follows is a FIN the client reads after it, not a reset.
     char header[direct::kHeaderSize];
-    if (transport::tcp::RecvAll(fd, header, sizeof header).ok()) {
+    if (net::RecvAll(fd, header, sizeof header).ok()) {
       std::string buf;
       FrameReply<v1::StatsResponse>(
           absl::ResourceExhaustedError(absl::StrCat("the master's direct lane is at its cap of ",
@@ -371,16 +371,16 @@ void DirectLane::Serve(Conn* conn) {
     return;
   }
   connections_->Increment();
-  transport::tcp::SetTimeouts(fd, options_.idle_timeout);
+  net::SetTimeouts(fd, options_.idle_timeout);
   std::string buf;
   char header[direct::kHeaderSize];
   bool admitted = options_.auth == nullptr || !options_.auth->enabled();
   bool may_replicate = admitted;  // under --auth: a token with the admin role
   std::string tenant;
-  transport::tcp::SpinTracker spin(&spin_);
+  net::SpinTracker spin(&spin_);
   for (;;) {
     if (spin.hot()) SpinForNextCall(fd, &spin);
-    if (!transport::tcp::RecvAll(fd, header, sizeof header).ok()) break;
+    if (!net::RecvAll(fd, header, sizeof header).ok()) break;
     spin.Arrived();
     if (!Call(fd, peer, header, &buf, &admitted, &may_replicate, &tenant)) break;
     spin.Replied();
@@ -408,7 +408,7 @@ bool DirectLane::Call(int fd, const std::string& peer, const char* header, std::
     const size_t have = buf->size();
     const size_t next = std::min<size_t>(h->length, std::max<size_t>(have * 2, 64 << 10));
     buf->resize(next);
-    if (!transport::tcp::RecvAll(fd, buf->data() + have, next - have).ok()) return false;
+    if (!net::RecvAll(fd, buf->data() + have, next - have).ok()) return false;
   }
   if (!*admitted) {
     absl::Status refused = absl::UnauthenticatedError(

@@ -30,7 +30,7 @@
 //     first call, a ping, carried a token with the client role: otherwise
 //     UNAUTHENTICATED or PERMISSION_DENIED, and it closes.
 //
-// Spinning (transport::tcp::ServerSpin): a connection's thread that
+// Spinning (net::ServerSpin): a connection's thread that
 // polls for the next call a little after its reply spares a client
 // calling back to back the wake-up each call would cost; `spin` is the
 // window, `max_spinners` the connections spinning at once.
@@ -59,13 +59,13 @@
 #include <thread>
 
 #include "absl/time/time.h"
-#include "config/base/auth.h"
-#include "config/base/mutex.h"
+#include "base/auth.h"
+#include "base/mutex.h"
 #include "master/grpc_service.h"
 #include "master/master.h"
 #include "master/rpc_handlers.h"
 #include "proto/direct_frame.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 
 namespace grpc {
 class Server;
@@ -109,14 +109,14 @@ class DirectLane {
 
   // Serves `listener` (bound and listening). `grpc` is started and takes
   // every connection that is not direct; it must outlive Stop.
-  void Start(transport::tcp::Fd listener, grpc::Server* grpc);
+  void Start(net::Fd listener, grpc::Server* grpc);
   // No new connections after it returns; idempotent.
   void StopAccepting();
   // StopAccepting, then shuts every direct connection down (a handler
   // running finishes first) and joins the threads. Idempotent.
   void Stop();
 
-  transport::tcp::ServerSpin::Counts spins() const;
+  net::ServerSpin::Counts spins() const;
   // Connection threads started so far and alive now; direct connections open.
   struct ThreadCounts {
     uint64_t started = 0;
@@ -151,7 +151,7 @@ class DirectLane {
   bool Call(int fd, const std::string& peer, const char* header, std::string* buf, bool* admitted,
             bool* may_replicate, std::string* tenant);
   // Polls `fd` for the next call and counts how the spin ended.
-  void SpinForNextCall(int fd, transport::tcp::SpinTracker* tracker);
+  void SpinForNextCall(int fd, net::SpinTracker* tracker);
 
   Master* const master_;
   const Options options_;
@@ -163,8 +163,8 @@ class DirectLane {
   metrics::Counter* spin_call_;
   metrics::Counter* spin_idle_;
   metrics::Counter* spin_capped_;
-  transport::tcp::ServerSpin spin_;
-  transport::tcp::Fd listener_;
+  net::ServerSpin spin_;
+  net::Fd listener_;
   grpc::Server* grpc_ = nullptr;
   std::thread acceptor_;
   Mutex mu_;

@@ -4,8 +4,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/log.h"
-#include "config/base/status.h"
+#include "base/log.h"
+#include "base/status.h"
 #include "master/internal/index_impl.h"
 #include "proto/master.pb.h"
 

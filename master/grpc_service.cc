@@ -9,9 +9,9 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/auth.h"
-#include "config/base/metrics.h"
-#include "config/base/mutex.h"
+#include "base/auth.h"
+#include "base/metrics.h"
+#include "base/mutex.h"
 #include "master/direct_lane.h"
 #include "master/rpc_handlers.h"
 

@@ -40,7 +40,7 @@
 #include <thread>
 #include <vector>
 
-#include "config/base/auth.h"
+#include "base/auth.h"
 #include "master/master.h"
 #include "master/rpc_handlers.h"
 #include "proto/master.grpc.pb.h"

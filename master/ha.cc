@@ -11,9 +11,9 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/http_server.h"
-#include "config/base/log.h"
-#include "config/base/status.h"
+#include "base/http_server.h"
+#include "base/log.h"
+#include "base/status.h"
 #include "master/grpc_service.h"
 #include "nlohmann/json.hpp"
 #include "proto/channel_credentials.h"
@@ -61,7 +61,7 @@ class RefuseAll final : public grpc::CallbackGenericService {
 // leader's server to bind.
 class StandbyFront {
  public:
-  StandbyFront(transport::tcp::Fd listener, std::function<absl::Status()> refusal)
+  StandbyFront(net::Fd listener, std::function<absl::Status()> refusal)
       : listener_(std::move(listener)), refusal_(std::move(refusal)), grpc_service_(refusal_) {}
   ~StandbyFront() { (void)Release(); }
 
@@ -110,7 +110,7 @@ class StandbyFront {
   // Stops answering and returns the RPC listener, still listening: the
   // connections that arrive meanwhile wait in its backlog for the server.
   // Under TLS the port is closed and none is returned.
-  transport::tcp::Fd Release() {
+  net::Fd Release() {
     stop_ = true;
     if (acceptor_.joinable()) acceptor_.join();
     if (grpc_) grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
@@ -155,14 +155,14 @@ class StandbyFront {
       return;
     }
     absl::StatusOr<direct::CallHeader> call;
-    if (transport::tcp::ReadFull(fd, h, sizeof h, deadline).ok() && (call = direct::DecodeCall(h, 1 << 20)).ok()) {
+    if (net::ReadFull(fd, h, sizeof h, deadline).ok() && (call = direct::DecodeCall(h, 1 << 20)).ok()) {
       std::string body(call->length, '\0');
-      if (transport::tcp::ReadFull(fd, body.data(), body.size(), deadline).ok()) {
+      if (net::ReadFull(fd, body.data(), body.size(), deadline).ok()) {
         const absl::Status refused = refusal_();
         const std::string message(refused.message().substr(0, direct::kMaxMessage));
         direct::EncodeReply({static_cast<uint8_t>(refused.code()), static_cast<uint32_t>(message.size()), 0}, h);
-        if (transport::tcp::WriteFull(fd, h, sizeof h, deadline).ok()) {
-          (void)transport::tcp::WriteFull(fd, message.data(), message.size(), deadline);
+        if (net::WriteFull(fd, h, sizeof h, deadline).ok()) {
+          (void)net::WriteFull(fd, message.data(), message.size(), deadline);
         }
         ::shutdown(fd, SHUT_WR);  // the reply first, then the close
       }
@@ -170,7 +170,7 @@ class StandbyFront {
     ::close(fd);
   }
 
-  transport::tcp::Fd listener_;
+  net::Fd listener_;
   const std::function<absl::Status()> refusal_;
   RefuseAll grpc_service_;
   std::unique_ptr<grpc::Server> grpc_;
@@ -211,9 +211,9 @@ void HaNode::OpenFront() {
   if (front_ != nullptr) return;
   int port = 0;
   // Under TLS the front's gRPC server binds the port itself.
-  absl::StatusOr<transport::tcp::Fd> listener =
-      config_.tls_cert.empty() ? transport::tcp::Listen(config_.listen, static_cast<int>(config_.rpc_port), &port)
-                               : absl::StatusOr<transport::tcp::Fd>(transport::tcp::Fd());
+  absl::StatusOr<net::Fd> listener =
+      config_.tls_cert.empty() ? net::Listen(config_.listen, static_cast<int>(config_.rpc_port), &port)
+                               : absl::StatusOr<net::Fd>(net::Fd());
   auto front = listener.ok() ? std::make_unique<StandbyFront>(std::move(*listener), [this] {
     const View v = view();
     return absl::UnavailableError(absl::StrCat(
@@ -448,7 +448,7 @@ void HaNode::Promote(int64_t epoch, int64_t lease, bool had_copy) {
   // The standby's answers stop first. Its RPC listener goes to the server
   // as it is: connections made meanwhile wait in its backlog, none is
   // refused.
-  transport::tcp::Fd listener = front_ != nullptr ? front_->Release() : transport::tcp::Fd();
+  net::Fd listener = front_ != nullptr ? front_->Release() : net::Fd();
   front_.reset();
   copier_->Stop();
   copier_.reset();
@@ -458,7 +458,7 @@ void HaNode::Promote(int64_t epoch, int64_t lease, bool had_copy) {
       MutexLock lock(&mu_);
       epoch_ = static_cast<uint64_t>(epoch);
     }
-    listener = transport::tcp::Fd();  // the standby binds it again
+    listener = net::Fd();  // the standby binds it again
     Depose("its copy of the store became incomplete while it campaigned");
     return;
   }

@@ -47,8 +47,8 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "config/base/clock.h"
-#include "config/base/mutex.h"
+#include "base/clock.h"
+#include "base/mutex.h"
 #include "config/master_config.h"
 #include "proto/etcd_client.h"
 #include "master/replication.h"

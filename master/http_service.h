@@ -15,7 +15,7 @@
 //                                    least one segment is live; else 503
 //                                    with the reason as the body
 //
-// With --auth token every path needs a bearer token (config/base/auth.h):
+// With --auth token every path needs a bearer token (base/auth.h):
 // PUT and DELETE /metadata the daemon role, other reads the client or
 // daemon role; /health, /ready, /healthz and /livez are open while
 // `open_health`, /metrics while `open_metrics`. A request without an
@@ -28,7 +28,7 @@
 // {"error": "..."}; bodies over the limit get 413.
 #pragma once
 
-#include "config/base/auth.h"
+#include "base/auth.h"
 #include "httplib.h"
 #include "master/master.h"
 

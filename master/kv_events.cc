@@ -9,7 +9,7 @@
 #include <msgpack.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/log.h"
+#include "base/log.h"
 
 namespace tierkv::master {
 namespace {

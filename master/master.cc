@@ -6,9 +6,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "config/base/auth.h"
-#include "config/base/log.h"
-#include "config/base/status.h"
+#include "base/auth.h"
+#include "base/log.h"
+#include "base/status.h"
 #include "httplib.h"
 #include "proto/master.pb.h"
 

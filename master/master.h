@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "config/base/auth.h"
-#include "config/base/clock.h"
-#include "config/base/metrics.h"
+#include "base/auth.h"
+#include "base/clock.h"
+#include "base/metrics.h"
 #include "master/kv_events.h"
 #include "master/object_index.h"
 #include "master/persistence.h"
@@ -48,7 +48,7 @@ struct MasterOptions {
   // tier to take them over. 0: they leave with the segment.
   absl::Duration ssd_grace = absl::Minutes(10);
   // How long a data grant admits new connections to a daemon that runs
-  // --auth token (config/base/auth.h); connections it admitted stay.
+  // --auth token (base/auth.h); connections it admitted stay.
   absl::Duration data_grant_ttl = absl::Minutes(10);
   // Whether the RPC servers check callers' tokens (--auth token): without,
   // a daemon's data grants protect nothing, which a mount then says.

@@ -30,7 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "config/base/clock.h"
+#include "base/clock.h"
 #include "master/persistence.h"
 #include "master/segment_registry.h"
 #include "master/tenants.h"

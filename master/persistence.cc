@@ -5,8 +5,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/failpoint.h"
-#include "config/base/status.h"
+#include "base/failpoint.h"
+#include "base/status.h"
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 
 namespace tierkv::master {
 

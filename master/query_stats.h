@@ -34,8 +34,8 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "config/base/metrics.h"
-#include "config/base/mutex.h"
+#include "base/metrics.h"
+#include "base/mutex.h"
 #include "master/object_index.h"
 
 namespace tierkv::master {

@@ -11,12 +11,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "config/base/log.h"
-#include "config/base/status.h"
+#include "base/log.h"
+#include "base/status.h"
 #include "master/grpc_service.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "proto/direct_frame.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 
 namespace tierkv::master {
 
@@ -299,18 +299,18 @@ bool SendFrame(int fd, const v1::PullResponse& resp, std::string* buf) {
   direct::EncodeReply(h, buf->data());
   resp.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(buf->data() + direct::kHeaderSize));
   iovec iov{buf->data(), buf->size()};
-  return transport::tcp::SendVecAll(fd, &iov, 1).ok();
+  return net::SendVecAll(fd, &iov, 1).ok();
 }
 
 // One call frame (a PullRequest) off a replication stream; false at its end
 // or on anything that is not one.
 bool RecvCall(int fd, v1::PullRequest* req, std::string* buf) {
   char h[direct::kHeaderSize];
-  if (!transport::tcp::RecvAll(fd, h, sizeof h).ok()) return false;
+  if (!net::RecvAll(fd, h, sizeof h).ok()) return false;
   absl::StatusOr<direct::CallHeader> call = direct::DecodeCall(h, 1 << 20);
   if (!call.ok() || call->method != direct::DirectMethod::kReplicate) return false;
   buf->resize(call->length);
-  return transport::tcp::RecvAll(fd, buf->data(), buf->size()).ok() && req->ParseFromString(*buf);
+  return net::RecvAll(fd, buf->data(), buf->size()).ok() && req->ParseFromString(*buf);
 }
 
 }  // namespace
@@ -339,7 +339,7 @@ void ReplicationLog::Stream(int fd, const v1::PullRequest& first) {
   }
   // A standby acknowledges every frame, heartbeats included, so one silent
   // for this long is gone; one that stops reading is dropped as fast.
-  transport::tcp::SetTimeouts(fd, absl::Seconds(2));
+  net::SetTimeouts(fd, absl::Seconds(2));
   bool ended = false;  // guarded by mu_: the acknowledgements stopped
   uint64_t acked_next = next;  // guarded by mu_: the standby has every batch before this
   std::thread acks([&] {
@@ -348,7 +348,7 @@ void ReplicationLog::Stream(int fd, const v1::PullRequest& first) {
     for (;;) {
       // Under semi-sync, writers wait for this acknowledgement: a reader
       // asleep in recv adds its wake-up to every round.
-      transport::tcp::SpinUntilReadable(fd, options_.spin);
+      net::SpinUntilReadable(fd, options_.spin);
       if (!RecvCall(fd, &ack, &in)) break;
       WakeList wake;
       bool more;
@@ -660,7 +660,7 @@ absl::Status StandbyCopier::Apply(const v1::PullResponse& resp, ReplPosition* po
 
 absl::Status StandbyCopier::StreamFrom(const std::string& address, ReplPosition pos, bool* refused) {
   const absl::Duration patience = absl::Seconds(2);  // ten of the leader's heartbeats
-  ASSIGN_OR_RETURN(transport::tcp::Fd fd, transport::tcp::Dial(address, absl::Now() + patience));
+  ASSIGN_OR_RETURN(net::Fd fd, net::Dial(address, absl::Now() + patience));
   uint64_t generation;
   {
     MutexLock lock(&mu_);
@@ -686,7 +686,7 @@ absl::Status StandbyCopier::StreamFrom(const std::string& address, ReplPosition 
     out.resize(direct::kHeaderSize);
     direct::EncodeCall({direct::DirectMethod::kReplicate, static_cast<uint32_t>(req.ByteSizeLong())}, out.data());
     req.AppendToString(&out);
-    return transport::tcp::WriteFull(fd.get(), out.data(), out.size(), absl::Now() + patience);
+    return net::WriteFull(fd.get(), out.data(), out.size(), absl::Now() + patience);
   };
   if (!token_.empty()) {
     // A leader running --auth admits a connection by a first ping with a token.
@@ -695,16 +695,16 @@ absl::Status StandbyCopier::StreamFrom(const std::string& address, ReplPosition 
     out.resize(direct::kHeaderSize);
     direct::EncodeCall({direct::DirectMethod::kPing, static_cast<uint32_t>(hello.ByteSizeLong())}, out.data());
     hello.AppendToString(&out);
-    RETURN_IF_ERROR(transport::tcp::WriteFull(fd.get(), out.data(), out.size(), absl::Now() + patience));
+    RETURN_IF_ERROR(net::WriteFull(fd.get(), out.data(), out.size(), absl::Now() + patience));
     char h[direct::kHeaderSize];
-    RETURN_IF_ERROR(transport::tcp::ReadFull(fd.get(), h, sizeof h, absl::Now() + patience));
+    RETURN_IF_ERROR(net::ReadFull(fd.get(), h, sizeof h, absl::Now() + patience));
     absl::StatusOr<direct::ReplyHeader> pong = direct::DecodeReply(h, 1 << 20);
     if (!pong.ok()) {
       *refused = true;  // not a direct lane
       return pong.status();
     }
     std::string text(pong->message_length + pong->length, '\0');
-    RETURN_IF_ERROR(transport::tcp::ReadFull(fd.get(), text.data(), text.size(), absl::Now() + patience));
+    RETURN_IF_ERROR(net::ReadFull(fd.get(), text.data(), text.size(), absl::Now() + patience));
     if (pong->code != 0) {
       *refused = true;
       return absl::Status(static_cast<absl::StatusCode>(pong->code), text.substr(0, pong->message_length));
@@ -717,7 +717,7 @@ absl::Status StandbyCopier::StreamFrom(const std::string& address, ReplPosition 
   auto read = [&](v1::PullResponse* resp) -> absl::Status {
     char h[direct::kHeaderSize];
     const absl::Time deadline = absl::Now() + patience;
-    RETURN_IF_ERROR(transport::tcp::ReadFull(fd.get(), h, sizeof h, deadline));
+    RETURN_IF_ERROR(net::ReadFull(fd.get(), h, sizeof h, deadline));
     absl::StatusOr<direct::ReplyHeader> decoded = direct::DecodeReply(h, 64 << 20);
     if (!decoded.ok()) {
       *refused = !answered;  // not a direct lane (gRPC alone answers there)
@@ -726,7 +726,7 @@ absl::Status StandbyCopier::StreamFrom(const std::string& address, ReplPosition 
     const direct::ReplyHeader reply = *decoded;
     answered = true;
     in.resize(reply.message_length + reply.length);
-    RETURN_IF_ERROR(transport::tcp::ReadFull(fd.get(), in.data(), in.size(), deadline));
+    RETURN_IF_ERROR(net::ReadFull(fd.get(), in.data(), in.size(), deadline));
     if (reply.code != 0) {
       *refused = true;
       return absl::Status(static_cast<absl::StatusCode>(reply.code), in.substr(0, reply.message_length));
@@ -742,7 +742,7 @@ absl::Status StandbyCopier::StreamFrom(const std::string& address, ReplPosition 
     v1::PullResponse resp;
     // The next frame follows the leader's next commit, often within the
     // spin: waking from recv for it would add to a semi-sync round.
-    transport::tcp::SpinUntilReadable(fd.get(), spin_);
+    net::SpinUntilReadable(fd.get(), spin_);
     RETURN_IF_ERROR(read(&resp));
     // Frames that came while the last write was applied go in one write,
     // with one acknowledgement: the busier the leader, the larger each.

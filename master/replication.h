@@ -38,10 +38,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "config/base/auth.h"
+#include "base/auth.h"
 #include "absl/time/time.h"
-#include "config/base/mutex.h"
-#include "config/base/status.h"
+#include "base/mutex.h"
+#include "base/status.h"
 #include "master/persistence.h"
 #include "proto/master.grpc.pb.h"
 
@@ -90,7 +90,7 @@ class ServingGate {
     return std::chrono::steady_clock::now().time_since_epoch().count() <
            until_ns_.load(std::memory_order_acquire);
   }
-  // OK while open; UNAVAILABLE naming kNotLeader (config/base/status.h)
+  // OK while open; UNAVAILABLE naming kNotLeader (base/status.h)
   // otherwise.
   absl::Status Check() const;
   // For an answer already decided: OK if the gate is open, or opens again
@@ -186,7 +186,7 @@ class ReplicationLog final : public Replicator {
   // std::binary_semaphore: its timed wait spins on sched_yield, which
   // costs the other threads on a busy machine more than the wait saves;
   // nor absl::Notification, whose locking TSan cannot see here, as
-  // config/base/mutex.h explains.)
+  // base/mutex.h explains.)
   class Waiter {
    public:
     void Wake() {

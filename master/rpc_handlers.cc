@@ -4,7 +4,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_replace.h"
-#include "config/base/failpoint.h"
+#include "base/failpoint.h"
 
 namespace tierkv::master::rpc {
 

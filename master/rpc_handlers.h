@@ -13,7 +13,7 @@
 
 #include <string>
 
-#include "config/base/metrics.h"
+#include "base/metrics.h"
 #include "master/master.h"
 #include "proto/master.pb.h"
 

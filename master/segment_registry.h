@@ -28,7 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 #include "master/allocator.h"
 
 namespace tierkv::master {

@@ -16,9 +16,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "config/base/http_server.h"
-#include "config/base/log.h"
-#include "config/base/status.h"
+#include "base/http_server.h"
+#include "base/log.h"
+#include "base/status.h"
 #include "httplib.h"
 #include "master/direct_lane.h"
 #include "master/grpc_service.h"
@@ -112,7 +112,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   s->rpc_ = std::make_unique<MasterRpcService>(s->master_.get(), s->rpc_metrics_.get(), limits,
                                                static_cast<int>(QuarterOfTheCores(config.rpc_threads)), s->auth_.get());
   const auth::TlsFiles tls{config.tls_ca, config.tls_cert, config.tls_key};
-  absl::StatusOr<transport::tcp::Fd> listener;
+  absl::StatusOr<net::Fd> listener;
   grpc::ServerBuilder builder;
   if (tls.enabled()) {
     // gRPC owns the port and its TLS; the direct lane, plain TCP, is off
@@ -132,7 +132,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
                                                         : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
       listener = std::move(ha.listener);
     } else {
-      listener = transport::tcp::Listen(config.listen, static_cast<int>(config.rpc_port), &s->rpc_port_);
+      listener = net::Listen(config.listen, static_cast<int>(config.rpc_port), &s->rpc_port_);
     }
     if (!listener.ok()) {
       return absl::UnavailableError(absl::StrCat("cannot serve RPCs on ", config.listen, ":", config.rpc_port, ": ",

@@ -20,15 +20,15 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "config/base/auth.h"
-#include "config/base/http_server.h"
-#include "config/base/mutex.h"
+#include "base/auth.h"
+#include "base/http_server.h"
+#include "base/mutex.h"
 #include "config/master_config.h"
 #include "master/direct_lane.h"
 #include "master/grpc_service.h"
 #include "master/master.h"
 #include "master/replication.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 
 namespace grpc {
 class Server;
@@ -45,7 +45,7 @@ struct HaHooks {
   uint64_t epoch = 0;                        // MasterOptions::epoch
   // The RPC port, bound and listening already (a standby's, handed over so
   // the port never closes on promotion); invalid: bind it. Unused with TLS.
-  transport::tcp::Fd listener;
+  net::Fd listener;
 };
 
 class MasterServer {

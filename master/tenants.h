@@ -31,7 +31,7 @@
 #include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 
 namespace tierkv::master {
 

@@ -3,7 +3,7 @@
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
-#include "config/base/status.h"
+#include "base/status.h"
 
 namespace tierkv {
 

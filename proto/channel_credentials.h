@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "config/base/auth.h"
+#include "base/auth.h"
 
 namespace tierkv {
 

@@ -11,7 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
-#include "config/base/status.h"
+#include "base/status.h"
 #include "proto/etcd.grpc.pb.h"
 
 namespace tierkv {

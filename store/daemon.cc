@@ -13,10 +13,10 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/strings/str_split.h"
-#include "config/base/auth.h"
-#include "config/base/http_server.h"
-#include "config/base/log.h"
-#include "config/base/status.h"
+#include "base/auth.h"
+#include "base/http_server.h"
+#include "base/log.h"
+#include "base/status.h"
 #include "config/units.h"
 #include "httplib.h"
 #include "transport/numa.h"
@@ -223,7 +223,7 @@ absl::Status StoreDaemon::OpenSsd(const StoreConfig& config) {
       absl::string_view value = line;
       uint64_t stored = 0;
       if (absl::ConsumePrefix(&value, "region_size=") && absl::SimpleAtoi(value, &stored) &&
-          stored >= kIoAlign && stored % kIoAlign == 0) {
+          stored >= io::kIoAlign && stored % io::kIoAlign == 0) {
         if (stored != region_size) {
           TKV_LOG(WARNING) << "--ssd-region-size " << region_size << " ignored: " << config.ssd_dir
                            << " was made with regions of " << stored << " bytes";
@@ -242,11 +242,11 @@ absl::Status StoreDaemon::OpenSsd(const StoreConfig& config) {
     out << "region_size=" << region_size << "\nssd_id=" << id << "\n";
     if (!out.flush()) return absl::FailedPreconditionError(absl::StrCat("--ssd-dir ", config.ssd_dir, ": cannot write ", layout.string()));
   }
-  FileIoOptions fo;
+  io::FileIoOptions fo;
   fo.path = data.string();
-  fo.size = config.ssd_size / kIoAlign * kIoAlign;
+  fo.size = config.ssd_size / io::kIoAlign * io::kIoAlign;
   fo.direct = config.ssd_direct;
-  absl::StatusOr<std::unique_ptr<FileIo>> file = OpenUringFile(fo);
+  absl::StatusOr<std::unique_ptr<io::FileIo>> file = io::OpenUringFile(fo);
   if (!file.ok()) {
     if (!absl::IsResourceExhausted(file.status())) return Annotate(file.status(), "--ssd-dir");
     ssd_failure_ = std::string(file.status().message());

@@ -7,10 +7,10 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/crc32c.h"
-#include "config/base/failpoint.h"
-#include "config/base/log.h"
-#include "config/base/status.h"
+#include "base/crc32c.h"
+#include "base/failpoint.h"
+#include "base/log.h"
+#include "base/status.h"
 
 namespace tierkv::store {
 namespace {
@@ -47,7 +47,7 @@ struct EntryHeader {
   uint16_t flags;
 };
 static_assert(sizeof(EntryHeader) == 24);
-static_assert(sizeof(GroupHeader) + sizeof(EntryHeader) + kSsdMaxKey == kIoAlign);
+static_assert(sizeof(GroupHeader) + sizeof(EntryHeader) + kSsdMaxKey == io::kIoAlign);
 
 // An entry and its key, padded to 8 bytes.
 uint32_t EntrySize(size_t key_len) { return static_cast<uint32_t>((sizeof(EntryHeader) + key_len + 7) / 8 * 8); }
@@ -86,13 +86,13 @@ struct Entry {
 
 enum class HeaderCheck { kOk, kNoRecord, kTorn };
 
-// Checks the group block at `block` (kIoAlign bytes) for a group that must
+// Checks the group block at `block` (io::kIoAlign bytes) for a group that must
 // fit in `room` bytes, and lists its entries.
 HeaderCheck DecodeBlock(const char* block, uint64_t room, GroupHeader* g, std::vector<Entry>* entries) {
   std::memcpy(g, block, sizeof *g);
   if (g->magic != kMagic) return HeaderCheck::kNoRecord;
-  if (g->version != kVersion || g->used < sizeof *g || g->used > kIoAlign || g->group_len < kIoAlign ||
-      g->group_len % kIoAlign != 0 || g->group_len > room || BlockCrc(block, g->used) != g->header_crc) {
+  if (g->version != kVersion || g->used < sizeof *g || g->used > io::kIoAlign || g->group_len < io::kIoAlign ||
+      g->group_len % io::kIoAlign != 0 || g->group_len > room || BlockCrc(block, g->used) != g->header_crc) {
     return HeaderCheck::kTorn;
   }
   entries->clear();
@@ -120,16 +120,16 @@ std::string ErrnoName(int64_t result) {
 
 }  // namespace
 
-SsdTier::SsdTier(std::unique_ptr<FileIo> file, SsdTierOptions options)
+SsdTier::SsdTier(std::unique_ptr<io::FileIo> file, SsdTierOptions options)
     : file_(std::move(file)),
       options_(std::move(options)),
       num_regions_(static_cast<uint32_t>(file_->size() / options_.region_size)) {}
 
 SsdTier::~SsdTier() = default;
 
-absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(std::unique_ptr<FileIo> file, SsdTierOptions options) {
+absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(std::unique_ptr<io::FileIo> file, SsdTierOptions options) {
   if (file == nullptr) return absl::InvalidArgumentError("no file");
-  if (options.region_size < kIoAlign || options.region_size % kIoAlign != 0) {
+  if (options.region_size < io::kIoAlign || options.region_size % io::kIoAlign != 0) {
     return absl::InvalidArgumentError(absl::StrCat("region size ", options.region_size, " is not a multiple of 4 KiB"));
   }
   if (file->size() / options.region_size < 2) {
@@ -156,14 +156,14 @@ absl::Status SsdTier::Scan() {
   uint64_t max_seq = 0;
   uint32_t next_region = 0;
   std::vector<Cursor> active;
-  std::vector<AlignedBuffer> bufs;
+  std::vector<io::AlignedBuffer> bufs;
   while (next_region < num_regions_ || !active.empty()) {
     while (active.size() < kScanWave && next_region < num_regions_) active.push_back({next_region++, 0, false});
-    std::vector<IoOp> ops(active.size());
+    std::vector<io::IoOp> ops(active.size());
     if (bufs.size() < active.size()) bufs.resize(active.size());
     for (size_t i = 0; i < active.size(); ++i) {
-      if (bufs[i].data() == nullptr) bufs[i] = AlignedBuffer(kIoAlign);
-      ops[i] = {IoOp::kRead, uint64_t{active[i].region} * options_.region_size + active[i].pos, bufs[i].data(), kIoAlign};
+      if (bufs[i].data() == nullptr) bufs[i] = io::AlignedBuffer(io::kIoAlign);
+      ops[i] = {io::IoOp::kRead, uint64_t{active[i].region} * options_.region_size + active[i].pos, bufs[i].data(), io::kIoAlign};
     }
     RETURN_IF_ERROR(RunBatch(absl::MakeSpan(ops), "store.ssd.scan", EIO, "scan"));
     if (failed()) {
@@ -198,7 +198,7 @@ absl::Status SsdTier::Scan() {
           r.keys.push_back(std::move(key));
         }
         c.pos += g.group_len;
-        more = c.pos + kIoAlign <= options_.region_size;
+        more = c.pos + io::kIoAlign <= options_.region_size;
       }
       if (more) {
         next.push_back(c);
@@ -227,7 +227,7 @@ absl::Status SsdTier::Scan() {
   return absl::OkStatus();
 }
 
-absl::Status SsdTier::RunBatch(absl::Span<IoOp> ops, const char* failpoint, int fail_errno, const char* what) {
+absl::Status SsdTier::RunBatch(absl::Span<io::IoOp> ops, const char* failpoint, int fail_errno, const char* what) {
   if (ops.empty()) return absl::OkStatus();
   absl::Time start = absl::Now();
   int inject = 0;
@@ -236,13 +236,13 @@ absl::Status SsdTier::RunBatch(absl::Span<IoOp> ops, const char* failpoint, int 
     inject = ENOSPC;
   }
   if (inject != 0) {
-    for (IoOp& op : ops) op.result = -inject;
+    for (io::IoOp& op : ops) op.result = -inject;
   } else if (absl::Status s = file_->Run(ops); !s.ok()) {
     Fail(absl::StrCat(what, ": ", s.message()));
     return absl::OkStatus();
   }
   absl::Duration took = absl::Now() - start;
-  for (const IoOp& op : ops) {
+  for (const io::IoOp& op : ops) {
     if (op.result != static_cast<int64_t>(op.len)) {
       Fail(absl::StrCat(what, " at offset ", op.offset, ": ", ErrnoName(op.result)));
       return absl::OkStatus();
@@ -390,20 +390,20 @@ std::vector<absl::Status> SsdTier::WriteBatch(absl::Span<const SsdWrite> items) 
     auto layout = [&](const Group& g, uint32_t used, size_t end) {
       uint64_t pos = (used + 7) / 8 * 8;
       for (size_t p = g.first; p < end; ++p) {
-        planned[p].at = planned[p].direct ? AlignUp(pos) : pos;
+        planned[p].at = planned[p].direct ? io::AlignUp(pos) : pos;
         pos = planned[p].at + planned[p].size;
       }
-      return AlignUp(pos);
+      return io::AlignUp(pos);
     };
     // Places a value in the open group, or opens a group for it.
     auto place = [&](const std::string& key, const char* data, uint64_t size) -> absl::Status {
-      bool direct = size >= kDirectMin && reinterpret_cast<uintptr_t>(data) % kIoAlign == 0;
+      bool direct = size >= kDirectMin && reinterpret_cast<uintptr_t>(data) % io::kIoAlign == 0;
       planned.push_back({&key, data, size, 0, groups.size(), 0, direct, {}});
       if (!groups.empty()) {
         Group& g = groups.back();
         Region& r = regions_[g.region];
         uint32_t used = g.used + EntrySize(key.size());
-        if (used <= kIoAlign && static_cast<int64_t>(g.region) == open_region_ && r.write_ptr == g.start + g.len) {
+        if (used <= io::kIoAlign && static_cast<int64_t>(g.region) == open_region_ && r.write_ptr == g.start + g.len) {
           uint64_t len = layout(g, used, planned.size());
           if (g.start + len <= options_.region_size) {
             planned.back().group = groups.size() - 1;
@@ -454,7 +454,7 @@ std::vector<absl::Status> SsdTier::WriteBatch(absl::Span<const SsdWrite> items) 
     }
     for (size_t i = 0; i < items.size(); ++i) {
       const SsdWrite& w = items[i];
-      if (w.key.empty() || w.key.size() > kSsdMaxKey || AlignUp(kIoAlign + w.size) > options_.region_size) {
+      if (w.key.empty() || w.key.size() > kSsdMaxKey || io::AlignUp(io::kIoAlign + w.size) > options_.region_size) {
         out[i] = absl::InvalidArgumentError(absl::StrCat("SSD tier: key of ", w.key.size(), " bytes and value of ",
                                                          w.size, " bytes do not fit a record"));
         continue;
@@ -477,15 +477,15 @@ std::vector<absl::Status> SsdTier::WriteBatch(absl::Span<const SsdWrite> items) 
   // Outside the lock: checksums, copies into each group's staging buffer
   // (the block, small values, the partial last block of direct values), and
   // the ops in disk order.
-  std::vector<AlignedBuffer> stage(groups.size());
+  std::vector<io::AlignedBuffer> stage(groups.size());
   std::vector<Record> records(planned.size());  // what the index learns of each, once written
-  std::vector<IoOp> ops;
+  std::vector<io::IoOp> ops;
   for (size_t gi = 0, p = 0; gi < groups.size(); ++gi) {
     const Group& g = groups[gi];
-    stage[gi] = AlignedBuffer(g.len, /*zero=*/false);
+    stage[gi] = io::AlignedBuffer(g.len, /*zero=*/false);
     char* buf = stage[gi].data();
     uint64_t file_at = uint64_t{g.region} * options_.region_size + g.start;
-    std::memset(buf, 0, kIoAlign);
+    std::memset(buf, 0, io::kIoAlign);
     uint32_t entry_at = sizeof(GroupHeader);
     uint64_t end = g.used;        // of the bytes placed so far
     uint64_t staged_from = 0;     // start of the staged run not yet in an op
@@ -498,17 +498,17 @@ std::vector<absl::Status> SsdTier::WriteBatch(absl::Span<const SsdWrite> items) 
       std::memcpy(buf + entry_at + sizeof e, v.key->data(), v.key->size());
       entry_at += EntrySize(v.key->size());
       std::memset(buf + end, 0, v.at - end);  // the entries' padding, or a direct value's
-      uint64_t body = v.direct ? v.size / kIoAlign * kIoAlign : 0;
+      uint64_t body = v.direct ? v.size / io::kIoAlign * io::kIoAlign : 0;
       if (body > 0) {
-        if (v.at > staged_from) ops.push_back({IoOp::kWrite, file_at + staged_from, buf + staged_from, v.at - staged_from});
-        ops.push_back({IoOp::kWrite, file_at + v.at, const_cast<char*>(v.data), body});
+        if (v.at > staged_from) ops.push_back({io::IoOp::kWrite, file_at + staged_from, buf + staged_from, v.at - staged_from});
+        ops.push_back({io::IoOp::kWrite, file_at + v.at, const_cast<char*>(v.data), body});
         staged_from = v.at + body;
       }
       std::memcpy(buf + v.at + body, v.data + body, v.size - body);
       end = v.at + v.size;
     }
     std::memset(buf + end, 0, g.len - end);
-    if (g.len > staged_from) ops.push_back({IoOp::kWrite, file_at + staged_from, buf + staged_from, g.len - staged_from});
+    if (g.len > staged_from) ops.push_back({io::IoOp::kWrite, file_at + staged_from, buf + staged_from, g.len - staged_from});
     SealBlock(buf, g.count, g.seq, g.nonce, g.len, g.used);
   }
   absl::Status run = RunBatch(absl::MakeSpan(ops), "store.ssd.write", EIO, "write");
@@ -571,7 +571,7 @@ std::vector<absl::StatusOr<uint64_t>> SsdTier::ReadBatch(absl::Span<const SsdRea
     Record rec;
     uint64_t begin;  // aligned start of the read
     bool aging;
-    AlignedBuffer buf;
+    io::AlignedBuffer buf;
   };
   std::vector<Pending> pending;
   {
@@ -586,14 +586,14 @@ std::vector<absl::StatusOr<uint64_t>> SsdTier::ReadBatch(absl::Span<const SsdRea
         continue;
       }
       ++regions_[rec.region].pins;
-      pending.push_back({i, rec, rec.offset / kIoAlign * kIoAlign, Aging(rec.region), {}});
+      pending.push_back({i, rec, rec.offset / io::kIoAlign * io::kIoAlign, Aging(rec.region), {}});
     }
   }
-  std::vector<IoOp> ops(pending.size());
+  std::vector<io::IoOp> ops(pending.size());
   for (size_t i = 0; i < pending.size(); ++i) {
     Pending& p = pending[i];
-    p.buf = AlignedBuffer(AlignUp(p.rec.offset + p.rec.value_len) - p.begin, /*zero=*/false);
-    ops[i] = {IoOp::kRead, p.begin, p.buf.data(), p.buf.size()};
+    p.buf = io::AlignedBuffer(io::AlignUp(p.rec.offset + p.rec.value_len) - p.begin, /*zero=*/false);
+    ops[i] = {io::IoOp::kRead, p.begin, p.buf.data(), p.buf.size()};
   }
   absl::Status run = RunBatch(absl::MakeSpan(ops), "store.ssd.read", EIO, "read");
   bool broken = !run.ok() || failed();
@@ -673,8 +673,8 @@ absl::Status SsdTier::MarkDead(const Record& rec, const std::string& key, uint64
   // Read, change one entry's flags, write back: erases of one group must
   // not interleave.
   MutexLock erase_lock(&erase_mu_);
-  AlignedBuffer block(kIoAlign);
-  IoOp op{IoOp::kRead, rec.group, block.data(), kIoAlign};
+  io::AlignedBuffer block(io::kIoAlign);
+  io::IoOp op{io::IoOp::kRead, rec.group, block.data(), io::kIoAlign};
   absl::Status run = RunBatch(absl::MakeSpan(&op, 1), "store.ssd.read", EIO, "erase");
   if (run.ok() && !failed()) {
     GroupHeader g;
@@ -688,7 +688,7 @@ absl::Status SsdTier::MarkDead(const Record& rec, const std::string& key, uint64
     h.flags = kDead;
     std::memcpy(block.data() + e->at, &h, sizeof h);
     SealBlock(block.data(), g.count, g.seq, g.nonce, g.group_len, g.used);
-    op = {IoOp::kWrite, rec.group, block.data(), kIoAlign};
+    op = {io::IoOp::kWrite, rec.group, block.data(), io::kIoAlign};
     run = RunBatch(absl::MakeSpan(&op, 1), "store.ssd.write", EIO, "erase");
   }
   if (!run.ok()) return run;

@@ -1,5 +1,5 @@
 // SsdTier: a daemon's disk tier. Values live as records in one file
-// (through a FileIo: io_uring and O_DIRECT in production, an in-memory
+// (through a io::FileIo: io_uring and O_DIRECT in production, an in-memory
 // fake in tests), each record bound to its key and checked by CRC32C, so a
 // read returns the bytes that key was written with or an error, never
 // another key's bytes or a torn value.
@@ -38,7 +38,7 @@
 // Faults. An I/O error (EIO, ENOSPC, a short transfer) or a batch slower
 // than Options::slow_io marks the tier failed: every later call answers
 // UNAVAILABLE naming the first failure, and the daemon serves DRAM only.
-// Failpoints (config/base/failpoint.h): store.ssd.scan, store.ssd.write
+// Failpoints (base/failpoint.h): store.ssd.scan, store.ssd.write
 // (EIO), store.ssd.write_full (ENOSPC), store.ssd.read (EIO); `sleep:<ms>`
 // at any of them is a slow disk.
 //
@@ -60,14 +60,14 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "config/base/mutex.h"
-#include "store/file_io.h"
+#include "base/mutex.h"
+#include "base/io/file_io.h"
 
 namespace tierkv::store {
 
 // Keys longer than this are not kept on disk (a group block must hold the
 // key, so a scan reads one block per group).
-inline constexpr size_t kSsdMaxKey = kIoAlign - 64 - 24;
+inline constexpr size_t kSsdMaxKey = io::kIoAlign - 64 - 24;
 
 struct SsdTierOptions {
   uint64_t region_size = 16ull << 20;  // multiple of 4 KiB; the largest record
@@ -118,7 +118,7 @@ class SsdTier {
   // Scans the file's headers and indexes the records found.
   // INVALID_ARGUMENT for unusable options; UNAVAILABLE when the scan's I/O
   // fails.
-  static absl::StatusOr<std::unique_ptr<SsdTier>> Open(std::unique_ptr<FileIo> file, SsdTierOptions options);
+  static absl::StatusOr<std::unique_ptr<SsdTier>> Open(std::unique_ptr<io::FileIo> file, SsdTierOptions options);
   ~SsdTier();
 
   // Writes each value as a record (one submission for the batch, which
@@ -162,7 +162,7 @@ class SsdTier {
   struct Refresh {
     std::string key;
     Record old;
-    AlignedBuffer buf;
+    io::AlignedBuffer buf;
     uint64_t skip = 0;  // the value's offset in buf
   };
   struct Region {
@@ -173,11 +173,11 @@ class SsdTier {
     std::vector<std::string> keys;
   };
 
-  SsdTier(std::unique_ptr<FileIo> file, SsdTierOptions options);
+  SsdTier(std::unique_ptr<io::FileIo> file, SsdTierOptions options);
   absl::Status Scan();
   // Runs a batch, applying `failpoint`'s error as `fail_errno`; marks the
   // tier failed when it is slow. Non-OK when the batch could not run.
-  absl::Status RunBatch(absl::Span<IoOp> ops, const char* failpoint, int fail_errno, const char* what);
+  absl::Status RunBatch(absl::Span<io::IoOp> ops, const char* failpoint, int fail_errno, const char* what);
   void Fail(const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status FailedStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finds room for `len` bytes, reclaiming old regions if needed; pins the
@@ -196,7 +196,7 @@ class SsdTier {
   absl::Status MarkDead(const Record& rec, const std::string& key, uint64_t nonce) ABSL_LOCKS_EXCLUDED(mu_);
   void Notify(const std::vector<std::string>& dropped);
 
-  const std::unique_ptr<FileIo> file_;
+  const std::unique_ptr<io::FileIo> file_;
   const SsdTierOptions options_;
   const uint32_t num_regions_;
   Mutex erase_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one group block rewrite at a time

@@ -5,10 +5,10 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/auth.h"
-#include "config/base/log.h"
-#include "config/base/notify.h"
-#include "config/base/signals.h"
+#include "base/auth.h"
+#include "base/log.h"
+#include "base/notify.h"
+#include "base/signals.h"
 #include "config/master_config.h"
 #include "master/ha.h"
 #include "master/server.h"

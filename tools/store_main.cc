@@ -9,10 +9,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/auth.h"
-#include "config/base/log.h"
-#include "config/base/notify.h"
-#include "config/base/signals.h"
+#include "base/auth.h"
+#include "base/log.h"
+#include "base/notify.h"
+#include "base/signals.h"
 #include "config/store_config.h"
 #include "store/daemon.h"
 

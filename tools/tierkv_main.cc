@@ -10,10 +10,10 @@
 #include "absl/strings/str_split.h"
 #include <csignal>
 
-#include "config/base/http_server.h"
-#include "config/base/log.h"
-#include "config/base/metrics.h"
-#include "config/base/mutex.h"
+#include "base/http_server.h"
+#include "base/log.h"
+#include "base/metrics.h"
+#include "base/mutex.h"
 #include "config/units.h"
 #include "config/tierkv_config.h"
 #include "absl/strings/str_format.h"

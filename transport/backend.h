@@ -116,7 +116,7 @@ class ServedMemory {
   // newer epoch was seen (ObserveEpoch, or a write carrying it),
   // FAILED_PRECONDITION naming both. A newer epoch is taken as seen.
   virtual absl::Status AdmitWrite(uint64_t epoch) { return absl::OkStatus(); }
-  // Whether every connection must present a data grant (config/base/auth.h)
+  // Whether every connection must present a data grant (base/auth.h)
   // before it reads, writes or hands shakes.
   virtual bool DataGrantsRequired() const { return false; }
   // The data key of served segment (index, id); NOT_FOUND when not served.
@@ -138,7 +138,7 @@ class PeerChannel {
   virtual bool healthy() const = 0;
 };
 
-// A data grant for one segment (config/base/auth.h): what a client shows a
+// A data grant for one segment (base/auth.h): what a client shows a
 // daemon that runs --auth token, from the master.
 struct DataGrant {
   std::string grant;        // auth::kGrantBytes

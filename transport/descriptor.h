@@ -40,7 +40,7 @@ struct SegmentDescriptor {
   uint64_t segment_id = 0;
   std::string control;         // tcp endpoint of the serving engine's control channel
   // The serving engine admits a connection only with a data grant for
-  // this segment (config/base/auth.h); "auth": true in JSON, absent when false.
+  // this segment (base/auth.h); "auth": true in JSON, absent when false.
   bool auth = false;
   std::map<std::string, std::string> transports;  // name -> endpoint
   std::vector<BufferDescriptor> buffers;

@@ -57,7 +57,7 @@ struct EngineOptions {
   absl::Duration default_timeout = absl::Seconds(30);
   // Serving side: every segment gets a random data key (SegmentDataKey),
   // its descriptor says "auth", and every connection must show a data
-  // grant for it before moving bytes or shaking hands (config/base/auth.h).
+  // grant for it before moving bytes or shaking hands (base/auth.h).
   bool data_grants = false;
   // Client side: a data grant for a segment whose descriptor needs one,
   // from the master (the client library asks it and caches the answer;

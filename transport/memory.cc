@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "config/base/status.h"
+#include "base/status.h"
 #include "config/units.h"
 #include "transport/host_memory.h"
 #include "transport/numa.h"

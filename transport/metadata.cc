@@ -10,9 +10,9 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "config/base/auth.h"
-#include "config/base/mutex.h"
-#include "config/base/status.h"
+#include "base/auth.h"
+#include "base/mutex.h"
+#include "base/status.h"
 #include "httplib.h"
 
 namespace tierkv::transport {

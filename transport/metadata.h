@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "config/base/auth.h"
+#include "base/auth.h"
 
 namespace tierkv::transport {
 

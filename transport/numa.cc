@@ -17,7 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "config/base/status.h"
+#include "base/status.h"
 
 namespace tierkv::transport {
 namespace {

@@ -3,7 +3,7 @@
 #include <map>
 
 #include "absl/strings/str_join.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 #include "transport/internal/builtin.h"
 #include "transport/rdma/rdma_backend.h"
 #ifdef TIERKV_HAVE_CUDA

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "config/base/auth.h"
+#include "base/auth.h"
 #include "transport/backend.h"
 
 namespace tierkv::transport {

@@ -11,7 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "config/base/log.h"
+#include "base/log.h"
 
 namespace tierkv::transport {
 

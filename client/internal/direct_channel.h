@@ -27,9 +27,9 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 #include "proto/direct_frame.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 
 namespace tierkv::client::internal {
 
@@ -66,12 +66,12 @@ class DirectChannel {
 
  private:
   struct Idle {
-    transport::tcp::Fd fd;
+    net::Fd fd;
     absl::Time since;
   };
   // An idle connection that is still open, or a new, pinged one.
-  absl::StatusOr<transport::tcp::Fd> Take(absl::Time deadline, Outcome* failure);
-  void Give(transport::tcp::Fd fd);
+  absl::StatusOr<net::Fd> Take(absl::Time deadline, Outcome* failure);
+  void Give(net::Fd fd);
   void DropIdle();
   void BackOff(absl::Duration d);
   // One frame out (`req` of `body` bytes, its sizes already computed; null

@@ -43,7 +43,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/time/time.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 
 namespace tierkv::client::internal {
 

@@ -36,7 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 #include "transport/engine.h"
 
 namespace tierkv::client::internal {

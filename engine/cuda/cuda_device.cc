@@ -8,7 +8,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "config/base/log.h"
+#include "base/log.h"
 #include "engine/cuda/kernels.h"
 
 namespace tierkv::engine::cuda {

@@ -26,7 +26,7 @@
 
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "config/base/auth.h"
+#include "base/auth.h"
 
 namespace py = pybind11;
 using tierkv::client::Client;

@@ -37,7 +37,7 @@ struct Fixture {
     builder.RegisterService(&unimplemented);
     grpc = builder.BuildAndStart();
     if (grpc == nullptr) std::abort();
-    auto listener = transport::tcp::Listen("127.0.0.1", 0, &port);
+    auto listener = net::Listen("127.0.0.1", 0, &port);
     if (!listener.ok()) std::abort();
     master::DirectLane::Options o;
     o.limits.max_batch = 1024;
@@ -52,9 +52,9 @@ struct Fixture {
 // so its connection thread is done with them before the next input.
 void Exchange(int port, const std::string& bytes) {
   absl::Time deadline = absl::Now() + absl::Seconds(5);
-  auto fd = transport::tcp::Dial("127.0.0.1:" + std::to_string(port), deadline);
+  auto fd = net::Dial("127.0.0.1:" + std::to_string(port), deadline);
   FUZZ_CHECK(fd.ok());
-  (void)transport::tcp::WriteFull(fd->get(), bytes.data(), bytes.size(), deadline);
+  (void)net::WriteFull(fd->get(), bytes.data(), bytes.size(), deadline);
   ::shutdown(fd->get(), SHUT_WR);
   fuzz::DrainUntilClosed(fd->get(), deadline);
 }
@@ -76,13 +76,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK_OK(f->master->index().CheckInvariants());
   // Still serving: a ping on a new connection is answered OK.
   absl::Time deadline = absl::Now() + absl::Seconds(5);
-  auto fd = transport::tcp::Dial("127.0.0.1:" + std::to_string(f->port), deadline);
+  auto fd = net::Dial("127.0.0.1:" + std::to_string(f->port), deadline);
   FUZZ_CHECK(fd.ok());
   char frame[direct::kHeaderSize];
   direct::EncodeCall({direct::DirectMethod::kPing, 0}, frame);
-  FUZZ_CHECK(transport::tcp::WriteFull(fd->get(), frame, sizeof frame, deadline).ok());
+  FUZZ_CHECK(net::WriteFull(fd->get(), frame, sizeof frame, deadline).ok());
   char reply[direct::kHeaderSize];
-  FUZZ_CHECK(transport::tcp::ReadFull(fd->get(), reply, sizeof reply, deadline).ok());
+  FUZZ_CHECK(net::ReadFull(fd->get(), reply, sizeof reply, deadline).ok());
   auto h = direct::DecodeReply(reply, 1 << 20);
   FUZZ_CHECK(h.ok() && h->code == 0 && h->length == 0);
   ::shutdown(fd->get(), SHUT_WR);

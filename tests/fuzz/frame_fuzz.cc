@@ -24,7 +24,7 @@
 #include "transport/engine.h"
 #include "transport/memory.h"
 #include "transport/metadata.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 #include "transport/tcp/wire.h"
 
 namespace {
@@ -74,10 +74,10 @@ struct Fixture {
 // (so its connection thread is done with the request).
 void Exchange(int port, const uint8_t* data, size_t size) {
   absl::Time deadline = absl::Now() + absl::Seconds(5);
-  auto fd = tierkv::transport::tcp::Dial("127.0.0.1:" + std::to_string(port), deadline);
+  auto fd = tierkv::net::Dial("127.0.0.1:" + std::to_string(port), deadline);
   FUZZ_CHECK(fd.ok());
   // Best effort: a server that refuses a frame closes early, which ends the send.
-  (void)tierkv::transport::tcp::WriteFull(fd->get(), data, size, deadline);
+  (void)tierkv::net::WriteFull(fd->get(), data, size, deadline);
   ::shutdown(fd->get(), SHUT_WR);
   tierkv::fuzz::DrainUntilClosed(fd->get(), deadline);
 }
@@ -104,11 +104,11 @@ void Feed(Fixture* f, const uint8_t* data, size_t size) {
   uint8_t frame[tcp::kRequestSize];
   tcp::EncodeRequest(ping, frame);
   absl::Time deadline = absl::Now() + absl::Seconds(5);
-  auto fd = tcp::Dial("127.0.0.1:" + std::to_string(f->engine->port()), deadline);
+  auto fd = tierkv::net::Dial("127.0.0.1:" + std::to_string(f->engine->port()), deadline);
   FUZZ_CHECK(fd.ok());
-  FUZZ_CHECK(tcp::WriteFull(fd->get(), frame, sizeof(frame), deadline).ok());
+  FUZZ_CHECK(tierkv::net::WriteFull(fd->get(), frame, sizeof(frame), deadline).ok());
   uint8_t reply[tcp::kReplySize];
-  FUZZ_CHECK(tcp::ReadFull(fd->get(), reply, sizeof(reply), deadline).ok());
+  FUZZ_CHECK(tierkv::net::ReadFull(fd->get(), reply, sizeof(reply), deadline).ok());
   auto h = tcp::DecodeReply(reply, sizeof(reply));
   FUZZ_CHECK(h.ok() && h->id == 7 && h->status == tcp::WireStatus::kOk);
   // Return only once the server has finished with this connection too, as

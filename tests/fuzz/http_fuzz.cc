@@ -12,8 +12,8 @@
 
 #include <unistd.h>
 
-#include "config/base/auth.h"
-#include "config/base/http_server.h"
+#include "base/auth.h"
+#include "base/http_server.h"
 #include "master/http_service.h"
 #include "tests/fuzz/fuzz.h"
 #include "tests/fuzz/master_fixture.h"

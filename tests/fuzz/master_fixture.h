@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "config/base/clock.h"
+#include "base/clock.h"
 #include "master/master.h"
 #include "master/persistence.h"
 

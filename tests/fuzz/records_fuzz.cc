@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "config/base/clock.h"
+#include "base/clock.h"
 #include "master/master.h"
 #include "master/persistence.h"
 #include "google/protobuf/stubs/logging.h"

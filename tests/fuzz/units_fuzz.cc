@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
-#include "config/base/auth.h"
+#include "base/auth.h"
 #include "config/flags.h"
 #include "config/master_config.h"
 #include "config/units.h"

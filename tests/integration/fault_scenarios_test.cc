@@ -19,7 +19,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "config/base/crc32c.h"
+#include "base/crc32c.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "proto/master.grpc.pb.h"

@@ -21,8 +21,8 @@
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "client/master_client.h"
-#include "config/base/auth.h"
-#include "config/base/status.h"
+#include "base/auth.h"
+#include "base/status.h"
 #include "httplib.h"
 #include "proto/direct_frame.h"
 #include "proto/etcd_client.h"
@@ -36,7 +36,7 @@
 #include "tests/support/values.h"
 #include "transport/engine.h"
 #include "transport/metadata.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 
 namespace tierkv {
 namespace {
@@ -73,8 +73,8 @@ class Etcd {
     auto e = std::unique_ptr<Etcd>(new Etcd());
     std::vector<std::string> peers;
     for (int i = 0; i < members; ++i) {
-      e->client_ports_.push_back(transport::tcp::FreeLoopbackPort());
-      e->peer_ports_.push_back(transport::tcp::FreeLoopbackPort());
+      e->client_ports_.push_back(net::FreeLoopbackPort());
+      e->peer_ports_.push_back(net::FreeLoopbackPort());
       peers.push_back(absl::StrCat("m", i, "=http://127.0.0.1:", e->peer_ports_[i]));
     }
     for (int i = 0; i < members; ++i) {
@@ -158,8 +158,8 @@ class HaTest : public ::testing::Test {
       const int n = static_cast<int>(masters_.size());
       masters_.emplace_back();
       hosts_.push_back(hosts_apart_ ? absl::StrCat("127.0.0.", 2 + n) : "127.0.0.1");
-      rpc_.push_back(hosts_apart_ && n > 0 ? rpc_[0] : transport::tcp::FreeLoopbackPort());
-      http_.push_back(hosts_apart_ && n > 0 ? http_[0] : transport::tcp::FreeLoopbackPort());
+      rpc_.push_back(hosts_apart_ && n > 0 ? rpc_[0] : net::FreeLoopbackPort());
+      http_.push_back(hosts_apart_ && n > 0 ? http_[0] : net::FreeLoopbackPort());
     }
     std::vector<std::string> args{"--etcd=" + (etcd.empty() ? etcd_->endpoints() : etcd),
                                   "--cluster-id=test",
@@ -471,18 +471,18 @@ TEST_F(HaTest, ReplicationUnderAuthTakesAnAdminToken) {
   }
 
   // The direct lane: a client's token is admitted, its stream is not.
-  ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd, transport::tcp::Dial(at, absl::Now() + absl::Seconds(5)));
+  ASSERT_OK_AND_ASSIGN(net::Fd fd, net::Dial(at, absl::Now() + absl::Seconds(5)));
   auto call = [&](direct::DirectMethod method, const google::protobuf::Message& m) -> absl::StatusOr<uint32_t> {
     std::string out(direct::kHeaderSize, '\0');
     direct::EncodeCall({method, static_cast<uint32_t>(m.ByteSizeLong())}, out.data());
     m.AppendToString(&out);
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    RETURN_IF_ERROR(transport::tcp::WriteFull(fd.get(), out.data(), out.size(), deadline));
+    RETURN_IF_ERROR(net::WriteFull(fd.get(), out.data(), out.size(), deadline));
     char h[direct::kHeaderSize];
-    RETURN_IF_ERROR(transport::tcp::ReadFull(fd.get(), h, sizeof h, deadline));
+    RETURN_IF_ERROR(net::ReadFull(fd.get(), h, sizeof h, deadline));
     ASSIGN_OR_RETURN(direct::ReplyHeader r, direct::DecodeReply(h, 1 << 20));
     std::string rest(r.message_length + r.length, '\0');
-    RETURN_IF_ERROR(transport::tcp::ReadFull(fd.get(), rest.data(), rest.size(), deadline));
+    RETURN_IF_ERROR(net::ReadFull(fd.get(), rest.data(), rest.size(), deadline));
     return r.code;
   };
   v1::DirectHello hello;
@@ -723,16 +723,16 @@ TEST_F(HaTest, AStandbyNamesTheLeaderAndKeepsItsPortWhenElected) {
     EXPECT_THAT(refused.error_message(), ::testing::HasSubstr(kNotLeader));
     EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("the leader is " + leader_address));
 
-    ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd, transport::tcp::Dial(standby_address, absl::Now() + absl::Seconds(5)));
+    ASSERT_OK_AND_ASSIGN(net::Fd fd, net::Dial(standby_address, absl::Now() + absl::Seconds(5)));
     char h[direct::kHeaderSize];
     direct::EncodeCall({direct::DirectMethod::kPing, 0}, h);
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    ASSERT_OK(transport::tcp::WriteFull(fd.get(), h, sizeof h, deadline));
-    ASSERT_OK(transport::tcp::ReadFull(fd.get(), h, sizeof h, deadline));
+    ASSERT_OK(net::WriteFull(fd.get(), h, sizeof h, deadline));
+    ASSERT_OK(net::ReadFull(fd.get(), h, sizeof h, deadline));
     ASSERT_OK_AND_ASSIGN(direct::ReplyHeader reply, direct::DecodeReply(h, 1 << 20));
     EXPECT_EQ(reply.code, static_cast<uint8_t>(absl::StatusCode::kUnavailable));
     std::string message(reply.message_length, '\0');
-    ASSERT_OK(transport::tcp::ReadFull(fd.get(), message.data(), message.size(), deadline));
+    ASSERT_OK(net::ReadFull(fd.get(), message.data(), message.size(), deadline));
     EXPECT_THAT(message, ::testing::HasSubstr("the leader is " + leader_address));
   }
   // A client given only the standby learns the leader from it, either lane.

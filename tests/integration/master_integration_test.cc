@@ -17,15 +17,15 @@
 #include "absl/strings/str_split.h"
 #include "httplib.h"
 #include "client/master_client.h"
-#include "config/base/auth.h"
-#include "config/base/status.h"
+#include "base/auth.h"
+#include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "proto/direct_frame.h"
 #include "proto/master.grpc.pb.h"
 #include "tests/support/process.h"
 #include "tests/support/promtool.h"
 #include "tests/support/status_matchers.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 
 namespace tierkv {
 namespace {
@@ -499,12 +499,12 @@ TEST_F(MasterProcessTest, SigtermExitsCleanly) {
 class RawDirect {
  public:
   explicit RawDirect(int port) {
-    auto fd = transport::tcp::Dial(absl::StrCat("127.0.0.1:", port), absl::Now() + absl::Seconds(5));
+    auto fd = net::Dial(absl::StrCat("127.0.0.1:", port), absl::Now() + absl::Seconds(5));
     EXPECT_TRUE(fd.ok()) << fd.status();
     if (fd.ok()) fd_ = std::move(*fd);
   }
   void Send(const std::string& bytes) {
-    ASSERT_OK(transport::tcp::WriteFull(fd_.get(), bytes.data(), bytes.size(), absl::Now() + absl::Seconds(5)));
+    ASSERT_OK(net::WriteFull(fd_.get(), bytes.data(), bytes.size(), absl::Now() + absl::Seconds(5)));
   }
   void Call(direct::DirectMethod m, const std::string& body) {
     std::string frame(direct::kHeaderSize, '\0');
@@ -514,11 +514,11 @@ class RawDirect {
   // The reply's status (its message included), or the read's error.
   absl::Status Reply(std::string* body = nullptr) {
     char h[direct::kHeaderSize];
-    RETURN_IF_ERROR(transport::tcp::ReadFull(fd_.get(), h, sizeof h, absl::Now() + absl::Seconds(5)));
+    RETURN_IF_ERROR(net::ReadFull(fd_.get(), h, sizeof h, absl::Now() + absl::Seconds(5)));
     ASSIGN_OR_RETURN(direct::ReplyHeader reply, direct::DecodeReply(h, 64 << 20));
     std::string message(reply.message_length, '\0'), payload(reply.length, '\0');
-    RETURN_IF_ERROR(transport::tcp::ReadFull(fd_.get(), message.data(), message.size(), absl::Now() + absl::Seconds(5)));
-    RETURN_IF_ERROR(transport::tcp::ReadFull(fd_.get(), payload.data(), payload.size(), absl::Now() + absl::Seconds(5)));
+    RETURN_IF_ERROR(net::ReadFull(fd_.get(), message.data(), message.size(), absl::Now() + absl::Seconds(5)));
+    RETURN_IF_ERROR(net::ReadFull(fd_.get(), payload.data(), payload.size(), absl::Now() + absl::Seconds(5)));
     if (body != nullptr) *body = payload;
     return reply.code == 0 ? absl::OkStatus() : absl::Status(static_cast<absl::StatusCode>(reply.code), message);
   }
@@ -529,13 +529,13 @@ class RawDirect {
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
     for (;;) {
       char c;
-      absl::Status s = transport::tcp::ReadFull(fd_.get(), &c, 1, deadline);
+      absl::Status s = net::ReadFull(fd_.get(), &c, 1, deadline);
       if (!s.ok()) return absl::IsUnavailable(s);
     }
   }
 
  private:
-  transport::tcp::Fd fd_;
+  net::Fd fd_;
 };
 
 std::unique_ptr<client::MasterClient> NewMasterClient(int port, bool direct = true) {

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/eviction_sim.h"
 #include "engine/replay.h"
-#include "store/file_io.h"
+#include "base/io/file_io.h"
 #include "tests/support/cluster.h"
 #include "tests/support/sanitizers.h"
 #include "tests/support/status_matchers.h"
@@ -68,7 +68,7 @@ TEST_P(ReplayTraceTest, LargeStoreReachesTheInfiniteCacheBound) {
 // docs/eviction.md; this slice is short, so its DRAM is tiny and the bar
 // lower.
 TEST_P(ReplayTraceTest, TenPercentDramOverAnSsdTierKeepsWhatDramLoses) {
-  if (absl::Status u = store::UringAvailable(); !u.ok()) GTEST_SKIP() << u.message();
+  if (absl::Status u = io::UringAvailable(); !u.ok()) GTEST_SKIP() << u.message();
   auto trace = engine::ReadTrace(TracePath(GetParam()), 0, 800);
   ASSERT_TRUE(trace.ok()) << trace.status();
   engine::EngineConfig cfg = Synthetic();

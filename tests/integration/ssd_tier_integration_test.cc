@@ -13,9 +13,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
-#include "config/base/auth.h"
+#include "base/auth.h"
 #include "httplib.h"
-#include "store/file_io.h"
+#include "base/io/file_io.h"
 #include "transport/descriptor.h"
 #include "store/ssd_tier.h"
 #include "tests/support/cluster.h"
@@ -43,7 +43,7 @@ double Metric(const std::string& body, const std::string& name) {
 class SsdDaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (absl::Status u = store::UringAvailable(); !u.ok()) GTEST_SKIP() << u.message();
+    if (absl::Status u = io::UringAvailable(); !u.ok()) GTEST_SKIP() << u.message();
     // Short leases, no grace and a quick tick: a staging extent an SSD
     // hit takes is back within a fraction of a second.
     ASSERT_OK(cluster_.Start(
@@ -129,7 +129,7 @@ class SsdDaemonTest : public ::testing::Test {
   // Writes `n` records into dir's tier file as a daemon would have left
   // them, then tears the header of one more (a crash in its write).
   void LeaveRecords(int n) {
-    auto file = store::OpenUringFile({.path = dir_ + "/tierkv-ssd.dat", .size = kSize});
+    auto file = io::OpenUringFile({.path = dir_ + "/tierkv-ssd.dat", .size = kSize});
     ASSERT_OK(file.status());
     auto tier = store::SsdTier::Open(std::move(*file), {.region_size = kRegion});
     ASSERT_OK(tier.status());
@@ -389,7 +389,7 @@ TEST_F(SsdDaemonTest, PagesEvictedFromDramAreServedFromSsd) {
 class SsdDaemonAuthTest : public SsdDaemonTest {
  protected:
   void SetUp() override {
-    if (absl::Status u = store::UringAvailable(); !u.ok()) GTEST_SKIP() << u.message();
+    if (absl::Status u = io::UringAvailable(); !u.ok()) GTEST_SKIP() << u.message();
     dir_ = testing::MakeTempDir("tierkv-ssd");
     std::ofstream(dir_ + "/tokens") << "ssd-daemon-token-000000 ssd daemon\nssd-client-token-000000 reader client\n";
     std::ofstream(dir_ + "/daemon.token") << "ssd-daemon-token-000000\n";
@@ -455,7 +455,7 @@ TEST_F(SsdDaemonAuthTest, SignedTierOrdersMovePagesAndOthersAreRefused) {
 class SsdDaemonTlsTest : public SsdDaemonTest {
  protected:
   void SetUp() override {
-    if (absl::Status u = store::UringAvailable(); !u.ok()) GTEST_SKIP() << u.message();
+    if (absl::Status u = io::UringAvailable(); !u.ok()) GTEST_SKIP() << u.message();
     dir_ = testing::MakeTempDir("tierkv-ssd");
     std::filesystem::create_directories(dir_ + "/certs");
     absl::StatusOr<testing::TestCerts> certs = testing::MakeTestCerts(dir_ + "/certs");

@@ -13,8 +13,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/tierkv.h"
-#include "config/base/auth.h"
-#include "config/base/crc32c.h"
+#include "base/auth.h"
+#include "base/crc32c.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/support/cluster.h"
@@ -24,7 +24,7 @@
 #include "tests/support/values.h"
 #include "transport/descriptor.h"
 #include "transport/tcp/connection.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 #include "transport/tcp/wire.h"
 
 namespace tierkv {
@@ -67,7 +67,7 @@ class StoreClusterTest : public ::testing::Test {
   // grant: refused UNAUTHENTICATED saying a grant is needed, then closed.
   void ExpectRawReadRefused(const transport::SegmentDescriptor& d) {
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd, transport::tcp::Dial(d.transports.at("tcp"), deadline));
+    ASSERT_OK_AND_ASSIGN(net::Fd fd, net::Dial(d.transports.at("tcp"), deadline));
     transport::tcp::RequestHeader h;
     h.op = transport::tcp::WireOp::kRead;
     h.segment = d.segment_index;
@@ -76,16 +76,16 @@ class StoreClusterTest : public ::testing::Test {
     h.length = 4096;
     uint8_t head[transport::tcp::kRequestSize];
     transport::tcp::EncodeRequest(h, head);
-    ASSERT_OK(transport::tcp::WriteFull(fd.get(), head, sizeof head, deadline));
+    ASSERT_OK(net::WriteFull(fd.get(), head, sizeof head, deadline));
     uint8_t reply[transport::tcp::kReplySize];
-    ASSERT_OK(transport::tcp::ReadFull(fd.get(), reply, sizeof reply, deadline));
+    ASSERT_OK(net::ReadFull(fd.get(), reply, sizeof reply, deadline));
     ASSERT_OK_AND_ASSIGN(transport::tcp::ReplyHeader r, transport::tcp::DecodeReply(reply, sizeof reply));
     EXPECT_EQ(r.status, transport::tcp::WireStatus::kUnauthenticated);
     std::string why(r.length, '\0');
-    ASSERT_OK(transport::tcp::ReadFull(fd.get(), why.data(), why.size(), deadline));
+    ASSERT_OK(net::ReadFull(fd.get(), why.data(), why.size(), deadline));
     EXPECT_NE(why.find("needs a data grant"), std::string::npos) << why;
     char more;
-    EXPECT_FALSE(transport::tcp::ReadFull(fd.get(), &more, 1, deadline).ok());
+    EXPECT_FALSE(net::ReadFull(fd.get(), &more, 1, deadline).ok());
   }
   nlohmann::json Stats() {
     auto body = cluster_.HttpGet("/v1/stats");
@@ -905,7 +905,7 @@ TEST_F(StoreClusterTest, DaemonsWithAuthTokenServeOnlyConnectionsWithAGrant) {
   ASSERT_OK_AND_ASSIGN(v1::DataGrant g0, tcp->master().GrantData("daemon-0"));
   ASSERT_EQ(g0.grant().size(), auth::kGrantBytes);
   {
-    ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd, transport::tcp::Dial(d1.transports["tcp"], deadline));
+    ASSERT_OK_AND_ASSIGN(net::Fd fd, net::Dial(d1.transports["tcp"], deadline));
     transport::tcp::Connection c(std::move(fd), d1.transports["tcp"]);
     absl::Status st = c.Authenticate(d1.segment_index, d1.segment_id, {g0.grant(), g0.session_key()}, deadline);
     EXPECT_THAT(st, StatusIs(absl::StatusCode::kUnauthenticated));
@@ -913,7 +913,7 @@ TEST_F(StoreClusterTest, DaemonsWithAuthTokenServeOnlyConnectionsWithAGrant) {
   }
   {
     // The same grant on its own segment is admitted.
-    ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd, transport::tcp::Dial(d0.transports["tcp"], deadline));
+    ASSERT_OK_AND_ASSIGN(net::Fd fd, net::Dial(d0.transports["tcp"], deadline));
     transport::tcp::Connection c(std::move(fd), d0.transports["tcp"]);
     EXPECT_OK(c.Authenticate(d0.segment_index, d0.segment_id, {g0.grant(), g0.session_key()}, deadline));
   }
@@ -1171,12 +1171,12 @@ TEST_F(StoreClusterTest, MutualTlsAdmitsOnlyCertificatesTheMastersCaSigns) {
   // Plain bytes on the port (a direct-lane ping) get no answer a client could use.
   {
     const absl::Time deadline = absl::Now() + absl::Seconds(3);
-    ASSERT_OK_AND_ASSIGN(transport::tcp::Fd fd,
-                         transport::tcp::Dial(absl::StrCat("127.0.0.1:", cluster_.rpc_port()), deadline));
+    ASSERT_OK_AND_ASSIGN(net::Fd fd,
+                         net::Dial(absl::StrCat("127.0.0.1:", cluster_.rpc_port()), deadline));
     const std::string junk(64, '\x01');
-    (void)transport::tcp::WriteFull(fd.get(), junk.data(), junk.size(), deadline);
+    (void)net::WriteFull(fd.get(), junk.data(), junk.size(), deadline);
     char reply[64];
-    absl::Status read = transport::tcp::ReadFull(fd.get(), reply, sizeof reply, deadline);
+    absl::Status read = net::ReadFull(fd.get(), reply, sizeof reply, deadline);
     EXPECT_FALSE(read.ok());
   }
   EXPECT_TRUE(cluster_.master().Running());

@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/status.h"
+#include "base/status.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 

@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 
 namespace tierkv::testing {
 

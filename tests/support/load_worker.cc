@@ -30,7 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
-#include "config/base/crc32c.h"
+#include "base/crc32c.h"
 #include "tests/support/values.h"
 
 namespace {

@@ -7,7 +7,7 @@
 #include <random>
 #include <string>
 
-#include "config/base/crc32c.h"
+#include "base/crc32c.h"
 
 namespace tierkv::testing {
 

@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include "absl/time/clock.h"
-#include "config/base/auth.h"
+#include "base/auth.h"
 #include "config/flags.h"
 #include "config/master_config.h"
 #include "config/store_config.h"

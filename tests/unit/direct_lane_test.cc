@@ -12,14 +12,14 @@
 #include <netinet/in.h>
 
 #include "client/master_client.h"
-#include "config/base/status.h"
+#include "base/status.h"
 #include "master/direct_lane.h"
 #include "master/replication.h"
 #include "master/persistence.h"
 #include "proto/direct_frame.h"
 #include "proto/master.grpc.pb.h"
 #include "tests/support/status_matchers.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 
 namespace tierkv {
 namespace {
@@ -132,11 +132,11 @@ TEST(DirectPeerTest, PeersAreNamedAsGrpcNamesThem) {
   EXPECT_EQ(master::GrpcPeerName("fd:notanumber"), "fd:notanumber");
 
   int port = 0;
-  auto listener = transport::tcp::Listen("127.0.0.1", 0, &port);
+  auto listener = net::Listen("127.0.0.1", 0, &port);
   ASSERT_OK(listener.status());
-  auto dialed = transport::tcp::Dial(absl::StrCat("127.0.0.1:", port), absl::Now() + absl::Seconds(5));
+  auto dialed = net::Dial(absl::StrCat("127.0.0.1:", port), absl::Now() + absl::Seconds(5));
   ASSERT_OK(dialed.status());
-  transport::tcp::Fd accepted(::accept(listener->get(), nullptr, nullptr));
+  net::Fd accepted(::accept(listener->get(), nullptr, nullptr));
   ASSERT_TRUE(accepted.valid());
   sockaddr_in local{};
   socklen_t len = sizeof local;
@@ -158,7 +158,7 @@ class DirectLaneTest : public ::testing::Test {
     builder.RegisterService(&unimplemented_);
     grpc_ = builder.BuildAndStart();
     ASSERT_NE(grpc_, nullptr);
-    auto listener = transport::tcp::Listen("127.0.0.1", 0, &port_);
+    auto listener = net::Listen("127.0.0.1", 0, &port_);
     ASSERT_OK(listener.status());
     lane_ = std::make_unique<master::DirectLane>(master_.get(), metrics_.get(), o);
     lane_->Start(std::move(*listener), grpc_.get());
@@ -168,27 +168,27 @@ class DirectLaneTest : public ::testing::Test {
     if (grpc_) grpc_->Shutdown();
     if (lane_) lane_->Stop();
   }
-  transport::tcp::Fd Connect() {
-    auto fd = transport::tcp::Dial(absl::StrCat("127.0.0.1:", port_), absl::Now() + absl::Seconds(5));
+  net::Fd Connect() {
+    auto fd = net::Dial(absl::StrCat("127.0.0.1:", port_), absl::Now() + absl::Seconds(5));
     EXPECT_TRUE(fd.ok()) << fd.status();
-    return fd.ok() ? std::move(*fd) : transport::tcp::Fd();
+    return fd.ok() ? std::move(*fd) : net::Fd();
   }
   // A ping's answer on `fd`: its status, or the read's error.
   absl::Status Ping(int fd) {
     char h[direct::kHeaderSize];
     direct::EncodeCall({DirectMethod::kPing, 0}, h);
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    RETURN_IF_ERROR(transport::tcp::WriteFull(fd, h, sizeof h, deadline));
-    RETURN_IF_ERROR(transport::tcp::ReadFull(fd, h, sizeof h, deadline));
+    RETURN_IF_ERROR(net::WriteFull(fd, h, sizeof h, deadline));
+    RETURN_IF_ERROR(net::ReadFull(fd, h, sizeof h, deadline));
     ASSIGN_OR_RETURN(direct::ReplyHeader r, direct::DecodeReply(h, 1 << 20));
     std::string message(r.message_length, '\0');
-    RETURN_IF_ERROR(transport::tcp::ReadFull(fd, message.data(), message.size(), deadline));
+    RETURN_IF_ERROR(net::ReadFull(fd, message.data(), message.size(), deadline));
     return r.code == 0 ? absl::OkStatus() : absl::Status(static_cast<absl::StatusCode>(r.code), message);
   }
   // True once the lane has closed `fd` (EOF within 5 s).
   static bool Closed(int fd) {
     char c;
-    return absl::IsUnavailable(transport::tcp::ReadFull(fd, &c, 1, absl::Now() + absl::Seconds(5)));
+    return absl::IsUnavailable(net::ReadFull(fd, &c, 1, absl::Now() + absl::Seconds(5)));
   }
 
   ManualClock clock_;
@@ -206,11 +206,11 @@ TEST_F(DirectLaneTest, SilentConnectionsPastTheirCapMakeRoomForNewOnes) {
   master::DirectLane::Options o;
   o.max_unread = 2;
   StartLane(o);
-  transport::tcp::Fd silent1 = Connect();
+  net::Fd silent1 = Connect();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // accepted in this order
-  transport::tcp::Fd silent2 = Connect();
+  net::Fd silent2 = Connect();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  transport::tcp::Fd client = Connect();
+  net::Fd client = Connect();
   EXPECT_OK(Ping(client.get()));
   EXPECT_TRUE(Closed(silent1.get()));
   EXPECT_OK(Ping(silent2.get()));  // still served once it speaks
@@ -221,9 +221,9 @@ TEST_F(DirectLaneTest, SilentConnectionsAreClosedAfterTheFirstBytesTimeout) {
   master::DirectLane::Options o;
   o.first_bytes_timeout = absl::Milliseconds(100);
   StartLane(o);
-  transport::tcp::Fd silent = Connect();
+  net::Fd silent = Connect();
   EXPECT_TRUE(Closed(silent.get()));
-  transport::tcp::Fd client = Connect();
+  net::Fd client = Connect();
   EXPECT_OK(Ping(client.get()));
 }
 
@@ -231,17 +231,17 @@ TEST_F(DirectLaneTest, ConnectionsPastTheCapAreToldSoAndOthersKeepTheirs) {
   master::DirectLane::Options o;
   o.max_connections = 1;
   StartLane(o);
-  transport::tcp::Fd first = Connect();
+  net::Fd first = Connect();
   ASSERT_OK(Ping(first.get()));
-  transport::tcp::Fd second = Connect();
+  net::Fd second = Connect();
   absl::Status s = Ping(second.get());
   EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
   EXPECT_TRUE(Closed(second.get()));
   EXPECT_OK(Ping(first.get()));
-  first = transport::tcp::Fd();  // its place frees once the lane sees it go
+  first = net::Fd();  // its place frees once the lane sees it go
   absl::Status third = absl::UnknownError("not tried");
   for (int i = 0; i < 100 && !third.ok(); ++i) {
-    transport::tcp::Fd fd = Connect();
+    net::Fd fd = Connect();
     third = Ping(fd.get());
     if (!third.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -259,16 +259,16 @@ class DirectStreamTest : public DirectLaneTest {
     std::string out(direct::kHeaderSize, '\0');
     direct::EncodeCall({DirectMethod::kReplicate, static_cast<uint32_t>(req.ByteSizeLong())}, out.data());
     req.AppendToString(&out);
-    return transport::tcp::WriteFull(fd, out.data(), out.size(), absl::Now() + absl::Seconds(5));
+    return net::WriteFull(fd, out.data(), out.size(), absl::Now() + absl::Seconds(5));
   }
   // The next frame on `fd`: its batches' sequences, or its error.
   static absl::StatusOr<std::vector<uint64_t>> Frame(int fd) {
     char h[direct::kHeaderSize];
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    RETURN_IF_ERROR(transport::tcp::ReadFull(fd, h, sizeof h, deadline));
+    RETURN_IF_ERROR(net::ReadFull(fd, h, sizeof h, deadline));
     ASSIGN_OR_RETURN(direct::ReplyHeader r, direct::DecodeReply(h, 1 << 20));
     std::string in(r.message_length + r.length, '\0');
-    RETURN_IF_ERROR(transport::tcp::ReadFull(fd, in.data(), in.size(), deadline));
+    RETURN_IF_ERROR(net::ReadFull(fd, in.data(), in.size(), deadline));
     if (r.code != 0) return absl::Status(static_cast<absl::StatusCode>(r.code), in);
     v1::PullResponse resp;
     if (!resp.ParseFromArray(in.data(), static_cast<int>(r.length))) return absl::DataLossError("unparsable");
@@ -287,7 +287,7 @@ class DirectStreamTest : public DirectLaneTest {
 
 TEST_F(DirectStreamTest, AMasterLeadingNoStandbysRefusesAStream) {
   StartLane(master::DirectLane::Options());
-  transport::tcp::Fd fd = Connect();
+  net::Fd fd = Connect();
   ASSERT_OK(Call(fd.get(), 1));
   absl::StatusOr<std::vector<uint64_t>> refused = Frame(fd.get());
   EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
@@ -307,7 +307,7 @@ TEST_F(DirectStreamTest, ALeaderPushesBatchesAndReadsAcknowledgements) {
   master::DirectLane::Options o;
   o.replication = &log;
   StartLane(o);
-  transport::tcp::Fd fd = Connect();
+  net::Fd fd = Connect();
   ASSERT_OK(Call(fd.get(), 1));
   absl::StatusOr<std::vector<uint64_t>> first = Frame(fd.get());
   ASSERT_OK(first.status());
@@ -335,7 +335,7 @@ TEST_F(DirectStreamTest, ALeaderPushesBatchesAndReadsAcknowledgements) {
   ASSERT_OK(Call(fd.get(), 99));
   EXPECT_TRUE(ClosedAfterFrames(fd.get()));
   // So does the log's close (the leader was deposed).
-  transport::tcp::Fd again = Connect();
+  net::Fd again = Connect();
   ASSERT_OK(Call(again.get(), 5));
   log.Close();
   EXPECT_TRUE(ClosedAfterFrames(again.get()));
@@ -350,7 +350,7 @@ TEST_F(DirectLaneTest, OnlyAConnectionCallingBackToBackIsSpunFor) {
   master::DirectLane::Options o;
   o.spin = absl::Milliseconds(1);
   StartLane(o);
-  transport::tcp::Fd quick = Connect();
+  net::Fd quick = Connect();
   // Bursts of 200 until one was spun for (at most 20: on a loaded machine
   // this thread may be off its core for the 2 ms that heat a connection).
   int pings = 0;
@@ -358,15 +358,15 @@ TEST_F(DirectLaneTest, OnlyAConnectionCallingBackToBackIsSpunFor) {
     for (int i = 0; i < 200; ++i, ++pings) ASSERT_OK(Ping(quick.get()));
   }
   absl::SleepFor(absl::Milliseconds(20));  // its last spin ends, empty
-  const transport::tcp::ServerSpin::Counts after_quick = lane_->spins();
+  const net::ServerSpin::Counts after_quick = lane_->spins();
   EXPECT_GT(after_quick.call, 0u);
   EXPECT_LE(after_quick.call + after_quick.idle, static_cast<uint64_t>(pings));
-  transport::tcp::Fd slow = Connect();
+  net::Fd slow = Connect();
   for (int i = 0; i < 10; ++i) {
     ASSERT_OK(Ping(slow.get()));
     absl::SleepFor(absl::Milliseconds(10));
   }
-  const transport::tcp::ServerSpin::Counts after_slow = lane_->spins();
+  const net::ServerSpin::Counts after_slow = lane_->spins();
   EXPECT_EQ(after_slow.call, after_quick.call);
   EXPECT_EQ(after_slow.idle, after_quick.idle);
   EXPECT_EQ(after_slow.capped, after_quick.capped);
@@ -386,9 +386,9 @@ TEST_F(DirectLaneTest, AThreadWhoseConnectionClosedServesTheNext) {
     StartLane(o);
     constexpr int kConnections = 40;
     for (int i = 0; i < kConnections; ++i) {
-      transport::tcp::Fd fd = Connect();
+      net::Fd fd = Connect();
       ASSERT_OK(Ping(fd.get()));
-      fd = transport::tcp::Fd();
+      fd = net::Fd();
       // Until the lane has seen it close (bounded: 5 s).
       for (int t = 0; t < 500 && lane_->threads().connections != 0; ++t) absl::SleepFor(absl::Milliseconds(10));
     }
@@ -407,9 +407,9 @@ TEST_F(DirectLaneTest, AThreadWhoseConnectionClosedServesTheNext) {
 
 TEST_F(DirectLaneTest, NothingSpinsWithTheSpinOff) {
   StartLane({});
-  transport::tcp::Fd fd = Connect();
+  net::Fd fd = Connect();
   for (int i = 0; i < 100; ++i) ASSERT_OK(Ping(fd.get()));
-  const transport::tcp::ServerSpin::Counts none = lane_->spins();
+  const net::ServerSpin::Counts none = lane_->spins();
   EXPECT_EQ(none.call + none.idle + none.capped, 0u);
 }
 

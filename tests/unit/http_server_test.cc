@@ -2,7 +2,7 @@
 // SIGTERM at start-up) stops; a started one answers until stopped. Over
 // TLS: requests on a kept-alive connection, bodies larger than a TLS
 // record, client certificates, and peers that fail the handshake.
-#include "config/base/http_server.h"
+#include "base/http_server.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "config/base/auth.h"
+#include "base/auth.h"
 #include "tests/support/process.h"
 #include "tests/support/tls_certs.h"
 

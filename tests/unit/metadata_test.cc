@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "config/base/http_server.h"
+#include "base/http_server.h"
 #include "tests/support/status_matchers.h"
 
 namespace tierkv::transport {

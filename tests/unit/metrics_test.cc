@@ -1,4 +1,4 @@
-#include "config/base/metrics.h"
+#include "base/metrics.h"
 
 #include <gtest/gtest.h>
 
@@ -80,7 +80,7 @@ TEST(MetricsTest, SeveralRegistriesMakeOneValidExpositionWithTheirLabels) {
 
 #include <random>
 
-#include "config/base/crc32c.h"
+#include "base/crc32c.h"
 
 namespace tierkv {
 namespace {

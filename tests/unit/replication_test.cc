@@ -23,7 +23,7 @@
 #include "gtest/gtest.h"
 #include "proto/direct_frame.h"
 #include "tests/support/status_matchers.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 
 namespace tierkv::master {
 namespace {
@@ -231,12 +231,12 @@ class StreamPeer {
     pollfd p{mine_, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(wait.count())) != 1) return std::nullopt;
     char h[direct::kHeaderSize];
-    if (!transport::tcp::RecvAll(mine_, h, sizeof h).ok()) return std::nullopt;
+    if (!net::RecvAll(mine_, h, sizeof h).ok()) return std::nullopt;
     absl::StatusOr<direct::ReplyHeader> reply = direct::DecodeReply(h, 64 << 20);
     EXPECT_OK(reply.status());
     if (!reply.ok()) return std::nullopt;
     std::string body(reply->length, '\0');
-    EXPECT_OK(transport::tcp::RecvAll(mine_, body.data(), body.size()));
+    EXPECT_OK(net::RecvAll(mine_, body.data(), body.size()));
     v1::PullResponse resp;
     EXPECT_TRUE(resp.ParseFromString(body));
     return resp;
@@ -370,7 +370,7 @@ class CopierTest : public ::testing::TestWithParam<bool> {
       server_ = std::move(server);
     }
     if (GetParam() && !front_.valid()) {
-      absl::StatusOr<transport::tcp::Fd> l = transport::tcp::Listen("127.0.0.1", 0, &port_);
+      absl::StatusOr<net::Fd> l = net::Listen("127.0.0.1", 0, &port_);
       ASSERT_OK(l.status());
       front_ = std::move(*l);
       acceptor_ = std::thread([this] { Accept(); });
@@ -397,8 +397,8 @@ class CopierTest : public ::testing::TestWithParam<bool> {
       v1::PullRequest first;
       std::string body;
       absl::StatusOr<direct::CallHeader> call;
-      if (!transport::tcp::RecvAll(fd, h, sizeof h).ok() || !(call = direct::DecodeCall(h, 1 << 20)).ok() ||
-          (body.resize(call->length), !transport::tcp::RecvAll(fd, body.data(), body.size()).ok()) ||
+      if (!net::RecvAll(fd, h, sizeof h).ok() || !(call = direct::DecodeCall(h, 1 << 20)).ok() ||
+          (body.resize(call->length), !net::RecvAll(fd, body.data(), body.size()).ok()) ||
           !first.ParseFromString(body)) {
         ::close(fd);
         continue;
@@ -480,7 +480,7 @@ class CopierTest : public ::testing::TestWithParam<bool> {
   std::unique_ptr<v1::MasterHa::Service> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  transport::tcp::Fd front_;
+  net::Fd front_;
   std::thread acceptor_;
   Mutex streams_mu_;
   std::vector<std::thread> stream_threads_;

@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/crc32c.h"
+#include "base/crc32c.h"
 #include "tests/support/status_matchers.h"
 
 namespace tierkv::store {

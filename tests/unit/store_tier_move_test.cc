@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "store/file_io.h"
+#include "base/io/file_io.h"
 #include "client/client.h"
 #include "config/master_config.h"
 #include "config/store_config.h"

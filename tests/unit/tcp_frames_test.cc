@@ -9,7 +9,7 @@
 #include "transport/engine.h"
 #include "transport/memory.h"
 #include "transport/tcp/connection.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 #include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {
@@ -612,7 +612,7 @@ TEST(TcpSpinTest, RepliesInPiecesArriveWholeWithAnySpinWindow) {
 #include <map>
 
 #include "absl/strings/str_join.h"
-#include "config/base/auth.h"
+#include "base/auth.h"
 
 namespace tierkv::transport::tcp {
 namespace {

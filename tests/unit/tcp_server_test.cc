@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/signals.h"
+#include "base/signals.h"
 #include "tests/support/status_matchers.h"
 #include "transport/engine.h"
 #include "transport/memory.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 #include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {

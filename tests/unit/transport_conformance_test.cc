@@ -10,13 +10,13 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/crc32c.h"
+#include "base/crc32c.h"
 #include "tests/support/process.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/tls_certs.h"
 #include "transport/engine.h"
 #include "transport/memory.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 #include "transport/tcp/wire.h"
 
 namespace tierkv::transport {
@@ -429,15 +429,15 @@ TEST(TcpTls, PlainPeersAndUntrustingClientsAreRefusedClearly) {
   // Plain frames on the TLS port: no reply, the connection closes.
   {
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    ASSERT_OK_AND_ASSIGN(tcp::Fd fd, tcp::Dial(endpoint.substr(6), deadline));
+    ASSERT_OK_AND_ASSIGN(net::Fd fd, net::Dial(endpoint.substr(6), deadline));
     tcp::RequestHeader h;
     h.op = tcp::WireOp::kPing;
     h.id = 1;
     uint8_t head[tcp::kRequestSize];
     tcp::EncodeRequest(h, head);
-    (void)tcp::WriteFull(fd.get(), head, sizeof head, deadline);
+    (void)net::WriteFull(fd.get(), head, sizeof head, deadline);
     uint8_t reply[tcp::kReplySize];
-    EXPECT_FALSE(tcp::ReadFull(fd.get(), reply, sizeof reply, deadline).ok());
+    EXPECT_FALSE(net::ReadFull(fd.get(), reply, sizeof reply, deadline).ok());
   }
   // A client without the CA (the system's trust store) is refused, and told why.
   EngineOptions c;

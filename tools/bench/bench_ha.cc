@@ -36,7 +36,7 @@
 #include "master/server.h"
 #include "nlohmann/json.hpp"
 #include "tools/bench/harness.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 #include "tools/bench/subcommands.h"
 
 extern char** environ;
@@ -188,7 +188,7 @@ struct Run {
 };
 
 absl::Status StartEtcd(Run* run) {
-  const int client = transport::tcp::FreeLoopbackPort(), peer = transport::tcp::FreeLoopbackPort();
+  const int client = net::FreeLoopbackPort(), peer = net::FreeLoopbackPort();
   run->etcd_endpoint = absl::StrCat("127.0.0.1:", client);
   ASSIGN_OR_RETURN(run->etcd,
                    Child::Spawn(kEtcd,
@@ -212,7 +212,7 @@ absl::Status StartEtcd(Run* run) {
 // RPC address once the standby has caught up.
 absl::StatusOr<std::string> StartPair(Run* run, const std::string& sync,
                                       std::vector<std::unique_ptr<master::HaNode>>* nodes) {
-  const std::vector<int> rpc{transport::tcp::FreeLoopbackPort(), transport::tcp::FreeLoopbackPort()}, http{transport::tcp::FreeLoopbackPort(), transport::tcp::FreeLoopbackPort()};
+  const std::vector<int> rpc{net::FreeLoopbackPort(), net::FreeLoopbackPort()}, http{net::FreeLoopbackPort(), net::FreeLoopbackPort()};
   for (int i = 0; i < 2; ++i) {
     ASSIGN_OR_RETURN(MasterConfig c,
                      Config({"--etcd=" + run->etcd_endpoint, "--cluster-id=rate-" + sync,
@@ -280,7 +280,7 @@ absl::Status PutRates(Run* run, int threads, json* out) {
 
 // Kills the leader `kills` times under a steady put load.
 absl::Status Failovers(Run* run, int kills, json* out) {
-  const std::vector<int> rpc{transport::tcp::FreeLoopbackPort(), transport::tcp::FreeLoopbackPort()}, http{transport::tcp::FreeLoopbackPort(), transport::tcp::FreeLoopbackPort()};
+  const std::vector<int> rpc{net::FreeLoopbackPort(), net::FreeLoopbackPort()}, http{net::FreeLoopbackPort(), net::FreeLoopbackPort()};
   std::vector<std::unique_ptr<Child>> masters(2);
   auto start = [&](int i) -> absl::Status {
     ASSIGN_OR_RETURN(masters[i],

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "config/bench_config.h"
-#include "config/base/log.h"
+#include "base/log.h"
 #include "tools/bench/subcommands.h"
 
 int main(int argc, char** argv) {

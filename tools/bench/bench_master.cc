@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/master_client.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 #include "config/master_config.h"
 #include "master/server.h"
 #include "nlohmann/json.hpp"

@@ -25,7 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "config/master_config.h"
 #include "config/store_config.h"
-#include "config/base/crc32c.h"
+#include "base/crc32c.h"
 #include "config/units.h"
 #include "master/server.h"
 #include "nlohmann/json.hpp"

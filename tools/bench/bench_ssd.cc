@@ -26,16 +26,16 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/log.h"
+#include "base/log.h"
 #include "nlohmann/json.hpp"
-#include "store/file_io.h"
+#include "base/io/file_io.h"
 #include "store/ssd_tier.h"
 #include "tools/bench/subcommands.h"
 
 namespace tierkv::bench {
 namespace {
 
-using store::AlignedBuffer;
+using io::AlignedBuffer;
 
 double Seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -189,7 +189,7 @@ bool RunTier(const std::string& dir, uint64_t file_size, uint64_t volume, uint64
   for (int pass = 0; pass < 2; ++pass) {
     if (pass == 0) std::filesystem::remove(path);
     if (pass == 1 && !ZeroFile(path, file_size)) return false;
-    auto file = store::OpenUringFile({.path = path, .size = file_size / store::kIoAlign * store::kIoAlign});
+    auto file = io::OpenUringFile({.path = path, .size = file_size / io::kIoAlign * io::kIoAlign});
     if (!file.ok()) {
       std::fprintf(stderr, "%s\n", file.status().ToString().c_str());
       return false;

@@ -17,7 +17,7 @@
 #include "tools/bench/subcommands.h"
 #include "transport/engine.h"
 #include "transport/memory.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 #ifdef TIERKV_HAVE_CUDA
 #include "transport/cuda/cuda_backend.h"
 #endif
@@ -31,8 +31,8 @@ using transport::Request;
 // A connected loopback TCP pair (client end, server end), blocking.
 std::pair<int, int> LoopbackPair() {
   int bound = 0;
-  auto listener = transport::tcp::Listen("127.0.0.1", 0, &bound);
-  auto client = transport::tcp::Dial(absl::StrCat("127.0.0.1:", bound), absl::Now() + absl::Seconds(5));
+  auto listener = net::Listen("127.0.0.1", 0, &bound);
+  auto client = net::Dial(absl::StrCat("127.0.0.1:", bound), absl::Now() + absl::Seconds(5));
   int server = accept(listener->get(), nullptr, nullptr);
   int c = client->release();
   int flags = 0;

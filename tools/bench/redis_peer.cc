@@ -15,7 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "tools/bench/harness.h"
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 
 extern char** environ;
 
@@ -94,7 +94,7 @@ absl::StatusOr<std::unique_ptr<RedisPeer>> RedisPeer::Start(uint64_t max_memory)
   absl::Status last = absl::UnavailableError("redis-server did not start");
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::unique_ptr<RedisPeer> peer(new RedisPeer());
-    peer->port_ = transport::tcp::FreeLoopbackPort();
+    peer->port_ = net::FreeLoopbackPort();
     if (peer->port_ == 0) return absl::UnavailableError("no free loopback port for redis-server");
     std::vector<std::string> args = {binary,         "--port",      std::to_string(peer->port_),
                                      "--bind",       "127.0.0.1",   "--save",

@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "config/base/mutex.h"
-#include "config/base/status.h"
+#include "base/mutex.h"
+#include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "transport/cuda/cuda_handshake.h"
 #include "transport/memory.h"

@@ -1,6 +1,6 @@
 #include "transport/cuda/cuda_handshake.h"
 
-#include "config/base/status.h"
+#include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "transport/internal/json_fields.h"
 

@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 #include "transport/backend.h"
 #include "transport/engine.h"
 

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 #include "transport/internal/builtin.h"
 
 namespace tierkv::transport {

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 #include "transport/rdma/verbs.h"
 
 namespace tierkv::transport::rdma {

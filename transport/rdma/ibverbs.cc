@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 #include "transport/rdma/verbs.h"
 
 namespace tierkv::transport::rdma {

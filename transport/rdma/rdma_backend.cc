@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "config/base/log.h"
-#include "config/base/mutex.h"
-#include "config/base/status.h"
+#include "base/log.h"
+#include "base/mutex.h"
+#include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "transport/internal/json_fields.h"
 

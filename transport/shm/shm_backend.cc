@@ -31,9 +31,9 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/crc32c.h"
-#include "config/base/mutex.h"
-#include "config/base/status.h"
+#include "base/crc32c.h"
+#include "base/mutex.h"
+#include "base/status.h"
 #include "nlohmann/json.hpp"
 #include "transport/internal/builtin.h"
 #include "transport/internal/json_fields.h"

@@ -10,8 +10,8 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
-#include "config/base/auth.h"
-#include "config/base/status.h"
+#include "base/auth.h"
+#include "base/status.h"
 #include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {
@@ -59,14 +59,14 @@ void Connection::RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<S
       uint8_t head[kRequestSize];
       EncodeRequest(h, head);
       iovec iov[2] = {{head, kRequestSize}, {s->local, op == Op::kWrite ? s->length : 0}};
-      if (absl::Status st = TlsWriteVecFull(ssl_.get(), iov, op == Op::kWrite ? 2 : 1, deadline); !st.ok()) {
+      if (absl::Status st = net::TlsWriteVecFull(ssl_.get(), iov, op == Op::kWrite ? 2 : 1, deadline); !st.ok()) {
         return fail("send to ", st);
       }
     }
     for (size_t i = start; i < end; ++i) {
       Slice* s = slices[i];
       uint8_t reply[kReplySize];
-      if (absl::Status st = TlsReadFull(ssl_.get(), reply, kReplySize, deadline); !st.ok()) {
+      if (absl::Status st = net::TlsReadFull(ssl_.get(), reply, kReplySize, deadline); !st.ok()) {
         return fail("recv from ", st);
       }
       absl::StatusOr<ReplyHeader> h = DecodeReply(reply, kReplySize);
@@ -77,7 +77,7 @@ void Connection::RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<S
       }
       std::string text(h->status == WireStatus::kOk ? 0 : h->length, '\0');
       void* into = h->status == WireStatus::kOk ? static_cast<void*>(s->local) : text.data();
-      if (absl::Status st = TlsReadFull(ssl_.get(), into, h->length, deadline); !st.ok()) {
+      if (absl::Status st = net::TlsReadFull(ssl_.get(), into, h->length, deadline); !st.ok()) {
         return fail("recv from ", st);
       }
       s->status = ReplyToStatus(h->status, text);
@@ -242,7 +242,7 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
         // does not spin through a long transfer. Never past the deadline.
         const bool small_rest = reply_got == kReplySize && current.length - payload_got <= kSpinPayload;
         const bool spun = blocking && reply_spin_ > absl::ZeroDuration() && (reply_got < kReplySize || small_rest) &&
-                          SpinUntilReadable(fd_.get(), std::min(reply_spin_, deadline - absl::Now()));
+                          net::SpinUntilReadable(fd_.get(), std::min(reply_spin_, deadline - absl::Now()));
         if (spun) flags = MSG_DONTWAIT;
         if (reply_got < kReplySize) {
           got = ::recv(fd_.get(), reply + reply_got, kReplySize - reply_got, flags);
@@ -343,13 +343,13 @@ void Connection::ArmTimeout(absl::Time deadline) {
   if (timeout_set_ != absl::ZeroDuration() && left + kSlack >= timeout_set_ && left <= timeout_set_ + absl::Seconds(1)) {
     return;
   }
-  SetTimeouts(fd_.get(), left);
+  net::SetTimeouts(fd_.get(), left);
   timeout_set_ = left;
 }
 
 bool Connection::Stale() const {
   pollfd p{fd_.get(), POLLIN | POLLRDHUP, 0};
-  return broken_ || (ssl_ != nullptr && TlsPending(ssl_.get())) || ::poll(&p, 1, 0) != 0;
+  return broken_ || (ssl_ != nullptr && net::TlsPending(ssl_.get())) || ::poll(&p, 1, 0) != 0;
 }
 
 void Connection::SetBlocking(bool on) {
@@ -398,12 +398,12 @@ absl::StatusOr<std::string> Connection::Exchange(RequestHeader h, const std::str
   EncodeRequest(h, head);
   iovec iov[2] = {{head, kRequestSize}, {const_cast<char*>(body.data()), body.size()}};
   const int count = body.empty() ? 1 : 2;
-  absl::Status st = ssl_ != nullptr ? TlsWriteVecFull(ssl_.get(), iov, count, deadline)
-                                    : WriteVecFull(fd_.get(), iov, count, deadline);
+  absl::Status st = ssl_ != nullptr ? net::TlsWriteVecFull(ssl_.get(), iov, count, deadline)
+                                    : net::WriteVecFull(fd_.get(), iov, count, deadline);
   uint8_t reply[kReplySize];
   if (st.ok()) {
-    st = ssl_ != nullptr ? TlsReadFull(ssl_.get(), reply, kReplySize, deadline)
-                         : ReadFull(fd_.get(), reply, kReplySize, deadline);
+    st = ssl_ != nullptr ? net::TlsReadFull(ssl_.get(), reply, kReplySize, deadline)
+                         : net::ReadFull(fd_.get(), reply, kReplySize, deadline);
   }
   if (!st.ok()) {
     broken_ = true;
@@ -415,8 +415,8 @@ absl::StatusOr<std::string> Connection::Exchange(RequestHeader h, const std::str
     return absl::UnavailableError(absl::StrCat(what, " with ", endpoint_, ": protocol error"));
   }
   std::string answer(r->length, '\0');
-  if (absl::Status s = ssl_ != nullptr ? TlsReadFull(ssl_.get(), answer.data(), answer.size(), deadline)
-                                        : ReadFull(fd_.get(), answer.data(), answer.size(), deadline);
+  if (absl::Status s = ssl_ != nullptr ? net::TlsReadFull(ssl_.get(), answer.data(), answer.size(), deadline)
+                                        : net::ReadFull(fd_.get(), answer.data(), answer.size(), deadline);
       !s.ok()) {
     broken_ = true;
     return absl::UnavailableError(absl::StrCat(what, " with ", endpoint_, ": ", s.message()));

@@ -17,8 +17,8 @@
 
 #include "absl/types/span.h"
 #include "transport/backend.h"
-#include "transport/tcp/socket.h"
-#include "transport/tcp/tls.h"
+#include "base/net/socket.h"
+#include "base/net/tls.h"
 #include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {
@@ -33,7 +33,7 @@ class Connection {
   // `reply_spin`: how long to busy-poll for each reply before sleeping in
   // the kernel (BackendOptions::reply_spin).
   // `ssl`: the connection's TLS (its handshake done), or null for plain.
-  Connection(Fd fd, std::string endpoint, absl::Duration reply_spin = absl::ZeroDuration(), SslPtr ssl = nullptr)
+  Connection(net::Fd fd, std::string endpoint, absl::Duration reply_spin = absl::ZeroDuration(), net::SslPtr ssl = nullptr)
       : fd_(std::move(fd)), endpoint_(std::move(endpoint)), reply_spin_(reply_spin), ssl_(std::move(ssl)) {}
 
   // Moves the slices of one segment (its index and id, from the
@@ -90,14 +90,14 @@ class Connection {
   // Sets the socket's receive/send timeout so a blocking call returns by
   // about `deadline`, unless the armed one already does.
   void ArmTimeout(absl::Time deadline);
-  Fd fd_;
+  net::Fd fd_;
   std::string endpoint_;
   // Payload bytes still to come below which a reply is spun for.
   static constexpr uint64_t kSpinPayload = 1 << 20;
   const absl::Duration reply_spin_;
   uint64_t next_id_ = 1;
   bool broken_ = false;
-  SslPtr ssl_;  // declared after fd_: freed before the socket closes
+  net::SslPtr ssl_;  // declared after fd_: freed before the socket closes
   bool blocking_ = false;                             // O_NONBLOCK cleared (after the first batch)
   absl::Duration timeout_set_ = absl::ZeroDuration();  // the socket's armed timeout; zero: none
 };

@@ -14,9 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "config/base/auth.h"
-#include "config/base/failpoint.h"
-#include "config/base/log.h"
+#include "base/auth.h"
+#include "base/failpoint.h"
+#include "base/log.h"
 #include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {
@@ -46,10 +46,10 @@ WireStatus ToWire(const absl::Status& s) {
   }
 }
 
-// Server sockets are blocking with per-call timeouts (SetTimeouts); `ssl`
+// Server sockets are blocking with per-call timeouts (net::SetTimeouts); `ssl`
 // set: the connection is TLS.
 absl::Status Recv(int fd, SSL* ssl, void* buf, size_t len) {
-  return ssl != nullptr ? TlsRecvAll(ssl, buf, len) : RecvAll(fd, buf, len);
+  return ssl != nullptr ? net::TlsRecvAll(ssl, buf, len) : net::RecvAll(fd, buf, len);
 }
 
 absl::Status SendReply(int fd, SSL* ssl, uint64_t id, const absl::Status& status, const char* payload,
@@ -67,7 +67,7 @@ absl::Status SendReply(int fd, SSL* ssl, uint64_t id, const absl::Status& status
   uint8_t head[kReplySize];
   EncodeReply(h, head);
   iovec iov[2] = {{head, kReplySize}, {const_cast<char*>(payload), length}};
-  return ssl != nullptr ? TlsSendVecAll(ssl, iov, length > 0 ? 2 : 1) : SendVecAll(fd, iov, length > 0 ? 2 : 1);
+  return ssl != nullptr ? net::TlsSendVecAll(ssl, iov, length > 0 ? 2 : 1) : net::SendVecAll(fd, iov, length > 0 ? 2 : 1);
 }
 
 constexpr uint64_t kWakeId = 0;
@@ -80,13 +80,13 @@ Server::Server(ServerOptions options, ServedMemory* served) : options_(std::move
 Server::~Server() { Stop(); }
 
 absl::Status Server::Start() {
-  absl::StatusOr<Fd> l = Listen(options_.listen, options_.port, &port_);
+  absl::StatusOr<net::Fd> l = net::Listen(options_.listen, options_.port, &port_);
   if (!l.ok()) return absl::UnavailableError(l.status().message());
   listener_ = std::move(*l);
   ::fcntl(listener_.get(), F_SETFL, ::fcntl(listener_.get(), F_GETFL) | O_NONBLOCK);
-  epoll_ = Fd(::epoll_create1(EPOLL_CLOEXEC));
-  wake_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  reserve_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  epoll_ = net::Fd(::epoll_create1(EPOLL_CLOEXEC));
+  wake_ = net::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  reserve_ = net::Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!epoll_.valid() || !wake_.valid()) return absl::InternalError("tcp server: cannot create its epoll set");
   epoll_event ev{};
   ev.events = EPOLLIN;  // level-triggered: every thread sees Stop
@@ -123,9 +123,9 @@ void Server::Stop() {
   MutexLock lock(&mu_);
   conns_.clear();
   open_.store(0);
-  listener_ = Fd();
-  epoll_ = Fd();
-  wake_ = Fd();
+  listener_ = net::Fd();
+  epoll_ = net::Fd();
+  wake_ = net::Fd();
 }
 
 void Server::IoLoop(int index) {
@@ -172,22 +172,22 @@ void Server::AcceptSome() {
       if ((errno == EMFILE || errno == ENFILE) && reserve_.valid()) {
         // Out of descriptors: the pending connection would keep the
         // listener readable forever. Free the reserve, refuse it, re-arm.
-        reserve_ = Fd();
-        Fd doomed(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+        reserve_ = net::Fd();
+        net::Fd doomed(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
         if (doomed.valid()) Refuse(std::move(doomed), "the process is out of file descriptors");
-        reserve_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+        reserve_ = net::Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
         continue;
       }
       return;  // EAGAIN: the backlog is empty
     }
-    Fd conn_fd(fd);
+    net::Fd conn_fd(fd);
     if (open_.load() >= static_cast<size_t>(std::max(1, options_.max_connections))) {
       Refuse(std::move(conn_fd), "at the connection cap (--max-connections)");
       continue;
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    SetTimeouts(fd, options_.frame_timeout);
+    net::SetTimeouts(fd, options_.frame_timeout);
     auto conn = std::make_unique<Conn>();
     conn->fd = std::move(conn_fd);
     Conn* raw = conn.get();
@@ -201,7 +201,7 @@ void Server::AcceptSome() {
   }
 }
 
-void Server::Refuse(Fd fd, const char* why) {
+void Server::Refuse(net::Fd fd, const char* why) {
   uint64_t n = refused_.fetch_add(1) + 1;
   // One BUSY reply, best effort (the socket buffer of a fresh connection
   // has room), so the client reports the reason rather than a bare EOF.
@@ -232,7 +232,7 @@ void Server::ServeConn(Conn* conn, uint8_t* scratch) {
       return;
     }
     // Bytes TLS has read already are invisible to the poller.
-    if (conn->ssl != nullptr && TlsPending(conn->ssl.get())) continue;
+    if (conn->ssl != nullptr && net::TlsPending(conn->ssl.get())) continue;
     // Frames already buffered (a pipelining client) are served now; none
     // buffered: back to the poller.
     pollfd p{fd, POLLIN, 0};
@@ -249,7 +249,7 @@ void Server::Park(Conn* conn) {
   ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
   // Frames TLS holds already (the turn ended first): a writable socket
   // wakes a thread for them at once, as new bytes would.
-  if (conn->ssl != nullptr && TlsPending(conn->ssl.get())) ev.events |= EPOLLOUT;
+  if (conn->ssl != nullptr && net::TlsPending(conn->ssl.get())) ev.events |= EPOLLOUT;
   ev.data.u64 = conn->id;
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, conn->fd.get(), &ev) != 0 &&
       ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, conn->fd.get(), &ev) != 0) {
@@ -327,7 +327,7 @@ bool Server::ServeOne(Conn* conn, uint8_t* scratch) {
     // The first bytes of a TLS connection: its handshake, within the
     // socket's timeouts. A peer that fails it (plain frames, a client that
     // does not trust us) is closed.
-    absl::StatusOr<SslPtr> ssl = TlsAccept(fd, options_.tls->Current().get());
+    absl::StatusOr<net::SslPtr> ssl = net::TlsAccept(fd, options_.tls->Current().get());
     if (!ssl.ok()) return false;
     conn->ssl = *std::move(ssl);
     return true;

@@ -53,10 +53,10 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 #include "transport/backend.h"
-#include "transport/tcp/socket.h"
-#include "transport/tcp/tls.h"
+#include "base/net/socket.h"
+#include "base/net/tls.h"
 #include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {
@@ -90,20 +90,20 @@ class Server {
  private:
   struct Conn {
     uint64_t id = 0;
-    Fd fd;
+    net::Fd fd;
     absl::Time last_active;
     bool parked = false;  // waiting in the epoll set (guarded by mu_)
     // Data grants (owned by the thread serving the connection): the
     // nonce of its last CHALLENGE, and the segment an AUTH admitted it to.
     std::string nonce;
     std::optional<std::pair<uint32_t, uint64_t>> admitted;
-    SslPtr ssl;  // with ServerOptions::tls, once its handshake is done
+    net::SslPtr ssl;  // with ServerOptions::tls, once its handshake is done
   };
   static constexpr int kFramesPerTurn = 64;
 
   void IoLoop(int index);
   void AcceptSome();
-  void Refuse(Fd fd, const char* why);
+  void Refuse(net::Fd fd, const char* why);
   // Serves the frames that have arrived on `conn`, then parks or closes it.
   void ServeConn(Conn* conn, uint8_t* scratch);
   void Park(Conn* conn);
@@ -116,10 +116,10 @@ class Server {
 
   const ServerOptions options_;
   ServedMemory* const served_;
-  Fd listener_;
-  Fd epoll_;
-  Fd wake_;     // an eventfd that wakes the I/O threads on Stop
-  Fd reserve_;  // an fd held back, freed to refuse a connection when out of fds
+  net::Fd listener_;
+  net::Fd epoll_;
+  net::Fd wake_;     // an eventfd that wakes the I/O threads on Stop
+  net::Fd reserve_;  // an fd held back, freed to refuse a connection when out of fds
   int port_ = 0;
   std::vector<std::thread> threads_;
   // One drain buffer per I/O thread, owned here so that leak checkers see

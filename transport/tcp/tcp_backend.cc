@@ -6,8 +6,8 @@
 #include <deque>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/mutex.h"
-#include "config/base/status.h"
+#include "base/mutex.h"
+#include "base/status.h"
 #include "transport/internal/builtin.h"
 #include "transport/tcp/connection.h"
 #include "transport/tcp/server.h"
@@ -28,13 +28,13 @@ absl::StatusOr<std::unique_ptr<Connection>> DialAdmitted(const std::string& endp
                                                          absl::Duration reply_spin, absl::Time deadline,
                                                          const std::string& tls_ca) {
   std::string address;
-  const bool tls = tcp::SplitTlsEndpoint(endpoint, &address);
+  const bool tls = net::SplitTlsEndpoint(endpoint, &address);
   for (int attempt = 0;; ++attempt) {
-    ASSIGN_OR_RETURN(tcp::Fd fd, tcp::Dial(address, deadline));
-    tcp::SslPtr ssl;
+    ASSIGN_OR_RETURN(net::Fd fd, net::Dial(address, deadline));
+    net::SslPtr ssl;
     if (tls) {
-      ASSIGN_OR_RETURN(std::shared_ptr<SSL_CTX> ctx, tcp::ClientContext(tls_ca));
-      ASSIGN_OR_RETURN(ssl, tcp::TlsConnect(fd.get(), ctx.get(), address.substr(0, address.rfind(':')), deadline));
+      ASSIGN_OR_RETURN(std::shared_ptr<SSL_CTX> ctx, net::ClientContext(tls_ca));
+      ASSIGN_OR_RETURN(ssl, net::TlsConnect(fd.get(), ctx.get(), address.substr(0, address.rfind(':')), deadline));
     }
     auto conn = std::make_unique<Connection>(std::move(fd), endpoint, reply_spin, std::move(ssl));
     if (!grant) return conn;
@@ -159,7 +159,7 @@ class TcpBackend final : public Backend {
     so.io_threads = options_.io_threads;
     so.idle_timeout = options_.idle_timeout;
     if (options_.serve_tls) {
-      ASSIGN_OR_RETURN(so.tls, tcp::NewServerContext(options_.tls));
+      ASSIGN_OR_RETURN(so.tls, net::NewServerContext(options_.tls));
     }
     server_ = std::make_unique<tcp::Server>(so, served);
     return server_->Start();
@@ -169,7 +169,7 @@ class TcpBackend final : public Backend {
   }
   std::string endpoint() const override {
     std::string host = options_.advertise.empty() ? options_.listen : options_.advertise;
-    return absl::StrCat(options_.serve_tls ? tcp::kTlsScheme : "", host, ":", server_ ? server_->port() : 0);
+    return absl::StrCat(options_.serve_tls ? net::kTlsScheme : "", host, ":", server_ ? server_->port() : 0);
   }
   absl::StatusOr<std::string> RegisterBuffer(const LocalBuffer&) override { return std::string(); }
   void UnregisterBuffer(const LocalBuffer&) override {}
@@ -182,8 +182,8 @@ class TcpBackend final : public Backend {
     }
     // Prove reachability with one connection now, so selection can fall back.
     std::string address;
-    (void)tcp::SplitTlsEndpoint(it->second, &address);
-    absl::StatusOr<tcp::Fd> probe = tcp::Dial(address, ctx.deadline);
+    (void)net::SplitTlsEndpoint(it->second, &address);
+    absl::StatusOr<net::Fd> probe = net::Dial(address, ctx.deadline);
     if (!probe.ok()) return absl::UnavailableError(probe.status().message());
     return std::unique_ptr<PeerChannel>(new TcpChannel(it->second, remote.segment_index, remote.segment_id,
                                                        options_.connections, options_.reply_spin,

@@ -26,7 +26,7 @@
 // pipeline. For HANDSHAKE, `offset` carries the length of the transport
 // name that prefixes the payload.
 //
-// Data grants (config/base/auth.h), for a server whose segments need
+// Data grants (base/auth.h), for a server whose segments need
 // them: CHALLENGE (no payload) is answered with a fresh 32-byte nonce;
 // AUTH names the segment (index and id) and carries the grant and the
 // proof (24 + 32 bytes). Until an AUTH passes, READ, WRITE and HANDSHAKE

@@ -55,7 +55,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 
 struct ssl_ctx_st;
 

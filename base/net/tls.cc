@@ -1,4 +1,4 @@
-#include "transport/tcp/tls.h"
+#include "base/net/tls.h"
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -11,11 +11,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "config/base/mutex.h"
-#include "config/base/signals.h"
-#include "config/base/status.h"
+#include "base/mutex.h"
+#include "base/signals.h"
+#include "base/status.h"
 
-namespace tierkv::transport::tcp {
+namespace tierkv::net {
 namespace {
 
 // Small iovecs (frame headers, small payloads) are gathered into one
@@ -206,4 +206,4 @@ absl::Status TlsWriteVecFull(SSL* ssl, const iovec* iov, int count, absl::Time d
 
 bool TlsPending(SSL* ssl) { return SSL_has_pending(ssl) == 1; }
 
-}  // namespace tierkv::transport::tcp
+}  // namespace tierkv::net

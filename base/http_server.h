@@ -41,8 +41,8 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "config/base/auth.h"
-#include "config/base/mutex.h"
+#include "base/auth.h"
+#include "base/mutex.h"
 #include "httplib.h"
 
 namespace tierkv {

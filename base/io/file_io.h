@@ -24,9 +24,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 
-namespace tierkv::store {
+namespace tierkv::io {
 
 inline constexpr size_t kIoAlign = 4096;
 
@@ -133,4 +133,4 @@ class FakeFileIo : public FileIo {
   uint64_t writes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace tierkv::store
+}  // namespace tierkv::io

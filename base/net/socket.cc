@@ -1,4 +1,4 @@
-#include "transport/tcp/socket.h"
+#include "base/net/socket.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -18,9 +18,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "config/base/status.h"
+#include "base/status.h"
 
-namespace tierkv::transport::tcp {
+namespace tierkv::net {
 
 Fd& Fd::operator=(Fd&& o) noexcept {
   if (this != &o) {
@@ -318,4 +318,4 @@ absl::Status WriteVecFull(int fd, iovec* iov, int count, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-}  // namespace tierkv::transport::tcp
+}  // namespace tierkv::net

@@ -1,4 +1,4 @@
-#include "config/base/auth.h"
+#include "base/auth.h"
 
 #include <arpa/inet.h>
 #include <sys/stat.h>
@@ -28,9 +28,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "config/base/log.h"
-#include "config/base/signals.h"
-#include "config/base/status.h"
+#include "base/log.h"
+#include "base/signals.h"
+#include "base/status.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 

@@ -1,4 +1,4 @@
-#include "config/base/crc32c.h"
+#include "base/crc32c.h"
 
 #include <cstring>
 #include <string_view>

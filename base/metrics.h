@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "config/base/mutex.h"
+#include "base/mutex.h"
 
 namespace tierkv::metrics {
 

@@ -22,12 +22,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "config/base/auth.h"
+#include "base/auth.h"
 
 typedef struct ssl_st SSL;
 typedef struct ssl_ctx_st SSL_CTX;
 
-namespace tierkv::transport::tcp {
+namespace tierkv::net {
 
 struct SslFree {
   void operator()(SSL* ssl) const;
@@ -64,4 +64,4 @@ absl::Status TlsWriteVecFull(SSL* ssl, const struct iovec* iov, int count, absl:
 // frame a poll of the socket would miss).
 bool TlsPending(SSL* ssl);
 
-}  // namespace tierkv::transport::tcp
+}  // namespace tierkv::net

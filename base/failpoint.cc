@@ -1,4 +1,4 @@
-#include "config/base/failpoint.h"
+#include "base/failpoint.h"
 
 #include <unistd.h>
 
@@ -9,7 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "config/base/log.h"
+#include "base/log.h"
 
 namespace tierkv {
 namespace {

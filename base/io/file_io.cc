@@ -1,4 +1,4 @@
-#include "store/file_io.h"
+#include "base/io/file_io.h"
 
 #include <fcntl.h>
 #include <liburing.h>
@@ -13,11 +13,11 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "config/base/failpoint.h"
-#include "config/base/log.h"
-#include "config/base/status.h"
+#include "base/failpoint.h"
+#include "base/log.h"
+#include "base/status.h"
 
-namespace tierkv::store {
+namespace tierkv::io {
 
 AlignedBuffer::AlignedBuffer(size_t size, bool zero) : size_(size) {
   if (size == 0) return;
@@ -298,4 +298,4 @@ uint64_t FakeFileIo::writes() const {
   return writes_;
 }
 
-}  // namespace tierkv::store
+}  // namespace tierkv::io

@@ -1,4 +1,4 @@
-#include "config/base/http_server.h"
+#include "base/http_server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -16,9 +16,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "config/base/log.h"
-#include "config/base/signals.h"
-#include "config/base/status.h"
+#include "base/log.h"
+#include "base/signals.h"
+#include "base/status.h"
 
 namespace tierkv {
 

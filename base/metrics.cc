@@ -1,4 +1,4 @@
-#include "config/base/metrics.h"
+#include "base/metrics.h"
 
 #include <prometheus/text_serializer.h>
 

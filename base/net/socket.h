@@ -1,4 +1,4 @@
-// Socket helpers for the tcp backend: every blocking step has a deadline.
+// Socket helpers for every part that opens a connection: every blocking step has a deadline.
 #pragma once
 
 #include <sys/uio.h>
@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
-namespace tierkv::transport::tcp {
+namespace tierkv::net {
 
 // An owned file descriptor.
 class Fd {
@@ -121,4 +121,4 @@ absl::Status RecvAll(int fd, void* buf, size_t len);
 absl::Status SendVecAll(int fd, struct iovec* iov, int count);
 void SetTimeouts(int fd, absl::Duration timeout);
 
-}  // namespace tierkv::transport::tcp
+}  // namespace tierkv::net

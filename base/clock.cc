@@ -1,4 +1,4 @@
-#include "config/base/clock.h"
+#include "base/clock.h"
 
 namespace tierkv {
 

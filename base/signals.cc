@@ -1,4 +1,4 @@
-#include "config/base/signals.h"
+#include "base/signals.h"
 
 #include <pthread.h>
 #include <signal.h>

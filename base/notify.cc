@@ -1,4 +1,4 @@
-#include "config/base/notify.h"
+#include "base/notify.h"
 
 #include <systemd/sd-daemon.h>
 

@@ -1,4 +1,4 @@
-#include "config/base/status.h"
+#include "base/status.h"
 
 #include <cerrno>
 #include <cstring>
