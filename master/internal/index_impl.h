@@ -1,6 +1,9 @@
-// Private to master/: the ObjectIndex's data structures, shared by
-// object_index.cc (the request paths) and eviction.cc (eviction, liveness,
-// recovery). See object_index.h for the contract.
+// Private to master/: the ObjectIndex's data structures, shared by the
+// files that implement ObjectIndex::Impl: object_index.cc (core, helpers,
+// the public forwarders), object_index_put.cc, object_index_read.cc,
+// object_index_lease.cc, object_index_remove.cc, object_index_recovery.cc,
+// object_index_check.cc, eviction.cc and eviction_offload.cc. See
+// object_index.h for the contract.
 #pragma once
 
 #include <algorithm>
@@ -364,7 +367,7 @@ class ObjectIndex::Impl {
   Impl(IndexOptions options, SegmentRegistry* registry, IndexStore* store, Clock* clock);
   ~Impl();
 
-  // --- object_index.cc
+  // --- The request paths (object_index_put.cc, _read.cc, _lease.cc, _remove.cc).
   std::vector<PutStartOut> PutStart(const std::vector<PutItem>& items);
   std::vector<absl::Status> PutEnd(const std::vector<std::string>& keys);
   std::vector<absl::Status> PutRevoke(const std::vector<std::string>& keys);
@@ -387,7 +390,9 @@ class ObjectIndex::Impl {
 
   TenantTable& tenants() { return tenants_; }
 
-  // --- eviction.cc
+  // --- Eviction (eviction.cc, eviction_offload.cc), leases and removal
+  // (object_index_lease.cc, _remove.cc), liveness and recovery
+  // (object_index_recovery.cc), checks (object_index_check.cc).
   // ObjectIndex::EvictTo; *exhausted (when given) says whether the pass
   // stopped above its target because no candidate was left, rather than
   // having reached it (perhaps with another pass's help).
