@@ -2,8 +2,8 @@
 
 Binaries come from TIERKV_BIN_DIR (ctest sets it to build/tools). Every
 process binds port 0 and prints `listening ...` as its first stdout line,
-which is how the fixture learns its ports. Waits poll a condition with a
-deadline; nothing sleeps to synchronise.
+which is how the fixture learns its ports. Every wait is a bounded poll of
+its condition through waiting.wait_for (STYLE.md practice 17).
 """
 
 import json
@@ -14,10 +14,11 @@ import ssl
 import subprocess
 import tempfile
 import threading
-import time
 import urllib.request
 
 import pytest
+
+from waiting import wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -110,26 +111,22 @@ class Cluster:
             return json.loads(r.read())
 
     def wait_live(self, n, timeout=20):
-        deadline = time.monotonic() + timeout
-        live = -1
-        while time.monotonic() < deadline:
-            try:
-                live = sum(s.get("state") == "live" for s in self.segments())
-                if live == n:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"only {live} of {n} segments live\n{self.logs()}")
+        """Until exactly n segments are live at the master."""
+        live = []
+
+        def n_live():
+            live.append(sum(s.get("state") == "live" for s in self.segments()))
+            return live[-1] == n
+
+        wait_for(f"{n} segments live", n_live, timeout=timeout, ignore=(OSError,),
+                 detail=lambda: f"last seen: {live[-1] if live else 'no answer'} live\n{self.logs()}")
 
     def wait_gone(self, i, timeout=20):
         """Until daemon i's segment has left the master's live set."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not any(s.get("name") == f"daemon-{i}" and s.get("state") == "live" for s in self.segments()):
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"daemon-{i} still live\n{self.logs()}")
+        wait_for(f"daemon-{i} to leave the live set",
+                 lambda: not any(s.get("name") == f"daemon-{i}" and s.get("state") == "live"
+                                 for s in self.segments()),
+                 timeout=timeout, detail=self.logs)
 
     def logs(self):
         out = "--- master\n" + self.master.logs()
@@ -176,16 +173,6 @@ def store(cluster):
     s.remove_all(force=True)
     yield s
     s.close()
-
-
-def wait_until(cond, timeout, what):
-    """Polls `cond` every 50 ms; AssertionError naming `what` past `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def unique(prefix):

@@ -12,7 +12,8 @@ import urllib.request
 import pytest
 
 import tierkv
-from conftest import Cluster, wait_until
+from conftest import Cluster
+from waiting import wait_for
 
 DAEMON = "daemon-token-0a1b2c3d4e5f"
 CLIENT = "client-token-0a1b2c3d4e5f"
@@ -121,13 +122,13 @@ def test_a_revoked_daemon_token_unreadies_it_with_the_reason_and_a_restored_one_
         assert ready(port)[0] == 200
         tokens.write_text(f"{CLIENT} sglang-0 client\n")  # the daemon's token revoked
         c.master.proc.send_signal(signal.SIGHUP)
-        wait_until(lambda: ready(port)[0] == 503 and "not mounted: UNAUTHENTICATED" in ready(port)[1], 15,
-                 "the daemon to lose its mount")
+        wait_for("the daemon to lose its mount",
+                 lambda: ready(port)[0] == 503 and "not mounted: UNAUTHENTICATED" in ready(port)[1], timeout=15)
         assert "the token is not accepted" in ready(port)[1], ready(port)[1]
         assert c.daemons[0].alive() and c.master.alive()
         tokens.write_text(granted)
         c.master.proc.send_signal(signal.SIGHUP)
-        wait_until(lambda: ready(port)[0] == 200, 15, "the daemon to mount again")
+        wait_for("the daemon to mount again", lambda: ready(port)[0] == 200, timeout=15)
         c.wait_live(1)
     finally:
         c.stop()

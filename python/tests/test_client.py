@@ -10,6 +10,7 @@ import pytest
 
 import tierkv
 from conftest import unique
+from waiting import stays_false
 
 MIB = 1 << 20
 
@@ -132,7 +133,7 @@ def test_remove_and_remove_all_leave_nothing(client):
 
 class Spinner:
     """A pure-Python thread counting as fast as it can; `rate` is its count
-    per second while the main thread waits without the GIL (time.sleep)."""
+    per second while the main thread waits without the GIL."""
 
     def __init__(self):
         self.ticks = 0
@@ -140,7 +141,9 @@ class Spinner:
         self.thread = threading.Thread(target=self._spin)
         self.thread.start()
         t0, before = time.monotonic(), self.ticks
-        time.sleep(0.3)
+        # The calibration window: 0.3 s in which the spinner runs free (the
+        # main thread only polls, a handful of times, that it is still up).
+        stays_false("the spinner thread stopped", lambda: not self.thread.is_alive(), 0.3)
         self.rate = (self.ticks - before) / (time.monotonic() - t0)
 
     def _spin(self):

@@ -20,7 +20,8 @@ import urllib.request
 
 import pytest
 
-from conftest import BIN_DIR, ROOT, Process, wait_until
+from conftest import BIN_DIR, ROOT, Process
+from waiting import wait_for
 
 DEPLOY = os.path.join(ROOT, "deploy")
 LAUNCH = os.path.join(DEPLOY, "tierkv-node-launch")
@@ -179,7 +180,7 @@ def test_launcher_starts_daemons_waits_for_ready_and_forwards_sigterm(master, tm
     with open(out_path, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_until(lambda: os.path.exists(tmp_path / "ready") or proc.poll() is not None, 60, "the ready file")
+        wait_for("the ready file", lambda: os.path.exists(tmp_path / "ready") or proc.poll() is not None, timeout=60)
         text = out_path.read_text()
         assert proc.poll() is None, text
         assert "ready: 2 daemons" in text, text
@@ -220,7 +221,7 @@ def test_launcher_fails_naming_the_daemon_that_cannot_start_and_leaves_nothing(m
     pids = launcher_pids(r.stdout)
     assert len(pids) == 2, r.stdout
     assert not any(alive(p) for p in pids), [p for p in pids if alive(p)]
-    wait_until(lambda: live_segments(master) == [], 10, "daemon 0 to unmount")
+    wait_for("daemon 0 to unmount", lambda: live_segments(master) == [], timeout=10)
 
 
 def test_launcher_times_out_naming_the_daemon_that_is_not_ready(tmp_path):
@@ -363,7 +364,7 @@ def test_grafana_dashboard_queries_only_live_metric_names(tmp_path):
     d = Process("tierkv-store", [f"--master=127.0.0.1:{m.port}", f"--metadata=http://127.0.0.1:{m.http_port}",
                                  "--segment-size=32mib", "--port=0", "--http-port=0", "--heartbeat-interval=100ms"])
     try:
-        wait_until(lambda: http_get(d.http_port, "/ready")[0] == 200, 20, "the daemon to mount")
+        wait_for("the daemon to mount", lambda: http_get(d.http_port, "/ready")[0] == 200, timeout=20)
         # A put and a get, so the per-client query counters have series.
         src = tmp_path / "value"
         src.write_bytes(os.urandom(4096))

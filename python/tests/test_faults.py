@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import unique
+from waiting import wait_for
 from tierkv.mooncake_compat import MooncakeDistributedStore
 
 MIB = 1 << 20
@@ -69,21 +70,26 @@ def test_daemon_killed_mid_run(fresh_cluster, short_timeouts):
                 problems.append(f"calls took {took:.1f}s")
             results.append((killed.is_set(), got, exist))
 
+    def reader_says():  # for a failed wait: what the reader has seen so far
+        return f"{len(results)} reads, the last {results[-1:]!r}; problems {problems!r}\n{fresh_cluster.logs()}"
+
     t = threading.Thread(target=reader)
     t.start()
-    deadline = time.monotonic() + 30
-    while len(results) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    # Set first: a read recorded as "before" must have ended before the kill.
-    killed.set()
-    fresh_cluster.daemons[0].kill(signal.SIGKILL)
-    # Until the reader has seen the loss: some key negative and absent.
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any(
-            after and any(g < 0 for g in got) and any(e == 0 for e in exist) for after, got, exist in results):
-        time.sleep(0.05)
-    stop.set()
-    t.join(timeout=2 * CALL_BOUND)
+    try:
+        # (A reader that stopped on a problem ends either wait; the asserts below name it.)
+        wait_for("three reads before the kill", lambda: len(results) >= 3 or not t.is_alive(), timeout=30,
+                 detail=reader_says)
+        # Set first: a read recorded as "before" must have ended before the kill.
+        killed.set()
+        fresh_cluster.daemons[0].kill(signal.SIGKILL)
+        # Until the reader has seen the loss: some key negative and absent.
+        wait_for("a read after the kill to find some key negative and absent",
+                 lambda: not t.is_alive() or any(after and any(g < 0 for g in got) and any(e == 0 for e in exist)
+                                                 for after, got, exist in results),
+                 timeout=30, detail=reader_says)
+    finally:
+        stop.set()
+        t.join(timeout=2 * CALL_BOUND)
     assert not t.is_alive()
     assert not problems, problems
     before = [r for r in results if not r[0]]
@@ -124,10 +130,7 @@ def test_master_stopped_gives_negative_codes(fresh_cluster, short_timeouts, how)
     master.proc.send_signal(getattr(signal, how))
     # The signal is delivered asynchronously: a call made before it lands
     # would still be answered.
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not process_halted(master.proc):
-        time.sleep(0.01)
-    assert process_halted(master.proc), f"the master did not take {how}"
+    wait_for(f"the master to take {how}", lambda: process_halted(master.proc), timeout=5)
     try:
         checks = {
             "put": lambda: [s.put(p + "new", b"v")],

@@ -3,6 +3,7 @@ real etcd on loopback, daemons and clients given only etcd://. The leader
 is killed under Mooncake-API puts; every acknowledged put reads back through
 the new leader, and Client.http_get finds it."""
 
+import itertools
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import urllib.request
 import pytest
 
 from conftest import BIN_DIR, Process, unique
+from waiting import wait_for
 from tierkv import Client
 from tierkv.mooncake_compat import MooncakeDistributedStore
 
@@ -34,24 +36,13 @@ def get_json(port, path, timeout=1.0):
         return json.loads(r.read())
 
 
-def wait_until(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if cond():
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 class Group:
     """etcd and two masters (127.0.0.1, ports of their own), cluster id `test`."""
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="tierkv-py-ha-")
         self.logs = []
+        self.daemons = []
         client, peer = free_port(), free_port()
         self.etcd = self._spawn("etcd", [ETCD, "--name", "m0", "--data-dir", f"{self.dir}/etcd",
                                          "--listen-client-urls", f"http://127.0.0.1:{client}",
@@ -61,13 +52,13 @@ class Group:
                                          "--initial-cluster", f"m0=http://127.0.0.1:{peer}",
                                          "--heartbeat-interval", "50", "--election-timeout", "500",
                                          "--log-level", "warn"])
-        wait_until(lambda: get_json(client, "/health").get("health") == "true", 20, "etcd to be healthy")
+        wait_for("etcd to be healthy", lambda: get_json(client, "/health").get("health") == "true", timeout=20,
+                 ignore=(OSError,), detail=self.describe)
         self.endpoint = f"127.0.0.1:{client}"
         self.master = f"etcd://{self.endpoint}/test"
         self.rpc = [free_port(), free_port()]
         self.http = [free_port(), free_port()]
         self.masters = [self._start_master(i) for i in range(2)]
-        self.daemons = []
 
     def _spawn(self, name, argv):
         log = open(os.path.join(self.dir, f"{name}.log"), "w")
@@ -95,7 +86,7 @@ class Group:
                     return True
             return False
 
-        wait_until(elected, timeout, "a leader")
+        wait_for("a leader", elected, timeout=timeout, ignore=(OSError,), detail=self.describe)
         return found[0]
 
     def synced(self, i):
@@ -148,8 +139,10 @@ def group():
 def test_mooncake_api_given_etcd_follows_a_killed_leader(group):
     leader = group.leader()
     group.add_daemon(0)
-    wait_until(lambda: group.live_segments(leader) == 1, 20, "the daemon to mount")
-    wait_until(lambda: group.synced(leader), 20, "the standby to catch up")
+    wait_for("the daemon to mount", lambda: group.live_segments(leader) == 1, timeout=20, ignore=(OSError,),
+             detail=group.describe)
+    wait_for("the standby to catch up", lambda: group.synced(leader), timeout=20, ignore=(OSError,),
+             detail=group.describe)
 
     store = MooncakeDistributedStore()
     assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, 0, "tcp", "", group.master) == 0
@@ -170,17 +163,23 @@ def test_mooncake_api_given_etcd_follows_a_killed_leader(group):
         new = group.leader(besides=leader)
         assert new != leader
         # Puts go on: each either fails (during the failover) or is acknowledged.
-        i = len(acked)
-        deadline = time.monotonic() + 30
+        numbers = itertools.count(len(acked))
         first_ack = None
-        while (first_ack is None or len(acked) < 60) and time.monotonic() < deadline:
-            k, v = f"{prefix}-{i}", os.urandom(4096 + i)
-            i += 1
-            if store.put(k, v) == 0:
+
+        def put_until_refused():
+            """Puts until one is refused (False: poll again) or 60 are acknowledged."""
+            nonlocal first_ack
+            while len(acked) < 60:
+                i = next(numbers)
+                k, v = f"{prefix}-{i}", os.urandom(4096 + i)
+                if store.put(k, v) != 0:
+                    return False
                 acked[k] = v
                 first_ack = first_ack or time.monotonic() - killed
-            else:
-                time.sleep(0.05)
+            return True
+
+        wait_for("60 puts acknowledged, the last 20 after the leader was killed", put_until_refused, timeout=30,
+                 detail=lambda: f"{len(acked)} acknowledged\n{group.describe()}")
         assert first_ack is not None, "no put acknowledged after the leader was killed\n" + group.describe()
         print(f"first put acknowledged {first_ack * 1000:.0f} ms after the leader was killed")
 

@@ -9,6 +9,7 @@ zmq SUB misses what was published before it joined (that is what replay is
 for, and test_replay_from_a_sequence covers it).
 """
 
+import itertools
 import re
 import signal
 import time
@@ -20,6 +21,7 @@ import zmq
 
 from conftest import Cluster, Process, unique
 import tierkv
+import waiting
 
 BOUND = 20  # seconds; no wait in this file takes longer
 TOPIC = b"kv-events"
@@ -39,13 +41,10 @@ def master_args(fmt):
 
 def bound_endpoints(master):
     """The PUB and ROUTER endpoints the master logged (wildcard ports resolved)."""
-    deadline = time.monotonic() + BOUND
-    while time.monotonic() < deadline:
-        m = re.search(r"kv events: publishing on (\S+) .*replay on (\S+)", master.logs())
-        if m:
-            return m.group(1), m.group(2)
-        time.sleep(0.02)
-    raise RuntimeError("the master logged no kv events endpoints\n" + master.logs())
+    m = waiting.wait_for("the master to log its kv events endpoints",
+                         lambda: re.search(r"kv events: publishing on (\S+) .*replay on (\S+)", master.logs()),
+                         timeout=BOUND, detail=master.logs)
+    return m.group(1), m.group(2)
 
 
 class EventsCluster(Cluster):
@@ -127,23 +126,32 @@ class Subscriber:
     def removed_keys(self):
         return {h for e in self.events() if e["type"] == "BlockRemoved" for h in e["block_hashes"]}
 
+    def drain(self):
+        """Takes in every message already received, without waiting."""
+        while self.receive(0):
+            pass
+
     def wait_for(self, cond, what):
-        deadline = time.monotonic() + BOUND
-        while not cond():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"no {what} within {BOUND}s; got {self.events()!r}")
-            self.receive(min(left, 0.2))
+        """Until cond() holds of what has been received, taking messages in as they come."""
+        def received():
+            self.drain()
+            return cond()
+
+        waiting.wait_for(what, received, timeout=BOUND, detail=lambda: f"got {self.events()!r}")
 
     def join(self, client):
         """Until the subscription is live: probe keys until one is announced."""
         probe = unique("probe")
-        for i in range(BOUND * 5):
-            client.put(probe + str(i), b"p")
-            if self.receive(0.2):
-                self.wait_for(lambda: any(e["type"] == "BlockStored" for e in self.events()), "probe event")
-                return
-        raise AssertionError("the subscription never saw an event")
+        probes = itertools.count()
+
+        def announced():
+            if not self.batches:  # nothing seen yet: another probe (one sent too early is lost)
+                client.put(probe + str(next(probes)), b"p")
+            self.drain()
+            return any(e["type"] == "BlockStored" for e in self.events())
+
+        waiting.wait_for("the subscription to see a probe put announced", announced, timeout=BOUND,
+                         detail=lambda: f"got {self.events()!r}")
 
 
 def replay(endpoint, start, fmt, request=None):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import Cluster, unique
+from waiting import wait_for
 from tierkv.mooncake_compat import (INVALID_PARAMS, OBJECT_HAS_LEASE, OBJECT_NOT_FOUND, MooncakeDistributedStore,
                                     ReplicateConfig)
 
@@ -200,10 +201,8 @@ def test_dropped_without_close_cleans_up(cluster):
     del s
     import gc
     gc.collect()
-    deadline = time.monotonic() + 10
-    while name in [seg["name"] for seg in cluster.segments()] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert name not in [seg["name"] for seg in cluster.segments()]
+    wait_for(f"{name}'s segment to leave the master", lambda: name not in [seg["name"] for seg in cluster.segments()],
+             timeout=10, detail=lambda: f"segments: {cluster.segments()!r}")
 
 
 def test_mooncake_store_import_resolves_to_tierkv_only_when_opted_in():
@@ -233,9 +232,12 @@ def test_hard_pins_outlast_eviction_where_soft_pins_go():
         # Only soft-pinned objects follow, four times what fits: they must go,
         # oldest first, and the hard pin must not. The index orders accesses
         # to 1/64 s (ties go round-robin across its shards), so the first one
-        # is put well over a tick before the rest to be surely the oldest.
+        # is put well over a tick before the rest to be surely the oldest:
+        # the master stamps it from its clock (this host's) before the put returns.
         assert s.put(p + "0", blob, soft) == 0
-        time.sleep(0.2)
+        first = time.monotonic()
+        wait_for("the index's access clock to move well over a tick (1/64 s) past the first put",
+                 lambda: time.monotonic() - first > 4 / 64, timeout=5)
         for i in range(1, 64):
             assert s.put(p + str(i), blob, soft) == 0, i
         assert s.is_exist(p + "hard") == 1 and s.get(p + "hard") == blob

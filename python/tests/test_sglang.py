@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from conftest import unique
+from waiting import wait_for
 from tierkv.sglang import TierkvStore
 
 PAGE = 4          # tokens per page
@@ -155,16 +156,18 @@ def test_killed_daemon_gives_false_never_none(fresh_cluster):
     keys = [p + str(i) for i in range(16)]
     assert b.batch_set_v1(keys, indices(range(16))) == [True] * 16
     fresh_cluster.daemons[1].kill(signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while True:
+
+    def read_misses():
+        """A read of every page (and an exists): the pages read back, unless some did not."""
         t0 = time.monotonic()
         got = b.batch_get_v1(keys, indices(range(32, 48)))
         n = b.batch_exists(keys)
         assert time.monotonic() - t0 < 20
         assert len(got) == 16 and all(g is True or g is False for g in got)
         assert isinstance(n, int) and 0 <= n <= 16
-        if not all(got) or time.monotonic() > deadline:
-            break
+        return None if all(got) else got
+
+    got = wait_for("a read to miss the killed daemon's pages", read_misses, timeout=30, detail=fresh_cluster.logs)
     assert not all(got), "the killed daemon's pages still read"
     # K and V of a page share a daemon, so the survivor's pages read whole.
     assert any(got), "a page survives only if both its halves do"
@@ -175,12 +178,20 @@ def test_killed_daemon_gives_false_never_none(fresh_cluster):
     assert b.batch_get_v1(fresh, indices(range(32, 36))) == [True] * 4
     assert np.array_equal(pool.page_bytes(slice(32, 36)), pool.page_bytes(slice(16, 20)))
     fresh_cluster.master.kill(signal.SIGKILL)
+    killed = time.monotonic()
     # Pages read within the last replica_cache_fresh (0.1 s) of the master's
-    # last answer may still come from the replica cache; past it, none do.
-    time.sleep(0.15)
-    t0 = time.monotonic()
-    assert b.batch_get_v1(keys, indices(range(32, 48))) == [False] * 16
+    # last answer may still come from the replica cache; past it, none do:
+    # a read begun 0.15 s after the kill (later still after the last answer)
+    # must find none.
+
+    def none_read():
+        late = time.monotonic() - killed > 0.15
+        got = b.batch_get_v1(keys, indices(range(32, 48)))
+        assert not late or got == [False] * 16, f"read from the replica cache past its freshness: {got}"
+        return got == [False] * 16
+
+    wait_for("every page read to fail once the master is dead", none_read, timeout=5)
     assert b.batch_set_v1([p + "new"], indices([50])) == [False]
     assert b.batch_exists(keys) == 0
-    assert time.monotonic() - t0 < 20
+    assert time.monotonic() - killed < 20
     b.close()
