@@ -19,12 +19,15 @@
 #include "proto/direct_frame.h"
 #include "proto/master.grpc.pb.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/wait.h"
 #include "base/net/socket.h"
 
 namespace tierkv {
 namespace {
 
 using direct::DirectMethod;
+using ::tierkv::testing::StaysFalse;
+using ::tierkv::testing::WaitFor;
 
 TEST(DirectFrameTest, CallsAndRepliesRoundTrip) {
   char h[direct::kHeaderSize];
@@ -206,10 +209,13 @@ TEST_F(DirectLaneTest, SilentConnectionsPastTheirCapMakeRoomForNewOnes) {
   master::DirectLane::Options o;
   o.max_unread = 2;
   StartLane(o);
+  // Accepted in this order (each silent one holds a thread of its own).
   net::Fd silent1 = Connect();
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // accepted in this order
+  ASSERT_OK(WaitFor("the lane to accept the first silent connection", absl::Seconds(5),
+                    [&] { return lane_->threads().started == 1; }));
   net::Fd silent2 = Connect();
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_OK(WaitFor("the lane to accept the second silent connection", absl::Seconds(5),
+                    [&] { return lane_->threads().started == 2; }));
   net::Fd client = Connect();
   EXPECT_OK(Ping(client.get()));
   EXPECT_TRUE(Closed(silent1.get()));
@@ -240,11 +246,11 @@ TEST_F(DirectLaneTest, ConnectionsPastTheCapAreToldSoAndOthersKeepTheirs) {
   EXPECT_OK(Ping(first.get()));
   first = net::Fd();  // its place frees once the lane sees it go
   absl::Status third = absl::UnknownError("not tried");
-  for (int i = 0; i < 100 && !third.ok(); ++i) {
+  EXPECT_OK(WaitFor("a new connection to be served once the first closed", absl::Seconds(5), [&] {
     net::Fd fd = Connect();
     third = Ping(fd.get());
-    if (!third.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+    return third.ok();
+  }));
   EXPECT_OK(third);
 }
 
@@ -313,7 +319,7 @@ TEST_F(DirectStreamTest, ALeaderPushesBatchesAndReadsAcknowledgements) {
   ASSERT_OK(first.status());
   EXPECT_EQ(*first, (std::vector<uint64_t>{1, 2, 3}));
   ASSERT_OK(Call(fd.get(), 4));  // all three applied: caught up
-  for (int i = 0; i < 200 && log.State().sync != "semi-sync"; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_OK(WaitFor("the log to go semi-sync", absl::Seconds(5), [&] { return log.State().sync == "semi-sync"; }));
   ASSERT_EQ(log.State().sync, "semi-sync");
   std::atomic<bool> written{false};
   std::thread writer([&] {
@@ -324,8 +330,8 @@ TEST_F(DirectStreamTest, ALeaderPushesBatchesAndReadsAcknowledgements) {
   while (next.ok() && next->empty()) next = Frame(fd.get());  // heartbeats
   ASSERT_OK(next.status());
   EXPECT_EQ(*next, (std::vector<uint64_t>{4}));
-  absl::SleepFor(absl::Milliseconds(50));
-  EXPECT_FALSE(written.load()) << "a semi-sync write returned before its acknowledgement";
+  EXPECT_OK(StaysFalse("a semi-sync write returned before its acknowledgement", absl::Milliseconds(50),
+                       [&] { return written.load(); }));
   ASSERT_OK(Call(fd.get(), 5));
   writer.join();
   EXPECT_TRUE(written.load());
@@ -357,14 +363,22 @@ TEST_F(DirectLaneTest, OnlyAConnectionCallingBackToBackIsSpunFor) {
   for (int burst = 0; burst < 20 && lane_->spins().call == 0; ++burst) {
     for (int i = 0; i < 200; ++i, ++pings) ASSERT_OK(Ping(quick.get()));
   }
-  absl::SleepFor(absl::Milliseconds(20));  // its last spin ends, empty
+  // Closed, and its thread done with it: no spin of it is still to end.
+  quick = net::Fd();
+  ASSERT_OK(WaitFor("the lane to see the quick connection close", absl::Seconds(5),
+                    [&] { return lane_->threads().connections == 0; }));
   const net::ServerSpin::Counts after_quick = lane_->spins();
   EXPECT_GT(after_quick.call, 0u);
   EXPECT_LE(after_quick.call + after_quick.idle, static_cast<uint64_t>(pings));
   net::Fd slow = Connect();
+  auto spun = [&] {
+    const net::ServerSpin::Counts now = lane_->spins();
+    return now.call != after_quick.call || now.idle != after_quick.idle || now.capped != after_quick.capped;
+  };
   for (int i = 0; i < 10; ++i) {
     ASSERT_OK(Ping(slow.get()));
-    absl::SleepFor(absl::Milliseconds(10));
+    // The 10 ms between its calls.
+    EXPECT_OK(StaysFalse("a connection calling every 10 ms was spun for", absl::Milliseconds(10), spun));
   }
   const net::ServerSpin::Counts after_slow = lane_->spins();
   EXPECT_EQ(after_slow.call, after_quick.call);
@@ -390,7 +404,8 @@ TEST_F(DirectLaneTest, AThreadWhoseConnectionClosedServesTheNext) {
       ASSERT_OK(Ping(fd.get()));
       fd = net::Fd();
       // Until the lane has seen it close (bounded: 5 s).
-      for (int t = 0; t < 500 && lane_->threads().connections != 0; ++t) absl::SleepFor(absl::Milliseconds(10));
+      ASSERT_OK(WaitFor("the lane to see the connection close", absl::Seconds(5),
+                        [&] { return lane_->threads().connections == 0; }));
     }
     const master::DirectLane::ThreadCounts n = lane_->threads();
     if (spare == 0) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -15,7 +16,9 @@
 #include "absl/time/clock.h"
 #include "base/auth.h"
 #include "tests/support/process.h"
+#include "tests/support/status_matchers.h"
 #include "tests/support/tls_certs.h"
+#include "tests/support/wait.h"
 
 namespace tierkv {
 namespace {
@@ -141,7 +144,8 @@ TEST_F(HttpServerTlsTest, ServesKeptAliveRequestsAndLargeBodiesOverTls) {
   // Plain HTTP and a client that does not trust the server: no answer, and
   // the server serves on.
   EXPECT_FALSE(Dial({}, /*https=*/false)->Get("/big"));
-  for (int i = 0; i < 100 && server->tls_handshake_failures() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_OK(testing::WaitFor("the server to count the failed handshake", absl::Seconds(5),
+                              [&] { return server->tls_handshake_failures() > 0; }));
   EXPECT_EQ(server->tls_handshake_failures(), 1u);
   // (httplib's client checks the server's certificate after the handshake,
   // so to the server this one is a connection that closes.)
@@ -164,7 +168,8 @@ TEST_F(HttpServerTlsTest, ClientCertificatesAreVerifiedAgainstTheCa) {
   // Another CA's: the handshake fails.
   EXPECT_FALSE(Dial({certs_.ca, certs_.rogue_cert, certs_.rogue_key})->Get("/whoami"));
   // The server's alert reaches the client before the server counts it.
-  for (int i = 0; i < 100 && server->tls_handshake_failures() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_OK(testing::WaitFor("the server to count the failed handshake", absl::Seconds(5),
+                              [&] { return server->tls_handshake_failures() > 0; }));
   EXPECT_EQ(server->tls_handshake_failures(), 1u);
 }
 
@@ -177,30 +182,38 @@ TEST_F(HttpServerTlsTest, RenewedCertificatesAreTakenUpAndBrokenOnesIgnored) {
   };
   copy(certs_.server_cert, cert);
   copy(certs_.server_key, key);
+  // Each change gets a modification time of its own, a second past the
+  // last (the context compares sizes and times; two copies within one
+  // tick of the file system's clock would look alike).
+  std::filesystem::file_time_type stamp = std::filesystem::last_write_time(cert);
+  auto restamp = [&](std::initializer_list<std::string> paths) {
+    stamp += std::chrono::seconds(1);
+    for (const std::string& p : paths) std::filesystem::last_write_time(p, stamp);
+  };
+  auto renew = [&](const std::string& from_cert, const std::string& from_key) {
+    copy(from_cert, cert);
+    copy(from_key, key);
+    restamp({cert, key});
+  };
   absl::StatusOr<std::unique_ptr<auth::ServerTlsContext>> tls =
       auth::ServerTlsContext::Create({"", cert, key}, "test", nullptr, absl::ZeroDuration());
   ASSERT_TRUE(tls.ok()) << tls.status();
   std::shared_ptr<ssl_ctx_st> first = (*tls)->Current();
   EXPECT_EQ((*tls)->Current(), first);  // unchanged files: the same context
-  absl::SleepFor(absl::Milliseconds(20));  // a modification time of its own
-  copy(certs_.client_cert, cert);
-  copy(certs_.client_key, key);
+  renew(certs_.client_cert, certs_.client_key);
   std::shared_ptr<ssl_ctx_st> renewed = (*tls)->Current();
   EXPECT_NE(renewed, first);
-  absl::SleepFor(absl::Milliseconds(20));
   std::ofstream(cert) << "not a certificate\n";
+  restamp({cert});
   EXPECT_EQ((*tls)->Current(), renewed);
   // With an hour between checks, a renewal waits for the hour, or for
   // RecheckAll (SIGHUP).
-  copy(certs_.server_cert, cert);
-  copy(certs_.server_key, key);
+  renew(certs_.server_cert, certs_.server_key);
   absl::StatusOr<std::unique_ptr<auth::ServerTlsContext>> hourly =
       auth::ServerTlsContext::Create({"", cert, key}, "test", nullptr, absl::Hours(1));
   ASSERT_TRUE(hourly.ok()) << hourly.status();
   std::shared_ptr<ssl_ctx_st> before = (*hourly)->Current();
-  absl::SleepFor(absl::Milliseconds(20));
-  copy(certs_.client_cert, cert);
-  copy(certs_.client_key, key);
+  renew(certs_.client_cert, certs_.client_key);
   EXPECT_EQ((*hourly)->Current(), before);
   auth::ServerTlsContext::RecheckAll();
   EXPECT_NE((*hourly)->Current(), before);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/wait.h"
 #include "transport/engine.h"
 #include "transport/internal/builtin.h"
 #include "transport/memory.h"
@@ -19,6 +20,7 @@ namespace tierkv::transport::rdma {
 namespace {
 
 using ::tierkv::testing::StatusIs;
+using ::tierkv::testing::WaitFor;
 
 PortInfo FakePort(const std::string& name, int numa) {
   PortInfo p;
@@ -169,9 +171,12 @@ TEST_F(RdmaTest, NoDeviceLeftFailsCleanlyNamingDeviceAndPeer) {
   EXPECT_NE(st[0].message().find("seg"), std::string::npos) << st[0];
   // The NICs come back; after the pause the segment is reachable again.
   ReviveAll();
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
-  client_->ForgetPeers();
-  EXPECT_OK(RoundTrip(0, 1 << 20, 13));
+  absl::Status reached = absl::UnknownError("not tried");
+  EXPECT_OK(WaitFor("the segment to be reachable again after the pause", absl::Seconds(10), [&] {
+    client_->ForgetPeers();
+    reached = RoundTrip(0, 1 << 20, 13);
+    return reached.ok();
+  })) << reached;
 }
 
 TEST_F(RdmaTest, DevicesComeFromTheConfiguredList) {

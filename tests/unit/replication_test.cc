@@ -23,10 +23,14 @@
 #include "gtest/gtest.h"
 #include "proto/direct_frame.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/wait.h"
 #include "base/net/socket.h"
 
 namespace tierkv::master {
 namespace {
+
+using ::tierkv::testing::StaysFalse;
+using ::tierkv::testing::WaitFor;
 
 // Every key but the master's own "h/" ones.
 std::map<std::string, std::string> Contents(IndexStore* store) {
@@ -86,8 +90,8 @@ TEST(ReplicationLogTest, PullHandsBatchesInOrderAndEachPullAcknowledgesWhatCameB
   EXPECT_EQ(first.batches(0).seq(), 1u);
   ASSERT_EQ(first.batches(0).mutations_size(), 2);
   EXPECT_EQ(first.batches(0).mutations(1).key(), "o/b");
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(done.load(), 0) << "a write returned before a standby had it";
+  EXPECT_OK(StaysFalse("a write returned before a standby had it", absl::Milliseconds(50),
+                       [&] { return done.load() > 0; }));
   v1::PullResponse second = Pull(&log, 7, 2, 5000);  // acknowledges batch 1
   ASSERT_EQ(second.batches_size(), 1);
   EXPECT_EQ(second.batches(0).seq(), 2u);
@@ -147,6 +151,7 @@ TEST(ReplicationLogTest, AWriteNoStandbyHasIsRefusedWhenTheMarkCannotBeMade) {
   o.sync_timeout = absl::Milliseconds(300);
   ReplicationLog log(o, store.get());
   store->SetReplicator(&log);
+  const absl::Time start = absl::Now();  // no later than the failed mark
   absl::Status s = store->Write({{"o/1", "x", false}});
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
   EXPECT_NE(s.message().find("etcd unreachable"), std::string::npos) << s;
@@ -157,9 +162,13 @@ TEST(ReplicationLogTest, AWriteNoStandbyHasIsRefusedWhenTheMarkCannotBeMade) {
   EXPECT_NE(s.message().find("etcd unreachable"), std::string::npos) << s;
   EXPECT_EQ(marks.ahead.load(), 1);
   // After sync_timeout the next write asks again, and goes on once marked.
-  absl::SleepFor(absl::Milliseconds(350));
   marks.answer = absl::OkStatus();
-  EXPECT_OK(store->Write({{"o/3", "x", false}}));
+  EXPECT_OK(WaitFor("a write to ask etcd again", absl::Seconds(5), [&] {
+    s = store->Write({{"o/3", "x", false}});
+    return marks.ahead.load() > 1;
+  }));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300)) << "etcd asked again within sync_timeout";
+  EXPECT_OK(s);
   EXPECT_EQ(marks.ahead.load(), 2);
   store->SetReplicator(nullptr);
 }
@@ -174,7 +183,8 @@ TEST(ReplicationLogTest, ClosingFailsTheWritesWaitingForAStandby) {
   Pull(&log, 1, 1);
   absl::Status result;
   std::thread writer([&] { result = store->Write({{"o/1", "x", false}}); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_OK(WaitFor("the write to be appended, waiting for a standby", absl::Seconds(5),
+                    [&] { return log.LastAppended() == 1; }));
   log.Close();
   writer.join();
   EXPECT_TRUE(absl::IsUnavailable(result)) << result;
@@ -241,6 +251,11 @@ class StreamPeer {
     EXPECT_TRUE(resp.ParseFromString(body));
     return resp;
   }
+  // Whether a frame (or the end) is waiting to be read.
+  bool Readable() {
+    pollfd p{mine_, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;
+  }
   // The next frame that carries batches, skipping heartbeats.
   std::optional<v1::PullResponse> Batches(std::chrono::milliseconds wait) {
     const auto until = std::chrono::steady_clock::now() + wait;
@@ -302,10 +317,14 @@ TEST(ReplicationLogTest, AnAsyncStreamSendsWhatCommittedMeanwhileInOneFrameAndAB
   EXPECT_EQ(one->batches(0).seq(), 41u);
   const auto sent = std::chrono::steady_clock::now();
   // Three more commit, 10 ms apart, before the standby acknowledges batch
-  // 41: a sender that did not wait would send each on its own.
+  // 41: a sender that did not wait would send each on its own. (Within
+  // 150 ms of batch 41 not even a heartbeat is due.)
+  auto sent_early = [&] {
+    return peer.Readable() && std::chrono::steady_clock::now() - sent < std::chrono::milliseconds(150);
+  };
   for (int i = 0; i < 3; ++i) {
     ASSERT_OK(store->Write({{absl::StrCat("o/b", i), "2", false}}));
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_OK(StaysFalse("a frame sent before batch 41 was acknowledged", absl::Milliseconds(10), sent_early));
   }
   const bool in_time = std::chrono::steady_clock::now() - sent < std::chrono::milliseconds(150);
   peer.Ack(42);
@@ -449,14 +468,20 @@ class CopierTest : public ::testing::TestWithParam<bool> {
     stop_ = false;
   }
   // Until the copier has every batch the leader's log holds.
-  bool WaitCaughtUp(StandbyCopier* copier) {
-    for (int i = 0; i < 1000; ++i) {
+  absl::Status WaitCaughtUp(StandbyCopier* copier) {
+    return WaitFor("the copier to catch up with the leader's log", absl::Seconds(10), [&] {
       const ReplPosition p = copier->position();
       const ReplicationState st = log_->State();
-      if (p.valid && p.epoch == st.epoch && p.seq == st.last_seq) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return false;
+      return p.valid && p.epoch == st.epoch && p.seq == st.last_seq;
+    });
+  }
+  // Until the copier has copied past `seq` of `epoch` (while the writer
+  // goes on).
+  absl::Status WaitCopiedPast(StandbyCopier* copier, uint64_t epoch, uint64_t seq) {
+    return WaitFor(absl::StrCat("the copier to copy past batch ", seq, " of epoch ", epoch), absl::Seconds(10), [&] {
+      const ReplPosition p = copier->position();
+      return p.valid && p.epoch == epoch && p.seq > seq;
+    });
   }
   // The copier took the path the parameter gives: batches came by stream
   // (and a stream was opened), or none did. Writes after the catch-up make
@@ -464,7 +489,7 @@ class CopierTest : public ::testing::TestWithParam<bool> {
   // leaves no tail for a stream to carry.
   void ExpectCopiedAsAsked(StandbyCopier* copier, IndexStore* standby) {
     for (int i = 0; i < 20; ++i) ASSERT_OK(leader_->Write({{absl::StrCat("o/after/", i), "after", false}}));
-    ASSERT_TRUE(WaitCaughtUp(copier));
+    ASSERT_OK(WaitCaughtUp(copier));
     EXPECT_EQ(Contents(standby), Contents(leader_.get()));
     if (GetParam()) {
       EXPECT_GT(copier->streamed(), 0u);
@@ -501,9 +526,10 @@ TEST_P(CopierTest, ACopyTakenWhileTheLeaderWritesConvergesOnItsStore) {
   // Small pages: the snapshot takes many pages while the writer goes on.
   StandbyCopier copier(standby.get(), "s1", 16 << 10, Spin());
   copier.Follow(address());
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_OK(WaitFor("the copier to take its snapshot while the leader writes", absl::Seconds(10),
+                    [&] { return copier.snapshots() > 0; }));
   StopWriter();
-  ASSERT_TRUE(WaitCaughtUp(&copier));
+  ASSERT_OK(WaitCaughtUp(&copier));
   EXPECT_EQ(copier.snapshots(), 1u);
   EXPECT_EQ(Contents(standby.get()), Contents(leader_.get()));
   EXPECT_TRUE(ReadPosition(standby.get()).valid);
@@ -517,27 +543,28 @@ TEST_P(CopierTest, ARestartedCopierResumesWhereItWasAndANewEpochTakesASnapshot) 
     StandbyCopier copier(standby.get(), "s1", StandbyCopier::kDefaultPageBytes, Spin());
     copier.Follow(address());
     StartWriter();
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_OK(WaitCopiedPast(&copier, 1, 0));
     StopWriter();
-    ASSERT_TRUE(WaitCaughtUp(&copier));
+    ASSERT_OK(WaitCaughtUp(&copier));
   }
   // Stopped and started again on the same store: pulls on, no snapshot.
+  const uint64_t stopped_at = ReadPosition(standby.get()).seq;
   StartWriter();
   {
     StandbyCopier copier(standby.get(), "s1", StandbyCopier::kDefaultPageBytes, Spin());
     copier.Follow(address());
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_OK(WaitCopiedPast(&copier, 1, stopped_at));
     StopWriter();
-    ASSERT_TRUE(WaitCaughtUp(&copier));
+    ASSERT_OK(WaitCaughtUp(&copier));
     EXPECT_EQ(copier.snapshots(), 0u);
     EXPECT_EQ(Contents(standby.get()), Contents(leader_.get()));
 
     // A new leader epoch (same store, as after a failover): a snapshot.
     StartLeader(2);
     StartWriter();
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ASSERT_OK(WaitCopiedPast(&copier, 2, 0));
     StopWriter();
-    ASSERT_TRUE(WaitCaughtUp(&copier));
+    ASSERT_OK(WaitCaughtUp(&copier));
     EXPECT_EQ(copier.snapshots(), 1u);
     EXPECT_EQ(Contents(standby.get()), Contents(leader_.get()));
     EXPECT_EQ(copier.position().epoch, 2u);
@@ -553,10 +580,8 @@ TEST_P(CopierTest, ASemiSyncWriteReturnsOnceTheStandbyHasIt) {
   StandbyCopier copier(standby.get(), "s1", StandbyCopier::kDefaultPageBytes, Spin());
   copier.Follow(address());
   ASSERT_OK(leader_->Write({{"o/first", "1", false}}));
-  ASSERT_TRUE(WaitCaughtUp(&copier));
-  for (int i = 0; i < 200 && log_->State().sync != "semi-sync"; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  ASSERT_OK(WaitCaughtUp(&copier));
+  ASSERT_OK(WaitFor("the log to go semi-sync", absl::Seconds(5), [&] { return log_->State().sync == "semi-sync"; }));
   ASSERT_EQ(log_->State().sync, "semi-sync");
   for (int i = 0; i < 100; ++i) {
     const std::string k = absl::StrCat("o/k", i);
@@ -590,12 +615,16 @@ TEST(ServingGateTest, AnAnswerWaitsForTheLeaseToBeConfirmedButNotAcrossAStepDown
   // Lapsed by time: the wait ends OK when the gate opens again.
   gate.OpenUntil(steady_clock::now() - std::chrono::milliseconds(1));
   EXPECT_TRUE(absl::IsUnavailable(gate.Check()));
+  std::atomic<bool> answered{false};
   std::thread confirm([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_OK(StaysFalse("an answer went out while the gate was lapsed", absl::Milliseconds(50),
+                         [&] { return answered.load(); }));
     gate.OpenUntil(steady_clock::now() + std::chrono::seconds(10));
   });
-  EXPECT_OK(gate.AwaitOpen(absl::Now() + absl::Seconds(10)));
+  absl::Status confirmed = gate.AwaitOpen(absl::Now() + absl::Seconds(10));
+  answered = true;
   confirm.join();
+  EXPECT_OK(confirmed);
 
   // Not confirmed before the deadline.
   gate.OpenUntil(steady_clock::now() - std::chrono::milliseconds(1));
@@ -606,14 +635,18 @@ TEST(ServingGateTest, AnAnswerWaitsForTheLeaseToBeConfirmedButNotAcrossAStepDown
 
   // Closed for good, then opened for a new term: the old answer is refused.
   std::atomic<bool> waiting{false};
+  answered = false;
   std::thread step_down([&] {
     while (!waiting) std::this_thread::yield();
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the wait has begun
+    // The wait has begun, and holds the answer.
+    EXPECT_OK(StaysFalse("an answer went out while the gate was lapsed", absl::Milliseconds(200),
+                         [&] { return answered.load(); }));
     gate.Close();
     gate.OpenUntil(steady_clock::now() + std::chrono::seconds(10));
   });
   waiting = true;
   absl::Status refused = gate.AwaitOpen(absl::Now() + absl::Seconds(10));
+  answered = true;
   step_down.join();
   EXPECT_TRUE(absl::IsUnavailable(refused)) << refused;
   EXPECT_NE(refused.message().find("not the leader"), std::string::npos) << refused;

@@ -25,6 +25,12 @@ namespace {
 
 using ::testing::UnorderedElementsAre;
 using ::tierkv::testing::StatusIs;
+using io::AlignedBuffer;
+using io::FakeFileIo;
+using io::IoOp;
+using io::kIoAlign;
+using io::OpenUringFile;
+using io::UringAvailable;
 
 constexpr uint64_t kRegion = 64 << 10;
 

@@ -15,11 +15,13 @@
 #include "tests/support/process.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/values.h"
+#include "tests/support/wait.h"
 
 namespace tierkv::store {
 namespace {
 
 using ::tierkv::testing::StatusIs;
+using io::UringAvailable;
 
 const char* NoEnv(const char*) { return nullptr; }
 
@@ -46,7 +48,7 @@ class TierMoveTest : public ::testing::Test {
     auto d = StoreDaemon::Start(*scfg);
     ASSERT_OK(d.status());
     daemon_ = std::move(*d);
-    for (int i = 0; i < 2000 && !daemon_->ready(); ++i) absl::SleepFor(absl::Milliseconds(5));
+    ASSERT_OK(testing::WaitFor("the store daemon to be ready", absl::Seconds(10), [&] { return daemon_->ready(); }));
     ASSERT_TRUE(daemon_->ready());
     client::ClientOptions co;
     co.master = maddr;
