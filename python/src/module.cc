@@ -18,9 +18,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -137,14 +139,27 @@ class PyClient {
     client_ = std::shared_ptr<Client>(std::move(*c));
   }
 
+  ~PyClient() { Close(); }
+
+  // Stops the client. Calls made after it raise FailedPrecondition. It waits,
+  // without the GIL, for the calls still running on other threads (each
+  // holds its own reference) and then destroys the client here: the
+  // destructor unmounts over the network and joins threads, and a call that
+  // destroyed it on its way out would do so holding the GIL, freezing every
+  // Python thread for as long as the master takes to answer.
   void Close() {
     std::shared_ptr<Client> c;
     {
       std::lock_guard<std::mutex> lock(mu_);
       c = std::move(client_);
     }
+    if (c == nullptr) return;
     py::gil_scoped_release nogil;
-    c.reset();  // the last running call may still hold it
+    // A call in flight drops its reference as it returns; it needs the GIL
+    // to get there, which this thread no longer holds. Each call is bounded
+    // by the client's own timeouts.
+    while (c.use_count() > 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    c.reset();
   }
 
   void Put(const std::string& key, py::handle value, const PutOptions& po, const std::string& group,

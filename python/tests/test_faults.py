@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import unique
-from waiting import wait_for
+from waiting import stays_false, wait_for
 from tierkv.mooncake_compat import MooncakeDistributedStore
 
 MIB = 1 << 20
@@ -153,3 +153,52 @@ def test_master_stopped_gives_negative_codes(fresh_cluster, short_timeouts, how)
         if how == "SIGSTOP":
             master.proc.send_signal(signal.SIGCONT)
     s.close()
+
+
+def test_close_during_a_call_never_holds_other_python_threads(fresh_cluster, short_timeouts):
+    """close() while another thread's call is in flight: the client's
+    destructor (an unmount RPC to a stopped master, thread joins) runs
+    without the GIL, so every other Python thread keeps running."""
+    import tierkv
+    c = tierkv.Client(fresh_cluster.master_address, fresh_cluster.metadata_url, lend_size=16 << 20,
+                      rpc_timeout=RPC_TIMEOUT, transfer_timeout=TRANSFER_TIMEOUT)
+    # A key the client has never seen, so the get must ask the master.
+    absent = unique("close") + "absent"
+    ticks, stop, call = [], threading.Event(), {}
+
+    def ticker():
+        # The measurement itself: a Python thread that needs the GIL every 10 ms.
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            stop.wait(0.01)
+
+    def caller():
+        try:
+            c.get(absent)
+            call["result"] = "returned"
+        except Exception as e:  # the stopped master: an RPC error
+            call["result"] = f"{type(e).__name__}: {e}"
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    master = fresh_cluster.master.proc
+    master.send_signal(signal.SIGSTOP)
+    try:
+        a = threading.Thread(target=caller)
+        a.start()
+        stays_false("the caller's get returned", lambda: "result" in call, 0.3)  # it is in flight
+        start = time.monotonic()
+        c.close()
+        # Whichever thread ends up destroying the client has done so once
+        # the caller has returned.
+        a.join(CALL_BOUND)
+        assert not a.is_alive(), "the in-flight call never returned"
+        stop.set()
+        t.join()
+        gaps = [y - x for x, y in zip(ticks, ticks[1:]) if x >= start - 0.05]
+        assert gaps and max(gaps) < 0.5 * RPC_TIMEOUT, f"a Python thread was held for {max(gaps):.2f}s ({call})"
+        with pytest.raises(Exception, match="closed"):
+            c.get(absent)
+    finally:
+        stop.set()
+        master.send_signal(signal.SIGCONT)
