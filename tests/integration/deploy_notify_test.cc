@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
-#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -20,12 +20,14 @@
 #include "nlohmann/json.hpp"
 #include "tests/support/process.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/wait.h"
 
 namespace tierkv {
 namespace {
 
 using testing::BinaryPath;
 using testing::ChildProcess;
+using testing::WaitFor;
 
 // The service manager's end of the notify protocol.
 class NotifySocket {
@@ -128,13 +130,9 @@ TEST(DeployNotifyTest, StoreReadyOnlyAfterItsSegmentIsMountedAndStoppingOnSigter
   int store_http = daemon->port("http");
   EXPECT_EQ(Get(store_http, "/health").first, 200);
   // Until the daemon has tried the absent master a few times.
-  absl::Time deadline = absl::Now() + absl::Seconds(15);
-  while (MetricValue(Get(store_http, "/metrics").second, "tierkv_store_heartbeat_failures_total") < 3 &&
-         absl::Now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_GE(MetricValue(Get(store_http, "/metrics").second, "tierkv_store_heartbeat_failures_total"), 3)
-      << daemon->Stderr();
+  ASSERT_OK(WaitFor("three failed heartbeats to the absent master", absl::Seconds(15), [&] {
+    return MetricValue(Get(store_http, "/metrics").second, "tierkv_store_heartbeat_failures_total") >= 3;
+  })) << daemon->Stderr();
   EXPECT_EQ(Get(store_http, "/ready").first, 503);
   std::vector<std::string> early = notify.Next(absl::ZeroDuration());
   EXPECT_TRUE(early.empty()) << "notified before any mount: " << Joined(early);
@@ -183,11 +181,9 @@ TEST(DeployNotifyTest, NoNotifySocketIsANoOp) {
                           {absl::StrCat("--master=127.0.0.1:", master->port("rpc")),
                            absl::StrCat("--metadata=http://127.0.0.1:", master->port("http")), "--segment-size=32mib",
                            "--port=0", "--http-port=0", "--heartbeat-interval=50ms", "--name=plain"}));
-  absl::Time deadline = absl::Now() + absl::Seconds(15);
-  while (!SegmentLive(master->port("http"), "plain") && absl::Now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_TRUE(SegmentLive(master->port("http"), "plain"));
+  EXPECT_OK(WaitFor("segment plain live at the master", absl::Seconds(15),
+                    [&] { return SegmentLive(master->port("http"), "plain"); }))
+      << daemon->Stderr();
   daemon->Kill(SIGTERM);
   EXPECT_EQ(daemon->Wait(), 0) << daemon->Stderr();
   master->Kill(SIGTERM);

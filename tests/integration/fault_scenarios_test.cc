@@ -17,8 +17,10 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "base/crc32c.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
@@ -28,6 +30,7 @@
 #include "tests/support/netns.h"
 #include "tests/support/sanitizers.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/wait.h"
 #include "transport/engine.h"
 #include "transport/metadata.h"
 
@@ -37,6 +40,7 @@ namespace {
 using testing::ChildProcess;
 using testing::StatusIs;
 using testing::TestCluster;
+using testing::WaitFor;
 
 // Contents derived from the key (and a generation), so any reader can check them.
 std::string ValueFor(const std::string& key, size_t size, int generation = 0) {
@@ -127,16 +131,6 @@ class FaultScenarioTest : public ::testing::Test {
     auto body = cluster_.HttpGet("/v1/segments/" + name);
     return body.ok() ? nlohmann::json::parse(*body) : nlohmann::json();
   }
-  // Polls `cond` every 20 ms until it holds or `timeout` passes.
-  template <class Fn>
-  bool WaitFor(Fn cond, absl::Duration timeout) {
-    absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      if (cond()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return cond();
-  }
   TestCluster cluster_;
 };
 
@@ -196,8 +190,10 @@ TEST_F(FaultScenarioTest, Scenario02_WriterKilledMidPutLeavesNothingAndItsSpaceR
     EXPECT_THAT(client->Get(key), StatusIs(absl::StatusCode::kNotFound));
     EXPECT_GT(Stats()["used_bytes"].get<uint64_t>(), used_before);  // held until the timeout
     // Reclaimed after the put timeout (1 s), reusable after the revoke grace.
-    EXPECT_TRUE(WaitFor([&] { return Stats()["pending"] == 0; }, absl::Seconds(10)));
-    EXPECT_TRUE(WaitFor([&] { return Stats()["used_bytes"].get<uint64_t>() == used_before; }, absl::Seconds(10)));
+    EXPECT_OK(WaitFor("the killed writer's put to be reclaimed", absl::Seconds(10),
+                      [&] { return Stats()["pending"] == 0; }));
+    EXPECT_OK(WaitFor("its space to return", absl::Seconds(10),
+                      [&] { return Stats()["used_bytes"].get<uint64_t>() == used_before; }));
     EXPECT_THAT(client->Get(key), StatusIs(absl::StatusCode::kNotFound));
     ASSERT_OK(client->Put(key, value));
     EXPECT_EQ(*client->Get(key), value);
@@ -221,12 +217,10 @@ TEST_F(FaultScenarioTest, Scenario03_KilledDaemonsObjectsLeaveWithinTtlAndReplic
   const int64_t last_heartbeat_ms = Segment("daemon-1")["last_heartbeat_unix_ms"].get<int64_t>();
   cluster_.daemon(1).Kill(SIGKILL);
   cluster_.daemon(1).Wait();
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        auto present = client->Exists("one-0");
-        return present.ok() && !*present;
-      },
-      absl::Seconds(10)));
+  ASSERT_OK(WaitFor("one-0 to leave the index", absl::Seconds(10), [&] {
+    auto present = client->Exists("one-0");
+    return present.ok() && !*present;
+  }));
   const int64_t gone_ms = absl::ToUnixMillis(absl::Now());
   // TTL 1 s + one 100 ms check period; 300 ms more for this process's polling and scheduling.
   EXPECT_LE(gone_ms - last_heartbeat_ms, 1000 + 100 + 300);
@@ -251,7 +245,8 @@ TEST_F(FaultScenarioTest, Scenario04_PausedDaemonRemountsWithoutStaleHits) {
   for (int i = 0; i < 20; ++i) EXPECT_THAT(client->Get(absl::StrCat("old-", i)), StatusIs(absl::StatusCode::kNotFound));
   cluster_.daemon(0).Kill(SIGCONT);
   ASSERT_OK(cluster_.WaitForLiveSegments(2));
-  EXPECT_TRUE(WaitFor([&] { return cluster_.daemon(0).Stderr().find("again") != std::string::npos; }, absl::Seconds(5)));
+  EXPECT_OK(WaitFor("the resumed daemon to log that it mounts again", absl::Seconds(5),
+                    [&] { return cluster_.daemon(0).Stderr().find("again") != std::string::npos; }));
   // Its memory still holds the old bytes, but the index does not point at them.
   for (int i = 0; i < 20; ++i) EXPECT_THAT(client->Get(absl::StrCat("old-", i)), StatusIs(absl::StatusCode::kNotFound));
   // And it serves new puts.
@@ -290,14 +285,21 @@ TEST_F(FaultScenarioTest, Scenario05_LeaseKeepsRemovedBytesUntilItEnds) {
   }
   EXPECT_EQ(read_extent(), before);
   EXPECT_EQ(before.substr(0, value.size()), value);
-  // After the lease: the space is reused, the key stays gone.
-  std::this_thread::sleep_for(std::chrono::milliseconds(2300));
-  for (int i = 40; i < 80; ++i) {
-    absl::Status s = client->Put(absl::StrCat("fill-", i), ValueFor(absl::StrCat("fill-", i), 512 << 10));
-    ASSERT_TRUE(s.ok() || absl::IsResourceExhausted(s)) << s;
-  }
+  // After the lease (2 s) the space is reused: filling goes on until
+  // another object lives in the extent; the key stays gone.
+  int next_fill = 40;
+  absl::Status fill;
+  std::string after;
+  EXPECT_OK(WaitFor("the leased extent to be reused once its lease ended", absl::Seconds(20), [&] {
+    for (const int end = next_fill + 10; next_fill < end; ++next_fill) {
+      fill = client->Put(absl::StrCat("fill-", next_fill), ValueFor(absl::StrCat("fill-", next_fill), 512 << 10));
+      if (!fill.ok() && !absl::IsResourceExhausted(fill)) return true;  // fails below
+    }
+    after = read_extent();
+    return after != before;
+  }));
+  ASSERT_TRUE(fill.ok() || absl::IsResourceExhausted(fill)) << fill;
   EXPECT_THAT(client->Get("leased"), StatusIs(absl::StatusCode::kNotFound));
-  const std::string after = read_extent();
   EXPECT_NE(after, before);  // another object lives there now...
   // ...and its trailer does not vouch for the old value's bytes.
   uint32_t crc = Crc32c(after.data(), value.size());
@@ -427,14 +429,14 @@ TEST_F(FaultScenarioTest, Scenario09_OversizedRpcsAreRefusedAndOthersCarryOn) {
   ASSERT_OK(cluster_.Start({.daemons = 1, .segment_size = "64mib"}));
   auto client = Client();
   ASSERT_OK(client->Put("steady", ValueFor("steady", 4096)));
-  std::atomic<bool> stop{false};
+  absl::Notification stop;
   std::atomic<int> steady_ok{0}, steady_bad{0};
   std::thread steady([&] {
-    while (!stop.load()) {
+    // A get every 5 ms until stopped (the wait ends at once on stop).
+    do {
       auto v = client->Get("steady");
       (v.ok() && *v == ValueFor("steady", 4096) ? steady_ok : steady_bad).fetch_add(1);
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
+    } while (!stop.WaitForNotificationWithTimeout(absl::Milliseconds(5)));
   });
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(-1);
@@ -482,7 +484,7 @@ TEST_F(FaultScenarioTest, Scenario09_OversizedRpcsAreRefusedAndOthersCarryOn) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
 
   const int64_t hwm_after = ProcStatusKb(cluster_.master().pid(), "VmHWM");
-  stop.store(true);
+  stop.Notify();
   steady.join();
   EXPECT_GT(steady_ok.load(), 0);
   EXPECT_EQ(steady_bad.load(), 0);
@@ -630,7 +632,7 @@ TEST_F(FaultScenarioTest, Scenario11_PutStartFloodIsCappedPerClient) {
   EXPECT_EQ(*client->Get("fair-119"), ValueFor("fair-119", 512 << 10));
 
   // After the put timeout the flooder's puts are reclaimed and it may put again.
-  EXPECT_TRUE(WaitFor([&] { return Stats()["pending"] == 0; }, absl::Seconds(10)));
+  EXPECT_OK(WaitFor("the flooder's puts to time out", absl::Seconds(10), [&] { return Stats()["pending"] == 0; }));
   v1::PutStartRequest again;
   again.set_client_id("flooder");
   auto* item = again.add_items();
@@ -649,8 +651,8 @@ TEST_F(FaultScenarioTest, Scenario11_PutStartFloodIsCappedPerClient) {
 // below their eviction watermark: no acknowledged put may be missing.
 TEST_F(FaultScenarioTest, Scenario12_MasterKilledFiftyTimesUnderLoadRecoversConsistent) {
   ASSERT_OK(cluster_.Start({.daemons = 2, .segment_size = "512mib", .segment_ttl = "5s", .persist = true}));
-  std::atomic<bool> stop{false};
-  std::atomic<int> next{0};
+  std::atomic<bool> stop{false}, loader_done{false};
+  std::atomic<int> next{0}, acked_count{0};
   std::vector<int> acked;  // owned by the loader until it is joined
   std::thread loader([&] {
     client::ClientOptions o;
@@ -658,24 +660,39 @@ TEST_F(FaultScenarioTest, Scenario12_MasterKilledFiftyTimesUnderLoadRecoversCons
     o.metadata = cluster_.metadata_url();
     o.rpc_timeout = absl::Milliseconds(500);
     auto c = client::Client::Create(o);
-    if (!c.ok()) return;
-    while (!stop.load() && next.load() < 40000) {
-      int i = next.fetch_add(1);
-      std::string key = absl::StrCat("m-", i);
-      if ((*c)->Put(key, ValueFor(key, 4096 + i % 8192)).ok()) acked.push_back(i);
+    if (c.ok()) {
+      while (!stop.load() && next.load() < 40000) {
+        int i = next.fetch_add(1);
+        std::string key = absl::StrCat("m-", i);
+        if ((*c)->Put(key, ValueFor(key, 4096 + i % 8192)).ok()) {
+          acked.push_back(i);
+          acked_count.fetch_add(1);
+        }
+      }
     }
+    loader_done.store(true);
   });
+  absl::Cleanup join_loader = [&] {  // also when an assertion below returns early
+    stop.store(true);
+    if (loader.joinable()) loader.join();
+  };
+  // Each master is killed after the loader has begun a random number of
+  // puts (1 to 100) since it started, acknowledged or not: the kills fall
+  // at random moments of the load, recovery and re-mounts included.
   std::mt19937 rng(12);
   for (int round = 0; round < 50; ++round) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50 + rng() % 200));
+    const int from = next.load(), puts = 1 + static_cast<int>(rng() % 100);
+    ASSERT_OK(WaitFor(absl::StrCat(puts, " puts begun in round ", round), absl::Seconds(30),
+                      [&] { return next.load() >= from + puts || loader_done.load(); }));
     cluster_.master().Kill(SIGKILL);
     cluster_.master().Wait();
     absl::Status started = cluster_.StartMaster();
     ASSERT_OK(started) << "round " << round;
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  stop.store(true);
-  loader.join();
+  const int acked_before_last = acked_count.load();
+  ASSERT_OK(WaitFor("a put acknowledged by the last master", absl::Seconds(30),
+                    [&] { return acked_count.load() > acked_before_last || loader_done.load(); }));
+  std::move(join_loader).Invoke();
   ASSERT_OK(cluster_.WaitForLiveSegments(2));
   EXPECT_GT(acked.size(), 50u);
   nlohmann::json stats = Stats();

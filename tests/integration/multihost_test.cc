@@ -21,6 +21,7 @@
 #include "tests/support/netns.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/values.h"
+#include "tests/support/wait.h"
 #include "transport/descriptor.h"
 
 namespace tierkv {
@@ -32,6 +33,7 @@ using testing::SessionValue;
 using testing::TestCluster;
 using testing::TestHost;
 using testing::TestNetwork;
+using testing::WaitFor;
 using json = nlohmann::json;
 
 std::string ShellQuote(const std::string& s) {
@@ -183,10 +185,8 @@ TEST_F(MultiHostTest, WildcardDaemonsOnTwoNodesServeAClientHostThroughARestartAn
   for (const std::string& a : wargv) absl::StrAppend(&wcmd, " ", ShellQuote(a));
   FILE* worker = ::popen(wcmd.c_str(), "r");
   ASSERT_NE(worker, nullptr);
-  absl::Time until = absl::Now() + absl::Seconds(60);
-  while (::access((session + "/phase1").c_str(), F_OK) != 0 && absl::Now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  EXPECT_OK(WaitFor("the session worker's phase 1 report", absl::Seconds(60),
+                    [&] { return ::access((session + "/phase1").c_str(), F_OK) == 0; }));
   std::ifstream p1f(session + "/phase1");
   json p1 = json::parse(p1f, nullptr, false);
   ASSERT_TRUE(p1.is_object()) << "the session worker did not finish phase 1";
@@ -198,11 +198,10 @@ TEST_F(MultiHostTest, WildcardDaemonsOnTwoNodesServeAClientHostThroughARestartAn
   Daemon(0, 0).Kill(SIGKILL);
   Daemon(0, 0).Wait();
   ASSERT_OK(StartDaemon(0, 0));
-  until = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < until && (Segments()[restarted].value("incarnation", "") == old_incarnation ||
-                                 Segments()[restarted].value("state", "") != "live")) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  EXPECT_OK(WaitFor(absl::StrCat(restarted, " live again in a new incarnation"), absl::Seconds(20), [&] {
+    json seg = Segments()[restarted];
+    return seg.value("incarnation", "") != old_incarnation && seg.value("state", "") == "live";
+  }));
   ASSERT_NE(Segments()[restarted].value("incarnation", ""), old_incarnation);
   std::ofstream(session + "/go") << "go\n";
   std::string out;

@@ -22,6 +22,7 @@
 #include "tests/support/status_matchers.h"
 #include "tests/support/tls_certs.h"
 #include "tests/support/values.h"
+#include "tests/support/wait.h"
 
 namespace tierkv {
 namespace {
@@ -29,6 +30,7 @@ namespace {
 using testing::BinaryPath;
 using testing::ChildProcess;
 using testing::TestCluster;
+using testing::WaitFor;
 
 constexpr uint64_t kRegion = 1 << 20;
 constexpr uint64_t kSize = 32 << 20;
@@ -112,12 +114,22 @@ class SsdDaemonTest : public ::testing::Test {
   }
 
   // Ready: mounted, and its SSD records listed to the master.
-  bool WaitUntilReady() {
-    for (int i = 0; i < 250; ++i) {
-      if (cluster_.HttpGet("/ready", daemon_->port("http")).ok()) return true;
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return false;
+  absl::Status WaitUntilReady() {
+    return WaitFor("the daemon to be ready", absl::Seconds(10),
+                   [&] { return cluster_.HttpGet("/ready", daemon_->port("http")).ok(); });
+  }
+
+  // client_'s get of `key`, read again while it misses: DRAM can be full
+  // of copies staged for reads still under their 200 ms lease (reads here
+  // are faster than that), and the page stages again once those end.
+  absl::StatusOr<std::string> GetOnceStaged(const std::string& key) {
+    absl::StatusOr<std::string> got = client_->Get(key);
+    (void)WaitFor(key + " to stage again once staging leases end", absl::Seconds(5), [&] {
+      if (!absl::IsNotFound(got.status())) return true;
+      got = client_->Get(key);
+      return !absl::IsNotFound(got.status());
+    });
+    return got;
   }
 
   std::string Get(const std::string& path) {
@@ -166,7 +178,7 @@ class SsdDaemonTest : public ::testing::Test {
     client_ = std::move(*client);
     // Ready only once its records are listed to the master, with the
     // tier's size: from then on an eviction moves to SSD, never drops.
-    ASSERT_TRUE(WaitUntilReady());
+    ASSERT_OK(WaitUntilReady());
     absl::StatusOr<std::string> segs = cluster_.HttpGet("/v1/segments");
     ASSERT_OK(segs.status());
     EXPECT_NE(segs->find(absl::StrCat("\"ssd_capacity\":", kSize)), std::string::npos) << *segs;
@@ -219,11 +231,10 @@ TEST_F(SsdDaemonTest, RestartedDaemonFindsItsRecordsAndSkipsATornOne) {
   EXPECT_EQ(Metric(m, "tierkv_store_ssd_recovered_records"), 20);
   EXPECT_EQ(Metric(m, "tierkv_store_ssd_torn_records"), 1);
   std::string health;
-  for (int i = 0; i < 100; ++i) {
+  EXPECT_OK(WaitFor("the unnamed records to be erased", absl::Seconds(5), [&] {
     health = Get("/health");
-    if (health.find("ssd: ok 0 records") != std::string::npos) break;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+    return health.find("ssd: ok 0 records") != std::string::npos;
+  }));
   EXPECT_THAT(health, ::testing::HasSubstr("ssd: ok 0 records"));
   EXPECT_THAT(daemon_->Stderr(), ::testing::HasSubstr("0 kept, 20 erased"));
   // A rolling restart: SIGTERM, start again on the same directory, even
@@ -271,14 +282,18 @@ TEST_F(SsdDaemonTest, SsdDirWithoutSizeIsRefused) {
 TEST_F(SsdDaemonTest, ARestartedDaemonServesItsSsdPagesAgain) {
   std::vector<std::string> keys, values;
   ASSERT_NO_FATAL_FAILURE(StartAndFill(&keys, &values));
-  // Wait until the evictor is done moving pages.
+  // Until the evictor is done moving pages: the record count, sampled
+  // 200 ms apart, has stopped changing.
   double records = -1;
-  for (int i = 0; i < 100; ++i) {
-    double now = Metric(Get("/metrics"), "tierkv_store_ssd_records");
-    if (now > 0 && now == records) break;
+  absl::Time sampled = absl::InfinitePast();
+  ASSERT_OK(WaitFor("the SSD record count to settle", absl::Seconds(30), [&] {
+    if (absl::Now() - sampled < absl::Milliseconds(200)) return false;
+    const double now = Metric(Get("/metrics"), "tierkv_store_ssd_records");
+    sampled = absl::Now();
+    const bool settled = now > 0 && now == records;
     records = now;
-    absl::SleepFor(absl::Milliseconds(200));
-  }
+    return settled;
+  }));
   ASSERT_GT(records, 100);
   const std::string confirmed = "tierkv_master_ssd_records_total{outcome=\"confirmed\"}";
   auto restart_and_read = [&](int sig, double confirmed_before) {
@@ -287,13 +302,15 @@ TEST_F(SsdDaemonTest, ARestartedDaemonServesItsSsdPagesAgain) {
     ASSERT_OK(StartDaemon(dir_, {}, kRegion, "16mib"));
     // The listing is in once the master has confirmed every record.
     double got = 0;
-    for (int i = 0; i < 200; ++i) {
+    absl::Status fetched;
+    EXPECT_OK(WaitFor("the master to confirm every record", absl::Seconds(10), [&] {
       absl::StatusOr<std::string> m = cluster_.HttpGet("/metrics");
-      ASSERT_OK(m.status());
+      fetched = m.status();
+      if (!m.ok()) return true;  // asserted below
       got = Metric(*m, confirmed);
-      if (got >= confirmed_before + records) break;
-      absl::SleepFor(absl::Milliseconds(50));
-    }
+      return got >= confirmed_before + records;
+    })) << "signal " << sig;
+    ASSERT_OK(fetched);
     ASSERT_EQ(got, confirmed_before + records) << "signal " << sig;
     EXPECT_EQ(ReadBack(keys, values), static_cast<int>(records)) << "signal " << sig;
   };
@@ -311,15 +328,15 @@ TEST_F(SsdDaemonTest, KilledMidOffloadServesWhatWasWrittenAndNothingElse) {
   std::vector<std::string> keys, values;
   ASSERT_NO_FATAL_FAILURE(StartAndFill(&keys, &values, {{"TIERKV_FAILPOINTS", "store.ssd.write=sleep:300"}}));
   double written = 0;
-  for (int i = 0; i < 200 && written <= 0; ++i) {
+  EXPECT_OK(WaitFor("the first records to land", absl::Seconds(10), [&] {
     written = Metric(Get("/metrics"), "tierkv_store_ssd_records");
-    if (written <= 0) absl::SleepFor(absl::Milliseconds(10));
-  }
+    return written > 0;
+  }));
   ASSERT_GT(written, 0);
   daemon_->Kill(SIGKILL);
   daemon_->Wait();
   ASSERT_OK(StartDaemon(dir_, {}, kRegion, "16mib"));
-  ASSERT_TRUE(WaitUntilReady());
+  ASSERT_OK(WaitUntilReady());
   const double recovered = Metric(Get("/metrics"), "tierkv_store_ssd_recovered_records");
   EXPECT_GE(recovered, written);  // what was written before the kill survived it
   const int served = ReadBack(keys, values);
@@ -342,7 +359,7 @@ TEST_F(SsdDaemonTest, ADiskWithoutRoomForTheTierLeavesDramServing) {
   ASSERT_OK(d.status());
   daemon_ = std::move(*d);
   ASSERT_OK(cluster_.WaitForLiveSegments(1));
-  ASSERT_TRUE(WaitUntilReady());
+  ASSERT_OK(WaitUntilReady());
   ExpectTierDownAndDramServing("no room for");
 }
 
@@ -367,14 +384,7 @@ TEST_F(SsdDaemonTest, PagesEvictedFromDramAreServedFromSsd) {
   EXPECT_THAT(*master_metrics, ::testing::HasSubstr("tierkv_master_ssd_moves_total{kind=\"offloaded\"}"));
   EXPECT_THAT(*master_metrics, ::testing::HasSubstr("tierkv_segment_ssd_used_bytes{"));
   for (int i = 0; i < kPages; ++i) {
-    absl::StatusOr<std::string> got = client_->Get(keys[i]);
-    if (absl::IsNotFound(got.status())) {
-      // DRAM can be full of copies staged for reads still under their
-      // 200 ms lease (reads here are faster than that): a miss until the
-      // leases end, then the page stages again.
-      absl::SleepFor(absl::Milliseconds(300));
-      got = client_->Get(keys[i]);
-    }
+    absl::StatusOr<std::string> got = GetOnceStaged(keys[i]);
     ASSERT_OK(got.status()) << keys[i];
     ASSERT_EQ(*got, values[i]) << keys[i];
   }
@@ -412,11 +422,7 @@ TEST_F(SsdDaemonAuthTest, SignedTierOrdersMovePagesAndOthersAreRefused) {
   ASSERT_NO_FATAL_FAILURE(StartAndFill(&keys, &values));
   EXPECT_GT(Metric(Get("/metrics"), "tierkv_store_ssd_records"), 100);  // the master's signed offloads landed
   for (size_t i = 0; i < keys.size(); ++i) {
-    absl::StatusOr<std::string> got = client_->Get(keys[i]);
-    if (absl::IsNotFound(got.status())) {
-      absl::SleepFor(absl::Milliseconds(300));  // staging extents still leased (see above)
-      got = client_->Get(keys[i]);
-    }
+    absl::StatusOr<std::string> got = GetOnceStaged(keys[i]);
     ASSERT_OK(got.status()) << keys[i];
     ASSERT_EQ(*got, values[i]) << keys[i];
   }
@@ -502,11 +508,7 @@ TEST_F(SsdDaemonTlsTest, EveryPortServesTlsAndCallersAreTheirCertificates) {
   // pages back through it.
   EXPECT_GT(Metric(Get("/metrics"), "tierkv_store_ssd_records"), 100);
   for (size_t i = 0; i < keys.size(); ++i) {
-    absl::StatusOr<std::string> got = client_->Get(keys[i]);
-    if (absl::IsNotFound(got.status())) {
-      absl::SleepFor(absl::Milliseconds(300));  // staging extents still leased
-      got = client_->Get(keys[i]);
-    }
+    absl::StatusOr<std::string> got = GetOnceStaged(keys[i]);
     ASSERT_OK(got.status()) << keys[i];
     ASSERT_EQ(*got, values[i]) << keys[i];
   }
@@ -554,11 +556,11 @@ TEST_F(SsdDaemonTlsTest, EveryPortServesTlsAndCallersAreTheirCertificates) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::MasterClient> m,
                        client::MasterClient::Create(cluster_.master_address(), mo));
   absl::Status refused;
-  for (int i = 0; i < 50; ++i) {  // the reload is asynchronous
+  // The reload is asynchronous.
+  EXPECT_OK(WaitFor("the reloaded identities to refuse the reader", absl::Seconds(5), [&] {
     refused = m->Stats().status();
-    if (!refused.ok()) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+    return !refused.ok();
+  }));
   EXPECT_THAT(refused, testing::StatusIs(absl::StatusCode::kUnauthenticated));
   EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("decode-1.tierkv"));
   EXPECT_EQ(MasterHttp("GET", https, reader, "/v1/stats"), 401);

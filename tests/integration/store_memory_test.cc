@@ -19,6 +19,7 @@
 #include "tests/support/process.h"
 #include "tests/support/sanitizers.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/wait.h"
 #include "transport/numa.h"
 
 namespace tierkv {
@@ -144,19 +145,17 @@ class DescriptorLocationTest : public ::testing::Test {
     *daemon = std::move(*d);
     httplib::Client http("127.0.0.1", master_->port("http"));
     http.set_read_timeout(std::chrono::seconds(5));
-    absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (absl::Now() < deadline) {
+    std::string location;
+    absl::Status published = testing::WaitFor("the daemon's descriptor to be published", absl::Seconds(10), [&] {
       auto res = http.Get("/metadata?key=tierkv/segments/located");
-      if (res && res->status == 200) {
-        nlohmann::json j = nlohmann::json::parse(res->body, nullptr, false);
-        if (j.is_object() && j["buffers"].is_array() && !j["buffers"].empty()) {
-          return j["buffers"][0].value("location", "");
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    ADD_FAILURE() << "no descriptor published: " << (*daemon)->Stderr();
-    return "";
+      if (!res || res->status != 200) return false;
+      nlohmann::json j = nlohmann::json::parse(res->body, nullptr, false);
+      if (!j.is_object() || !j["buffers"].is_array() || j["buffers"].empty()) return false;
+      location = j["buffers"][0].value("location", "");
+      return true;
+    });
+    EXPECT_OK(published) << (*daemon)->Stderr();
+    return location;
   }
 
   std::unique_ptr<ChildProcess> master_;

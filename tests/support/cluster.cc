@@ -1,12 +1,12 @@
 #include "tests/support/cluster.h"
 
 #include <filesystem>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
+#include "tests/support/wait.h"
 
 namespace tierkv::testing {
 
@@ -42,12 +42,13 @@ absl::Status TestCluster::StartMaster() {
   args.insert(args.end(), options_.master_flags.begin(), options_.master_flags.end());
   master_.reset();
   absl::StatusOr<std::unique_ptr<ChildProcess>> m;
-  // A port just released by a killed master can take a moment to be free.
-  for (int attempt = 0; attempt < 50; ++attempt) {
+  // A port just released by a killed master can take a moment to be free:
+  // a restart on the old ports is tried until it binds (a fresh master,
+  // on ports of its own choosing, is tried once).
+  (void)WaitFor("the master to start on its ports", absl::Seconds(5), [&] {
     m = ChildProcess::Start(BinaryPath("tierkv-master"), args);
-    if (m.ok() || rpc_port_ == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+    return m.ok() || rpc_port_ == 0;
+  });
   if (!m.ok()) return m.status();
   master_ = std::move(*m);
   rpc_port_ = master_->port("rpc");
@@ -68,21 +69,19 @@ absl::Status TestCluster::StartDaemon(int i) {
 }
 
 absl::Status TestCluster::WaitForLiveSegments(size_t n, absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
   size_t live = 0;
-  while (absl::Now() < deadline) {
+  absl::Status waited = WaitFor(absl::StrCat(n, " segments live at the master"), timeout, [&] {
     absl::StatusOr<std::string> body = HttpGet("/v1/segments");
-    if (body.ok()) {
-      nlohmann::json j = nlohmann::json::parse(*body, nullptr, false);
-      live = 0;
-      if (j.is_array()) {
-        for (const auto& s : j) live += s.value("state", "") == "live";
-      }
-      if (live == n) return absl::OkStatus();
+    if (!body.ok()) return false;
+    nlohmann::json j = nlohmann::json::parse(*body, nullptr, false);
+    live = 0;
+    if (j.is_array()) {
+      for (const auto& s : j) live += s.value("state", "") == "live";
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return absl::DeadlineExceededError(absl::StrCat("only ", live, " of ", n, " segments live"));
+    return live == n;
+  });
+  if (waited.ok()) return waited;
+  return absl::DeadlineExceededError(absl::StrCat(waited.message(), " (", live, " live)"));
 }
 
 absl::StatusOr<std::unique_ptr<client::Client>> TestCluster::NewClient(std::vector<std::string> transports,

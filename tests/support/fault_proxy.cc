@@ -62,7 +62,11 @@ absl::StatusOr<std::unique_ptr<FaultProxy>> FaultProxy::Start(const std::string&
 }
 
 FaultProxy::~FaultProxy() {
-  stopping_.store(true);
+  {
+    MutexLock lock(&mu_);
+    stopping_.store(true);
+    fault_changed_.SignalAll();
+  }
   if (listener_ >= 0) ::shutdown(listener_, SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
   if (listener_ >= 0) ::close(listener_);
@@ -77,6 +81,7 @@ FaultProxy::~FaultProxy() {
 void FaultProxy::Set(Fault fault) {
   MutexLock lock(&mu_);
   fault_ = fault;
+  fault_changed_.SignalAll();
 }
 
 FaultProxy::Fault FaultProxy::Current() {
@@ -128,8 +133,12 @@ void FaultProxy::Pump(int client, int server) {
   while (!stopping_.load()) {
     Fault f = Current();
     if (f.mode == Mode::kStall) {
-      // Hold everything: the peers see a connection that went silent.
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      // Hold everything until the fault changes: the peers see a connection
+      // that went silent. (The timeout only bounds a missed signal.)
+      MutexLock lock(&mu_);
+      while (fault_.mode == Mode::kStall && !stopping_.load()) {
+        fault_changed_.WaitFor(&mu_, std::chrono::milliseconds(100));
+      }
       continue;
     }
     pollfd fds[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
@@ -154,6 +163,7 @@ void FaultProxy::Pump(int client, int server) {
         done = true;
         break;
       }
+      // The fault itself, not a synchronisation: a slow link delays each chunk.
       if (f.mode == Mode::kDelay) std::this_thread::sleep_for(absl::ToChronoMicroseconds(f.delay));
       for (ssize_t off = 0; off < n;) {
         ssize_t w = ::send(to, buf.data() + off, static_cast<size_t>(n - off), MSG_NOSIGNAL);

@@ -59,6 +59,7 @@ class FaultProxy {
   std::atomic<int> open_{0};
   Mutex mu_;
   Fault fault_ ABSL_GUARDED_BY(mu_);
+  CondVar fault_changed_;  // signalled by Set and on stopping (a stalled pump waits on it)
   std::thread acceptor_;
   struct PumpThread {
     std::thread thread;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "tests/support/wait.h"
 
 namespace tierkv::testing {
 
@@ -120,11 +121,7 @@ bool ChildProcess::Running() {
 }
 
 int ChildProcess::Wait(absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (Running()) {
-    if (absl::Now() > deadline) return -1;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  if (!WaitFor(absl::StrCat("pid ", pid_, " to exit"), timeout, [&] { return !Running(); }).ok()) return -1;
   return exit_code_;
 }
 
