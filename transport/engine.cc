@@ -17,12 +17,14 @@
 #include "transport/internal/batch.h"
 #include "transport/internal/builtin.h"
 #include "transport/internal/json_fields.h"
+#include "transport/internal/peers.h"
 #include "transport/memory.h"
 
 namespace tierkv::transport {
 namespace {
 
 using internal::BatchImpl;
+using internal::PeerEntry;
 using internal::Task;
 
 struct ServedSegment {
@@ -33,20 +35,6 @@ struct ServedSegment {
   std::vector<uint64_t> offsets;  // segment offset of each buffer
   std::string descriptor;         // JSON, as published
   std::string data_key;           // EngineOptions::data_grants; "" without
-};
-
-struct PeerEntry {
-  Mutex mu;
-  std::optional<SegmentDescriptor> desc ABSL_GUARDED_BY(mu);
-  std::shared_ptr<PeerChannel> channel ABSL_GUARDED_BY(mu);
-  Backend* backend ABSL_GUARDED_BY(mu) = nullptr;  // the channel's; its capabilities decide refusals
-  std::string transport ABSL_GUARDED_BY(mu);
-  std::vector<std::string> fallbacks ABSL_GUARDED_BY(mu);
-  // Channels of other transports, for requests the chosen one refuses
-  // (by backend name); they share `desc` and are dropped with it.
-  absl::flat_hash_map<std::string, std::shared_ptr<PeerChannel>> alternates ABSL_GUARDED_BY(mu);
-  // "<to>: <refusal>" fallbacks already logged for this peer.
-  absl::flat_hash_set<std::string> logged ABSL_GUARDED_BY(mu);
 };
 
 class Engine final : public TransferEngine, public ServedMemory {
@@ -113,49 +101,61 @@ class Engine final : public TransferEngine, public ServedMemory {
                               int memfd) override {
     if (addr == nullptr || length == 0) return absl::InvalidArgumentError("empty memory range");
     ASSIGN_OR_RETURN(Location loc, ParseLocation(location));
-    std::unique_lock lock(served_mu_);
     char* a = static_cast<char*>(addr);
-    for (auto& [start, b] : buffers_) {
-      if (a < b->addr + b->length && b->addr < a + length) {
-        return absl::InvalidArgumentError("range overlaps registered memory");
-      }
-    }
     auto b = std::make_unique<LocalBuffer>();
-    b->id = next_buffer_id_++;
     b->addr = a;
     b->length = length;
     b->location = loc;
     b->memfd = memfd;
+    {
+      std::unique_lock lock(served_mu_);
+      if (Overlaps(a, length)) return absl::InvalidArgumentError("range overlaps registered memory");
+      b->id = next_buffer_id_++;
+      in_flux_[a] = length;
+    }
     // Backends that move data from registered memory only (rdma) register
-    // it now, so it can be a transfer's local side.
+    // it now, so it can be a transfer's local side. That pins every page
+    // (seconds for a few hundred GB), so it runs outside served_mu_: the
+    // segments served meanwhile keep serving. The range stays reserved in
+    // in_flux_ until the buffer is published.
+    std::vector<Backend*> refused;
     for (auto& be : backends_) {
       if (!be->capabilities().needs_registered_local) continue;
       absl::StatusOr<std::string> key = be->RegisterBuffer(*b);
       if (!key.ok()) {
         TKV_LOG(WARNING) << be->name() << " cannot use memory at " << location << ": " << key.status().message();
-        refused_.insert({b->id, be.get()});  // its requests go to another transport
+        refused.push_back(be.get());  // its requests go to another transport
       }
     }
+    std::unique_lock lock(served_mu_);
+    in_flux_.erase(a);
+    for (Backend* be : refused) refused_.insert({b->id, be});
     buffers_[a] = std::move(b);
     return absl::OkStatus();
   }
 
   absl::Status UnregisterMemory(void* addr) override {
-    std::unique_lock lock(served_mu_);
-    auto it = buffers_.find(static_cast<char*>(addr));
-    if (it == buffers_.end()) return absl::NotFoundError("no registered buffer starts there");
-    for (auto& [name, seg] : served_) {
-      for (LocalBuffer* b : seg.buffers) {
-        if (b == it->second.get()) {
-          return absl::FailedPreconditionError(absl::StrCat("buffer is served as segment ", name));
+    std::unique_ptr<LocalBuffer> gone;
+    {
+      std::unique_lock lock(served_mu_);
+      auto it = buffers_.find(static_cast<char*>(addr));
+      if (it == buffers_.end()) return absl::NotFoundError("no registered buffer starts there");
+      for (auto& [name, seg] : served_) {
+        for (LocalBuffer* b : seg.buffers) {
+          if (b == it->second.get()) {
+            return absl::FailedPreconditionError(absl::StrCat("buffer is served as segment ", name));
+          }
         }
       }
+      for (auto& be : backends_) refused_.erase({it->second->id, be.get()});
+      gone = std::move(it->second);
+      buffers_.erase(it);
+      in_flux_[gone->addr] = gone->length;  // no new registration of the range until the backends let go
     }
-    for (auto& be : backends_) {
-      be->UnregisterBuffer(*it->second);
-      refused_.erase({it->second->id, be.get()});
-    }
-    buffers_.erase(it);
+    // Unpinning is as slow as pinning: outside served_mu_ too.
+    for (auto& be : backends_) be->UnregisterBuffer(*gone);
+    std::unique_lock lock(served_mu_);
+    in_flux_.erase(gone->addr);
     return absl::OkStatus();
   }
 
@@ -528,6 +528,18 @@ class Engine final : public TransferEngine, public ServedMemory {
     return nullptr;
   }
 
+  // True when [a, a+length) overlaps a registered buffer or a range being
+  // (un)registered. Caller holds served_mu_.
+  bool Overlaps(char* a, uint64_t length) {
+    for (auto& [start, b] : buffers_) {
+      if (a < b->addr + b->length && b->addr < a + length) return true;
+    }
+    for (auto& [start, len] : in_flux_) {
+      if (a < start + len && start < a + length) return true;
+    }
+    return false;
+  }
+
   // The registered buffer holding [addr, addr+length), or null. Caller
   // holds served_mu_.
   const LocalBuffer* LocalBufferOf(void* addr, uint64_t length) {
@@ -581,18 +593,34 @@ class Engine final : public TransferEngine, public ServedMemory {
       }
     }
     std::shared_ptr<PeerEntry> e = Entry(segment);
-    MutexLock lock(&e->mu);
-    PrepareContext ctx = Context(segment, peer.desc, deadline);
+    PrepareContext ctx = internal::PeerContext(options_, segment, peer.desc, deadline);
     for (Backend* b : candidates) {
-      std::shared_ptr<PeerChannel>& ch = e->alternates[b->name()];
-      if (!ch || !ch->healthy()) {
-        ch.reset();
+      std::shared_ptr<PeerChannel> ch;
+      uint64_t generation;
+      {
+        MutexLock lock(&e->mu);
+        generation = e->generation;
+        auto it = e->alternates.find(b->name());
+        if (it != e->alternates.end() && it->second && it->second->healthy()) ch = it->second;
+      }
+      if (!ch) {
+        // A handshake: over the network, so not under the entry's lock.
         absl::StatusOr<std::unique_ptr<PeerChannel>> made = b->Prepare(peer.desc, ctx);
         if (!made.ok()) {
           reasons.push_back(absl::StrCat(b->name(), ": ", made.status().message()));
           continue;
         }
         ch = std::move(*made);
+      }
+      MutexLock lock(&e->mu);
+      if (e->generation == generation) {
+        // Cache it, unless another thread cached a healthy one meanwhile.
+        std::shared_ptr<PeerChannel>& cached = e->alternates[b->name()];
+        if (cached && cached != ch && cached->healthy()) {
+          ch = cached;
+        } else {
+          cached = ch;
+        }
       }
       // A refusal is normal for unregistered buffers: say so once per peer.
       if (e->logged.insert(absl::StrCat(b->name(), ": ", refusal)).second) {
@@ -610,37 +638,6 @@ class Engine final : public TransferEngine, public ServedMemory {
     return loc && loc->kind == Location::kCuda;
   }
 
-  // How backends prepare a channel to `desc`: its handshakes (and, for a
-  // peer that needs data grants, its connections) authenticate with a
-  // grant for `segment`.
-  PrepareContext Context(const std::string& segment, const SegmentDescriptor& desc, absl::Time deadline) {
-    PrepareContext ctx;
-    ctx.local_host_id = options_.host_id;
-    ctx.deadline = deadline;
-    const std::string ca = options_.backend.tls.ca;
-    if (!desc.auth) {
-      ctx.handshake = [ca](const std::string& control, const std::string& transport, const std::string& request,
-                           absl::Time dl) {
-        return internal::TcpHandshake(control, transport, request, dl, nullptr, 0, 0, ca);
-      };
-      return ctx;
-    }
-    auto grants = options_.grants;
-    ctx.grant = [grants, segment](bool renew, absl::Time deadline) -> absl::StatusOr<DataGrant> {
-      if (!grants) {
-        return absl::UnauthenticatedError(absl::StrCat("segment ", segment,
-                                                       " needs a data grant and this client has no master to ask"));
-      }
-      return grants(segment, renew, deadline);
-    };
-    ctx.handshake = [grant = ctx.grant, index = desc.segment_index, id = desc.segment_id, ca](
-                        const std::string& control, const std::string& transport, const std::string& request,
-                        absl::Time dl) {
-      return internal::TcpHandshake(control, transport, request, dl, grant, index, id, ca);
-    };
-    return ctx;
-  }
-
   std::shared_ptr<PeerEntry> Entry(const std::string& segment) {
     MutexLock lock(&peers_mu_);
     auto& e = peers_[segment];
@@ -648,27 +645,52 @@ class Engine final : public TransferEngine, public ServedMemory {
     return e;
   }
 
+  // The cached channel to `segment`, else a fresh lookup: its descriptor
+  // (the peer may have restarted or moved) and the first transport that
+  // reaches it. One lookup per segment at a time, outside the entry's
+  // lock; a caller arriving meanwhile waits for it, up to its own
+  // deadline (DEADLINE_EXCEEDED), then looks up itself if it failed.
   absl::StatusOr<Prepared> GetPeer(const std::string& segment, absl::Time deadline) {
     std::shared_ptr<PeerEntry> e = Entry(segment);
-    MutexLock lock(&e->mu);
-    if (e->channel && e->channel->healthy() && e->desc) {
-      return Prepared{*e->desc, e->channel, e->backend, e->transport};
+    {
+      MutexLock lock(&e->mu);
+      while (true) {
+        if (e->channel && e->channel->healthy() && e->desc) {
+          return Prepared{*e->desc, e->channel, e->backend, e->transport};
+        }
+        if (!e->looking_up) break;
+        const absl::Duration left = deadline - absl::Now();
+        if (left <= absl::ZeroDuration()) {
+          return absl::DeadlineExceededError(absl::StrCat("segment ", segment,
+                                                          " is still being looked up (its descriptor or its "
+                                                          "daemon is slow to answer)"));
+        }
+        e->looked_up.WaitFor(&e->mu, absl::ToChronoMicroseconds(std::min(left, absl::Seconds(1))));
+      }
+      e->looking_up = true;
     }
-    // (Re)read the descriptor: the peer may have restarted or moved.
-    absl::StatusOr<std::string> json = options_.metadata->Get(DescriptorKey(segment));
+    absl::StatusOr<Prepared> p = LookUp(segment, deadline, *e);
+    MutexLock lock(&e->mu);
+    e->looking_up = false;
+    e->looked_up.SignalAll();
+    return p;
+  }
+
+  // GetPeer's lookup, by `deadline`; only the entry's results are stored
+  // under its lock.
+  absl::StatusOr<Prepared> LookUp(const std::string& segment, absl::Time deadline, PeerEntry& e) {
+    absl::StatusOr<std::string> json = options_.metadata->Get(DescriptorKey(segment), deadline);
     if (!json.ok()) {
       if (absl::IsNotFound(json.status())) {
         return absl::NotFoundError(absl::StrCat("segment ", segment, " is not published"));
       }
-      return json.status();
+      return Annotate(json.status(), absl::StrCat("looking up segment ", segment));
     }
     ASSIGN_OR_RETURN(SegmentDescriptor desc, SegmentDescriptor::FromJson(*json));
-    e->desc = desc;
-    e->channel.reset();
-    e->alternates.clear();
-    e->fallbacks.clear();
-    PrepareContext ctx = Context(segment, desc, deadline);
+    PrepareContext ctx = internal::PeerContext(options_, segment, desc, deadline);
     std::vector<std::string> reasons;
+    std::shared_ptr<PeerChannel> channel;
+    Backend* chosen = nullptr;
     for (Backend* b : order_) {
       if (!desc.transports.contains(b->name())) {
         reasons.push_back(absl::StrCat(b->name(), ": not offered by the peer"));
@@ -676,22 +698,29 @@ class Engine final : public TransferEngine, public ServedMemory {
       }
       absl::StatusOr<std::unique_ptr<PeerChannel>> ch = b->Prepare(desc, ctx);
       if (ch.ok()) {
-        e->channel = std::move(*ch);
-        e->backend = b;
-        e->transport = b->name();
-        e->fallbacks = reasons;
-        return Prepared{desc, e->channel, b, e->transport};
+        channel = std::move(*ch);
+        chosen = b;
+        break;
       }
-      std::string why = absl::StrCat(b->name(), ": ", ch.status().message());
       TKV_LOG(WARNING) << "transport " << b->name() << " cannot reach segment " << segment
                        << " on host " << desc.host << " (" << desc.host_id.substr(0, 8) << ") from "
                        << options_.host << " (" << options_.host_id.substr(0, 8) << "): "
                        << ch.status().message() << "; trying the next transport";
-      reasons.push_back(why);
+      reasons.push_back(absl::StrCat(b->name(), ": ", ch.status().message()));
     }
-    e->fallbacks = reasons;
-    return absl::UnavailableError(absl::StrCat("no transport reaches segment ", segment, ": ",
-                                               absl::StrJoin(reasons, "; ")));
+    MutexLock lock(&e.mu);
+    e.desc = desc;
+    ++e.generation;
+    e.channel = channel;
+    e.alternates.clear();
+    e.fallbacks = reasons;
+    if (chosen == nullptr) {
+      return absl::UnavailableError(absl::StrCat("no transport reaches segment ", segment, ": ",
+                                                 absl::StrJoin(reasons, "; ")));
+    }
+    e.backend = chosen;
+    e.transport = chosen->name();
+    return Prepared{desc, channel, chosen, e.transport};
   }
 
   void Run(Task& t) {
@@ -734,6 +763,9 @@ class Engine final : public TransferEngine, public ServedMemory {
   std::atomic<uint64_t> epoch_{0};  // the newest master epoch seen (ObserveEpoch, AdmitWrite)
   std::map<char*, std::unique_ptr<LocalBuffer>> buffers_;  // guarded by served_mu_
   std::map<std::string, ServedSegment> served_;            // guarded by served_mu_
+  // Ranges (start, length) whose backends are registering or unregistering
+  // them outside served_mu_; guarded by served_mu_.
+  std::map<char*, uint64_t> in_flux_;
   // (buffer id, backend) pairs where the backend could not register the
   // buffer; guarded by served_mu_.
   absl::flat_hash_set<std::pair<uint64_t, Backend*>> refused_;

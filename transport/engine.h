@@ -28,7 +28,10 @@
 // server's fixed pool of I/O threads, tcp/server.h). Submit and everything else
 // may be called from any thread. Lock order: peers_mu_ -> PeerEntry::mu;
 // served_mu_ is independent (held by serving threads while they touch
-// served memory).
+// served memory). No lock is held across a network wait or a backend's
+// registration: a segment's lookup (its descriptor fetch and handshakes)
+// runs outside its entry's lock, one at a time per segment, so a dead peer
+// costs only the transfers to it, each up to its own deadline.
 #pragma once
 
 #include <functional>
@@ -107,11 +110,15 @@ class TransferEngine {
 
   // Registers [addr, addr+length) at `location` ("cpu:0", "cuda:1"). Pass
   // the memfd of a SharedRegion so same-host peers can use shm.
-  // INVALID_ARGUMENT for a null/empty/overlapping range or bad location.
+  // INVALID_ARGUMENT for a null/empty/overlapping range (overlapping one
+  // being registered or unregistered, too) or bad location. Blocks while
+  // backends that need registered memory (rdma) pin the range; segments
+  // already served keep serving meanwhile.
   virtual absl::Status RegisterMemory(void* addr, uint64_t length, const std::string& location,
                                       int memfd = -1) = 0;
   // FAILED_PRECONDITION while the buffer is part of a served segment;
-  // NOT_FOUND if `addr` does not start a registered buffer.
+  // NOT_FOUND if `addr` does not start a registered buffer. Blocks while
+  // backends unpin it, without stopping service of other buffers.
   virtual absl::Status UnregisterMemory(void* addr) = 0;
 
   // Serves registered buffers (given by their start addresses, in order)
@@ -131,7 +138,8 @@ class TransferEngine {
   virtual absl::StatusOr<std::string> SegmentDataKey(const std::string& name) = 0;
 
   // Starts the requests; never blocks on the data (it may block up to the
-  // timeout to look up and reach a segment it has not used before).
+  // timeout to look up and reach a segment it has not used before, or to
+  // wait for another thread's lookup of it).
   virtual std::shared_ptr<Batch> Submit(std::vector<Request> requests,
                                         absl::Duration timeout = absl::ZeroDuration()) = 0;
   // Like Submit, but the calling thread moves one share of the batch

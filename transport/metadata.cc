@@ -1,5 +1,6 @@
 #include "transport/metadata.h"
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <vector>
@@ -20,7 +21,8 @@ namespace {
 
 class InMemoryMetadata final : public MetadataClient {
  public:
-  absl::StatusOr<std::string> Get(const std::string& key) override {
+  using MetadataClient::Get;
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Time) override {
     MutexLock lock(&mu_);
     auto it = data_.find(key);
     if (it == data_.end()) return absl::NotFoundError(absl::StrCat("no metadata for ", key));
@@ -68,9 +70,10 @@ class HttpMetadata final : public MetadataClient {
         tls_(std::move(tls)),
         refresh_(std::move(refresh)) {}
 
-  absl::StatusOr<std::string> Get(const std::string& key) override {
+  using MetadataClient::Get;
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Time deadline) override {
     std::string body;
-    absl::Status s = Each([&](httplib::Client& cli, const std::string& url) -> absl::Status {
+    absl::Status s = Each(deadline, [&](httplib::Client& cli, const std::string& url) -> absl::Status {
       auto res = cli.Get(Path(key));
       if (!res) return Unreachable(url, "GET", res.error());
       if (res->status == 404) return absl::NotFoundError(absl::StrCat("no metadata for ", key));
@@ -82,7 +85,7 @@ class HttpMetadata final : public MetadataClient {
     return body;
   }
   absl::Status Put(const std::string& key, const std::string& value) override {
-    return Each([&](httplib::Client& cli, const std::string& url) -> absl::Status {
+    return Each(absl::InfiniteFuture(), [&](httplib::Client& cli, const std::string& url) -> absl::Status {
       auto res = cli.Put(Path(key), value, "application/octet-stream");
       if (!res) return Unreachable(url, "PUT", res.error());
       if (res->status != 200) return BadStatus(url, "PUT", res->status, res->body);
@@ -90,7 +93,7 @@ class HttpMetadata final : public MetadataClient {
     });
   }
   absl::Status Delete(const std::string& key) override {
-    return Each([&](httplib::Client& cli, const std::string& url) -> absl::Status {
+    return Each(absl::InfiniteFuture(), [&](httplib::Client& cli, const std::string& url) -> absl::Status {
       auto res = cli.Delete(Path(key));
       if (!res) return Unreachable(url, "DELETE", res.error());
       if (res->status == 404) return absl::NotFoundError(absl::StrCat("no metadata for ", key));
@@ -104,27 +107,37 @@ class HttpMetadata final : public MetadataClient {
   // while they are unreachable or not the leader (UNAVAILABLE); when all
   // are, finds the list again (Refresh) and tries the new one. A client
   // per call keeps the calls themselves outside the lock; descriptor
-  // traffic is rare (cached by the engine).
+  // traffic is rare (cached by the engine). Nothing is tried once
+  // `deadline` has passed, and each try waits no longer than what is left.
   template <class Op>
-  absl::Status Each(Op op) {
+  absl::Status Each(absl::Time deadline, Op op) {
     std::shared_ptr<const std::vector<std::string>> urls = Urls();
-    absl::Status st = EachOf(*urls, op);
-    if (!absl::IsUnavailable(st) || !refresh_) return st;
+    absl::Status st = EachOf(*urls, deadline, op);
+    if (!absl::IsUnavailable(st) || !refresh_ || absl::Now() >= deadline) return st;
     absl::StatusOr<std::shared_ptr<const std::vector<std::string>>> fresh = Refresh(urls);
     if (!fresh.ok()) {
       return absl::UnavailableError(absl::StrCat(st.message(), "; finding the masters again: ", fresh.status().message()));
     }
     if (*fresh == nullptr) return st;  // too soon to ask again, or nothing new
-    return EachOf(**fresh, op);
+    return EachOf(**fresh, deadline, op);
   }
+  // UNAVAILABLE from the last server tried becomes DEADLINE_EXCEEDED when
+  // it was the deadline that cut the try short.
   template <class Op>
-  absl::Status EachOf(const std::vector<std::string>& urls, Op op) {
+  absl::Status EachOf(const std::vector<std::string>& urls, absl::Time deadline, Op op) {
     const size_t n = urls.size();
     const size_t first = current_.load(std::memory_order_relaxed) % n;
     absl::Status st;
     for (size_t i = 0; i < n; ++i) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError(
+            st.ok() ? std::string("metadata call past its deadline")
+                    : absl::StrCat("metadata call past its deadline; last: ", st.message()));
+      }
       const size_t at = (first + i) % n;
-      absl::StatusOr<std::unique_ptr<httplib::Client>> cli = auth::NewHttpClient(urls[at], tls_, timeout_);
+      absl::StatusOr<std::unique_ptr<httplib::Client>> cli =
+          auth::NewHttpClient(urls[at], tls_, std::min(timeout_, left));
       if (!cli.ok()) return cli.status();  // ParseMetadataUrls let through what the client refuses
       if (!token_.empty()) (*cli)->set_bearer_token_auth(token_.c_str());
       st = op(**cli, urls[at]);
@@ -132,6 +145,7 @@ class HttpMetadata final : public MetadataClient {
         current_.store(at, std::memory_order_relaxed);
         return st;
       }
+      if (absl::Now() >= deadline) return absl::DeadlineExceededError(st.message());
     }
     return st;
   }

@@ -4,7 +4,8 @@
 // (`http://host:port`, Mooncake-compatible GET/PUT/DELETE /metadata?key=),
 // an in-process map for tests, and (later) etcd. Values are opaque bytes.
 //
-// Thread-safe. Calls block for at most the client's timeout.
+// Thread-safe. Calls block for at most the client's timeout (and Get for at
+// most until its deadline).
 #pragma once
 
 #include <functional>
@@ -21,7 +22,12 @@ class MetadataClient {
  public:
   virtual ~MetadataClient() = default;
   // NOT_FOUND for a missing key; UNAVAILABLE when the store cannot be reached.
-  virtual absl::StatusOr<std::string> Get(const std::string& key) = 0;
+  absl::StatusOr<std::string> Get(const std::string& key) { return Get(key, absl::InfiniteFuture()); }
+  // As Get(key), but also gives up by `deadline` (DEADLINE_EXCEEDED once
+  // it has passed): a lookup made for a transfer must not outlive the
+  // transfer. The HTTP client bounds each wait for the server by what is
+  // left, so a server that stops answering costs no more than that.
+  virtual absl::StatusOr<std::string> Get(const std::string& key, absl::Time deadline) = 0;
   virtual absl::Status Put(const std::string& key, const std::string& value) = 0;
   // NOT_FOUND for a missing key.
   virtual absl::Status Delete(const std::string& key) = 0;

@@ -288,6 +288,28 @@ absl::Status SendVecAll(int fd, iovec* iov, int count) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<IoStep> RecvSome(int fd, void* buf, size_t len) {
+  for (;;) {
+    ssize_t n = ::recv(fd, buf, len, MSG_DONTWAIT);
+    if (n > 0) return IoStep{static_cast<size_t>(n), 0};
+    if (n == 0) return absl::UnavailableError("connection closed by peer");
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return IoStep{0, POLLIN};
+    if (errno != EINTR) return ErrnoToStatus(errno, "read");
+  }
+}
+
+absl::StatusOr<IoStep> SendSome(int fd, const iovec* iov, int count) {
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov);
+  msg.msg_iovlen = static_cast<size_t>(std::min(count, 64));
+  for (;;) {
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) return IoStep{static_cast<size_t>(n), 0};
+    if (n == 0 || errno == EAGAIN || errno == EWOULDBLOCK) return IoStep{0, POLLOUT};
+    if (errno != EINTR) return ErrnoToStatus(errno, "write");
+  }
+}
+
 void SetTimeouts(int fd, absl::Duration timeout) {
   timeval tv = absl::ToTimeval(timeout);
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);

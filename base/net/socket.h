@@ -113,6 +113,17 @@ class SpinTracker {
   unsigned skip_ = 0, backoff_ = 0;
 };
 
+// One step of non-blocking I/O for an event loop (the tcp server): moves
+// what it can now and never waits. `n` > 0: bytes moved; `n` == 0: nothing
+// could move, and `wait` says what to wait for (POLLIN or POLLOUT).
+struct IoStep {
+  size_t n = 0;
+  short wait = 0;
+};
+// UNAVAILABLE on EOF or a socket error.
+absl::StatusOr<IoStep> RecvSome(int fd, void* buf, size_t len);
+absl::StatusOr<IoStep> SendSome(int fd, const struct iovec* iov, int count);
+
 // For blocking sockets whose SO_RCVTIMEO/SO_SNDTIMEO bound each call (the
 // server's connections): MSG_WAITALL receives a whole payload in one call
 // and one wake-up instead of one per arriving segment. DEADLINE_EXCEEDED

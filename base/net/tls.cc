@@ -184,17 +184,60 @@ absl::StatusOr<SslPtr> TlsConnect(int fd, SSL_CTX* ctx, const std::string& host,
   return ssl;
 }
 
-absl::StatusOr<SslPtr> TlsAccept(int fd, SSL_CTX* ctx) {
+absl::StatusOr<SslPtr> TlsServerSession(int fd, SSL_CTX* ctx) {
   SslPtr ssl(SSL_new(ctx));
   if (ssl == nullptr || SSL_set_fd(ssl.get(), fd) != 1) return absl::InternalError("SSL_new failed");
-  absl::StatusOr<size_t> done = Retry(ssl.get(), [&] { return SSL_accept(ssl.get()); }, nullptr, "TLS handshake");
-  if (!done.ok()) return done.status();
+  SSL_set_accept_state(ssl.get());
+  // A large write returns as its records go out, so the server sees it
+  // progress (and waits for a bulk reply rather than parking it).
+  SSL_set_mode(ssl.get(), SSL_MODE_ENABLE_PARTIAL_WRITE);
   return ssl;
 }
 
-absl::Status TlsRecvAll(SSL* ssl, void* buf, size_t len) { return ReadAll(ssl, buf, len, nullptr); }
+namespace {
 
-absl::Status TlsSendVecAll(SSL* ssl, const iovec* iov, int count) { return WriteAll(ssl, iov, count, nullptr); }
+// What a non-blocking OpenSSL call that returned `n` <= 0 means: a wait
+// (POLLIN / POLLOUT), a retry (0, after EINTR), or the end.
+absl::StatusOr<short> WantOf(SSL* ssl, int n, const char* what) {
+  const int err = SSL_get_error(ssl, n);
+  if (err == SSL_ERROR_WANT_READ) return static_cast<short>(POLLIN);
+  if (err == SSL_ERROR_WANT_WRITE) return static_cast<short>(POLLOUT);
+  if (err == SSL_ERROR_ZERO_RETURN) return absl::UnavailableError("connection closed by peer");
+  if (err == SSL_ERROR_SYSCALL && errno == EINTR) return static_cast<short>(0);
+  return absl::UnavailableError(SslError(what));
+}
+
+}  // namespace
+
+absl::StatusOr<short> TlsAcceptSome(SSL* ssl) {
+  for (;;) {
+    ERR_clear_error();
+    const int n = SSL_accept(ssl);
+    if (n == 1) return static_cast<short>(0);
+    ASSIGN_OR_RETURN(short want, WantOf(ssl, n, "TLS handshake"));
+    if (want != 0) return want;
+  }
+}
+
+absl::StatusOr<IoStep> TlsRecvSome(SSL* ssl, void* buf, size_t len) {
+  for (;;) {
+    ERR_clear_error();
+    const int n = SSL_read(ssl, buf, static_cast<int>(std::min<size_t>(len, 1 << 30)));
+    if (n > 0) return IoStep{static_cast<size_t>(n), 0};
+    ASSIGN_OR_RETURN(short want, WantOf(ssl, n, "read"));
+    if (want != 0) return IoStep{0, want};
+  }
+}
+
+absl::StatusOr<IoStep> TlsSendSome(SSL* ssl, const void* buf, size_t len) {
+  for (;;) {
+    ERR_clear_error();
+    const int n = SSL_write(ssl, buf, static_cast<int>(std::min<size_t>(len, 1 << 30)));
+    if (n > 0) return IoStep{static_cast<size_t>(n), 0};
+    ASSIGN_OR_RETURN(short want, WantOf(ssl, n, "write"));
+    if (want != 0) return IoStep{0, want};
+  }
+}
 
 absl::Status TlsReadFull(SSL* ssl, void* buf, size_t len, absl::Time deadline) {
   return ReadAll(ssl, buf, len, &deadline);

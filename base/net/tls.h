@@ -7,9 +7,10 @@
 // store without one) and the endpoint's host. The frames inside are the
 // same as on a plain connection (wire.h).
 //
-// Server sockets are blocking with per-call timeouts (SetTimeouts); there a
-// read or write that times out is DEADLINE_EXCEEDED. Client sockets stay
-// non-blocking, and each call waits with poll() up to its deadline.
+// Client sockets are non-blocking, and each call waits with poll() up to
+// its deadline. The tcp server's sockets are non-blocking too, driven by
+// its event loop one step at a time (TlsAcceptSome, TlsRecvSome,
+// TlsSendSome), so a slow peer never holds a thread.
 // Session tickets are off: an idle client connection must have nothing to
 // read, or the pool would take it for stale (Connection::Stale).
 #pragma once
@@ -23,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "base/auth.h"
+#include "base/net/socket.h"
 
 typedef struct ssl_st SSL;
 typedef struct ssl_ctx_st SSL_CTX;
@@ -47,16 +49,23 @@ absl::StatusOr<std::unique_ptr<auth::ServerTlsContext>> NewServerContext(const a
 // store when empty); one per CA file per process.
 absl::StatusOr<std::shared_ptr<SSL_CTX>> ClientContext(const std::string& ca);
 
-// The handshakes. `fd` is a connected socket; the client's is
-// non-blocking, the server's blocking with its timeouts armed.
-// UNAVAILABLE saying why on a failed handshake (a certificate not
-// trusted, not for `host`, a peer that is not TLS).
+// The client's handshake. `fd` is a connected, non-blocking socket.
+// UNAVAILABLE saying why on a failed handshake (a certificate not trusted,
+// not for `host`, a peer that is not TLS).
 absl::StatusOr<SslPtr> TlsConnect(int fd, SSL_CTX* ctx, const std::string& host, absl::Time deadline);
-absl::StatusOr<SslPtr> TlsAccept(int fd, SSL_CTX* ctx);
 
-// Blocking sockets with timeouts (the server): as RecvAll and SendVecAll.
-absl::Status TlsRecvAll(SSL* ssl, void* buf, size_t len);
-absl::Status TlsSendVecAll(SSL* ssl, const struct iovec* iov, int count);
+// The server's non-blocking steps (socket.h's IoStep). TlsServerSession
+// makes the session of an accepted socket without any I/O; TlsAcceptSome
+// moves its handshake on: 0 once done, else POLLIN or POLLOUT to wait
+// for. TlsRecvSome reads what is there; TlsSendSome sends what it can of
+// `len` bytes (whole records), and after n == 0 must be called again with
+// the same bytes and length (the buffer may move). UNAVAILABLE
+// saying why on a failed handshake, EOF or error.
+absl::StatusOr<SslPtr> TlsServerSession(int fd, SSL_CTX* ctx);
+absl::StatusOr<short> TlsAcceptSome(SSL* ssl);
+absl::StatusOr<IoStep> TlsRecvSome(SSL* ssl, void* buf, size_t len);
+absl::StatusOr<IoStep> TlsSendSome(SSL* ssl, const void* buf, size_t len);
+
 // Non-blocking sockets (the client): as ReadFull and WriteVecFull.
 absl::Status TlsReadFull(SSL* ssl, void* buf, size_t len, absl::Time deadline);
 absl::Status TlsWriteVecFull(SSL* ssl, const struct iovec* iov, int count, absl::Time deadline);

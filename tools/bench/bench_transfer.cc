@@ -1,15 +1,20 @@
 // tierkv-bench transfer: the transfer engine's throughput for batched
 // one-sided reads and writes, and in the same run the physical reference:
 // a raw socket pump over as many loopback connections (tcp), or plain
-// memcpy with as many threads (shm).
+// memcpy with as many threads (shm). With tcp, the same reads and writes
+// again while 4, 64 and 1,024 other connections trickle a request header
+// one byte a second (slow-loris), as ratios to the figures without them.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -18,6 +23,7 @@
 #include "transport/engine.h"
 #include "transport/memory.h"
 #include "base/net/socket.h"
+#include "transport/tcp/wire.h"
 #ifdef TIERKV_HAVE_CUDA
 #include "transport/cuda/cuda_backend.h"
 #endif
@@ -98,6 +104,55 @@ void RegisterMemcpy(uint64_t block, int threads) {
     })->UseRealTime()->Threads(t);
   }
 }
+
+// `connections` loopback connections to `port`, each sending the bytes of
+// a request header one a second, spread over the second; one the server
+// closes (its frame deadline) is opened again, so as many trickle
+// throughout.
+class Trickle {
+ public:
+  Trickle(int port, int connections) : port_(port), fds_(connections), sent_(connections, 0) {
+    transport::tcp::RequestHeader h;
+    h.op = transport::tcp::WireOp::kPing;
+    transport::tcp::EncodeRequest(h, header_);
+    for (net::Fd& fd : fds_) fd = Open();
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Trickle() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  static constexpr int kTicks = 50;  // per second
+  net::Fd Open() {
+    absl::StatusOr<net::Fd> fd = net::Dial(absl::StrCat("127.0.0.1:", port_), absl::Now() + absl::Seconds(5));
+    return fd.ok() ? std::move(*fd) : net::Fd();
+  }
+  void Run() {
+    const size_t n = fds_.size();
+    for (uint64_t tick = 0; !stop_; ++tick) {
+      const absl::Time until = absl::Now() + absl::Seconds(1) / kTicks;
+      const size_t slot = tick % kTicks;
+      for (size_t i = slot * n / kTicks; i < (slot + 1) * n / kTicks; ++i) {
+        const char c = static_cast<char>(header_[sent_[i] % transport::tcp::kRequestSize]);
+        if (fds_[i].valid() && (::send(fds_[i].get(), &c, 1, MSG_NOSIGNAL | MSG_DONTWAIT) == 1 || errno == EAGAIN)) {
+          ++sent_[i];
+          continue;
+        }
+        fds_[i] = Open();
+        sent_[i] = 0;
+      }
+      absl::SleepFor(until - absl::Now());
+    }
+  }
+  const int port_;
+  std::vector<net::Fd> fds_;
+  std::vector<uint64_t> sent_;
+  uint8_t header_[transport::tcp::kRequestSize];
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 // Times engine->Transfer(reqs) per iteration; the first failure ends the
 // benchmark with its message.
@@ -256,7 +311,27 @@ int RunTransfer(const BenchConfig& config) {
       TimeTransfers(state, engine, reqs);
     })->UseRealTime()->Threads(threads);
   }
+  const std::vector<int> trickles = {4, 64, 1024};
   if (config.transport == "tcp") {
+    const int port = (*server)->port();
+    for (int trickling : trickles) {
+      for (Op op : {Op::kRead, Op::kWrite}) {
+        std::string name = absl::StrCat("trickle:", trickling, op == Op::kRead ? "/read" : "/write");
+        benchmark::RegisterBenchmark(name.c_str(), [engine, op, block, batch, per_thread, port,
+                                                    trickling](benchmark::State& state) {
+          // One trickling load per run, up before the timed loop starts
+          // (its start is a barrier for every thread).
+          static std::unique_ptr<Trickle> load;
+          if (state.thread_index() == 0) load = std::make_unique<Trickle>(port, trickling);
+          std::vector<char> local(per_thread, 'l');
+          uint64_t base = state.thread_index() * per_thread;
+          std::vector<Request> reqs;
+          for (int i = 0; i < batch; ++i) reqs.push_back({op, local.data() + i * block, "bench", base + i * block, block});
+          TimeTransfers(state, engine, reqs);
+          if (state.thread_index() == 0) load.reset();
+        })->UseRealTime()->Threads(threads);
+      }
+    }
     RegisterTcpPump(block, per_thread, static_cast<int>(config.connections));
   } else {
     RegisterMemcpy(block, threads);
@@ -280,6 +355,15 @@ int RunTransfer(const BenchConfig& config) {
     reference = gbps("reference/tcp_pump");
     target = 0.9;
     out["reference"] = {{"raw_tcp_pump_GBps", reference}};
+    // Throughput while connections trickle, as ratios to none (goal >= 0.9).
+    for (int trickling : trickles) {
+      const std::string at = absl::StrCat("trickle:", trickling);
+      double r = gbps(at + "/read"), w = gbps(at + "/write");
+      out["trickling"][std::to_string(trickling)] = {{"read_GBps", r},
+                                                     {"write_GBps", w},
+                                                     {"read_ratio", read > 0 ? r / read : 0},
+                                                     {"write_ratio", write > 0 ? w / write : 0}};
+    }
   } else {
     double single = 0, multi = 0;
     for (const auto& [name, c] : f) {
@@ -304,6 +388,12 @@ int RunTransfer(const BenchConfig& config) {
     std::printf("\n%s: read %.2f GB/s, write %.2f GB/s; reference %.2f GB/s; ratio %.2f (target >= %.2f: %s)\n",
                 config.transport.c_str(), read, write, reference, ratio, target,
                 ratio >= target ? "met" : "MISSED");
+    if (out.contains("trickling")) {
+      for (const auto& [n, t] : out["trickling"].items()) {
+        std::printf("  with %s connections trickling: read %.2fx, write %.2fx of none (goal >= 0.90)\n", n.c_str(),
+                    t["read_ratio"].get<double>(), t["write_ratio"].get<double>());
+      }
+    }
   }
   return 0;
 }

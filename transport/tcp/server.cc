@@ -17,6 +17,7 @@
 #include "base/auth.h"
 #include "base/failpoint.h"
 #include "base/log.h"
+#include "base/status.h"
 #include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {
@@ -46,28 +47,17 @@ WireStatus ToWire(const absl::Status& s) {
   }
 }
 
-// Server sockets are blocking with per-call timeouts (net::SetTimeouts); `ssl`
-// set: the connection is TLS.
-absl::Status Recv(int fd, SSL* ssl, void* buf, size_t len) {
-  return ssl != nullptr ? net::TlsRecvAll(ssl, buf, len) : net::RecvAll(fd, buf, len);
-}
+// A READ reply this small travels in the reply's own buffer: one TLS
+// record with its header, and no pin held past the copy.
+constexpr uint64_t kGather = 16 << 10;
+// A large TLS payload is written this much per call.
+constexpr uint64_t kTlsChunk = 1 << 20;
+// Waiting in the thread for a bulk frame (ServeConn).
+constexpr absl::Duration kBulkWait = absl::Milliseconds(2);
+constexpr uint64_t kBulkBytes = 64 << 10;
 
-absl::Status SendReply(int fd, SSL* ssl, uint64_t id, const absl::Status& status, const char* payload,
-                       uint64_t length) {
-  ReplyHeader h;
-  h.id = id;
-  std::string text;
-  if (!status.ok()) {
-    h.status = ToWire(status);
-    text = std::string(status.message()).substr(0, kMaxErrorText);
-    payload = text.data();
-    length = text.size();
-  }
-  h.length = length;
-  uint8_t head[kReplySize];
-  EncodeReply(h, head);
-  iovec iov[2] = {{head, kReplySize}, {const_cast<char*>(payload), length}};
-  return ssl != nullptr ? net::TlsSendVecAll(ssl, iov, length > 0 ? 2 : 1) : net::SendVecAll(fd, iov, length > 0 ? 2 : 1);
+absl::StatusOr<net::IoStep> RecvSome(int fd, SSL* ssl, void* buf, size_t len) {
+  return ssl != nullptr ? net::TlsRecvSome(ssl, buf, len) : net::RecvSome(fd, buf, len);
 }
 
 constexpr uint64_t kWakeId = 0;
@@ -136,7 +126,7 @@ void Server::IoLoop(int index) {
     epoll_event ev{};
     int n = ::epoll_wait(epoll_.get(), &ev, 1, 250);
     if (stopping_.load()) break;
-    if (index == 0) ReapIdle();
+    if (index == 0) Sweep();
     if (n <= 0) continue;
     // epoll_event is packed on x86-64: copy the id out rather than bind a
     // reference to its misaligned field.
@@ -166,7 +156,7 @@ void Server::IoLoop(int index) {
 void Server::AcceptSome() {
   // Bounded per turn, so the accepting thread returns to serving.
   for (int i = 0; i < 256 && !stopping_.load(); ++i) {
-    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EINTR) continue;
       if ((errno == EMFILE || errno == ENFILE) && reserve_.valid()) {
@@ -187,9 +177,14 @@ void Server::AcceptSome() {
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    net::SetTimeouts(fd, options_.frame_timeout);
     auto conn = std::make_unique<Conn>();
     conn->fd = std::move(conn_fd);
+    const absl::Time now = absl::Now();
+    if (options_.tls != nullptr) {
+      conn->stage = Stage::kTlsAccept;
+      conn->deadline = now + options_.handshake_timeout;
+    }
+    if (served_->DataGrantsRequired()) conn->admit_by = now + options_.handshake_timeout;
     Conn* raw = conn.get();
     {
       MutexLock lock(&mu_);
@@ -197,7 +192,7 @@ void Server::AcceptSome() {
       conns_.emplace(conn->id, std::move(conn));
     }
     open_.fetch_add(1);
-    Park(raw);
+    Park(raw, /*yielded=*/false);
   }
 }
 
@@ -225,31 +220,54 @@ void Server::Refuse(net::Fd fd, const char* why) {
 }
 
 void Server::ServeConn(Conn* conn, uint8_t* scratch) {
-  const int fd = conn->fd.get();
+  absl::Duration wait_left = kBulkWait;
+  uint64_t moved_at_wait = conn->moved;
   for (int i = 0; i < kFramesPerTurn; ++i) {
-    if (stopping_.load() || !ServeOne(conn, scratch)) {
-      Close(conn);
-      return;
+    const Step step = stopping_.load() ? Step::kClose : Advance(conn, scratch);
+    if (step == Step::kFrameDone) continue;
+    // A frame moving bulk bytes that would block is waited for here a
+    // little rather than parked: a 1 MiB payload crosses the socket buffer
+    // in several rounds, each a wake-up through the poller otherwise. Only
+    // while the peer keeps bytes flowing (kBulkBytes since the last wait),
+    // so one that trickles is parked at once, and at most kBulkWait a turn,
+    // so no peer keeps a thread long.
+    if (step == Step::kBlocked && (conn->stage == Stage::kBody || conn->stage == Stage::kReply) &&
+        conn->moved - moved_at_wait >= kBulkBytes && wait_left > absl::ZeroDuration()) {
+      const absl::Time start = absl::Now();
+      pollfd p{conn->fd.get(), static_cast<short>(conn->want_write ? POLLOUT : POLLIN), 0};
+      const timespec ts = absl::ToTimespec(std::min(wait_left, absl::Milliseconds(1)));
+      const int ready = ::ppoll(&p, 1, &ts, nullptr);
+      wait_left -= absl::Now() - start;
+      moved_at_wait = conn->moved;
+      if (ready > 0) {
+        --i;  // the same frame goes on
+        continue;
+      }
     }
-    // Bytes TLS has read already are invisible to the poller.
-    if (conn->ssl != nullptr && net::TlsPending(conn->ssl.get())) continue;
-    // Frames already buffered (a pipelining client) are served now; none
-    // buffered: back to the poller.
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 0) <= 0) break;
+    // A parked frame pins nothing: unregistering memory never waits for a peer.
+    conn->pin.reset();
+    if (step == Step::kClose) {
+      Close(conn);
+    } else {
+      Park(conn, /*yielded=*/false);
+    }
+    return;
   }
-  Park(conn);
+  conn->pin.reset();
+  Park(conn, /*yielded=*/true);
 }
 
-void Server::Park(Conn* conn) {
+void Server::Park(Conn* conn, bool yielded) {
   MutexLock lock(&mu_);
   conn->last_active = absl::Now();
   conn->parked = true;
   epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+  // Waiting to write, not for EPOLLRDHUP: a peer that half-closed after its
+  // request would raise it at once, again and again.
+  ev.events = EPOLLONESHOT | (conn->want_write ? EPOLLOUT : EPOLLIN | EPOLLRDHUP);
   // Frames TLS holds already (the turn ended first): a writable socket
   // wakes a thread for them at once, as new bytes would.
-  if (conn->ssl != nullptr && net::TlsPending(conn->ssl.get())) ev.events |= EPOLLOUT;
+  if (yielded && conn->ssl != nullptr && net::TlsPending(conn->ssl.get())) ev.events |= EPOLLOUT;
   ev.data.u64 = conn->id;
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, conn->fd.get(), &ev) != 0 &&
       ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, conn->fd.get(), &ev) != 0) {
@@ -265,151 +283,164 @@ void Server::Close(Conn* conn) {
   if (conns_.erase(conn->id) > 0) open_.fetch_sub(1);  // closes the fd
 }
 
-void Server::ReapIdle() {
+void Server::Sweep() {
   absl::Time now = absl::Now();
   MutexLock lock(&mu_);
-  // A sweep a second is plenty for timeouts of seconds to minutes.
-  if (now - last_sweep_ < std::min(absl::Seconds(1), options_.idle_timeout / 2)) return;
+  // A sweep a second at most: deadlines are seconds to minutes.
+  const absl::Duration every = std::min({absl::Seconds(1), options_.idle_timeout / 2, options_.frame_timeout / 4,
+                                         options_.handshake_timeout / 4});
+  if (now - last_sweep_ < every) return;
   last_sweep_ = now;
   for (auto it = conns_.begin(); it != conns_.end();) {
     Conn* c = it->second.get();
-    // Only parked connections: one a thread is serving is not idle, and
-    // its thread owns it.
-    if (c->parked && now - c->last_active > options_.idle_timeout) {
+    // Only parked connections: one a thread is serving is checked by that
+    // thread, which owns it.
+    const bool expired = c->parked && (now >= c->deadline || now >= c->admit_by);
+    // Idle: between frames (no deadline running).
+    const bool idle = c->parked && c->deadline == absl::InfiniteFuture() && now - c->last_active > options_.idle_timeout;
+    if (expired || idle) {
       ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c->fd.get(), nullptr);
       conns_.erase(it++);
       open_.fetch_sub(1);
-      reaped_.fetch_add(1);
+      (expired ? expired_ : reaped_).fetch_add(1);
     } else {
       ++it;
     }
   }
 }
 
-bool Server::ServeGrant(Conn* conn, const RequestHeader& h) {
-  const int fd = conn->fd.get();
-  SSL* const ssl = conn->ssl.get();
-  if (h.op == WireOp::kChallenge) {
-    if (h.length != 0) {
-      (void)SendReply(fd, ssl, h.id, absl::InvalidArgumentError("a challenge carries no payload"), nullptr, 0);
-      return false;
+Server::Step Server::Advance(Conn* c, uint8_t* scratch) {
+  if (std::min(c->deadline, c->admit_by) != absl::InfiniteFuture() &&
+      absl::Now() >= std::min(c->deadline, c->admit_by)) {
+    expired_.fetch_add(1);
+    return Step::kClose;
+  }
+  for (;;) {
+    Step step = Step::kClose;
+    switch (c->stage) {
+      case Stage::kTlsAccept:
+        step = AcceptTls(c);
+        break;
+      case Stage::kHeader:
+        step = ReadHeader(c);
+        break;
+      case Stage::kBody:
+        step = ReadBody(c, scratch);
+        break;
+      case Stage::kReply:
+        step = SendReply(c);
+        break;
     }
-    conn->nonce = auth::RandomBytes(auth::kNonceBytes);
-    return SendReply(fd, ssl, h.id, absl::OkStatus(), conn->nonce.data(), conn->nonce.size()).ok();
+    if (step != Step::kContinue) return step;
   }
-  if (h.length != auth::kGrantBytes + auth::kProofBytes) {
-    (void)SendReply(fd, ssl, h.id, absl::InvalidArgumentError("an auth frame carries a grant and a proof"), nullptr, 0);
-    return false;
-  }
-  std::string body(h.length, '\0');
-  if (!Recv(fd, ssl, body.data(), body.size()).ok()) return false;
-  // A nonce answers one AUTH: a second try on the connection needs a new challenge.
-  const std::string nonce = std::move(conn->nonce);
-  conn->nonce.clear();
-  absl::StatusOr<std::string> key = served_->DataKey(h.segment, h.segment_id);
-  // A segment gone from here is a stale descriptor, as for READ: the
-  // client re-reads it and the connection stays.
-  if (!key.ok()) return SendReply(fd, ssl, h.id, key.status(), nullptr, 0).ok();
-  absl::Status ok = auth::CheckGrant(*key, absl::string_view(body).substr(0, auth::kGrantBytes),
-                                     absl::string_view(body).substr(auth::kGrantBytes), nonce, h.segment,
-                                     h.segment_id, absl::Now());
-  if (!ok.ok()) {
-    (void)SendReply(fd, ssl, h.id, ok, nullptr, 0);
-    return false;
-  }
-  conn->admitted = std::make_pair(h.segment, h.segment_id);
-  return SendReply(fd, ssl, h.id, absl::OkStatus(), nullptr, 0).ok();
 }
 
-bool Server::ServeOne(Conn* conn, uint8_t* scratch) {
-  const int fd = conn->fd.get();
-  if (options_.tls != nullptr && conn->ssl == nullptr) {
-    // The first bytes of a TLS connection: its handshake, within the
-    // socket's timeouts. A peer that fails it (plain frames, a client that
-    // does not trust us) is closed.
-    absl::StatusOr<net::SslPtr> ssl = net::TlsAccept(fd, options_.tls->Current().get());
-    if (!ssl.ok()) return false;
-    conn->ssl = *std::move(ssl);
-    return true;
+Server::Step Server::AcceptTls(Conn* c) {
+  if (c->ssl == nullptr) {
+    absl::StatusOr<net::SslPtr> ssl = net::TlsServerSession(c->fd.get(), options_.tls->Current().get());
+    if (!ssl.ok()) return Step::kClose;
+    c->ssl = *std::move(ssl);
   }
-  SSL* const ssl = conn->ssl.get();
-  uint8_t head[kRequestSize];
-  // The poller saw bytes (or EOF) arrive; a started frame must complete
-  // within the socket's frame timeout per blocking call.
-  if (!Recv(fd, ssl, head, kRequestSize).ok()) return false;
-  absl::StatusOr<RequestHeader> req = DecodeRequest(head, kRequestSize);
+  // A peer that fails it (plain frames, a client that does not trust us)
+  // is closed.
+  absl::StatusOr<short> want = net::TlsAcceptSome(c->ssl.get());
+  if (!want.ok()) return Step::kClose;
+  if (*want != 0) {
+    c->want_write = *want == POLLOUT;
+    return Step::kBlocked;
+  }
+  c->stage = Stage::kHeader;
+  c->deadline = absl::InfiniteFuture();
+  return Step::kContinue;
+}
+
+Server::Step Server::ReadHeader(Conn* c) {
+  while (c->head_got < kRequestSize) {
+    absl::StatusOr<net::IoStep> got =
+        RecvSome(c->fd.get(), c->ssl.get(), c->head + c->head_got, kRequestSize - c->head_got);
+    if (!got.ok()) return Step::kClose;
+    if (got->n == 0) {
+      // Part of a TLS record starts the frame too: a peer must not trickle
+      // records forever as an idle connection.
+      if (c->head_got == 0 && c->deadline == absl::InfiniteFuture() && c->ssl != nullptr &&
+          net::TlsPending(c->ssl.get())) {
+        c->deadline = absl::Now() + options_.frame_timeout;
+      }
+      c->want_write = got->wait == POLLOUT;
+      return Step::kBlocked;
+    }
+    // The frame's one deadline runs from its first byte.
+    if (c->head_got == 0 && c->deadline == absl::InfiniteFuture()) c->deadline = absl::Now() + options_.frame_timeout;
+    c->head_got += got->n;
+  }
+  return Dispatch(c);
+}
+
+Server::Step Server::Dispatch(Conn* c) {
+  absl::StatusOr<RequestHeader> req = DecodeRequest(c->head, kRequestSize);
   if (!req.ok()) {
     // The stream cannot be trusted any more: explain, then close.
-    (void)SendReply(fd, ssl, 0, absl::InvalidArgumentError(req.status().message()), nullptr, 0);
-    return false;
+    return StartReply(c, absl::InvalidArgumentError(req.status().message()), {}, /*close_after=*/true);
   }
-  const RequestHeader& h = *req;
-  if (h.op == WireOp::kChallenge || h.op == WireOp::kAuth) return ServeGrant(conn, h);
+  c->req = *req;
+  const RequestHeader& h = c->req;
+  if (h.op == WireOp::kChallenge) {
+    if (h.length != 0) return StartReply(c, absl::InvalidArgumentError("a challenge carries no payload"), {}, true);
+    c->nonce = auth::RandomBytes(auth::kNonceBytes);
+    return StartReply(c, absl::OkStatus(), c->nonce);
+  }
+  if (h.op == WireOp::kAuth) {
+    if (h.length != auth::kGrantBytes + auth::kProofBytes) {
+      return StartReply(c, absl::InvalidArgumentError("an auth frame carries a grant and a proof"), {}, true);
+    }
+    return StartBody(c, Sink::kBuffer);
+  }
   if (h.op != WireOp::kPing && served_->DataGrantsRequired()) {
     // Unadmitted, or naming another segment than the one admitted: refused
-    // without a byte written, and the connection closes. A small payload
-    // is drained first, so the refusal reaches the peer instead of being
-    // lost to the reset that unread bytes cause.
-    const bool same = conn->admitted.has_value() && (h.op == WireOp::kHandshake ||
-                                                     *conn->admitted == std::make_pair(h.segment, h.segment_id));
+    // without a byte written, and the connection closes.
+    const bool same = c->admitted.has_value() &&
+                      (h.op == WireOp::kHandshake || *c->admitted == std::make_pair(h.segment, h.segment_id));
     if (!same) {
-      // At most a handshake's worth: a peer without a grant must not hold
-      // an I/O thread with a large, slow payload.
-      if (h.op != WireOp::kRead && h.length <= kMaxHandshake) {
-        for (uint64_t left = h.length; left > 0;) {
-          size_t n = static_cast<size_t>(std::min<uint64_t>(left, kScratch));
-          if (!Recv(fd, ssl, scratch, n).ok()) return false;
-          left -= n;
-        }
-      }
-      (void)SendReply(fd, ssl, h.id,
-                      absl::UnauthenticatedError(
-                          conn->admitted ? absl::StrCat("this connection's data grant is for segment #",
-                                                        conn->admitted->first, ", not #", h.segment)
-                                         : std::string("this daemon needs a data grant (--auth token): "
-                                                       "CHALLENGE and AUTH first")),
-                      nullptr, 0);
-      return false;
+      absl::Status refused = absl::UnauthenticatedError(
+          c->admitted ? absl::StrCat("this connection's data grant is for segment #", c->admitted->first, ", not #",
+                                     h.segment)
+                      : std::string("this daemon needs a data grant (--auth token): CHALLENGE and AUTH first"));
+      // A small payload is drained first, so the refusal reaches the peer
+      // instead of being lost to the reset that unread bytes cause; a
+      // large one is not worth a peer without a grant.
+      if (h.op != WireOp::kRead && h.length <= kMaxHandshake) return StartBody(c, Sink::kDrain, refused, true);
+      return StartReply(c, refused, {}, true);
     }
   }
   // A fault inside a transfer: `error` fails this request (its payload
   // still drained), `sleep` stalls it, `abort` kills the server mid-stream.
   if ((h.op == WireOp::kRead || h.op == WireOp::kWrite) && TIERKV_FAILPOINT("transport.tcp.serve")) {
-    if (h.op == WireOp::kWrite) {
-      for (uint64_t left = std::min<uint64_t>(h.length, options_.max_frame); left > 0;) {
-        size_t n = static_cast<size_t>(std::min<uint64_t>(left, kScratch));
-        if (!Recv(fd, ssl, scratch, n).ok()) return false;
-        left -= n;
-      }
-      if (h.length > options_.max_frame) return false;
-    }
-    return SendReply(fd, ssl, h.id, absl::InternalError("failpoint transport.tcp.serve"), nullptr, 0).ok();
+    absl::Status failed = absl::InternalError("failpoint transport.tcp.serve");
+    if (h.op == WireOp::kRead) return StartReply(c, failed, {});
+    if (h.length > options_.max_frame) return Step::kClose;
+    return StartBody(c, Sink::kDrain, failed);
   }
   switch (h.op) {
     case WireOp::kPing:
-      return SendReply(fd, ssl, h.id, absl::OkStatus(), nullptr, 0).ok();
+      return StartReply(c, absl::OkStatus(), {});
     case WireOp::kRead: {
       if (h.length > options_.max_frame) {
-        return SendReply(fd, ssl, h.id,
-                         absl::ResourceExhaustedError(absl::StrCat("read of ", h.length,
-                                                                   " bytes exceeds the frame cap ",
-                                                                   options_.max_frame)),
-                         nullptr, 0)
-            .ok();
+        return StartReply(c, absl::ResourceExhaustedError(absl::StrCat("read of ", h.length,
+                                                                       " bytes exceeds the frame cap ",
+                                                                       options_.max_frame)),
+                          {});
       }
       absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.segment_id, h.offset, h.length);
-      if (!pin.ok()) return SendReply(fd, ssl, h.id, pin.status(), nullptr, 0).ok();
-      return SendReply(fd, ssl, h.id, absl::OkStatus(), pin->addr, h.length).ok();
+      if (!pin.ok()) return StartReply(c, pin.status(), {});
+      return StartMemoryReply(c, *std::move(pin));
     }
     case WireOp::kWrite: {
       if (h.length > options_.max_frame) {
         // Draining this much is not worth it; the connection closes.
-        (void)SendReply(fd, ssl, h.id,
-                        absl::ResourceExhaustedError(absl::StrCat("write of ", h.length,
-                                                                  " bytes exceeds the frame cap ",
-                                                                  options_.max_frame)),
-                        nullptr, 0);
-        return false;
+        return StartReply(c, absl::ResourceExhaustedError(absl::StrCat("write of ", h.length,
+                                                                       " bytes exceeds the frame cap ",
+                                                                       options_.max_frame)),
+                          {}, true);
       }
       absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.segment_id, h.offset, h.length);
       if (pin.ok() && (h.flags & kHasDeadline) && DeadlinePassed(h.deadline_ms32, absl::Now())) {
@@ -419,37 +450,193 @@ bool Server::ServeOne(Conn* conn, uint8_t* scratch) {
       if (pin.ok()) {
         if (absl::Status admitted = served_->AdmitWrite(h.epoch); !admitted.ok()) pin = admitted;
       }
-      if (!pin.ok()) {
-        for (uint64_t left = h.length; left > 0;) {
-          size_t n = static_cast<size_t>(std::min<uint64_t>(left, kScratch));
-          if (!Recv(fd, ssl, scratch, n).ok()) return false;
-          left -= n;
-        }
-        return SendReply(fd, ssl, h.id, pin.status(), nullptr, 0).ok();
-      }
-      if (!Recv(fd, ssl, pin->addr, h.length).ok()) return false;
-      return SendReply(fd, ssl, h.id, absl::OkStatus(), nullptr, 0).ok();
+      if (!pin.ok()) return StartBody(c, Sink::kDrain, pin.status());
+      c->pin = *std::move(pin);
+      c->pin_from = 0;
+      return StartBody(c, Sink::kMemory);
     }
-    case WireOp::kHandshake: {
+    case WireOp::kHandshake:
       if (h.length > kMaxHandshake || h.offset > h.length) {
-        (void)SendReply(fd, ssl, h.id, absl::InvalidArgumentError("bad handshake frame"), nullptr, 0);
-        return false;
+        return StartReply(c, absl::InvalidArgumentError("bad handshake frame"), {}, true);
       }
-      std::string body(h.length, '\0');
-      if (!Recv(fd, ssl, body.data(), body.size()).ok()) return false;
-      std::string transport = body.substr(0, h.offset);
-      absl::StatusOr<std::string> answer = served_->Handshake(transport, body.substr(h.offset), conn->admitted);
-      if (!answer.ok()) {
-        // A handshake for a segment the grant does not cover closes, as any frame beyond the grant does.
-        return SendReply(fd, ssl, h.id, answer.status(), nullptr, 0).ok() && !absl::IsUnauthenticated(answer.status());
-      }
-      return SendReply(fd, ssl, h.id, absl::OkStatus(), answer->data(), answer->size()).ok();
-    }
+      return StartBody(c, Sink::kBuffer);
     case WireOp::kChallenge:
     case WireOp::kAuth:
-      break;  // answered by ServeGrant before this switch
+      break;  // answered above
   }
-  return false;
+  return Step::kClose;
+}
+
+Server::Step Server::StartBody(Conn* c, Sink sink, absl::Status verdict, bool close_after) {
+  c->stage = Stage::kBody;
+  c->sink = sink;
+  c->body_got = 0;
+  c->verdict = std::move(verdict);
+  c->close_after = close_after;
+  if (sink == Sink::kBuffer) c->body.assign(c->req.length, '\0');
+  return Step::kContinue;
+}
+
+absl::Status Server::Repin(Conn* c, uint64_t done) {
+  const RequestHeader& h = c->req;
+  // Inside the range Resolve checked when the frame began: no overflow.
+  ASSIGN_OR_RETURN(ServedMemory::Pin pin, served_->Resolve(h.segment, h.segment_id, h.offset + done, h.length - done));
+  c->pin = std::move(pin);
+  c->pin_from = done;
+  return absl::OkStatus();
+}
+
+Server::Step Server::ReadBody(Conn* c, uint8_t* scratch) {
+  const uint64_t length = c->req.length;
+  while (c->body_got < length) {
+    const uint64_t left = length - c->body_got;
+    void* into = scratch;
+    size_t want = static_cast<size_t>(std::min<uint64_t>(left, kScratch));
+    if (c->sink == Sink::kMemory) {
+      if (!c->pin.has_value()) {
+        // Pinned again after a wait; a range unregistered meanwhile has the
+        // rest drained and the write refused.
+        if (absl::Status st = Repin(c, c->body_got); !st.ok()) {
+          c->sink = Sink::kDrain;
+          c->verdict = std::move(st);
+          continue;
+        }
+      }
+      into = c->pin->addr + (c->body_got - c->pin_from);
+      want = static_cast<size_t>(std::min<uint64_t>(left, 1 << 30));
+    } else if (c->sink == Sink::kBuffer) {
+      into = c->body.data() + c->body_got;
+      want = static_cast<size_t>(left);
+    }
+    absl::StatusOr<net::IoStep> got = RecvSome(c->fd.get(), c->ssl.get(), into, want);
+    if (!got.ok()) return Step::kClose;
+    if (got->n == 0) {
+      c->want_write = got->wait == POLLOUT;
+      return Step::kBlocked;
+    }
+    c->body_got += got->n;
+    c->moved += got->n;
+  }
+  c->pin.reset();
+  return FinishBody(c);
+}
+
+Server::Step Server::FinishBody(Conn* c) {
+  const RequestHeader& h = c->req;
+  if (!c->verdict.ok()) return StartReply(c, c->verdict, {}, c->close_after);
+  switch (h.op) {
+    case WireOp::kWrite:
+      return StartReply(c, absl::OkStatus(), {});
+    case WireOp::kAuth: {
+      // A nonce answers one AUTH: a second try on the connection needs a new challenge.
+      const std::string nonce = std::move(c->nonce);
+      c->nonce.clear();
+      absl::StatusOr<std::string> key = served_->DataKey(h.segment, h.segment_id);
+      // A segment gone from here is a stale descriptor, as for READ: the
+      // client re-reads it and the connection stays.
+      if (!key.ok()) return StartReply(c, key.status(), {});
+      const absl::string_view body(c->body);
+      absl::Status ok = auth::CheckGrant(*key, body.substr(0, auth::kGrantBytes), body.substr(auth::kGrantBytes), nonce,
+                                         h.segment, h.segment_id, absl::Now());
+      if (!ok.ok()) return StartReply(c, ok, {}, true);
+      c->admitted = std::make_pair(h.segment, h.segment_id);
+      c->admit_by = absl::InfiniteFuture();
+      return StartReply(c, absl::OkStatus(), {});
+    }
+    case WireOp::kHandshake: {
+      const absl::string_view body(c->body);
+      absl::StatusOr<std::string> answer = served_->Handshake(std::string(body.substr(0, h.offset)),
+                                                              std::string(body.substr(h.offset)), c->admitted);
+      // A handshake for a segment the grant does not cover closes, as any
+      // frame beyond the grant does.
+      if (!answer.ok()) return StartReply(c, answer.status(), {}, absl::IsUnauthenticated(answer.status()));
+      return StartReply(c, absl::OkStatus(), *answer);
+    }
+    default:
+      return Step::kClose;
+  }
+}
+
+Server::Step Server::StartReply(Conn* c, const absl::Status& status, absl::string_view payload, bool close_after,
+                                uint64_t memory_bytes) {
+  ReplyHeader h;
+  h.id = c->req.id;
+  std::string text;
+  if (!status.ok()) {
+    h.status = ToWire(status);
+    text = std::string(status.message().substr(0, kMaxErrorText));
+    payload = text;
+    memory_bytes = 0;
+  }
+  h.length = payload.size() + memory_bytes;
+  c->out.resize(kReplySize);
+  EncodeReply(h, reinterpret_cast<uint8_t*>(c->out.data()));
+  c->out.append(payload.data(), payload.size());
+  c->out_sent = 0;
+  c->payload = memory_bytes;
+  c->payload_sent = 0;
+  c->close_after = close_after;
+  c->stage = Stage::kReply;
+  return Step::kContinue;
+}
+
+Server::Step Server::StartMemoryReply(Conn* c, ServedMemory::Pin pin) {
+  const uint64_t length = c->req.length;
+  if (length <= kGather) return StartReply(c, absl::OkStatus(), absl::string_view(pin.addr, length));
+  c->pin = std::move(pin);
+  c->pin_from = 0;
+  return StartReply(c, absl::OkStatus(), {}, false, length);
+}
+
+Server::Step Server::SendReply(Conn* c) {
+  while (c->out_sent < c->out.size() || c->payload_sent < c->payload) {
+    // Pinned again after a wait; a range unregistered meanwhile cannot
+    // finish its reply, and the connection closes.
+    if (c->payload_sent < c->payload && !c->pin.has_value() && !Repin(c, c->payload_sent).ok()) return Step::kClose;
+    char* const data = c->payload_sent < c->payload ? c->pin->addr + (c->payload_sent - c->pin_from) : nullptr;
+    absl::StatusOr<net::IoStep> sent;
+    if (c->ssl != nullptr) {
+      // After a wait, each call is repeated with the same bytes (TlsSendSome).
+      if (c->out_sent < c->out.size()) {
+        sent = net::TlsSendSome(c->ssl.get(), c->out.data() + c->out_sent, c->out.size() - c->out_sent);
+      } else {
+        sent = net::TlsSendSome(c->ssl.get(), data, std::min(c->payload - c->payload_sent, kTlsChunk));
+      }
+    } else {
+      iovec iov[2];
+      int n = 0;
+      if (c->out_sent < c->out.size()) iov[n++] = {c->out.data() + c->out_sent, c->out.size() - c->out_sent};
+      if (data != nullptr) iov[n++] = {data, c->payload - c->payload_sent};
+      sent = net::SendSome(c->fd.get(), iov, n);
+    }
+    if (!sent.ok()) return Step::kClose;
+    if (sent->n == 0) {
+      c->want_write = sent->wait == POLLOUT;
+      return Step::kBlocked;
+    }
+    const size_t from_out = std::min(sent->n, c->out.size() - c->out_sent);
+    c->out_sent += from_out;
+    c->payload_sent += sent->n - from_out;
+    c->moved += sent->n;
+  }
+  c->pin.reset();
+  if (c->close_after) return Step::kClose;
+  // The next frame starts from scratch; buffers a large reply or body grew
+  // are given back, as thousands of connections would hold them.
+  c->stage = Stage::kHeader;
+  c->want_write = false;
+  c->deadline = absl::InfiniteFuture();
+  c->head_got = 0;
+  c->req = RequestHeader();
+  c->body_got = 0;
+  c->verdict = absl::OkStatus();
+  if (c->out.capacity() > 1024) std::string().swap(c->out);
+  if (c->body.capacity() > 1024) std::string().swap(c->body);
+  c->out.clear();
+  c->body.clear();
+  c->out_sent = 0;
+  c->payload = c->payload_sent = 0;
+  return Step::kFrameDone;
 }
 
 }  // namespace tierkv::transport::tcp

@@ -9,7 +9,7 @@
 // frames that have arrived (at most kFramesPerTurn, so a busy connection
 // cannot starve the rest), then hands the connection back to the poller.
 // Threads stay at `io_threads` whatever the connection count; per
-// connection the server holds an fd and a few dozen bytes.
+// connection the server holds an fd and a few hundred bytes.
 //
 // Every (segment, offset, length) is resolved through ServedMemory, which
 // checks the segment's id and the range against the registered buffers
@@ -21,10 +21,25 @@
 // and the connection is closed. The process never exits on a bad frame.
 //
 // Data moves without an extra copy: READ replies are sent straight from
-// the registered memory and WRITE payloads received straight into it. A
-// started frame is served with blocking calls, each bounded by
-// `frame_timeout`, so a peer that stalls mid-frame holds one I/O thread
-// for at most that long per stalled call.
+// the registered memory and WRITE payloads received straight into it.
+//
+// Slow peers: sockets are non-blocking and a thread never waits on a peer.
+// Each connection carries the state of its frame in progress (header
+// bytes so far, payload bytes so far, reply bytes sent); a turn moves it
+// as far as the bytes that are there allow, and a connection that would
+// block is parked in the epoll set with that state, waiting for readable
+// or writable as its frame needs. A frame (its header, its payload and its
+// reply together) must complete within `frame_timeout` of its first byte;
+// a TLS handshake, and with data grants the TLS handshake, CHALLENGE and
+// AUTH together, within `handshake_timeout` of the accept. A connection
+// past either is closed (expired()) when it next wakes or by the sweep,
+// whatever it trickles meanwhile. So a peer that stalls or trickles costs
+// only its own connection: no I/O thread, no other connection, no Stop()
+// waits for it. A served range is pinned (ServedMemory::Pin) only within a
+// turn and resolved again on the next, so unregistering memory never
+// waits for a parked frame; a range unregistered meanwhile fails the frame
+// (a WRITE's rest is drained and refused; a READ's reply, cut short,
+// closes the connection).
 //
 // Data grants: where ServedMemory::DataGrantsRequired(), a connection
 // must pass CHALLENGE and AUTH (wire.h) before any READ, WRITE or
@@ -33,7 +48,8 @@
 //
 // TLS (ServerOptions::tls): a connection's first bytes are its TLS
 // handshake, and every frame after it travels inside TLS; the rest is as
-// above, bytes copied once more by the cipher.
+// above, bytes copied once more by the cipher (a READ reply of at most
+// 16 KiB is gathered with its header into one record).
 //
 // Limits: at most `max_connections` open; one more gets a BUSY reply and
 // is closed (counted in refused(), logged at most every 10 s), as is one
@@ -41,7 +57,7 @@
 // (parked with nothing to read) for `idle_timeout` is closed (reaped()).
 //
 // Threads: `io_threads`, all alike (each accepts, serves and, one of them,
-// sweeps idle connections). Stop() shuts every connection down, joins
+// sweeps idle and expired connections). Stop() shuts every connection down, joins
 // them and closes everything. Thread-safe.
 #pragma once
 
@@ -53,6 +69,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
 #include "base/mutex.h"
 #include "transport/backend.h"
 #include "base/net/socket.h"
@@ -68,7 +85,11 @@ struct ServerOptions {
   int max_connections = 16384;
   int io_threads = 4;
   absl::Duration idle_timeout = absl::Minutes(10);
-  absl::Duration frame_timeout = absl::Seconds(30);
+  // One deadline per frame (header, payload and reply), from its first byte.
+  absl::Duration frame_timeout = absl::Seconds(5);
+  // One deadline per handshake, from the accept: TLS, and with data grants
+  // the CHALLENGE and AUTH too.
+  absl::Duration handshake_timeout = absl::Seconds(10);
   // Set: every connection is TLS (tls.h), its handshake the first step
   // served, before any frame.
   std::shared_ptr<auth::ServerTlsContext> tls;
@@ -86,33 +107,76 @@ class Server {
   size_t open_connections() const { return open_.load(); }
   uint64_t refused() const { return refused_.load(); }  // over the cap, or out of fds
   uint64_t reaped() const { return reaped_.load(); }    // closed after idle_timeout
+  uint64_t expired() const { return expired_.load(); }  // closed past a frame or handshake deadline
 
  private:
+  // Where a connection's frame stands.
+  enum class Stage : uint8_t { kTlsAccept, kHeader, kBody, kReply };
+  // Where a payload goes: served memory (a WRITE), nowhere (refused, so
+  // drained through the I/O thread's scratch), or Conn::body.
+  enum class Sink : uint8_t { kMemory, kDrain, kBuffer };
+  // What a step of a turn left the connection in.
+  enum class Step : uint8_t { kContinue, kFrameDone, kBlocked, kClose };
+
   struct Conn {
     uint64_t id = 0;
     net::Fd fd;
     absl::Time last_active;
     bool parked = false;  // waiting in the epoll set (guarded by mu_)
-    // Data grants (owned by the thread serving the connection): the
-    // nonce of its last CHALLENGE, and the segment an AUTH admitted it to.
+    // The rest is owned by the thread serving the connection, and read by
+    // the sweep only while it is parked (under mu_).
+    // Data grants: the nonce of its last CHALLENGE, and the segment an
+    // AUTH admitted it to.
     std::string nonce;
     std::optional<std::pair<uint32_t, uint64_t>> admitted;
-    net::SslPtr ssl;  // with ServerOptions::tls, once its handshake is done
+    net::SslPtr ssl;  // with ServerOptions::tls, from the accept
+    Stage stage = Stage::kHeader;
+    bool want_write = false;                        // parked for writable rather than readable
+    absl::Time deadline = absl::InfiniteFuture();   // the frame's (or TLS handshake's); infinite between frames
+    absl::Time admit_by = absl::InfiniteFuture();   // data grants: admitted by then, or closed
+    uint8_t head[kRequestSize];
+    size_t head_got = 0;
+    RequestHeader req;
+    Sink sink = Sink::kDrain;
+    uint64_t body_got = 0;
+    std::string body;                                 // Sink::kBuffer
+    absl::Status verdict;                             // the answer due once a refused payload is drained
+    bool close_after = false;                         // close once the reply is out
+    std::string out;                                  // the reply's header (and small payload or error text)
+    size_t out_sent = 0;
+    uint64_t payload = 0, payload_sent = 0;           // READ bytes after `out`, from served memory
+    std::optional<ServedMemory::Pin> pin;             // held within a turn only
+    uint64_t pin_from = 0;                            // body_got / payload_sent when `pin` was resolved
+    uint64_t moved = 0;                               // payload and reply bytes moved, ever
   };
   static constexpr int kFramesPerTurn = 64;
 
   void IoLoop(int index);
   void AcceptSome();
   void Refuse(net::Fd fd, const char* why);
-  // Serves the frames that have arrived on `conn`, then parks or closes it.
+  // Moves `conn`'s frames on as far as they go, then parks or closes it.
   void ServeConn(Conn* conn, uint8_t* scratch);
-  void Park(Conn* conn);
+  // `yielded`: parked after kFramesPerTurn, not because it would block.
+  void Park(Conn* conn, bool yielded);
   void Close(Conn* conn);
-  void ReapIdle();
-  // Returns false when the connection must close.
-  bool ServeOne(Conn* conn, uint8_t* scratch);
-  // CHALLENGE and AUTH; false when the connection must close.
-  bool ServeGrant(Conn* conn, const RequestHeader& h);
+  // Closes parked connections past a deadline, and idle ones.
+  void Sweep();
+  // One frame as far as it goes: kFrameDone, kBlocked or kClose.
+  Step Advance(Conn* c, uint8_t* scratch);
+  Step AcceptTls(Conn* c);
+  Step ReadHeader(Conn* c);
+  Step Dispatch(Conn* c);
+  Step ReadBody(Conn* c, uint8_t* scratch);
+  Step FinishBody(Conn* c);
+  Step SendReply(Conn* c);
+  // Set the frame's next stage.
+  Step StartBody(Conn* c, Sink sink, absl::Status verdict = absl::OkStatus(), bool close_after = false);
+  // `memory_bytes`: that many READ bytes from c->pin follow `payload`.
+  Step StartReply(Conn* c, const absl::Status& status, absl::string_view payload, bool close_after = false,
+                  uint64_t memory_bytes = 0);
+  Step StartMemoryReply(Conn* c, ServedMemory::Pin pin);
+  // The frame's range from `done` bytes in, pinned into c->pin.
+  absl::Status Repin(Conn* c, uint64_t done);
 
   const ServerOptions options_;
   ServedMemory* const served_;
@@ -127,7 +191,7 @@ class Server {
   std::vector<std::unique_ptr<uint8_t[]>> scratch_;
   std::atomic<bool> stopping_{false};
   std::atomic<size_t> open_{0};
-  std::atomic<uint64_t> refused_{0}, reaped_{0};
+  std::atomic<uint64_t> refused_{0}, reaped_{0}, expired_{0};
   std::atomic<int64_t> last_refusal_log_ms_{0};
 
   Mutex mu_;
