@@ -11,6 +11,7 @@
 #include <openssl/ssl.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 
@@ -36,6 +37,7 @@ struct HttpServer::Conn {
   absl::Time last_active;
   bool parked = false;
   bool lingering = false;  // answered and shut for writing; reading what is left until the peer closes
+  absl::Time head_since;  // plain: when the first bytes of the request being read ahead came
 };
 
 namespace {
@@ -66,6 +68,55 @@ constexpr absl::Duration kLinger = absl::Seconds(2);
 
 int PollMs(absl::Duration d) {
   return static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));
+}
+
+// A plain connection's request is read ahead in the poller, without
+// waiting, until it is whole: a peer that trickles its headers (or a small
+// body) then holds no worker, only its own connection, and is closed when
+// it has not finished within the request timeout. Bodies above this size,
+// chunked ones, and requests that expect a "100 Continue" go to a worker
+// once their head is in.
+constexpr size_t kMaxReadAhead = 64 << 10;
+
+bool RequestWhole(std::string_view b) {
+  // The blank line that ends the head (a bare LF is taken too, as httplib does).
+  size_t head = b.find("\r\n\r\n");
+  head = head == std::string_view::npos ? head : head + 4;
+  if (size_t lf = b.find("\n\n"); lf != std::string_view::npos) head = std::min(head, lf + 2);
+  if (head == std::string_view::npos) return b.size() > kMaxReadAhead;  // httplib refuses it
+  std::string lower(b.substr(0, head));
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower.find("\nexpect:") != std::string::npos || lower.find("\ntransfer-encoding:") != std::string::npos) {
+    return true;
+  }
+  const size_t at = lower.find("\ncontent-length:");
+  if (at == std::string::npos) return true;
+  uint64_t length = 0;
+  for (size_t i = at + 16; i < lower.size() && (lower[i] == ' ' || std::isdigit(static_cast<unsigned char>(lower[i])));
+       ++i) {
+    if (lower[i] != ' ') length = std::min<uint64_t>(length * 10 + (lower[i] - '0'), kMaxReadAhead + 1);
+  }
+  return length > kMaxReadAhead || b.size() - head >= length;
+}
+
+// Reads what `fd` holds without waiting into `buf` (after its unread bytes
+// from `pos`). True when a worker should take the connection: its request
+// is whole, or the peer closed or failed (the worker finds out and closes).
+bool ReadAhead(int fd, std::string& buf, size_t& pos) {
+  buf.erase(0, pos);
+  pos = 0;
+  char chunk[16384];
+  for (int i = 0; i < 16 && buf.size() <= kMaxReadAhead; ++i) {
+    ssize_t n = ::recv(fd, chunk, sizeof(chunk), MSG_DONTWAIT);
+    if (n > 0) {
+      buf.append(chunk, static_cast<size_t>(n));
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      break;
+    } else if (!(n < 0 && errno == EINTR)) {
+      return true;
+    }
+  }
+  return RequestWhole(buf);
 }
 
 }  // namespace
@@ -408,6 +459,18 @@ void HttpServer::PollLoop() {
         }
         continue;
       }
+      if (conn->ssl == nullptr) {
+        const bool fresh = conn->buf.size() == conn->pos;
+        const bool whole = ReadAhead(conn->fd, conn->buf, conn->pos);
+        if (fresh && !conn->buf.empty()) conn->head_since = absl::Now();
+        if (!whole) {
+          epoll_event ev{};
+          ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+          ev.data.ptr = conn;
+          if (::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, conn->fd, &ev) != 0) Release(conn);
+          continue;
+        }
+      }
       conn->parked = false;
       ready_.push_back(conn);
       cv_.Signal();
@@ -419,7 +482,10 @@ void HttpServer::PollLoop() {
     std::vector<Conn*> expired;
     for (auto& [fd, c] : conns_) {
       const absl::Duration limit = c->lingering ? std::min(kLinger, options_.idle_timeout) : options_.idle_timeout;
-      if (c->parked && now - c->last_active > limit) expired.push_back(c.get());
+      // A request read ahead (plain) must be whole within the request timeout.
+      const bool late = c->parked && !c->lingering && c->ssl == nullptr && c->pos < c->buf.size() &&
+                        now - c->head_since > options_.request_timeout;
+      if ((c->parked && now - c->last_active > limit) || late) expired.push_back(c.get());
     }
     for (Conn* c : expired) Release(c);
   }
@@ -483,7 +549,12 @@ void HttpServer::ServeConn(Conn* conn) {
       Close(conn);
       return;
     }
-  } while (conn->pos < conn->buf.size() || (conn->ssl != nullptr && SSL_pending(conn->ssl) > 0));
+    // Plain: a pipelined request only once it is whole (the poller reads
+    // the rest ahead, so a trickled one holds no worker).
+  } while (conn->ssl != nullptr ? conn->pos < conn->buf.size() || SSL_pending(conn->ssl) > 0
+                                : RequestWhole(std::string_view(conn->buf).substr(conn->pos)) &&
+                                      conn->pos < conn->buf.size());
+  if (conn->ssl == nullptr && conn->pos < conn->buf.size()) conn->head_since = absl::Now();
   // Nothing buffered: a peer that hung up is found by the next recv.
   Park(conn);
 }

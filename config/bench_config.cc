@@ -55,6 +55,18 @@ const FlagTable<BenchConfig>& BenchFlags() {
                      "master --ha: SIGKILLs of the leader (each replaced, the killed master restarted as a standby)"),
           StringFlag<C>("ha-objects", &C::ha_objects, "1000000,10000000",
                         "master --ha: index sizes (objects) whose promotion to leader is timed; empty: none"),
+          BoolFlag<C>("scale", &C::scale, "false",
+                      "master: the scale figures instead: PutStart, GetReplicas and PrefixMatch p50/p99 and "
+                      "throughput of one in-process master with each of --scale-segments segments, "
+                      "--scale-objects objects and --scale-connections direct-lane connections, and the ratios "
+                      "of the largest to the smallest (goal: p99 within 2x, throughput at least 0.8x)"),
+          StringFlag<C>("scale-segments", &C::scale_segments, "16,4000",
+                        "master --scale: segment counts (each on a host of its own), smallest first"),
+          IntFlag<C>("scale-objects", &C::scale_objects, "1000000", 1000, 100'000'000,
+                     "master --scale: objects placed in the index before the calls are timed"),
+          IntFlag<C>("scale-connections", &C::scale_connections, "10000", 1, 1 << 20,
+                     "master --scale: direct-lane connections the workers (--threads) call through in turn "
+                     "(capped by about half the open-file limit: both ends are this process's)"),
           IntFlag<C>("repetitions", &C::repetitions, "3", 1, 100,
                      "interleaved repetitions of each case; medians are reported"),
       });

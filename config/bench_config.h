@@ -34,6 +34,10 @@ struct BenchConfig {
   bool ha = false;             // master: the high-availability figures instead
   int64_t ha_kills = 0;        // master --ha: leader kills for the failover figures
   std::string ha_objects;      // master --ha: index sizes whose promotion is timed
+  bool scale = false;              // master: the scale figures instead (16 vs 4,000 segments)
+  std::string scale_segments;      // master --scale: segment counts, smallest first
+  int64_t scale_objects = 0;       // master --scale: objects in the index
+  int64_t scale_connections = 0;   // master --scale: direct-lane connections calling
 
   // The client engine's worker threads for transfer and store: --workers,
   // or by default one per connection or client thread, whichever is more.

@@ -1,8 +1,10 @@
 // Eviction in the object index: the pass that frees DRAM in prefix-aware LRU
 // order across shards (EvictTo), a tenant's eviction of its own objects to
 // stay within its quota, and the background evictor that keeps usage between
-// the watermarks. Offload orders to SSD tiers are in eviction_offload.cc;
-// docs/eviction.md has the policy.
+// the watermarks. A pass holds the evict lock only while it picks; the
+// offload orders it picked go out with no lock held (eviction_offload.cc),
+// so a daemon that does not answer holds only that pass. docs/eviction.md
+// has the policy.
 #include <algorithm>
 #include <chrono>
 
@@ -11,43 +13,95 @@
 
 namespace tierkv::master {
 
-uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves, bool* exhausted) {
-  MutexLock evicting(&evict_mu_);
-  uint64_t freed = 0;
-  int64_t now = NowMs();
-  // With batch_moves, offload orders wait for up to kMoveBatch objects (or
-  // the pass's end), so a daemon gets one order, and its SSD tier one group
-  // of records, for many objects rather than one per round: a 4 KiB page
-  // then takes a little over 4 KiB on SSD, not 8. Their DRAM counts as
-  // freed meanwhile, so the pass does not evict more for them. Only the
-  // watermark passes batch; a pass making room for a request sends each
-  // round's orders at once, since the request waits for that room.
-  constexpr size_t kMoveBatch = 64;
-  const size_t flush_at = batch_moves ? kMoveBatch : 1;
-  std::vector<Move> batch;
-  uint64_t batch_bytes = 0;
-  bool ran_out = false;  // of candidates in every list
-  // Unpinned leaves first; soft-pinned leaves only when those run out.
-  for (ListId list : {ListId::kLeaf, ListId::kPinnedLeaf}) {
-    // Once at the target the pass is done: used bytes that rose again
-    // meanwhile (other puts) are no reason to evict pinned objects.
-    if (list != ListId::kLeaf && !ran_out) break;
-    int idle_rounds = 0;
-    ran_out = false;
-    // Requeuing an object that cannot go (leased, filling, guaranteed)
-    // counts as progress until as many have been requeued as the list
-    // held: however many of them sit at the tails, every object of the list
-    // is looked at before a pinned one is evicted.
-    size_t listed = 0;
-    for (auto& shard : shards_) {
-      MutexLock lock(&shard->mu);
-      listed += shard->lists[static_cast<int>(list)].size;
+uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, PassFor pass, bool* exhausted) {
+  EvictPass p;
+  p.target_used = target_used;
+  p.pass = pass;
+  for (;;) {
+    bool over;
+    {
+      MutexLock evicting(&evict_mu_);
+      over = EvictRounds(&p);
     }
-    size_t requeued = 0;
+    // The orders go out with evict_mu_ released: a daemon that does not
+    // answer holds this pass, not the passes and the requests behind it.
+    // Their objects are off the lists and their bytes counted in
+    // moving_bytes_, so another pass meanwhile neither picks them again
+    // nor evicts others in their stead.
+    if (!p.batch.empty()) {
+      std::vector<Move> moves;
+      moves.swap(p.batch);
+      p.batch_bytes = 0;
+      FinishMoves(std::move(moves));
+    }
+    if (!p.wait_tier.empty()) {
+      // A request's pass met a tier with an order out: most likely it is
+      // answered in a moment, and the candidate moves as it would have.
+      AwaitTier(p.wait_tier);
+      p.wait_tier.clear();
+      p.waited = true;
+      continue;
+    }
+    if (over) break;
+  }
+  if (UsedFor(p) > target_used) NotePressure();  // what is left is leased, filling or pinned
+  if (exhausted != nullptr) *exhausted = p.ran_out;
+  return p.freed;
+}
+
+uint64_t ObjectIndex::Impl::UsedFor(const EvictPass& p) const {
+  const uint64_t used = registry_->used();
+  // A request needs room now: bytes another pass's order will free in a
+  // while (up to offload_timeout, for a stalled daemon) are no room yet.
+  // A pass for the watermark counts them as gone, as it does its own.
+  const uint64_t leaving = p.pass == PassFor::kRoom ? p.batch_bytes : moving_bytes_.load(std::memory_order_acquire);
+  return used > leaving ? used - leaving : 0;
+}
+
+bool ObjectIndex::Impl::EvictRounds(EvictPass* pass) {
+  EvictPass& p = *pass;
+  // A watermark pass's offload orders wait for up to kMoveBatch objects
+  // (or the pass's end), so a daemon gets one order, and its SSD tier one
+  // group of records, for many objects rather than one per round: a 4 KiB
+  // page then takes a little over 4 KiB on SSD, not 8. Their DRAM counts
+  // as freed meanwhile, so the pass does not evict more for them. A pass
+  // making room for a request sends each round's orders at once, since the
+  // request waits for that room.
+  constexpr size_t kMoveBatch = 64;
+  const size_t flush_at = p.pass == PassFor::kRoom ? 1 : kMoveBatch;
+  // Only the evictor thread's pass may send a tier that has an order out
+  // another whatever its age; any other pass waits on that order once,
+  // briefly (AwaitTier), and drops the candidates of a tier whose order
+  // is overdue (PassFor).
+  const bool busy_ok = p.pass == PassFor::kEvictor;
+  const int64_t now = NowMs();
+  static constexpr ListId kLists[] = {ListId::kLeaf, ListId::kPinnedLeaf};
+  // Unpinned leaves first; soft-pinned leaves only when those run out.
+  for (; p.list < 2; ++p.list, p.list_open = false) {
+    const ListId list = kLists[p.list];
+    if (!p.list_open) {
+      // Once at the target the pass is done: used bytes that rose again
+      // meanwhile (other puts) are no reason to evict pinned objects.
+      if (list != ListId::kLeaf && !p.ran_out) return true;
+      p.list_open = true;
+      p.idle_rounds = 0;
+      p.ran_out = false;
+      // Requeuing an object that cannot go (leased, filling, guaranteed)
+      // counts as progress until as many have been requeued as the list
+      // held: however many of them sit at the tails, every object of the
+      // list is looked at before a pinned one is evicted.
+      p.listed = 0;
+      for (auto& shard : shards_) {
+        MutexLock lock(&shard->mu);
+        p.listed += shard->lists[static_cast<int>(list)].size;
+      }
+      p.requeued = 0;
+    }
     for (;;) {
-      uint64_t used = registry_->used();
-      used = used > batch_bytes ? used - batch_bytes : 0;
-      if (used <= target_used) break;
+      // Orders due, or a busy tier to wait on: the caller does either.
+      if (p.batch.size() >= flush_at || !p.wait_tier.empty()) return false;
+      uint64_t used = UsedFor(p);
+      if (used <= p.target_used) break;
       // The shard whose least recent candidate is oldest goes next, and it
       // evicts only while its tail stays no newer than the runner-up's, so
       // the order across shards is LRU to within one clock tick.
@@ -72,7 +126,7 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves, bool
         }
       }
       if (best == shards_.size()) {
-        ran_out = true;
+        p.ran_out = true;
         break;
       }
       Shard& s = *shards_[best];
@@ -84,7 +138,7 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves, bool
         std::vector<Mutation> mutations;
         LruList& l = s.lists[static_cast<int>(list)];
         size_t budget = std::min<size_t>(l.size, 32);
-        for (size_t k = 0; k < budget && l.tail != kNil && used > target_used; ++k) {
+        for (size_t k = 0; k < budget && l.tail != kNil && used > p.target_used; ++k) {
           uint32_t slot = l.tail;
           Object& o = s.objects[slot];
           if (o.referenced) {
@@ -106,14 +160,19 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves, bool
             Unlist(s, slot);
             ListAtHead(s, slot);
             s.objects[slot].access = AccessTick();
-            if (++requeued <= listed) progressed = true;
+            if (++p.requeued <= p.listed) progressed = true;
             continue;
           }
           const bool tie = o.access == runner_up;
           const size_t in_dram = static_cast<size_t>(
               std::count_if(o.replicas.begin(), o.replicas.end(), [](const Replica& r) { return !r.ssd; }));
+          std::optional<std::string> tier;
+          if (in_dram == o.replicas.size()) {
+            tier = OffloadTier(o, busy_ok, p.waited ? nullptr : &p.wait_tier);
+            if (!p.wait_tier.empty()) break;  // left in place: asked again after the wait
+          }
           uint64_t bytes = registry_->Rounded(o.size) * in_dram;
-          freed += bytes;
+          p.freed += bytes;
           used = used > bytes ? used - bytes : 0;
           if (in_dram < o.replicas.size()) {
             // A copy staged from its SSD record: drop the copy, keep the
@@ -132,13 +191,8 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves, bool
             if (tie) break;
             continue;
           }
-          std::optional<std::string> tier = OffloadTier(o);
           if (tier) {
-            // The extent stays the object's until the daemon has copied
-            // it; a remove meanwhile defers its free (Erase).
-            o.moving = true;
-            Unlist(s, slot);
-            moves.push_back({best, slot, o.gen, std::move(*tier), {o.key, o.replicas[0].offset, o.size}});
+            moves.push_back(StartMove(s, best, slot, std::move(*tier)));
           } else {
             evicted_bytes_.fetch_add(o.size);
             evictions_.fetch_add(1);
@@ -154,26 +208,18 @@ uint64_t ObjectIndex::Impl::EvictTo(uint64_t target_used, bool batch_moves, bool
       }
       RunFollowUps(std::move(follow));
       for (Move& m : moves) {
-        batch_bytes += registry_->Rounded(m.order.length);
-        batch.push_back(std::move(m));
-      }
-      if (batch.size() >= flush_at) {
-        FinishMoves(std::move(batch));
-        batch.clear();
-        batch_bytes = 0;
+        p.batch_bytes += m.bytes;
+        p.batch.push_back(std::move(m));
       }
       if (progressed) {
-        idle_rounds = 0;
-      } else if (++idle_rounds > static_cast<int>(shards_.size()) * 2) {
-        ran_out = true;  // everything left is leased or still filling
+        p.idle_rounds = 0;
+      } else if (++p.idle_rounds > static_cast<int>(shards_.size()) * 2) {
+        p.ran_out = true;  // everything left is leased or still filling
         break;
       }
     }
   }
-  if (!batch.empty()) FinishMoves(std::move(batch));
-  if (registry_->used() > target_used) NotePressure();  // what is left is leased, filling or pinned
-  if (exhausted != nullptr) *exhausted = ran_out;
-  return freed;
+  return true;
 }
 
 absl::Status ObjectIndex::Impl::ChargeQuota(absl::string_view tenant, uint64_t bytes, const std::string& key) {
@@ -248,11 +294,11 @@ uint64_t ObjectIndex::Impl::EvictTenant(absl::string_view tenant, uint64_t bytes
       const uint64_t charge = DramCharge(o);
       freed += charge;
       // As the evictor would: a page its SSD tier admits moves there (its
-      // charge is released when the daemon confirms), the rest are dropped.
-      if (std::optional<std::string> tier = OffloadTier(o)) {
-        o.moving = true;
-        Unlist(s, c.slot);
-        moves.push_back({c.shard, c.slot, o.gen, std::move(*tier), {o.key, o.replicas[0].offset, o.size}});
+      // charge is released when the daemon confirms), the rest are dropped;
+      // so is a page whose tier's order out is overdue (kTierStalledAfter),
+      // which the put would otherwise wait on.
+      if (std::optional<std::string> tier = OffloadTier(o, /*busy_ok=*/false)) {
+        moves.push_back(StartMove(s, c.shard, c.slot, std::move(*tier)));
         continue;
       }
       std::vector<Mutation> mutations;
@@ -273,12 +319,12 @@ bool ObjectIndex::Impl::AboveHighWatermark() const {
   return capacity > 0 && registry_->used() > static_cast<uint64_t>(options_.high_watermark * capacity);
 }
 
-bool ObjectIndex::Impl::MaybeEvict() {
+bool ObjectIndex::Impl::MaybeEvict(PassFor pass) {
   if (!AboveHighWatermark()) return false;
   // Evicting at all means DRAM is contended: long leases now would keep
   // what eviction wants (and, with the window, flip back and forth).
   NotePressure();
-  return EvictTo(static_cast<uint64_t>(options_.low_watermark * registry_->capacity()), /*batch_moves=*/true) > 0;
+  return EvictTo(static_cast<uint64_t>(options_.low_watermark * registry_->capacity()), pass) > 0;
 }
 
 void ObjectIndex::Impl::WakeEvictor() {
@@ -313,7 +359,7 @@ void ObjectIndex::Impl::RunEvictor() {
     evictor_wanted_ = false;
     evictor_mu_.Unlock();
     const bool above = AboveHighWatermark();
-    const bool freed = above && MaybeEvict();
+    const bool freed = above && MaybeEvict(PassFor::kEvictor);
     if (above) evictor_passes_.fetch_add(1);
     evictor_mu_.Lock();
     if (!above || freed) {

@@ -1,7 +1,9 @@
 // Offload on eviction: which SSD tier, if any, an evicted object moves to
 // (the admission rule), the orders sent to tier daemons and what their answers
 // do (an SSD replica in place of the DRAM extent, or a plain eviction), and
-// the pause on a tier whose daemon stops answering.
+// the pause on a tier whose daemon stops answering. Orders go out with no
+// index lock held (evict_mu_ included): a daemon that does not answer holds
+// only the pass that sent its order.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -10,14 +12,58 @@
 
 namespace tierkv::master {
 
-std::optional<std::string> ObjectIndex::Impl::OffloadTier(const Object& o) const {
+std::optional<std::string> ObjectIndex::Impl::OffloadTier(const Object& o, bool busy_ok,
+                                                          std::string* wait_for) const {
   if (!options_.offload || !(o.read || options_.offload_unread) || o.group != nullptr || o.replicas.size() != 1 ||
       o.replicas[0].ssd) {
     return std::nullopt;
   }
   std::optional<std::string> tier = registry_->TierFor(o.replicas[0].segment_id, o.size);
-  if (tier && TierPaused(*tier, NowMs())) return std::nullopt;
-  return tier;
+  if (!tier || TierPaused(*tier, NowMs())) return std::nullopt;
+  if (busy_ok) return tier;
+  switch (LoadOf(*tier)) {
+    case TierLoad::kIdle:
+      return tier;
+    case TierLoad::kStalled:
+      return std::nullopt;
+    case TierLoad::kBusy:
+      if (wait_for == nullptr) return tier;
+      *wait_for = std::move(*tier);
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+ObjectIndex::Impl::TierLoad ObjectIndex::Impl::LoadOf(const std::string& tier) const {
+  if (orders_out_total_.load(std::memory_order_acquire) == 0) return TierLoad::kIdle;
+  MutexLock lock(&tier_pause_mu_);
+  auto it = orders_out_.find(tier);
+  if (it == orders_out_.end() || it->second.empty()) return TierLoad::kIdle;
+  const auto oldest = *std::min_element(it->second.begin(), it->second.end());
+  return std::chrono::steady_clock::now() - oldest >= kTierStalledAfter ? TierLoad::kStalled : TierLoad::kBusy;
+}
+
+void ObjectIndex::Impl::AwaitTier(const std::string& tier) {
+  MutexLock lock(&tier_pause_mu_);
+  for (;;) {
+    auto it = orders_out_.find(tier);
+    if (it == orders_out_.end() || it->second.empty()) return;
+    const auto until = *std::min_element(it->second.begin(), it->second.end()) + kTierStalledAfter;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until) return;
+    tier_answered_.WaitFor(&tier_pause_mu_, until - now);
+  }
+}
+
+ObjectIndex::Impl::Move ObjectIndex::Impl::StartMove(Shard& s, size_t shard, uint32_t slot, std::string tier) {
+  Object& o = s.objects[slot];
+  // The extent stays the object's until the daemon has copied it; a
+  // remove meanwhile defers its free (Erase).
+  o.moving = true;
+  Unlist(s, slot);
+  Move m{shard, slot, o.gen, registry_->Rounded(o.size), std::move(tier), {o.key, o.replicas[0].offset, o.size}};
+  moving_bytes_.fetch_add(m.bytes, std::memory_order_acq_rel);
+  return m;
 }
 
 bool ObjectIndex::Impl::TierPaused(const std::string& tier, int64_t now_ms) const {
@@ -42,15 +88,31 @@ void ObjectIndex::Impl::FinishMoves(std::vector<Move> moves) {
     }
     std::vector<TierOrder> orders;
     for (size_t i : which) orders.push_back(moves[i].order);
+    // Busy while the order is out: a pass for a request waits on it a
+    // little (AwaitTier), then drops that tier's candidates.
+    const auto sent = std::chrono::steady_clock::now();
+    {
+      MutexLock lock(&tier_pause_mu_);
+      orders_out_[tier].push_back(sent);
+      orders_out_total_.fetch_add(1, std::memory_order_acq_rel);
+    }
     std::vector<absl::Status> answer = options_.offload(tier, orders, options_.offload_timeout);
     for (size_t k = 0; k < which.size() && k < answer.size(); ++k) got[which[k]] = answer[k];
     const bool unanswered =
         answer.size() < which.size() || std::all_of(answer.begin(), answer.end(), [](const absl::Status& s) {
           return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
         });
-    if (unanswered) {
-      {
-        MutexLock lock(&tier_pause_mu_);
+    {
+      MutexLock lock(&tier_pause_mu_);
+      if (auto it = orders_out_.find(tier); it != orders_out_.end()) {
+        std::vector<std::chrono::steady_clock::time_point>& out = it->second;
+        if (auto at = std::find(out.begin(), out.end(), sent); at != out.end()) out.erase(at);
+        if (out.empty()) orders_out_.erase(it);
+      }
+      orders_out_total_.fetch_sub(1, std::memory_order_acq_rel);
+      tier_answered_.SignalAll();
+      if (unanswered) {
+        // Paused before it stops being busy: no pass slips an order in.
         const int64_t until = NowMs() + absl::ToInt64Milliseconds(kTierPause);
         tier_paused_until_ms_[tier] = until;
         // Written under the lock, so no other pause lowers it meanwhile.
@@ -58,6 +120,8 @@ void ObjectIndex::Impl::FinishMoves(std::vector<Move> moves) {
           pauses_end_ms_.store(until, std::memory_order_release);
         }
       }
+    }
+    if (unanswered) {
       TKV_LOG(WARNING) << "SSD tier " << tier << " did not take an order of " << which.size() << " ("
                        << (answer.empty() ? absl::UnavailableError("no answer") : answer[0])
                        << "); no order goes there for " << kTierPause;
@@ -65,6 +129,8 @@ void ObjectIndex::Impl::FinishMoves(std::vector<Move> moves) {
   }
   const int64_t now = NowMs();
   FollowUp follow;
+  uint64_t moved_bytes = 0;
+  for (const Move& m : moves) moved_bytes += m.bytes;
   size_t failed = 0;
   absl::Status first_failure;
   for (size_t i = 0; i < moves.size(); ++i) {
@@ -112,6 +178,10 @@ void ObjectIndex::Impl::FinishMoves(std::vector<Move> moves) {
                      << first_failure;
   }
   RunFollowUps(std::move(follow));
+  // Last, once their extents are freed (or held for a reader): in the other
+  // order a concurrent pass would, for a moment, count them neither as
+  // leaving nor as gone, and evict more in their stead.
+  moving_bytes_.fetch_sub(moved_bytes, std::memory_order_acq_rel);
 }
 
 }  // namespace tierkv::master

@@ -193,18 +193,16 @@ bool ObjectIndex::Impl::Leased(const Object& o, int64_t now_ms) const {
   return o.state == ObjState::kComplete && o.deadline_ms > now_ms;
 }
 
-absl::flat_hash_map<uint32_t, std::string> ObjectIndex::Impl::LiveNames() const {
-  return registry_->LiveNames();
-}
+// A snapshot, not a copy: O(1) whatever the number of segments.
+LiveSegments ObjectIndex::Impl::LiveNames() const { return registry_->LiveNames(); }
 
-std::vector<ExtentOut> ObjectIndex::Impl::VisibleExtents(
-    const Object& o, const absl::flat_hash_map<uint32_t, std::string>& names,
-    bool resolve_names) const {
+std::vector<ExtentOut> ObjectIndex::Impl::VisibleExtents(const Object& o, const LiveSegments& names,
+                                                         bool resolve_names) const {
   std::vector<ExtentOut> out;
   for (const Replica& r : o.replicas) {
-    auto it = names.find(r.segment_id);
-    if (it == names.end()) continue;
-    out.push_back({resolve_names ? it->second : std::string(), r.offset, o.size, r.segment_id, r.ssd, r.stage});
+    const std::string* name = names.Find(r.segment_id);
+    if (name == nullptr) continue;
+    out.push_back({resolve_names ? *name : std::string(), r.offset, o.size, r.segment_id, r.ssd, r.stage});
   }
   return out;
 }

@@ -121,7 +121,7 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
           }
           const uint64_t used = registry_->used();
           bool exhausted = false;
-          const uint64_t freed = EvictTo(used > need ? used - need : 0, /*batch_moves=*/false, &exhausted);
+          const uint64_t freed = EvictTo(used > need ? used - need : 0, PassFor::kRoom, &exhausted);
           s.mu.Lock();
           // Another writer's PutStart may take that room first, and another
           // pass (the evictor's, a writer's) may have made it already: go on

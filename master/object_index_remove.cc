@@ -211,7 +211,13 @@ void ObjectIndex::Impl::Tick() {
   }
   for (Group* g : dead) KillGroup(g);
   FreeDeferred(now);
-  MaybeEvict();
+  // The evictor's pass, when it runs, may wait on an offload order: Tick
+  // hands it the work rather than wait (or send orders) itself.
+  if (evictor_running_.load(std::memory_order_relaxed)) {
+    if (AboveHighWatermark()) WakeEvictor();
+  } else {
+    MaybeEvict();
+  }
 }
 
 std::vector<absl::Status> ObjectIndex::Impl::Remove(const std::vector<std::string>& keys,

@@ -198,21 +198,22 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
   resp->mutable_replica_counts()->Reserve(n);
   // Segment ids -> positions in the response's segment table.
   absl::flat_hash_map<uint32_t, uint32_t> table;
-  absl::flat_hash_map<uint32_t, std::string> names;
+  // Taken after the lookup (a snapshot, O(1)): only the ids the reply
+  // names are resolved.
+  const LiveSegments names = m->registry().LiveNames();
   for (const LookupOut& r : found) {
     uint32_t count = 0;
     if (r.status.ok()) {
       for (const ExtentOut& e : r.replicas) {
         auto [it, fresh] = table.try_emplace(e.segment_id, resp->segments_size());
         if (fresh) {
-          if (names.empty()) names = m->registry().LiveNames();
-          auto name = names.find(e.segment_id);
+          const std::string* name = names.Find(e.segment_id);
           // The segment left since the lookup: drop this replica.
-          if (name == names.end()) {
+          if (name == nullptr) {
             table.erase(it);
             continue;
           }
-          resp->add_segments(name->second);
+          resp->add_segments(*name);
         }
         resp->add_replica_segments(it->second);
         resp->add_replica_offsets(e.offset);

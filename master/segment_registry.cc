@@ -2,18 +2,98 @@
 
 #include <algorithm>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 
 namespace tierkv::master {
 
+const std::string* LiveSegments::Find(uint32_t id) const {
+  if (table_ == nullptr) return nullptr;
+  const size_t chunk = id >> kChunkBits;
+  if (chunk >= table_->size() || (*table_)[chunk] == nullptr) return nullptr;
+  const std::string& name = (*(*table_)[chunk])[id & ((1u << kChunkBits) - 1)];
+  return name.empty() ? nullptr : &name;
+}
+
+void SegmentRegistry::PublishLive(uint32_t id, const std::string& name) {
+  using Table = LiveSegments::Table;
+  using Chunk = LiveSegments::Chunk;
+  std::shared_ptr<const Table> current = live_.load(std::memory_order_acquire);
+  auto next = current != nullptr ? std::make_shared<Table>(*current) : std::make_shared<Table>();
+  const size_t at = id >> LiveSegments::kChunkBits;
+  if (next->size() <= at) next->resize(at + 1);
+  auto chunk = (*next)[at] != nullptr ? std::make_shared<Chunk>(*(*next)[at]) : std::make_shared<Chunk>();
+  (*chunk)[id & ((1u << LiveSegments::kChunkBits) - 1)] = name;
+  const bool empty = std::all_of(chunk->begin(), chunk->end(), [](const std::string& n) { return n.empty(); });
+  (*next)[at] = empty ? nullptr : std::shared_ptr<const Chunk>(std::move(chunk));
+  live_.store(std::move(next), std::memory_order_release);
+}
+
+void SegmentRegistry::File(Segment& seg) {
+  if (seg.recovering || seg.filed) return;
+  const Key key{seg.allocator->capacity() - seg.allocator->used(), seg.id};
+  order_.insert(key);
+  Order& host = by_host_[seg.spec.host];
+  const bool first = host.empty() || MostFree()(key, *host.begin());
+  if (first && !host.empty()) host_firsts_.erase(*host.begin());
+  host.insert(key);
+  if (first) host_firsts_.insert(key);
+  seg.filed = true;
+  seg.filed_free = key.first;
+}
+
+void SegmentRegistry::Unfile(Segment& seg) {
+  if (!seg.filed) return;
+  const Key key{seg.filed_free, seg.id};
+  order_.erase(key);
+  auto it = by_host_.find(seg.spec.host);
+  Order& host = it->second;
+  const bool first = *host.begin() == key;
+  host.erase(key);
+  if (first) {
+    host_firsts_.erase(key);
+    if (!host.empty()) host_firsts_.insert(*host.begin());
+  }
+  if (host.empty()) by_host_.erase(it);
+  seg.filed = false;
+}
+
+void SegmentRegistry::Recount(Segment& seg) {
+  // Unsigned wrap-around makes a decrease an addition of its negation.
+  const uint64_t used = seg.allocator->used();
+  used_.fetch_add(used - seg.counted_used, std::memory_order_relaxed);
+  seg.counted_used = used;
+  const uint64_t capacity = seg.dormant ? 0 : seg.allocator->capacity();
+  capacity_.fetch_add(capacity - seg.counted_capacity, std::memory_order_relaxed);
+  seg.counted_capacity = capacity;
+}
+
 uint32_t SegmentRegistry::AddLocked(const SegmentSpec& spec, absl::Time now, bool recovering) {
   uint32_t id = next_id_++;
-  by_id_.emplace(id, Segment{id, spec, std::make_unique<ExtentAllocator>(spec.capacity, alignment_),
-                             now, recovering, false, spec.ssd_id.empty()});
+  auto [it, fresh] = by_id_.emplace(id, Segment{id, spec, std::make_unique<ExtentAllocator>(spec.capacity, alignment_),
+                                                now, recovering, false, spec.ssd_id.empty()});
   by_name_[spec.name] = id;
+  Segment& seg = it->second;
+  capacities_.insert(seg.allocator->capacity());
+  largest_.store(*capacities_.rbegin(), std::memory_order_relaxed);
+  Recount(seg);
+  File(seg);
+  if (!recovering) PublishLive(id, spec.name);
   return id;
+}
+
+void SegmentRegistry::EraseLocked(uint32_t id) {
+  auto it = by_id_.find(id);
+  Segment& seg = it->second;
+  Unfile(seg);
+  used_.fetch_sub(seg.counted_used, std::memory_order_relaxed);
+  capacity_.fetch_sub(seg.counted_capacity, std::memory_order_relaxed);
+  capacities_.erase(capacities_.find(seg.allocator->capacity()));
+  largest_.store(capacities_.empty() ? 0 : *capacities_.rbegin(), std::memory_order_relaxed);
+  if (!seg.recovering) PublishLive(id, "");
+  if (auto n = by_name_.find(seg.spec.name); n != by_name_.end() && n->second == id) by_name_.erase(n);
+  by_id_.erase(it);
 }
 
 absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::Time now,
@@ -32,10 +112,14 @@ absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::T
   if (auto it = by_name_.find(spec.name); it != by_name_.end()) {
     Segment& seg = by_id_.at(it->second);
     if (seg.spec.incarnation == spec.incarnation && seg.spec.capacity == spec.capacity && !seg.dormant) {
+      Unfile(seg);  // the host may be another
+      const bool was_recovering = seg.recovering;
       seg.recovering = false;
       seg.last_heartbeat = now;
       seg.spec = spec;
       seg.ssd_synced = spec.ssd_id.empty();
+      File(seg);
+      if (was_recovering) PublishLive(seg.id, spec.name);
       *restored = true;
       return seg.id;
     }
@@ -46,8 +130,7 @@ absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::T
     }
     *replaced_id = seg.id;
     if (same_ssd != nullptr) *same_ssd = !spec.ssd_id.empty() && seg.spec.ssd_id == spec.ssd_id;
-    by_id_.erase(seg.id);
-    by_name_.erase(it);
+    EraseLocked(seg.id);
   }
   return AddLocked(spec, now, /*recovering=*/false);
 }
@@ -62,8 +145,7 @@ absl::StatusOr<uint32_t> SegmentRegistry::Unmount(const std::string& name) {
   auto it = by_name_.find(name);
   if (it == by_name_.end()) return absl::NotFoundError(absl::StrCat("no segment ", name));
   uint32_t id = it->second;
-  by_id_.erase(id);
-  by_name_.erase(it);
+  EraseLocked(id);
   return id;
 }
 
@@ -99,12 +181,15 @@ std::optional<std::string> SegmentRegistry::TierFor(uint32_t id, uint64_t size) 
 }
 
 void SegmentRegistry::DormantLocked(Segment& seg) {
+  Unfile(seg);
+  if (!seg.recovering) PublishLive(seg.id, "");
   seg.recovering = true;
   seg.dormant = true;
   seg.ssd_synced = false;
   // Its DRAM is gone with the process: the extents of the dropped
   // objects go with the old allocator.
   seg.allocator = std::make_unique<ExtentAllocator>(seg.spec.capacity, alignment_);
+  Recount(seg);
 }
 
 std::vector<uint32_t> SegmentRegistry::Expire(absl::Time now, absl::Duration ttl, absl::Duration ssd_grace,
@@ -121,10 +206,7 @@ std::vector<uint32_t> SegmentRegistry::Expire(absl::Time now, absl::Duration ttl
       dormant->push_back(id);
     }
   }
-  for (uint32_t id : gone) {
-    by_name_.erase(by_id_.at(id).spec.name);
-    by_id_.erase(id);
-  }
+  for (uint32_t id : gone) EraseLocked(id);
   return gone;
 }
 
@@ -132,54 +214,82 @@ absl::StatusOr<std::vector<Replica>> SegmentRegistry::Allocate(uint64_t size, in
                                                                const std::string& preferred,
                                                                absl::Span<const uint32_t> with) {
   MutexLock lock(&mu_);
-  struct Candidate {
-    Segment* seg;
-    uint64_t free;
-  };
-  std::vector<Candidate> candidates;
-  candidates.reserve(by_id_.size());
-  size_t live = 0, recovering = 0;
-  for (auto& [id, seg] : by_id_) {
-    (seg.recovering ? recovering : live)++;
-    if (seg.recovering || seg.allocator->largest_free() < seg.allocator->Rounded(size)) continue;
-    candidates.push_back({&seg, seg.allocator->capacity() - seg.allocator->used()});
-  }
-  if (live == 0) {
+  if (order_.empty()) {
     // Not a matter of space: evicting would only throw cached data away.
+    const size_t recovering = by_id_.size();
     return absl::UnavailableError(
         recovering > 0 ? absl::StrCat("no live segment: ", recovering, " ", kAwaitingRemount, " after a master restart")
                        : std::string("no segment is mounted"));
   }
-  if (candidates.empty()) {
-    return absl::ResourceExhaustedError(absl::StrCat("no segment has room for ", size, " bytes"));
-  }
-  auto rank = [&](const Segment* seg) {
-    auto it = std::find(with.begin(), with.end(), seg->id);
-    return static_cast<size_t>(it - with.begin());  // with.size() when not in `with`
+  // The order every pass walks: `with` (in its order), then the preferred
+  // segment, then the rest by free space (order_). Only segments with room
+  // count; the walk stops as soon as `count` are picked, and what it skips
+  // is what is picked already or lacks room.
+  auto room = [size](const Segment& seg) { return seg.allocator->largest_free() >= seg.allocator->Rounded(size); };
+  absl::InlinedVector<Segment*, 8> front;
+  auto in_front = [&front](uint32_t id) {
+    return std::any_of(front.begin(), front.end(), [id](const Segment* s) { return s->id == id; });
   };
-  std::sort(candidates.begin(), candidates.end(), [&](const Candidate& a, const Candidate& b) {
-    size_t ra = rank(a.seg), rb = rank(b.seg);
-    if (ra != rb) return ra < rb;
-    bool pa = a.seg->spec.name == preferred, pb = b.seg->spec.name == preferred;
-    if (pa != pb) return pa;
-    if (a.free != b.free) return a.free > b.free;
-    return a.seg->id < b.seg->id;
-  });
-  // Two passes: first one replica per host, then any remaining segment.
-  std::vector<Replica> out;
-  absl::flat_hash_set<std::string> hosts;
-  absl::flat_hash_set<uint32_t> used;
-  for (int pass = 0; pass < 2 && static_cast<int>(out.size()) < count; ++pass) {
-    for (Candidate& c : candidates) {
-      if (static_cast<int>(out.size()) >= count) break;
-      if (used.contains(c.seg->id)) continue;
-      if (pass == 0 && hosts.contains(c.seg->spec.host)) continue;
-      std::optional<uint64_t> off = c.seg->allocator->Allocate(size);
-      if (!off) continue;
-      out.push_back({c.seg->id, false, false, *off});
-      hosts.insert(c.seg->spec.host);
-      used.insert(c.seg->id);
+  auto add_front = [&](uint32_t id) {
+    auto it = by_id_.find(id);
+    if (it == by_id_.end() || it->second.recovering || !room(it->second) || in_front(id)) return;
+    front.push_back(&it->second);
+  };
+  for (uint32_t id : with) add_front(id);
+  if (auto it = by_name_.find(preferred); it != by_name_.end()) add_front(it->second);
+
+  const size_t want = count > 0 ? static_cast<size_t>(count) : 0;
+  absl::InlinedVector<Segment*, 8> picks;
+  auto picked = [&picks](uint32_t id) {
+    return std::any_of(picks.begin(), picks.end(), [id](const Segment* s) { return s->id == id; });
+  };
+  auto host_used = [&picks](const std::string& host) {
+    return std::any_of(picks.begin(), picks.end(), [&host](const Segment* s) { return s->spec.host == host; });
+  };
+  // Pass one: one replica per host. After the front, the next pick is the
+  // first segment in order on a host not yet used: each host's own order
+  // is walked from its first, hosts in the order of their firsts, until
+  // no host's first can beat the best found.
+  for (Segment* seg : front) {
+    if (picks.size() >= want) break;
+    if (!host_used(seg->spec.host)) picks.push_back(seg);
+  }
+  while (picks.size() < want) {
+    const Key* best = nullptr;
+    Segment* best_seg = nullptr;
+    for (const Key& first : host_firsts_) {
+      if (best != nullptr && !MostFree()(first, *best)) break;
+      const std::string& host = by_id_.at(first.second).spec.host;
+      if (host_used(host)) continue;
+      for (const Key& key : by_host_.at(host)) {
+        if (best != nullptr && !MostFree()(key, *best)) break;
+        Segment& seg = by_id_.at(key.second);
+        if (in_front(seg.id) || !room(seg)) continue;
+        best = &key;
+        best_seg = &seg;
+        break;
+      }
     }
+    if (best_seg == nullptr) break;
+    picks.push_back(best_seg);
+  }
+  // Pass two: any segment not yet picked.
+  for (Segment* seg : front) {
+    if (picks.size() >= want) break;
+    if (!picked(seg->id)) picks.push_back(seg);
+  }
+  for (auto it = order_.begin(); it != order_.end() && picks.size() < want; ++it) {
+    Segment& seg = by_id_.at(it->second);
+    if (!picked(seg.id) && !in_front(seg.id) && room(seg)) picks.push_back(&seg);
+  }
+
+  std::vector<Replica> out;
+  for (Segment* seg : picks) {
+    Unfile(*seg);
+    std::optional<uint64_t> off = seg->allocator->Allocate(size);
+    Recount(*seg);
+    File(*seg);
+    if (off) out.push_back({seg->id, false, false, *off});
   }
   if (out.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat("no segment has room for ", size, " bytes"));
@@ -191,7 +301,12 @@ std::optional<Replica> SegmentRegistry::AllocateIn(uint32_t id, uint64_t size) {
   MutexLock lock(&mu_);
   auto it = by_id_.find(id);
   if (it == by_id_.end() || it->second.recovering) return std::nullopt;
-  std::optional<uint64_t> off = it->second.allocator->Allocate(size);
+  Segment& seg = it->second;
+  if (seg.allocator->largest_free() < seg.allocator->Rounded(size)) return std::nullopt;
+  Unfile(seg);
+  std::optional<uint64_t> off = seg.allocator->Allocate(size);
+  Recount(seg);
+  File(seg);
   if (!off) return std::nullopt;
   return Replica{id, false, true, *off};
 }
@@ -203,7 +318,11 @@ void SegmentRegistry::Free(const Replica& r, uint64_t size) {
   if (it == by_id_.end()) return;
   // A refused free means the index and allocator disagree; the extent is
   // leaked rather than handed out twice.
-  (void)it->second.allocator->Free(r.offset, size);
+  Segment& seg = it->second;
+  Unfile(seg);
+  (void)seg.allocator->Free(r.offset, size);
+  Recount(seg);
+  File(seg);
 }
 
 absl::Status SegmentRegistry::Reserve(const Replica& r, uint64_t size) {
@@ -211,7 +330,12 @@ absl::Status SegmentRegistry::Reserve(const Replica& r, uint64_t size) {
   MutexLock lock(&mu_);
   auto it = by_id_.find(r.segment_id);
   if (it == by_id_.end()) return absl::NotFoundError("segment left");
-  return it->second.allocator->Reserve(r.offset, size);
+  Segment& seg = it->second;
+  Unfile(seg);
+  absl::Status st = seg.allocator->Reserve(r.offset, size);
+  Recount(seg);
+  File(seg);
+  return st;
 }
 
 bool SegmentRegistry::MakeDormant(const std::string& name, absl::Time now) {
@@ -249,13 +373,13 @@ void SegmentRegistry::MarkSsdSynced(uint32_t id, const std::string& tier_http, u
   }
 }
 
-bool SegmentRegistry::IsLive(uint32_t id) const {
-  MutexLock lock(&mu_);
-  auto it = by_id_.find(id);
-  return it != by_id_.end() && !it->second.recovering;
-}
+bool SegmentRegistry::IsLive(uint32_t id) const { return LiveNames().Contains(id); }
 
 std::string SegmentRegistry::Name(uint32_t id) const {
+  {
+    const LiveSegments live = LiveNames();
+    if (const std::string* name = live.Find(id)) return *name;
+  }
   MutexLock lock(&mu_);
   auto it = by_id_.find(id);
   return it == by_id_.end() ? std::string() : it->second.spec.name;
@@ -285,15 +409,7 @@ std::string SegmentRegistry::DataKeyOfTier(const std::string& tier_http) const {
   return "";
 }
 
-absl::flat_hash_map<uint32_t, std::string> SegmentRegistry::LiveNames() const {
-  MutexLock lock(&mu_);
-  absl::flat_hash_map<uint32_t, std::string> out;
-  out.reserve(by_id_.size());
-  for (const auto& [id, seg] : by_id_) {
-    if (!seg.recovering) out.emplace(id, seg.spec.name);
-  }
-  return out;
-}
+LiveSegments SegmentRegistry::LiveNames() const { return LiveSegments(live_.load(std::memory_order_acquire)); }
 
 uint64_t SegmentRegistry::Rounded(uint64_t size) const {
   if (size == 0) size = 1;
@@ -316,29 +432,6 @@ std::vector<SegmentSnapshot> SegmentRegistry::Snapshot() const {
   std::sort(out.begin(), out.end(),
             [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.spec.name < b.spec.name; });
   return out;
-}
-
-uint64_t SegmentRegistry::used() const {
-  MutexLock lock(&mu_);
-  uint64_t n = 0;
-  for (const auto& [id, seg] : by_id_) n += seg.allocator->used();
-  return n;
-}
-
-uint64_t SegmentRegistry::capacity() const {
-  MutexLock lock(&mu_);
-  uint64_t n = 0;
-  for (const auto& [id, seg] : by_id_) {
-    if (!seg.dormant) n += seg.allocator->capacity();
-  }
-  return n;
-}
-
-uint64_t SegmentRegistry::largest_segment() const {
-  MutexLock lock(&mu_);
-  uint64_t n = 0;
-  for (const auto& [id, seg] : by_id_) n = std::max(n, seg.allocator->capacity());
-  return n;
 }
 
 }  // namespace tierkv::master

@@ -16,12 +16,29 @@
 // such a segment wait until its daemon has listed its records
 // (MarkSsdSynced).
 //
-// Thread-safe; its lock is the innermost in the master's lock order.
+// Cost per call (docs/performance.md): a master serves thousands of
+// segments, so no RPC path walks them. Placement keeps the LIVE segments
+// in order of free space, overall and per host, updated as each extent is
+// taken or returned (O(log segments)), and walks only the head of that
+// order: O(replicas log segments) per placed object. Readers of liveness
+// and names (every lookup) take no lock: they read an immutable
+// LiveSegments snapshot that membership changes (mount, unmount, expiry,
+// dormancy) publish, and the totals (used, capacity, largest) are kept
+// as atomics. Whole-registry walks are left to Snapshot, UsedById and
+// Expire (operators, checks, the expiry tick).
+//
+// Thread-safe; its lock is the innermost in the master's lock order, held
+// by writers (placement, frees, membership) for O(log segments) each.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -68,6 +85,28 @@ struct SegmentSnapshot {
   bool dormant = false;  // RECOVERING with only its SSD replicas held
   // "live", "recovering" or "dormant", as /v1/segments and tierkvctl say.
   const char* state() const { return dormant ? "dormant" : recovering ? "recovering" : "live"; }
+};
+
+// The LIVE segments' names at one moment: an immutable snapshot, cheap to
+// take (one reference count) and to read (no lock), so a batch of lookups
+// sees one membership. Safe to use from any thread; copies share it.
+class LiveSegments {
+ public:
+  LiveSegments() = default;  // nothing live
+  // The segment's name when it was LIVE at the snapshot, else nullptr;
+  // valid while this snapshot (or a copy) lives.
+  const std::string* Find(uint32_t id) const;
+  bool Contains(uint32_t id) const { return Find(id) != nullptr; }
+
+ private:
+  friend class SegmentRegistry;
+  // Ids are dense and never reused: a table of fixed-size chunks, so a
+  // change copies one chunk and the chunk pointers, not every name.
+  static constexpr uint32_t kChunkBits = 8;
+  using Chunk = std::array<std::string, size_t{1} << kChunkBits>;  // "": not live
+  using Table = std::vector<std::shared_ptr<const Chunk>>;
+  explicit LiveSegments(std::shared_ptr<const Table> table) : table_(std::move(table)) {}
+  std::shared_ptr<const Table> table_;
 };
 
 class SegmentRegistry {
@@ -124,7 +163,8 @@ class SegmentRegistry {
   // Picks `count` LIVE segments with room for `size` bytes and allocates an
   // extent in each: the preferred segment first when named and able, then
   // segments on hosts not yet used, most free space first, then any other
-  // segment. Fewer than `count` replicas are placed only when the cluster
+  // segment (ties in free space: the lower id first). O(count log
+  // segments) while segments with the most free space have room. Fewer than `count` replicas are placed only when the cluster
   // has fewer segments with room; RESOURCE_EXHAUSTED if none has room,
   // UNAVAILABLE if no segment is live at all (eviction would not help).
   // `with`: the segments of an object this one belongs with (the first
@@ -141,9 +181,9 @@ class SegmentRegistry {
   // Marks an extent used while rebuilding from persistence.
   absl::Status Reserve(const Replica& r, uint64_t size);
 
-  // True when the id names a LIVE segment.
+  // True when the id names a LIVE segment. No lock.
   bool IsLive(uint32_t id) const;
-  // The segment's name ("" when it has left).
+  // The segment's name ("" when it has left). No lock for a LIVE one.
   std::string Name(uint32_t id) const;
   std::optional<uint32_t> IdOf(const std::string& name) const;
   // The data key of a segment whose DRAM is served (live or recovering);
@@ -152,17 +192,19 @@ class SegmentRegistry {
   // The data key of the segment whose SSD tier answers at `tier_http`;
   // empty when none does or it needs no grants.
   std::string DataKeyOfTier(const std::string& tier_http) const;
-  // id -> name of every LIVE segment: one lock for a whole batch of reads.
-  absl::flat_hash_map<uint32_t, std::string> LiveNames() const;
+  // The LIVE segments' names: one snapshot for a whole batch of reads,
+  // taken without a lock in O(1).
+  LiveSegments LiveNames() const;
   // Bytes an extent of `size` occupies after alignment.
   uint64_t Rounded(uint64_t size) const;
   // Allocated bytes per segment id.
   absl::flat_hash_map<uint32_t, uint64_t> UsedById() const;
   std::vector<SegmentSnapshot> Snapshot() const;
-  // Sum over LIVE and RECOVERING segments.
-  uint64_t used() const;
-  uint64_t capacity() const;
-  uint64_t largest_segment() const;
+  // Sum over LIVE and RECOVERING segments. These three read counters kept
+  // as extents come and go: no lock, O(1).
+  uint64_t used() const { return used_.load(std::memory_order_relaxed); }
+  uint64_t capacity() const { return capacity_.load(std::memory_order_relaxed); }
+  uint64_t largest_segment() const { return largest_.load(std::memory_order_relaxed); }
 
  private:
   struct Segment {
@@ -173,16 +215,49 @@ class SegmentRegistry {
     bool recovering;
     bool dormant = false;     // DRAM gone; counts no capacity
     bool ssd_synced = true;   // false from a mount with ssd_id until its listing is in
+    bool filed = false;       // in the placement order, under `filed_free`
+    uint64_t filed_free = 0;
+    uint64_t counted_used = 0;      // its share of used_
+    uint64_t counted_capacity = 0;  // of capacity_ (0 while dormant)
   };
+  // (free bytes, id): most free first, then the lower id.
+  using Key = std::pair<uint64_t, uint32_t>;
+  struct MostFree {
+    bool operator()(const Key& a, const Key& b) const {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    }
+  };
+  using Order = std::set<Key, MostFree>;
+
   uint32_t AddLocked(const SegmentSpec& spec, absl::Time now, bool recovering)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseLocked(uint32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DormantLocked(Segment& seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Brings the placement order, the counters and the live snapshot in line
+  // with `seg` after a change to its state, spec or allocator (Unfile
+  // before a change of spec, so the host's order is found by the old one).
+  void Unfile(Segment& seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void File(Segment& seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Recount(Segment& seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publishes a snapshot with `id` LIVE as `name`, or not live ("").
+  void PublishLive(uint32_t id, const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t alignment_;
   mutable Mutex mu_;
   uint32_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint32_t, Segment> by_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint32_t> by_name_ ABSL_GUARDED_BY(mu_);
+  // LIVE segments by free space: all of them, each host's, and each host's
+  // first (the order in which hosts are tried for distinct replicas).
+  Order order_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Order> by_host_ ABSL_GUARDED_BY(mu_);
+  Order host_firsts_ ABSL_GUARDED_BY(mu_);
+  std::multiset<uint64_t> capacities_ ABSL_GUARDED_BY(mu_);  // every segment's
+  // Written under mu_, read without it.
+  std::atomic<uint64_t> used_{0};
+  std::atomic<uint64_t> capacity_{0};
+  std::atomic<uint64_t> largest_{0};
+  std::atomic<std::shared_ptr<const LiveSegments::Table>> live_;
 };
 
 }  // namespace tierkv::master

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cassert>
+#include <chrono>
 #include <cstddef>
 #include <initializer_list>
 #include <new>
@@ -393,17 +394,38 @@ class ObjectIndex::Impl {
   // --- Eviction (eviction.cc, eviction_offload.cc), leases and removal
   // (object_index_lease.cc, _remove.cc), liveness and recovery
   // (object_index_recovery.cc), checks (object_index_check.cc).
+  // What an eviction pass is for, which decides how it treats bytes that
+  // offload orders out will free, and tiers that have an order out
+  // (docs/eviction.md, "SSD tier").
+  enum class PassFor {
+    // Room for a request that waits (a put, a staging extent): the room
+    // must be there now, so other passes' bytes in flight do not count
+    // as freed; each round's orders go out at once. A tier with an order
+    // out is waited on for at most kTierStalledAfter, then, still busy,
+    // taken for stalled: its candidates are dropped, so a stalled daemon
+    // holds the request that long at most.
+    kRoom,
+    // The watermark, on a request's or Tick's thread (an index without the
+    // evictor thread): every order's bytes in flight count as freed, orders
+    // are batched, and busy tiers are treated as for kRoom.
+    kWatermark,
+    // The watermark, on the evictor thread: as kWatermark, but it may send
+    // a tier with an order out another one, and wait for its answer.
+    kEvictor,
+  };
   // ObjectIndex::EvictTo; *exhausted (when given) says whether the pass
   // stopped above its target because no candidate was left, rather than
-  // having reached it (perhaps with another pass's help).
-  uint64_t EvictTo(uint64_t target_used, bool batch_moves = false, bool* exhausted = nullptr);
+  // having reached it (perhaps with another pass's help). Takes evict_mu_
+  // only to pick candidates: orders go out with no lock held.
+  uint64_t EvictTo(uint64_t target_used, PassFor pass = PassFor::kRoom, bool* exhausted = nullptr)
+      ABSL_LOCKS_EXCLUDED(evict_mu_);
   // Evicts `tenant`'s own candidates, least recently used first (soft-pinned
   // last), until their DRAM charge freed reaches `bytes` or none is left;
   // returns the charge freed. For a put over the tenant's quota.
   uint64_t EvictTenant(absl::string_view tenant, uint64_t bytes);
   // Evicts down to the low watermark when above the high one; false when
   // it had nothing to do, or found nothing it could evict.
-  bool MaybeEvict();
+  bool MaybeEvict(PassFor pass = PassFor::kWatermark);
   void RunEvictor();
   void StopEvictor();
   void Tick();
@@ -490,15 +512,49 @@ class ObjectIndex::Impl {
     size_t shard;
     uint32_t slot;
     uint32_t gen;
+    uint64_t bytes;  // its extent's, counted in moving_bytes_ until answered
     std::string tier_http;
     TierOrder order;
   };
+  // One EvictTo's progress, kept across the releases of evict_mu_ while
+  // its orders are out.
+  struct EvictPass {
+    uint64_t target_used = 0;
+    PassFor pass = PassFor::kRoom;
+    int list = 0;             // 0: unpinned leaves, 1: soft-pinned leaves
+    bool list_open = false;   // `list` was entered (its counts below are set)
+    bool ran_out = false;     // of candidates in the list
+    int idle_rounds = 0;
+    size_t listed = 0, requeued = 0;
+    uint64_t freed = 0;
+    std::vector<Move> batch;  // picked, not yet sent
+    uint64_t batch_bytes = 0;
+    std::string wait_tier;    // a busy tier to wait on, with no lock held
+    bool waited = false;      // it waited once: busy tiers are sent to now
+  };
+  // Runs rounds of `pass` until its batch of moves is due (false: send it,
+  // then call again) or the pass is over (true; moves may be left to send).
+  bool EvictRounds(EvictPass* pass) ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
+  // Used bytes less those the pass counts as already leaving.
+  uint64_t UsedFor(const EvictPass& pass) const;
   // The SSD tier an eviction of `o` moves it to (docs/eviction.md, the
-  // admission rule), or nullopt when it is dropped instead.
-  std::optional<std::string> OffloadTier(const Object& o) const;
-  // Sends the orders and applies the answers: a confirmed object keeps an
-  // SSD replica in place of its extent, the others are evicted.
-  void FinishMoves(std::vector<Move> moves);
+  // admission rule), or nullopt when it is dropped instead: the tier is
+  // paused, or (unless `busy_ok`) has had an order out for
+  // kTierStalledAfter. A tier with a younger order out is returned, unless
+  // `wait_for` is given: then nullopt, with the tier's name in *wait_for
+  // (the caller waits for that order, AwaitTier, and asks again).
+  std::optional<std::string> OffloadTier(const Object& o, bool busy_ok, std::string* wait_for = nullptr) const;
+  // Returns once `tier` has no order out, or its oldest has been out for
+  // kTierStalledAfter. Call with no lock held.
+  void AwaitTier(const std::string& tier);
+  // Marks the object in `slot` moving to `tier`: off the lists, its extent
+  // held and counted in moving_bytes_ until FinishMoves.
+  Move StartMove(Shard& s, size_t shard, uint32_t slot, std::string tier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // Sends the orders, one per daemon (each bounded by offload_timeout), and
+  // applies the answers: a confirmed object keeps an SSD replica in place of
+  // its extent, the others are evicted. Blocks for the answers, so it runs
+  // with no index lock held.
+  void FinishMoves(std::vector<Move> moves) ABSL_LOCKS_EXCLUDED(evict_mu_);
 
   // Removes the object in `slot`: frees its live extents, deletes its
   // record (into *mutations), and records parent/group follow-ups. Extents
@@ -525,10 +581,9 @@ class ObjectIndex::Impl {
   void ReleaseGroupPin(Group* group);
   std::string EncodeRecord(const Object& o, const std::string& parent_key) const;
   // Replicas on LIVE segments (those in `names`); names copied if asked.
-  std::vector<ExtentOut> VisibleExtents(const Object& o,
-                                        const absl::flat_hash_map<uint32_t, std::string>& names,
+  std::vector<ExtentOut> VisibleExtents(const Object& o, const LiveSegments& names,
                                         bool resolve_names = true) const;
-  absl::flat_hash_map<uint32_t, std::string> LiveNames() const;
+  LiveSegments LiveNames() const;
   // Links a freshly completed child to its complete parent (if any).
   void LinkParent(size_t child_shard, absl::string_view child_key, const std::string& parent_key);
   void EraseByKey(const std::string& key, Group* only_group, bool force, FollowUp* follow,
@@ -579,17 +634,34 @@ class ObjectIndex::Impl {
   bool evictor_stopped_ ABSL_GUARDED_BY(evictor_mu_) = false;
   std::atomic<bool> evictor_running_{false};
 
-  Mutex evict_mu_;  // one evictor at a time
+  // One pass picks candidates at a time; no pass holds it while its
+  // offload orders are out.
+  Mutex evict_mu_;
   size_t evict_cursor_ ABSL_GUARDED_BY(evict_mu_) = 0;
+  // DRAM bytes of objects picked to move to SSD whose orders are not
+  // answered yet: they leave DRAM either way (moved, or evicted), so a
+  // watermark pass counts them as freed.
+  std::atomic<uint64_t> moving_bytes_{0};
   // SSD tiers whose last order went unanswered, and until when (ms) no
-  // order goes to them. Orders go out under evict_mu_, so a stalled daemon
-  // would otherwise hold every pass (and every put waiting for room) for
-  // offload_timeout once per round; paused, it costs that once per
-  // kTierPause and its objects are evicted as plain evictions meanwhile.
+  // order goes to them. A stalled daemon holds the pass that sent an order
+  // for offload_timeout; paused, it costs that once per kTierPause, and its
+  // objects are evicted as plain evictions meanwhile.
   static constexpr absl::Duration kTierPause = absl::Seconds(10);
   bool TierPaused(const std::string& tier, int64_t now_ms) const;
+  // A healthy daemon answers an order in milliseconds; one out this long
+  // (real time) is taken for stalled by passes for requests, which then
+  // drop that tier's candidates rather than wait up to offload_timeout.
+  static constexpr std::chrono::milliseconds kTierStalledAfter{250};
+  enum class TierLoad { kIdle, kBusy, kStalled };
+  TierLoad LoadOf(const std::string& tier) const;
   mutable Mutex tier_pause_mu_;  // a leaf: taken under shard locks
+  CondVar tier_answered_;        // signalled (under tier_pause_mu_) at each answer
   absl::flat_hash_map<std::string, int64_t> tier_paused_until_ms_ ABSL_GUARDED_BY(tier_pause_mu_);
+  // When each order out was sent, per tier; orders_out_total_ lets LoadOf
+  // skip the lock when none is.
+  absl::flat_hash_map<std::string, std::vector<std::chrono::steady_clock::time_point>> orders_out_
+      ABSL_GUARDED_BY(tier_pause_mu_);
+  std::atomic<int> orders_out_total_{0};
   // The latest pause's end: until then some tier may be paused. Every
   // candidate of a pass asks, so past it none takes the lock.
   std::atomic<int64_t> pauses_end_ms_{0};

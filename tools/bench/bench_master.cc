@@ -235,8 +235,12 @@ absl::Status StartCluster(Cluster* c, absl::Duration reply_spin, absl::Duration 
 
 }  // namespace
 
+// tierkv-bench master --scale (bench_master_scale.cc).
+int RunMasterScale(const BenchConfig& config);
+
 int RunMaster(const BenchConfig& config) {
   if (config.ha) return RunHa(config);
+  if (config.scale) return RunMasterScale(config);
   auto cluster = std::make_shared<Cluster>();
   if (absl::Status s = StartCluster(cluster.get(), config.reply_spin, config.direct_spin); !s.ok()) {
     std::fprintf(stderr, "tierkv-bench: starting the master: %s\n", std::string(s.message()).c_str());
