@@ -70,6 +70,12 @@ const FlagTable<StoreConfig>& StoreFlags() {
                      "threads of the transfer server, serving every connection"),
           DurationFlag<C>("idle-timeout", &C::idle_timeout, "10m", 0.01, 86400 * 7,
                           "a transfer connection idle this long is closed"),
+          DurationFlag<C>("frame-timeout", &C::frame_timeout, "5s", 0.01, 3600,
+                          "a transfer frame (header, payload and reply) not finished this long after its first "
+                          "byte closes its connection, so a stalled or trickling peer holds nothing longer"),
+          DurationFlag<C>("handshake-timeout", &C::handshake_timeout, "10s", 0.01, 3600,
+                          "a transfer connection whose TLS handshake or grant challenge is not done this long "
+                          "after the accept is closed"),
           StringFlag<C>("ssd-dir", &C::ssd_dir, "",
                         "directory of the SSD tier's file (tierkv-ssd.dat); empty: no SSD tier. A daemon "
                         "restarted on the same directory finds its records again"),

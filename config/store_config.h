@@ -38,6 +38,8 @@ struct StoreConfig {
   int64_t max_connections = 0;  // tcp server: open connections it accepts
   int64_t io_threads = 0;       // tcp server: threads serving every connection
   absl::Duration idle_timeout;  // tcp server: an idle connection is closed after this
+  absl::Duration frame_timeout;      // tcp server: one deadline per frame, from its first byte
+  absl::Duration handshake_timeout;  // tcp server: one deadline per handshake, from the accept
   // The SSD tier (store/ssd_tier.h); off while ssd_dir is empty.
   std::string ssd_dir;
   uint64_t ssd_size = 0;

@@ -105,6 +105,8 @@ absl::StatusOr<std::unique_ptr<StoreDaemon>> StoreDaemon::Start(const StoreConfi
   eo.backend.max_connections = static_cast<int>(config.max_connections);
   eo.backend.io_threads = static_cast<int>(config.io_threads);
   eo.backend.idle_timeout = config.idle_timeout;
+  eo.backend.frame_timeout = config.frame_timeout;
+  eo.backend.handshake_timeout = config.handshake_timeout;
   ASSIGN_OR_RETURN(d->engine_, transport::TransferEngine::Create(eo));
 
   char host[256] = {};

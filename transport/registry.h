@@ -31,6 +31,11 @@ struct BackendOptions {
   int max_connections = 16384;
   int io_threads = 4;
   absl::Duration idle_timeout = absl::Minutes(10);
+  // A frame (header, payload and reply) must finish this long after its
+  // first byte, and a handshake (TLS, grant challenge) after the accept, or
+  // the server closes the connection: a stalled peer holds nothing longer.
+  absl::Duration frame_timeout = absl::Seconds(5);
+  absl::Duration handshake_timeout = absl::Seconds(10);
   std::vector<std::string> rdma_devices;
   // `tls.ca` verifies the daemons this process dials at tls:// endpoints
   // (the system's trust store without one); with `serve_tls` the tcp

@@ -226,17 +226,24 @@ TEST(FlagsTest, StoreTransferServerLimits) {
   EXPECT_EQ(c->max_connections, 16384);
   EXPECT_EQ(c->io_threads, 4);
   EXPECT_EQ(c->idle_timeout, absl::Minutes(10));
-  const char* set[] = {"tierkv-store", "--max-connections=50000", "--idle-timeout=30s"};
+  EXPECT_EQ(c->frame_timeout, absl::Seconds(5));
+  EXPECT_EQ(c->handshake_timeout, absl::Seconds(10));
+  const char* set[] = {"tierkv-store", "--max-connections=50000", "--idle-timeout=30s", "--frame-timeout=2s"};
   auto env = [](const char* name) -> const char* {
-    return std::string(name) == "TIERKV_IO_THREADS" ? "8" : nullptr;
+    const std::string n(name);
+    return n == "TIERKV_IO_THREADS" ? "8" : n == "TIERKV_HANDSHAKE_TIMEOUT" ? "3s" : nullptr;
   };
-  c = StoreFlags().Parse(3, set, nullptr, env);
+  c = StoreFlags().Parse(4, set, nullptr, env);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->max_connections, 50000);
   EXPECT_EQ(c->io_threads, 8);
   EXPECT_EQ(c->idle_timeout, absl::Seconds(30));
+  EXPECT_EQ(c->frame_timeout, absl::Seconds(2));
+  EXPECT_EQ(c->handshake_timeout, absl::Seconds(3));
   const char* bad[] = {"tierkv-store", "--io-threads=0"};
   EXPECT_THAT(StoreFlags().Parse(2, bad, nullptr, none), StatusIs(absl::StatusCode::kInvalidArgument));
+  const char* no_deadline[] = {"tierkv-store", "--frame-timeout=0s"};
+  EXPECT_THAT(StoreFlags().Parse(2, no_deadline, nullptr, none), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 // What --print-config prints reads back as a --config file, zero durations

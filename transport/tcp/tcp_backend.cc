@@ -158,6 +158,8 @@ class TcpBackend final : public Backend {
     so.max_connections = options_.max_connections;
     so.io_threads = options_.io_threads;
     so.idle_timeout = options_.idle_timeout;
+    so.frame_timeout = options_.frame_timeout;
+    so.handshake_timeout = options_.handshake_timeout;
     if (options_.serve_tls) {
       ASSIGN_OR_RETURN(so.tls, net::NewServerContext(options_.tls));
     }
