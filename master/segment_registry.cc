@@ -19,7 +19,11 @@ const std::string* LiveSegments::Find(uint32_t id) const {
 void SegmentRegistry::PublishLive(uint32_t id, const std::string& name) {
   using Table = LiveSegments::Table;
   using Chunk = LiveSegments::Chunk;
-  std::shared_ptr<const Table> current = live_.load(std::memory_order_acquire);
+  std::shared_ptr<const Table> current;
+  {
+    std::shared_lock<std::shared_mutex> lock(live_mu_);
+    current = live_;
+  }
   auto next = current != nullptr ? std::make_shared<Table>(*current) : std::make_shared<Table>();
   const size_t at = id >> LiveSegments::kChunkBits;
   if (next->size() <= at) next->resize(at + 1);
@@ -27,7 +31,8 @@ void SegmentRegistry::PublishLive(uint32_t id, const std::string& name) {
   (*chunk)[id & ((1u << LiveSegments::kChunkBits) - 1)] = name;
   const bool empty = std::all_of(chunk->begin(), chunk->end(), [](const std::string& n) { return n.empty(); });
   (*next)[at] = empty ? nullptr : std::shared_ptr<const Chunk>(std::move(chunk));
-  live_.store(std::move(next), std::memory_order_release);
+  std::unique_lock<std::shared_mutex> lock(live_mu_);
+  live_ = std::move(next);
 }
 
 void SegmentRegistry::File(Segment& seg) {
@@ -409,7 +414,10 @@ std::string SegmentRegistry::DataKeyOfTier(const std::string& tier_http) const {
   return "";
 }
 
-LiveSegments SegmentRegistry::LiveNames() const { return LiveSegments(live_.load(std::memory_order_acquire)); }
+LiveSegments SegmentRegistry::LiveNames() const {
+  std::shared_lock<std::shared_mutex> lock(live_mu_);
+  return LiveSegments(live_);
+}
 
 uint64_t SegmentRegistry::Rounded(uint64_t size) const {
   if (size == 0) size = 1;

@@ -21,10 +21,10 @@
 // in order of free space, overall and per host, updated as each extent is
 // taken or returned (O(log segments)), and walks only the head of that
 // order: O(replicas log segments) per placed object. Readers of liveness
-// and names (every lookup) take no lock: they read an immutable
-// LiveSegments snapshot that membership changes (mount, unmount, expiry,
-// dormancy) publish, and the totals (used, capacity, largest) are kept
-// as atomics. Whole-registry walks are left to Snapshot, UsedById and
+// and names (every lookup) never wait on the registry's mutex or on each
+// other: they copy a pointer to an immutable LiveSegments snapshot under a
+// shared lock, which membership changes (mount, unmount, expiry, dormancy)
+// publish, and the totals (used, capacity, largest) are kept as atomics. Whole-registry walks are left to Snapshot, UsedById and
 // Expire (operators, checks, the expiry tick).
 //
 // Thread-safe; its lock is the innermost in the master's lock order, held
@@ -37,6 +37,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -257,7 +258,12 @@ class SegmentRegistry {
   std::atomic<uint64_t> used_{0};
   std::atomic<uint64_t> capacity_{0};
   std::atomic<uint64_t> largest_{0};
-  std::atomic<std::shared_ptr<const LiveSegments::Table>> live_;
+  // The live set's current snapshot. A reader holds live_mu_ (shared) only
+  // to copy the pointer, so readers never wait on each other or on mu_. Not
+  // std::atomic<std::shared_ptr>: libstdc++'s is a lock bit ThreadSanitizer
+  // cannot see, and a pthread rwlock costs the same here.
+  mutable std::shared_mutex live_mu_;
+  std::shared_ptr<const LiveSegments::Table> live_;  // guarded by live_mu_
 };
 
 }  // namespace tierkv::master
