@@ -11,7 +11,7 @@
 //
 // The failpoints: client.put.after_start, client.put.before_end,
 // transport.tcp.serve, master.persist.write, master.rpc.put_start,
-// master.rpc.put_end,
+// master.rpc.put_end, master.ha.initialized,
 // master.direct.drop_reply,
 // store.heartbeat,
 // store.ssd.direct, store.ssd.scan, store.ssd.write, store.ssd.write_full,

@@ -11,6 +11,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "base/failpoint.h"
 #include "base/http_server.h"
 #include "base/log.h"
 #include "base/status.h"
@@ -360,11 +361,27 @@ void HaNode::LeaderRound() {
 }
 
 bool HaNode::Eligible(const ReplPosition& mine) {
+  own_ahead_revision_ = 0;
   // A leader that acknowledged writes no standby has: only it may lead
   // next, from its own store.
   absl::StatusOr<EtcdKey> ahead = etcd_->Get(Key("ahead"));
   if (ahead.ok()) {
-    if (ahead->value == self_) return true;
+    if (ahead->value == self_) {
+      // Its store holds those writes only while it is a complete copy: one
+      // lost, replaced or cut short by a snapshot would start the cluster
+      // without them.
+      if (!mine.valid) {
+        if (!said_no_copy_) {
+          TKV_LOG(WARNING) << "ha: not campaigning: " << Key("ahead") << " names this master, but its store is not "
+                           << "a complete copy (with that store lost, delete " << Key("ahead")
+                           << " in etcd to accept losing the writes only it had)";
+          said_no_copy_ = true;
+        }
+        return false;
+      }
+      own_ahead_revision_ = ahead->mod_revision;
+      return true;
+    }
     if (!said_ahead_) {
       TKV_LOG(WARNING) << "ha: not campaigning: the last leader, " << ahead->value
                        << ", acknowledged writes no standby has; it must come back (or, with its store lost, "
@@ -421,8 +438,12 @@ void HaNode::StandbyRound() {
   if (key.ok()) {
     leader_gone_since_ = absl::InfiniteFuture();
     if (key->value == self_) {
-      // Our own key from before a restart: it is no one's to serve.
-      if (key->lease != lease) (void)etcd_->DeleteIfCreatedAt(Key("leader"), key->create_revision);
+      // A key naming this master, which does not serve: from before a
+      // restart, from a step-down whose delete failed, or from a campaign
+      // etcd applied but answered late (then under this very lease, which
+      // keeps it alive forever). It is no one's to serve, under any lease:
+      // it goes, and the rounds after campaign again.
+      (void)etcd_->DeleteIfCreatedAt(Key("leader"), key->create_revision);
       return;
     }
     copier_->Follow(key->value);
@@ -462,6 +483,23 @@ void HaNode::Promote(int64_t epoch, int64_t lease, bool had_copy) {
     Depose("its copy of the store became incomplete while it campaigned");
     return;
   }
+  // From here on the cluster has had a leader, so a standby without a
+  // complete copy must never start it afresh: that is recorded before
+  // anything is served, or the takeover fails (and is tried again by a
+  // later campaign), with this store still the copy it was.
+  const absl::Status initialized = TIERKV_FAILPOINT("master.ha.initialized")
+                                       ? absl::UnavailableError("failpoint master.ha.initialized")
+                                       : etcd_->Put(Key("initialized"), "1");
+  if (!initialized.ok()) {
+    TKV_LOG(ERROR) << "ha: cannot record " << Key("initialized") << " in etcd: " << initialized;
+    {
+      MutexLock lock(&mu_);
+      epoch_ = static_cast<uint64_t>(epoch);
+    }
+    listener = net::Fd();  // the standby binds it again
+    Depose("the cluster's first leader could not be recorded in etcd");
+    return;
+  }
   const auto started = SteadyClock::now();
   // This epoch's batches start from the store as it is now.
   absl::Status marked = store_->Write({{kHaPositionKey, EncodePosition({static_cast<uint64_t>(epoch), 0, true}), false},
@@ -472,9 +510,9 @@ void HaNode::Promote(int64_t epoch, int64_t lease, bool had_copy) {
   ro.sync_timeout = config_.ha_sync_timeout;
   ro.caught_up = [this] { cv_.SignalAll(); };  // the role thread clears the mark now
   ro.spin = config_.direct_spin;
-  ro.mark_ahead = [this](bool ahead) {
-    return ahead ? etcd_->Put(Key("ahead"), self_) : etcd_->DeleteIfValue(Key("ahead"), self_);
-  };
+  ro.mark_ahead = [this] { return etcd_->PutRevision(Key("ahead"), self_); };
+  ro.unmark_ahead = [this](int64_t revision) { return etcd_->DeleteIfModifiedAt(Key("ahead"), revision); };
+  ro.ahead_revision = own_ahead_revision_;  // this master's mark from an earlier term, if it campaigned on one
   log_ = std::make_unique<ReplicationLog>(ro, store_.get());
   {
     MutexLock lock(&mu_);
@@ -484,7 +522,6 @@ void HaNode::Promote(int64_t epoch, int64_t lease, bool had_copy) {
     leader_lease_ = lease;
     if (lease_ == lease) gate_.OpenUntil(lease_until_);  // else the round after deposes it
   }
-  (void)etcd_->Put(Key("initialized"), "1");
   absl::StatusOr<std::unique_ptr<MasterServer>> server = absl::InternalError("not started");
   if (marked.ok()) {
     store_->SetReplicator(log_.get());

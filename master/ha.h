@@ -22,9 +22,14 @@
 // went, so the others' last positions are in. A leader about to
 // acknowledge a write no standby has (no standby, or none answering:
 // ReplicationLog's degraded mode) first puts /tierkv/<cluster>/ahead = its
-// address, and deletes it once a standby has caught up; while it is there
-// only that master may lead next, so a standby never takes over without
-// writes that were acknowledged. The winner opens a
+// address, and deletes it once a standby has caught up (only while it is
+// still the mark that put made, by its etcd mod revision; after a mark call
+// etcd did not answer, the mark is made again before the next such write);
+// while it is there only that master may lead next, and only from a
+// complete copy, so a standby never takes over without writes that were
+// acknowledged. A standby that finds the leader key naming itself deletes
+// it and campaigns. The winner records /tierkv/<cluster>/initialized (or
+// gives up the takeover) before it serves, then opens a
 // MasterServer on its copy, which is the restart path: segments come back
 // RECOVERING until their daemons re-mount with the same incarnation. It
 // serves only while its lease is surely alive: until the send time of the
@@ -136,6 +141,9 @@ class HaNode {
   bool said_no_copy_ = false;
   bool said_ahead_ = false;
   bool said_no_front_ = false;
+  // The mod revision of the "ahead" mark naming this master that its last
+  // campaign counted on (Eligible), or 0: the log of its term starts marked.
+  int64_t own_ahead_revision_ = 0;
   // A leader whose gate closed, waiting for etcd to confirm its lease.
   bool holding_ = false;
   std::chrono::steady_clock::time_point held_since_;

@@ -117,6 +117,28 @@ void ObjectIndex::Impl::IndexSlot(Shard& s, uint32_t slot) {
   UpdateFootprint(s);
 }
 
+void ObjectIndex::Impl::Displace(Shard& s, uint32_t slot) {
+  Object& o = s.objects[slot];
+  Unlist(s, slot);
+  s.index.erase(slot);
+  o.displaced = true;
+}
+
+void ObjectIndex::Impl::Undisplace(Shard& s, uint32_t slot) {
+  Object& o = s.objects[slot];
+  o.displaced = false;
+  IndexSlot(s, slot);
+  // Back on the list it left (at the old end: it sat idle meanwhile).
+  if (o.children == 0 && !o.moving && InDram(o)) ListAtTail(s, slot);
+}
+
+uint32_t ObjectIndex::Impl::DisplacedBy(Shard& s, uint32_t slot) {
+  auto it = s.pending.find(slot);
+  if (it == s.pending.end() || it->second.displaced == kNil) return kNil;
+  const Object& aside = s.objects[it->second.displaced];
+  return aside.displaced && aside.gen == it->second.displaced_gen ? it->second.displaced : kNil;
+}
+
 void ObjectIndex::Impl::UpdateFootprint(Shard& s) {
   s.footprint.store(s.objects.size() * sizeof(Object) + s.index.capacity() * (sizeof(uint32_t) + 1),
                     std::memory_order_relaxed);

@@ -245,10 +245,16 @@ class ObjectIndex {
   // count out of range), ALREADY_EXISTS (the key is complete or being put),
   // RESOURCE_EXHAUSTED (no room even after evicting). Items sharing a
   // non-empty group form that group; if one of them fails, the others are
-  // revoked and answer ABORTED.
+  // revoked and answer ABORTED. A complete key whose every copy waits on an
+  // absent daemon (its segment recovering after a master restart, or
+  // dormant) is not taken: the put replaces it, but only once it commits
+  // (PutEnd). Until then the object is set aside, its record untouched, and
+  // a put that fails, is revoked or times out (or a master restart) brings
+  // it back as it was, readable again once its daemon re-mounts.
   std::vector<PutStartOut> PutStart(const std::vector<PutItem>& items);
 
-  // Makes each PENDING key COMPLETE and durable. OK for a key already
+  // Makes each PENDING key COMPLETE and durable, dropping the object its
+  // put set aside (PutStart) in the same step. OK for a key already
   // complete (a retried PutEnd); NOT_FOUND when the key is unknown or its
   // put timed out.
   std::vector<absl::Status> PutEnd(const std::vector<std::string>& keys);
@@ -284,7 +290,10 @@ class ObjectIndex {
   // what was seen of it is returned, one per key (found false: gone since).
   std::vector<KeyHit> NoteCachedReads(const std::vector<std::string>& keys);
 
-  // With `hits`, also what was seen of each key (one per key).
+  // With `hits`, also what was seen of each key (one per key). A key is
+  // present when it can be read now: one whose copies all wait on an
+  // absent daemon is absent here (as in PrefixMatch), and a put of it, which
+  // that answer invites, never loses it unless the put commits (PutStart).
   std::vector<bool> Exists(const std::vector<std::string>& keys, std::vector<KeyHit>* hits = nullptr);
 
   // How many leading keys are visible; stops at the first miss. Counts as an
@@ -293,7 +302,8 @@ class ObjectIndex {
   size_t PrefixMatch(const std::vector<std::string>& keys, std::vector<KeyHit>* hits = nullptr);
 
   // NOT_FOUND when absent; FAILED_PRECONDITION when leased (or pending)
-  // and !force. Removing a group member removes its group.
+  // and !force. Removing a group member removes its group; removing a put
+  // in progress (force) also removes the object it set aside.
   std::vector<absl::Status> Remove(const std::vector<std::string>& keys, bool force);
   // Removes every complete object (unleased ones unless force), or only
   // `tenant`'s when one is given; the count.

@@ -23,18 +23,27 @@ absl::Status ObjectIndex::Impl::CheckInvariants() {
     for (uint32_t slot = 0; slot < s.objects.size(); ++slot) {
       const Object& o = s.objects[slot];
       if (o.state == ObjState::kFree) continue;
-      ++live;
+      // One set aside is out of the set; the pending put of its key names it.
+      if (!o.displaced) ++live;
       (o.state == ObjState::kComplete ? complete : pending)++;
       if (const uint64_t c = DramCharge(o); c != 0) charged[TenantOf(o.key)] += c;
       if (o.state == ObjState::kComplete && o.deadline_ms > 0 && leases_.Counted(o.deadline_ms, now_ms)) {
         ++lease_ticks[leases_.TickOf(o.deadline_ms)];
       }
-      if (Find(s, o.key) != slot) return absl::InternalError(absl::StrCat("key ", o.key, " not indexed"));
+      if (o.displaced) {
+        const uint32_t by = Find(s, o.key);
+        if (o.state != ObjState::kComplete || by == kNil || DisplacedBy(s, by) != slot) {
+          return absl::InternalError(absl::StrCat(o.key, ": set aside, but by no put of its key"));
+        }
+      } else if (Find(s, o.key) != slot) {
+        return absl::InternalError(absl::StrCat("key ", o.key, " not indexed"));
+      }
       if (o.replicas.empty()) return absl::InternalError(absl::StrCat(o.key, " has no replica"));
       for (const Replica& r : o.replicas) {
         if (!r.ssd) used_by_objects[r.segment_id] += registry_->Rounded(o.size);
       }
-      bool should_list = o.state == ObjState::kComplete && o.children == 0 && !o.hard_pin && !o.moving && InDram(o);
+      bool should_list = o.state == ObjState::kComplete && o.children == 0 && !o.hard_pin && !o.moving &&
+                         !o.displaced && InDram(o);
       if (should_list != (o.list != ListId::kNone)) {
         return absl::InternalError(absl::StrCat(o.key, ": eviction list membership is wrong"));
       }

@@ -88,24 +88,25 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
     for (int attempt = 0;; ++attempt) {
       MutexLock lock(&s.mu);
       uint32_t slot = Find(s, item.key);
-      if (slot != kNil) {
-        Object& o = s.objects[slot];
-        if (absl::Status taken = KeyTaken(o, NowMs()); !taken.ok()) {
-          res.status = absl::Status(taken.code(), absl::StrCat(item.key, ": ", taken.message()));
-          break;
-        }
-        if (o.state == ObjState::kPending) {
-          std::vector<Mutation> none;
-          Erase(s, slot, &none, &follow);  // a timed-out put: reclaim it now
-        } else {
-          // Its only copies wait on daemons that are away (the SSD record
-          // of a dormant segment, a segment recovering after a master
-          // restart): a new put of the key replaces them.
-          std::vector<Mutation> gone;
-          Erase(s, slot, &gone, &follow);
-          Persist(&gone, &follow);
-        }
+      absl::Status taken = slot != kNil ? KeyTaken(s.objects[slot], NowMs()) : absl::OkStatus();
+      if (taken.ok() && slot != kNil && s.objects[slot].state == ObjState::kPending) {
+        // A timed-out put: reclaim it now. An object it had set aside
+        // comes back, and is looked at as any other.
+        std::vector<Mutation> none;
+        Erase(s, slot, &none, &follow);
+        slot = Find(s, item.key);
+        if (slot != kNil) taken = KeyTaken(s.objects[slot], NowMs());
       }
+      if (!taken.ok()) {
+        res.status = absl::Status(taken.code(), absl::StrCat(item.key, ": ", taken.message()));
+        break;
+      }
+      // A complete object left here has its only copies on daemons that
+      // are away (the SSD record of a dormant segment, a segment recovering
+      // after a master restart): this put replaces it, but only once it
+      // commits; until then it is set aside, untouched in the store, and
+      // comes back if the put fails.
+      const uint32_t replaced = slot;
       auto home = group != nullptr ? homes.find(group) : homes.end();
       absl::StatusOr<std::vector<Replica>> placed = registry_->Allocate(
           item.size, replicas, item.preferred_segment,
@@ -136,6 +137,7 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
         std::vector<uint32_t>& ids = homes[group];
         for (const Replica& r : *placed) ids.push_back(r.segment_id);
       }
+      if (replaced != kNil) Displace(s, replaced);
       slot = NewSlot(s);
       Object& o = s.objects[slot];
       o.key = item.key;
@@ -162,7 +164,8 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
         ++group->alive;
       }
       IndexSlot(s, slot);
-      s.pending[slot] = PendingInfo{item.parent_key, item.client};
+      s.pending[slot] = PendingInfo{item.parent_key, item.client, replaced,
+                                    replaced != kNil ? s.objects[replaced].gen : 0};
       CountPending(item.client, +1);
       pending_.fetch_add(1);
       key_bytes_.fetch_add(item.key.size());
@@ -233,6 +236,7 @@ std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::strin
   std::vector<std::string> parents(keys.size());
   std::vector<size_t> committing;
   uint64_t ticket = 0;
+  FollowUp follow;
   {
     // Every record of the call goes in one store write, made under the
     // locks of the shards it touches, so each key's record and its turn
@@ -279,9 +283,17 @@ std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::strin
         continue;
       }
       parents[i] = std::move(s.pending[slot].parent_key);
+      const uint32_t replaced = DisplacedBy(s, slot);
       CountPending(s.pending[slot].client, -1);
       s.pending.erase(slot);
       pending_.fetch_sub(1);
+      if (replaced != kNil) {
+        // The object this put set aside goes now: its record was replaced
+        // by this one's in the write above, so its deletion is not
+        // written, and its extents are free once that write is durable.
+        std::vector<Mutation> superseded;
+        Erase(s, replaced, &superseded, &follow);
+      }
       objects_.fetch_add(1);
       if (o.soft_pin || o.hard_pin) pinned_.fetch_add(1);
       o.state = ObjState::kComplete;
@@ -298,6 +310,7 @@ std::vector<absl::Status> ObjectIndex::Impl::PutEnd(const std::vector<std::strin
       }
     }
   }
+  RunFollowUps(std::move(follow));
   // An object here but on no standby yet is readable, but no writer is
   // told it is stored until a standby has it (semi-synchronous).
   if (absl::Status replicated = store_->AwaitReplicated(ticket); !replicated.ok()) {

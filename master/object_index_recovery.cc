@@ -109,6 +109,9 @@ std::vector<bool> ObjectIndex::Impl::MatchSsd(uint32_t id,
     MutexLock lock(&s.mu);
     uint32_t slot = Find(s, records[i].first);
     if (slot == kNil) continue;
+    // A put of the key in progress over the object set aside: the record
+    // is that object's, and it must survive for the object to come back.
+    if (const uint32_t aside = DisplacedBy(s, slot); aside != kNil) slot = aside;
     if (!drop_all && s.objects[slot].size == records[i].second) {
       const Object& o = s.objects[slot];
       out[i] = o.state == ObjState::kComplete &&

@@ -46,6 +46,8 @@ void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mu
   Unlist(s, slot);
   tenants_.Release(TenantOf(o.key), DramCharge(o));
   const int64_t now = NowMs();
+  // A put that ends here without committing gives back what it set aside.
+  const uint32_t restore = o.state == ObjState::kPending ? DisplacedBy(s, slot) : kNil;
   if (o.moving) {
     // An offload order is out: its daemon may be copying these bytes.
     MutexLock lock(&deferred_mu_);
@@ -95,12 +97,13 @@ void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mu
     }
     if (g->alive == 0 && !pins_.contains(g)) delete g;
   }
-  s.index.erase(slot);
+  if (!o.displaced) s.index.erase(slot);  // one set aside is not in the set
   key_bytes_.fetch_sub(o.key.size());
   uint32_t gen = o.gen + 1;
   o = Object();
   o.gen = gen;
   s.free_slots.push_back(slot);
+  if (restore != kNil) Undisplace(s, restore);  // after the put's slot left the set: the same key
 }
 
 void ObjectIndex::Impl::ReleaseGroupPin(Group* g) {
@@ -128,7 +131,7 @@ void ObjectIndex::Impl::DecrementParent(const FollowUp::ParentRef& ref) {
     // again (kPrefix keeps that bit; docs/eviction.md has the cost).
     if (options_.eviction == EvictionPolicy::kChain && p.access <= ref.child_access) p.referenced = false;
     // An object on SSD (or being moved there) frees no DRAM: never a candidate.
-    if (!p.moving && InDram(p)) ListAtTail(s, ref.slot);
+    if (!p.moving && !p.displaced && InDram(p)) ListAtTail(s, ref.slot);
   }
 }
 
@@ -249,7 +252,11 @@ std::vector<absl::Status> ObjectIndex::Impl::Remove(const std::vector<std::strin
             absl::StrCat(keys[i], ": leased for another ", o.deadline_ms - now, " ms"));
         continue;
       }
+      const bool pending = o.state == ObjState::kPending;
       Erase(s, slot, &mutations, &follow);
+      // A forced removal of a put in progress takes the key: the object
+      // that put had set aside, back now, goes too.
+      if (pending && (slot = Find(s, keys[i])) != kNil) Erase(s, slot, &mutations, &follow);
     }
     ticket = Persist(&mutations, &follow);
   }

@@ -82,7 +82,16 @@ ReplPosition ReadPosition(IndexStore* store) {
 // ---------------------------------------------------------------- leader
 
 ReplicationLog::ReplicationLog(ReplicationOptions options, IndexStore* store)
-    : options_(options), store_(store) {}
+    : options_(options), store_(store) {
+  MutexLock mark(&mark_mu_);
+  if (options_.ahead_revision > 0) SetMark(Mark::kMade, options_.ahead_revision);
+}
+
+void ReplicationLog::SetMark(Mark state, int64_t revision) {
+  mark_ = state;
+  mark_revision_ = state == Mark::kMade ? revision : 0;
+  marked_now_ = state != Mark::kNone;
+}
 
 ReplicationLog::~ReplicationLog() { Close(); }
 
@@ -170,21 +179,25 @@ absl::Status ReplicationLog::Await(uint64_t seq) {
   // Acknowledged without a standby: first say so where candidates look.
   if (options_.mark_ahead) {
     MutexLock mark(&mark_mu_);
-    if (!marked_) {
+    // Only a mark this log saw etcd take stands for certain; an unknown one
+    // (a failed mark, or a failed removal etcd may have applied) is made again.
+    if (mark_ != Mark::kMade) {
       {
         // A writer that waited here through a step-down asks etcd nothing.
         MutexLock lock(&mu_);
         if (closed_) return SteppedDown();
       }
       if (absl::Now() < mark_failed_until_) return mark_failure_;
-      if (absl::Status s = options_.mark_ahead(true); !s.ok()) {
-        mark_failure_ = absl::UnavailableError(absl::StrCat(
-            "the write reached no standby, and marking the leader ahead of its standbys failed: ", s.message()));
+      absl::StatusOr<int64_t> made = options_.mark_ahead();
+      if (!made.ok()) {
+        SetMark(Mark::kUnknown);
+        mark_failure_ = absl::UnavailableError(
+            absl::StrCat("the write reached no standby, and marking the leader ahead of its standbys failed: ",
+                         made.status().message()));
         mark_failed_until_ = absl::Now() + options_.sync_timeout;
         return mark_failure_;
       }
-      marked_ = true;
-      marked_now_ = true;
+      SetMark(Mark::kMade, *made);
     }
   }
   MutexLock lock(&mu_);
@@ -193,18 +206,22 @@ absl::Status ReplicationLog::Await(uint64_t seq) {
 }
 
 void ReplicationLog::UnmarkIfSynced() {
-  if (!options_.mark_ahead) return;
+  if (!options_.mark_ahead || !options_.unmark_ahead) return;
   MutexLock mark(&mark_mu_);
-  if (!marked_) return;
+  if (mark_ == Mark::kNone) return;
   {
     MutexLock lock(&mu_);
     if (!synced_ || closed_) return;
   }
   // A write that times out from here waits on mark_mu_ and marks again.
-  if (options_.mark_ahead(false).ok()) {
-    marked_ = false;
-    marked_now_ = false;
+  if (mark_ == Mark::kUnknown) {
+    // Whatever an earlier call left in etcd is replaced by a mark whose
+    // revision is known, which the removal below is then fenced on.
+    absl::StatusOr<int64_t> made = options_.mark_ahead();
+    if (!made.ok()) return;
+    SetMark(Mark::kMade, *made);
   }
+  SetMark(options_.unmark_ahead(mark_revision_).ok() ? Mark::kNone : Mark::kUnknown);
 }
 
 StandbyInfo& ReplicationLog::Standby(const std::string& name) {

@@ -116,11 +116,20 @@ struct ReplicationOptions {
   bool semi_sync = true;
   absl::Duration sync_timeout = absl::Seconds(1);
   size_t max_log_bytes = size_t{256} << 20;
-  // Semi-sync: called with true before the first write is acknowledged
-  // that no standby has (so no standby may take over: the leader is
-  // "ahead"), and with false once a standby has caught up again. A write
-  // whose mark fails is refused UNAVAILABLE. Null: nothing to mark.
-  std::function<absl::Status(bool ahead)> mark_ahead;
+  // Semi-sync: makes the "ahead" mark before a write no standby has is
+  // acknowledged (while it stands no standby may take over), answering the
+  // mark's etcd mod revision. A write whose mark fails is refused
+  // UNAVAILABLE. Null (with unmark_ahead): nothing to mark.
+  std::function<absl::StatusOr<int64_t>()> mark_ahead;
+  // Removes the mark made at `revision` once a standby has caught up, only
+  // while the mark is still that one: a removal etcd applies late never
+  // takes away a later mark. An error means it may or may not have been
+  // applied.
+  std::function<absl::Status(int64_t revision)> unmark_ahead;
+  // A mark of this master's already in etcd when the log starts (made in an
+  // earlier term), at this mod revision; 0: none. Removed like the log's
+  // own once a standby has caught up.
+  int64_t ahead_revision = 0;
   // Called when a standby has caught up after the log was degraded, so the
   // mark can be cleared (UnmarkIfSynced) without waiting for a timer.
   std::function<void()> caught_up;
@@ -169,8 +178,10 @@ class ReplicationLog final : public Replicator {
   // The leader was deposed: writers waiting and to come get UNAVAILABLE,
   // pullers are answered at once. Idempotent.
   void Close();
-  // Clears the "ahead" mark once a standby has caught up (mark_ahead(false));
-  // the leader calls it now and then, off the write path.
+  // Clears the "ahead" mark once a standby has caught up (unmark_ahead);
+  // when an earlier call left the mark's state unknown, first makes it
+  // again so that its revision is known. The leader calls it now and then,
+  // off the write path; it blocks for those etcd calls.
   void UnmarkIfSynced();
   ReplicationState State();
 
@@ -264,15 +275,23 @@ class ReplicationLog final : public Replicator {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t degraded_writes_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<StandbyInfo> standbys_ ABSL_GUARDED_BY(mu_);
-  // Held across mark_ahead calls, which may take an etcd round trip; never
-  // taken under mu_.
+  // Where the "ahead" mark stands in etcd, as far as this log can know.
+  // etcd may apply a call that failed or timed out, so after one the state
+  // is unknown: a degraded write then makes the mark again before it is
+  // acknowledged, and UnmarkIfSynced makes it again before removing it.
+  enum class Mark { kNone, kMade, kUnknown };
+  // Records `state` (and the revision of a mark made); under mark_mu_.
+  void SetMark(Mark state, int64_t revision = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mark_mu_);
+  // Held across mark_ahead and unmark_ahead calls, which may take an etcd
+  // round trip; never taken under mu_.
   Mutex mark_mu_;
-  bool marked_ ABSL_GUARDED_BY(mark_mu_) = false;
+  Mark mark_ ABSL_GUARDED_BY(mark_mu_) = Mark::kNone;
+  int64_t mark_revision_ ABSL_GUARDED_BY(mark_mu_) = 0;  // while kMade
   // A mark that failed, answered to the writers behind it until then
   // (sync_timeout on), rather than each asking etcd again in turn.
   absl::Status mark_failure_ ABSL_GUARDED_BY(mark_mu_);
   absl::Time mark_failed_until_ ABSL_GUARDED_BY(mark_mu_) = absl::InfinitePast();
-  std::atomic<bool> marked_now_{false};  // marked_, readable without waiting on mark_mu_
+  std::atomic<bool> marked_now_{false};  // mark_ != kNone, readable without waiting on mark_mu_
 };
 
 // The MasterHa gRPC service over `log` (a synchronous service: a Pull

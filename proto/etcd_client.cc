@@ -180,16 +180,22 @@ absl::StatusOr<EtcdCreate> EtcdClient::CreateIfAbsent(const std::string& key, co
 }
 
 absl::Status EtcdClient::Put(const std::string& key, const std::string& value, int64_t lease) {
-  return Run("put", [&](Member& m, absl::Time deadline) {
+  return PutRevision(key, value, lease).status();
+}
+
+absl::StatusOr<int64_t> EtcdClient::PutRevision(const std::string& key, const std::string& value, int64_t lease) {
+  pb::PutResponse resp;
+  RETURN_IF_ERROR(Run("put", [&](Member& m, absl::Time deadline) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, deadline);
     pb::PutRequest req;
     req.set_key(key);
     req.set_value(value);
     req.set_lease(lease);
-    pb::PutResponse resp;
     return FromGrpc(m.kv->Put(&ctx, req, &resp), "put", m.address);
-  });
+  }));
+  // A put is one revision of its own: the header's is the key's mod revision.
+  return resp.header().revision();
 }
 
 absl::Status EtcdClient::DeleteIf(const std::string& key, const std::function<void(pb::Compare*)>& condition) {
@@ -211,6 +217,13 @@ absl::Status EtcdClient::DeleteIfCreatedAt(const std::string& key, int64_t creat
   return DeleteIf(key, [&](pb::Compare* c) {
     c->set_target(pb::Compare::CREATE);
     c->set_create_revision(create_revision);
+  });
+}
+
+absl::Status EtcdClient::DeleteIfModifiedAt(const std::string& key, int64_t mod_revision) {
+  return DeleteIf(key, [&](pb::Compare* c) {
+    c->set_target(pb::Compare::MOD);
+    c->set_mod_revision(mod_revision);
   });
 }
 

@@ -72,11 +72,19 @@ class EtcdClient {
   absl::StatusOr<EtcdCreate> CreateIfAbsent(const std::string& key, const std::string& value, int64_t lease);
   // Puts `key` = `value` bound to `lease` (0: none), unconditionally.
   absl::Status Put(const std::string& key, const std::string& value, int64_t lease = 0);
+  // As Put, answering the key's mod revision after the put (the revision
+  // etcd gave that write), for a later DeleteIfModifiedAt. An error means
+  // the put may or may not have been applied.
+  absl::StatusOr<int64_t> PutRevision(const std::string& key, const std::string& value, int64_t lease = 0);
   // Deletes `key` only while its create revision is `create_revision`
   // (so a deposed holder never deletes its successor's key). OK either way.
   absl::Status DeleteIfCreatedAt(const std::string& key, int64_t create_revision);
   // Deletes `key` only while it holds `value`. OK either way.
   absl::Status DeleteIfValue(const std::string& key, const std::string& value);
+  // Deletes `key` only while its mod revision is `mod_revision`, that is,
+  // while it is still what the put that answered that revision wrote: a
+  // delete applied late never removes a later put of the key. OK either way.
+  absl::Status DeleteIfModifiedAt(const std::string& key, int64_t mod_revision);
 
   absl::StatusOr<EtcdLease> Grant(absl::Duration ttl);
   // One keepalive, answered: the TTL left. NOT_FOUND when the lease is gone

@@ -215,6 +215,11 @@ struct Object {
   // giving it back: its stage may still land, so `released` never skips
   // stage_grace for this copy.
   bool unreturned : 1 = false;
+  // A complete object a put of its key has set aside (its copies wait on
+  // an absent daemon): out of the key set and off the eviction lists, its
+  // record and extents kept, until that put commits (it is then dropped)
+  // or fails (it comes back). PendingInfo::displaced names it.
+  bool displaced : 1 = false;
 };
 inline constexpr uint8_t kStickyReaders = UINT8_MAX;
 // Names one incarnation of a key: its slot and the slot's generation,
@@ -272,6 +277,10 @@ struct LruList {
 struct PendingInfo {
   std::string parent_key;
   std::string client;  // who is writing it (the per-client cap counts it)
+  // The object this put replaces once it commits (Object::displaced), as
+  // its slot and that slot's generation; kNil: none.
+  uint32_t displaced = kNil;
+  uint32_t displaced_gen = 0;
 };
 
 struct Shard {
@@ -472,6 +481,16 @@ class ObjectIndex::Impl {
   void Touch(Shard& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // Inserts `slot` into the shard's set and updates the shard's footprint.
   void IndexSlot(Shard& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // A put over a complete object whose copies all wait on absent daemons
+  // replaces it only once the put commits: Displace sets the object aside
+  // (out of the set, off the lists; record, extents, charge and counts
+  // kept), Undisplace puts it back as it was when the put fails, and PutEnd
+  // erases it once the new record has replaced its record.
+  void Displace(Shard& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void Undisplace(Shard& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // The slot of the object the pending put in `slot` set aside, or kNil
+  // (none, or it left meanwhile: its segments went, or RemoveAll).
+  uint32_t DisplacedBy(Shard& s, uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void UpdateFootprint(Shard& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   // Moves a complete object's lease from `old_deadline_ms` to its
   // current deadline in the lease wheel.

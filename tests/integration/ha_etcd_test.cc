@@ -313,5 +313,91 @@ TEST_F(HaTest, EtcdClientCreatesOnceFencesDeletesAndOutlivesAStoppedMember) {
   EXPECT_TRUE(absl::IsInvalidArgument(EtcdClient::Create({"no-port"}).status()));
 }
 
+// The "ahead" mark's fence against a real etcd: a removal names the mod
+// revision its put answered, so one that arrives after the mark was made
+// again (same key, same value) leaves the later mark in place.
+TEST_F(HaTest, EtcdClientRemovesAMarkOnlyWhileItIsThePutItNames) {
+  StartEtcd();
+  ASSERT_OK_AND_ASSIGN(auto etcd, EtcdClient::Create(EtcdClient::SplitEndpoints(etcd_->endpoints())));
+  ASSERT_OK_AND_ASSIGN(const int64_t first, etcd->PutRevision("/t/ahead", "m0"));
+  ASSERT_OK_AND_ASSIGN(EtcdKey key, etcd->Get("/t/ahead"));
+  EXPECT_EQ(key.mod_revision, first);
+  ASSERT_OK_AND_ASSIGN(const int64_t second, etcd->PutRevision("/t/ahead", "m0"));
+  EXPECT_GT(second, first);
+  EXPECT_OK(etcd->DeleteIfModifiedAt("/t/ahead", first));  // the first mark's removal, late
+  ASSERT_OK_AND_ASSIGN(key, etcd->Get("/t/ahead"));
+  EXPECT_EQ(key.mod_revision, second) << "a late removal took a later mark";
+  EXPECT_OK(etcd->DeleteIfModifiedAt("/t/ahead", second));
+  EXPECT_TRUE(absl::IsNotFound(etcd->Get("/t/ahead").status()));
+}
+
+// A standby that finds the leader key naming itself, bound to its own live
+// lease (what a campaign etcd applied but answered late leaves), deletes
+// it and campaigns: the key is no one's to serve, and kept alive by the
+// standby's own keepalives it would never expire.
+TEST_F(HaTest, AStandbyFindingTheLeaderKeyNamingItselfUnderItsOwnLeaseTakesOver) {
+  StartEtcd();
+  ASSERT_OK_AND_ASSIGN(auto etcd, EtcdClient::Create(EtcdClient::SplitEndpoints(etcd_->endpoints())));
+  const std::string leader_key = EtcdClusterKey("test", "leader");
+  // A leader that never answers, so master 0 starts as a standby.
+  ASSERT_OK_AND_ASSIGN(EtcdLease phantom, etcd->Grant(absl::Seconds(60)));
+  ASSERT_OK(etcd->Put(leader_key, "127.0.0.1:1", phantom.id));
+  const std::string self = Advertised(0);
+  StartMaster(0);
+  EtcdKey member;
+  ASSERT_OK(WaitFor("master 0 to publish its member key under its lease", absl::Seconds(20), [&] {
+    absl::StatusOr<EtcdKey> k = etcd->Get(EtcdClusterKey("test", "members/" + self));
+    if (k.ok()) member = *k;
+    return k.ok() && k->lease != 0;
+  })) << Logs();
+  ASSERT_OK_AND_ASSIGN(json before, Ha(0));
+  EXPECT_EQ(before["role"], "standby");
+  ASSERT_OK(etcd->Put(leader_key, self, member.lease));
+  ASSERT_OK(etcd->Revoke(phantom.id));
+  EXPECT_EQ(WaitForLeader(), 0) << "a leader key naming a standby under its own lease stayed, with no one serving\n"
+                                << Logs();
+  ASSERT_OK_AND_ASSIGN(EtcdKey now, etcd->Get(leader_key));
+  EXPECT_EQ(now.value, self);
+}
+
+// A takeover that cannot record /initialized in etcd (a failpoint) is
+// given up before anything is served, and its leader key given back: the
+// record is what stops a standby with no copy from starting the cluster
+// afresh after this leader. A master that can record it takes over.
+TEST_F(HaTest, ATakeoverThatCannotRecordTheClusterInitializedIsGivenUp) {
+  StartEtcd();
+  ASSERT_OK_AND_ASSIGN(auto etcd, EtcdClient::Create(EtcdClient::SplitEndpoints(etcd_->endpoints())));
+  StartMaster(0, {}, "", {{"TIERKV_FAILPOINTS", "master.ha.initialized=error"}});
+  ASSERT_OK(WaitFor("master 0 to give up a takeover", absl::Seconds(20), [&] {
+    return masters_[0]->Stderr().find("could not be recorded in etcd") != std::string::npos;
+  })) << Logs();
+  EXPECT_OK(StaysFalse("master 0 serving as the leader with /initialized unrecorded", absl::Seconds(2),
+                       Throttled([&] { return LeaderNow() == 0; })))
+      << Logs();
+  EXPECT_TRUE(absl::IsNotFound(etcd->Get(EtcdClusterKey("test", "initialized")).status()));
+  StartMaster(1);
+  EXPECT_EQ(WaitForLeader(absl::Seconds(20), 0), 1) << Logs();
+  EXPECT_OK(etcd->Get(EtcdClusterKey("test", "initialized")).status());
+  EXPECT_EQ(LeaderNow(1), -1) << "master 0 leads beside master 1";
+}
+
+// /ahead names a master whose store is not a complete copy (here: new and
+// empty, the one that had the writes lost). It must not lead from that
+// store, which lacks exactly the writes the mark stands for.
+TEST_F(HaTest, AMasterMarkedAheadLeadsOnlyFromACompleteCopy) {
+  StartEtcd();
+  ASSERT_OK_AND_ASSIGN(auto etcd, EtcdClient::Create(EtcdClient::SplitEndpoints(etcd_->endpoints())));
+  ASSERT_OK(etcd->Put(EtcdClusterKey("test", "initialized"), "1"));
+  ASSERT_OK(etcd->Put(EtcdClusterKey("test", "ahead"), Advertised(0)));
+  StartMaster(0);
+  ASSERT_OK(WaitFor("master 0 to say why it does not campaign", absl::Seconds(20), [&] {
+    return masters_[0]->Stderr().find("is not a complete copy") != std::string::npos;
+  })) << Logs();
+  EXPECT_OK(StaysFalse("master 0 leading from a store without the writes it was marked ahead for",
+                       absl::Seconds(2), Throttled([&] { return LeaderNow() == 0; })))
+      << Logs();
+  EXPECT_TRUE(absl::IsNotFound(etcd->Get(EtcdClusterKey("test", "leader")).status()));
+}
+
 }  // namespace
 }  // namespace tierkv::integration

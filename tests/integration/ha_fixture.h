@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -148,11 +149,9 @@ class HaTest : public ::testing::Test {
     etcd_ = std::move(*e);
   }
 
-  // Master i: ports picked once, kept across restarts. `etcd` replaces the
-  // cluster's endpoints (a proxy in front of them). With `hosts_apart_`
-  // master i is host 127.0.0.<2+i> and all use the same two ports, as
-  // masters on hosts of their own do.
-  void StartMaster(int i, std::vector<std::string> flags = {}, const std::string& etcd = "") {
+  // Picks master i's host and ports (and those of the masters before it),
+  // once: kept across restarts.
+  void ReserveMaster(int i) {
     while (static_cast<int>(masters_.size()) <= i) {
       const int n = static_cast<int>(masters_.size());
       masters_.emplace_back();
@@ -160,6 +159,20 @@ class HaTest : public ::testing::Test {
       rpc_.push_back(hosts_apart_ && n > 0 ? rpc_[0] : net::FreeLoopbackPort());
       http_.push_back(hosts_apart_ && n > 0 ? http_[0] : net::FreeLoopbackPort());
     }
+  }
+  // Master i's --advertise (its name in etcd), known before it starts.
+  std::string Advertised(int i) {
+    ReserveMaster(i);
+    return absl::StrCat(hosts_[i], ":", rpc_[i]);
+  }
+
+  // Master i: ports picked once, kept across restarts. `etcd` replaces the
+  // cluster's endpoints (a proxy in front of them). With `hosts_apart_`
+  // master i is host 127.0.0.<2+i> and all use the same two ports, as
+  // masters on hosts of their own do. `env`: extra environment (failpoints).
+  void StartMaster(int i, std::vector<std::string> flags = {}, const std::string& etcd = "",
+                   const std::map<std::string, std::string>& env = {}) {
+    ReserveMaster(i);
     std::vector<std::string> args{"--etcd=" + (etcd.empty() ? etcd_->endpoints() : etcd),
                                   "--cluster-id=test",
                                   "--listen=" + hosts_[i],
@@ -172,7 +185,7 @@ class HaTest : public ::testing::Test {
                                   "--check-interval=100ms"};
     args.insert(args.end(), flags.begin(), flags.end());
     masters_[i].reset();
-    auto m = ChildProcess::Start(BinaryPath("tierkv-master"), args);
+    auto m = ChildProcess::Start(BinaryPath("tierkv-master"), args, env);
     ASSERT_TRUE(m.ok()) << m.status();
     masters_[i] = std::move(*m);
   }

@@ -53,12 +53,19 @@ v1::PullResponse Pull(ReplicationLog* log, uint64_t epoch, uint64_t next, uint32
   return resp;
 }
 
+// Counts marks made and removed, answering `answer` to both (a mark made
+// answers its count as its revision).
 struct Marks {
   std::atomic<int> ahead{0}, behind{0};
   absl::Status answer;
-  std::function<absl::Status(bool)> fn() {
-    return [this](bool a) {
-      (a ? ahead : behind)++;
+  void Install(ReplicationOptions* o) {
+    o->mark_ahead = [this]() -> absl::StatusOr<int64_t> {
+      const int n = ++ahead;
+      if (!answer.ok()) return answer;
+      return int64_t{n};
+    };
+    o->unmark_ahead = [this](int64_t) {
+      ++behind;
       return answer;
     };
   }
@@ -70,7 +77,7 @@ TEST(ReplicationLogTest, PullHandsBatchesInOrderAndEachPullAcknowledgesWhatCameB
   ReplicationOptions o;
   o.epoch = 7;
   o.sync_timeout = absl::Seconds(30);
-  o.mark_ahead = marks.fn();
+  marks.Install(&o);
   ReplicationLog log(o, store.get());
   store->SetReplicator(&log);
   // Caught up before any write: writes wait for this standby from now on.
@@ -114,7 +121,7 @@ TEST(ReplicationLogTest, WithNoStandbyAnsweringWritesGoOnMarkedAheadUntilOneCatc
   ReplicationOptions o;
   o.epoch = 3;
   o.sync_timeout = absl::Milliseconds(100);
-  o.mark_ahead = marks.fn();
+  marks.Install(&o);
   ReplicationLog log(o, store.get());
   store->SetReplicator(&log);
 
@@ -147,7 +154,7 @@ TEST(ReplicationLogTest, AWriteNoStandbyHasIsRefusedWhenTheMarkCannotBeMade) {
   Marks marks;
   marks.answer = absl::UnavailableError("etcd unreachable");
   ReplicationOptions o;
-  o.mark_ahead = marks.fn();
+  marks.Install(&o);
   o.sync_timeout = absl::Milliseconds(300);
   ReplicationLog log(o, store.get());
   store->SetReplicator(&log);
