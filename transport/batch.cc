@@ -18,14 +18,16 @@ bool BatchImpl::Wait(absl::Time deadline) {
 std::vector<absl::Status> BatchImpl::statuses() const {
   MutexLock lock(&mu_);
   std::vector<absl::Status> out = statuses_;
-  if (done_.load(std::memory_order_acquire) || sealed_.load(std::memory_order_acquire)) return out;
-  // Asked before the end: a request still on the wire is not OK.
-  const bool late = absl::Now() >= deadline_;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (pending_[i] == 0 || !out[i].ok()) continue;
-    out[i] = late ? absl::DeadlineExceededError("the request did not finish by its deadline")
-                  : absl::UnavailableError("the request is still in flight");
+  if (!done_.load(std::memory_order_acquire) && !sealed_.load(std::memory_order_acquire)) {
+    // Asked before the end: a request still on the wire is not OK.
+    const bool late = absl::Now() >= deadline_;
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (pending_[i] == 0 || !out[i].ok()) continue;
+      out[i] = late ? absl::DeadlineExceededError("the request did not finish by its deadline")
+                    : absl::UnavailableError("the request is still in flight");
+    }
   }
+  for (const auto& [follower, lead] : followers_) out[follower] = out[lead];
   return out;
 }
 

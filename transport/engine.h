@@ -68,6 +68,30 @@ struct EngineOptions {
   // be reached (UNAUTHENTICATED).
   // A fetch must end by `deadline`, the transfer's.
   std::function<absl::StatusOr<DataGrant>(const std::string& segment, bool renew, absl::Time deadline)> grants;
+  // Peer-to-peer mode, with no master and no metadata server (what
+  // prefill-to-decode transfer runs on): every buffer this engine
+  // registers is served at once, in one segment named session_id()
+  // ("<advertised address>:<tcp port>", "[v6 address]:<port>"), whose
+  // offsets are the buffers' virtual addresses. A request names a peer
+  // by its session id as `segment` and the peer's memory by absolute
+  // address as `offset`; a range not wholly inside one buffer the peer
+  // registered is OUT_OF_RANGE, nothing moved. The peer's table of
+  // buffers comes from the peer itself, over its control port, on first
+  // use and again whenever an address lies outside every buffer known
+  // (the peer registered more since). `metadata` may be null.
+  bool peer_mode = false;
+  // Requests of one batch to one segment, with the same op and epoch, that
+  // continue the previous one's local and remote ranges (per-token entries
+  // of one page, say) move as one request; each keeps its own status,
+  // that of the whole run. Never for a request with a crc.
+  bool coalesce = true;
+};
+
+// A short message a peer sent with TransferEngine::Notify.
+struct Notification {
+  std::string from;  // the sender's session id (its control endpoint)
+  std::string name;
+  std::string message;
 };
 
 // A submitted batch: poll Done() or Wait(), then read statuses(). Thread-safe.
@@ -98,6 +122,7 @@ struct EngineStats {
   uint64_t failed_requests = 0;
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
+  uint64_t coalesced = 0;  // requests that moved inside a run another one started
 };
 
 class TransferEngine {
@@ -176,6 +201,30 @@ class TransferEngine {
   virtual const std::string& host_id() const = 0;
   // The address peers dial (--host, or resolved from a wildcard --listen).
   virtual const std::string& advertised_address() const = 0;
+
+  // This engine's session id in peer mode: what peers pass as a request's
+  // segment to reach its memory; "" otherwise.
+  virtual const std::string& session_id() const = 0;
+  // Queues (name, message) at the engine whose control endpoint is
+  // `session` ("host:port"), which reads it with TakeNotifications. Call it
+  // once a batch's writes are done: they have landed before the message
+  // does. OK once the peer holds it; UNAVAILABLE or DEADLINE_EXCEEDED when
+  // it cannot be reached by `deadline`; RESOURCE_EXHAUSTED when the peer's
+  // queue is full (kMaxQueuedNotifications: nothing reads it); the peer's
+  // refusal (INVALID_ARGUMENT for a message over 32 KiB).
+  virtual absl::Status Notify(const std::string& session, const std::string& name, const std::string& message,
+                              absl::Time deadline) = 0;
+  // Looks `segment` up afresh, whatever is cached (its descriptor, from
+  // the peer itself in peer mode, and a transport's handshake) and returns
+  // its descriptor: OK means it answers now. A peer that failed before is
+  // used again once a probe succeeds.
+  virtual absl::StatusOr<SegmentDescriptor> Probe(const std::string& segment, absl::Time deadline) = 0;
+  // Every notification received since the last call, in arrival order.
+  virtual std::vector<Notification> TakeNotifications() = 0;
+  static constexpr size_t kMaxQueuedNotifications = 1 << 16;
 };
+
+// "host:port", with an IPv6 address in brackets: a peer-mode session id.
+std::string JoinHostPort(const std::string& host, int port);
 
 }  // namespace tierkv::transport

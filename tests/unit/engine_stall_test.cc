@@ -300,15 +300,17 @@ TEST_F(EngineStallTest, StalledDescriptorLookupStallsNobodyElse) {
   options.host_id = "client-host";
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<TransferEngine> engine, TransferEngine::Create(options));
 
-  constexpr uint64_t kTask = 256 << 10;  // the engine's smallest task: two requests, two tasks
-  std::vector<char> held_buf(2 * kTask), dead_buf(4096), other_buf(4096), live_buf(4096);
+  // The engine's smallest task: two requests, two tasks (apart locally,
+  // so they do not coalesce into one).
+  constexpr uint64_t kTask = 256 << 10;
+  std::vector<char> held_buf(3 * kTask), dead_buf(4096), other_buf(4096), live_buf(4096);
   ASSERT_OK(engine->Transfer({{Op::kRead, dead_buf.data(), "dead", 0, 4096}}, absl::Seconds(5))[0]);
   ASSERT_OK(engine->Transfer({{Op::kRead, live_buf.data(), "live", 0, 4096}}, absl::Seconds(5))[0]);
 
   // Every worker busy posting to the dead peer, which then dies.
   ClosePostGate("dead");
   std::shared_ptr<Batch> held = engine->Submit({{Op::kRead, held_buf.data(), "dead", 0, kTask},
-                                                {Op::kRead, held_buf.data() + kTask, "dead", kTask, kTask}},
+                                                {Op::kRead, held_buf.data() + 2 * kTask, "dead", kTask, kTask}},
                                                absl::Seconds(30));
   ASSERT_OK(WaitFor("both workers to post to the dead peer", absl::Seconds(10), [] { return PostsHeld() == 2; }));
   MarkUnhealthy("dead");

@@ -285,6 +285,15 @@ absl::Status Copy(void* dst, const void* src, size_t bytes) {
   return absl::OkStatus();
 }
 
+int PointerDevice(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // host memory CUDA never saw: clear the sticky error
+    return -1;
+  }
+  return attr.type == cudaMemoryTypeDevice ? attr.device : -1;
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const BackendOptions&) {
   ASSIGN_OR_RETURN(int n, DeviceCount());
   (void)n;

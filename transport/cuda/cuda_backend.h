@@ -34,5 +34,8 @@ absl::StatusOr<void*> PinnedAlloc(size_t bytes);
 void PinnedFree(void* p);
 // A synchronous cudaMemcpy with cudaMemcpyDefault (any direction).
 absl::Status Copy(void* dst, const void* src, size_t bytes);
+// The device whose memory `p` points into, or -1 for host memory (pinned
+// host memory included) and for any pointer CUDA does not know.
+int PointerDevice(const void* p);
 
 }  // namespace tierkv::transport::cuda

@@ -35,6 +35,9 @@ class BatchImpl final : public Batch {
     MutexLock lock(&mu_);
     statuses_[request] = std::move(s);
   }
+  // Before Start: request `follower` moves inside `lead`'s slices (the
+  // engine coalesced them) and reports `lead`'s status.
+  void Follow(size_t follower, size_t lead) { followers_.emplace_back(follower, lead); }
   // Slices and the request each belongs to; stable once Start is called.
   std::vector<Slice> slices;
   std::vector<size_t> slice_request;
@@ -53,6 +56,7 @@ class BatchImpl final : public Batch {
   CondVar cv_;
   std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> pending_ ABSL_GUARDED_BY(mu_);  // unfinished slices per request
+  std::vector<std::pair<size_t, size_t>> followers_;    // (follower, lead); fixed once started
   size_t remaining_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> sealed_{false};
   std::atomic<bool> done_{false};
