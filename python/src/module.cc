@@ -31,6 +31,8 @@
 #include "base/auth.h"
 
 namespace py = pybind11;
+
+void BindPeerEngine(py::module_& m);  // engine.cc
 using tierkv::client::Client;
 using tierkv::client::ClientOptions;
 using tierkv::client::PutItem;
@@ -563,6 +565,7 @@ void SameLength(size_t n, std::initializer_list<size_t> others) {
 
 PYBIND11_MODULE(_tierkv, m) {
   m.doc() = "tierkv's C++ client; use the tierkv package, which wraps it.";
+  BindPeerEngine(m);
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
