@@ -6,7 +6,7 @@ const FlagTable<BenchConfig>& BenchFlags() {
   using C = BenchConfig;
   static const FlagTable<C>* table = new FlagTable<C>(
       "tierkv-bench",
-      "Benchmarks: tierkv-bench master|transfer|store|l1|memory|ssd [flags]. Each prints a table, or one JSON "
+      "Benchmarks: tierkv-bench master|transfer|store|l1|memory|ssd|pd [flags]. Each prints a table, or one JSON "
       "object with --json, with the physical reference measured in the same run.",
       {
           BoolFlag<C>("json", &C::json, "false", "print one JSON object with the figures"),

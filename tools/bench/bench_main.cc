@@ -1,4 +1,4 @@
-// tierkv-bench: master | transfer | store | l1 | memory | ssd. See config/bench_config.cc.
+// tierkv-bench: master | transfer | store | l1 | memory | ssd | pd. See config/bench_config.cc.
 #include <cstdio>
 #include <string>
 
@@ -10,7 +10,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> positional;
   tierkv::BenchConfig config = tierkv::BenchFlags().ParseOrExit(argc, argv, &positional);
   if (positional.size() != 1) {
-    tierkv::ExitWithUsageError("tierkv-bench", "expected one subcommand: master, transfer, store, l1, memory or ssd");
+    tierkv::ExitWithUsageError("tierkv-bench", "expected one subcommand: master, transfer, store, l1, memory, ssd or pd");
   }
   tierkv::SetLogLevel(tierkv::LogLevel::kWarning);
   const std::string& cmd = positional[0];
@@ -21,5 +21,6 @@ int main(int argc, char** argv) {
   if (cmd == "l1") return tierkv::bench::RunL1(config);
   if (cmd == "memory") return tierkv::bench::RunMemory(config);
   if (cmd == "ssd") return tierkv::bench::RunSsd(config);
+  if (cmd == "pd") return tierkv::bench::RunPd(config);
   tierkv::ExitWithUsageError("tierkv-bench", "unknown subcommand '" + cmd + "'");
 }

@@ -13,5 +13,6 @@ int RunStore(const BenchConfig& config);
 int RunL1(const BenchConfig& config);
 int RunMemory(const BenchConfig& config);
 int RunSsd(const BenchConfig& config);
+int RunPd(const BenchConfig& config);
 
 }  // namespace tierkv::bench
