@@ -82,6 +82,10 @@ struct Capabilities {
   // Post returns by its deadline whatever the peer does, so the engine may
   // run it on a caller's thread (TransferEngine::SubmitHere).
   bool bounded_post = false;
+  // Reaches only the remote buffers whose descriptor carries its key (a
+  // memfd, an IPC handle, remote keys): requests into other buffers of the
+  // same peer go to the next transport.
+  bool keyed_buffers = false;
 };
 
 // The serving side's view of locally served segments, given to backends by

@@ -3,16 +3,19 @@
 namespace tierkv::transport::internal {
 
 bool BatchImpl::Wait(absl::Time deadline) {
-  MutexLock lock(&mu_);
-  while (!done_.load(std::memory_order_acquire)) {
-    absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
-      Seal();
-      return false;
+  {
+    MutexLock lock(&mu_);
+    for (;;) {
+      if (done_.load(std::memory_order_acquire)) return true;
+      absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) break;
+      cv_.WaitFor(&mu_, absl::ToChronoMicroseconds(left) + std::chrono::microseconds(100));
     }
-    cv_.WaitFor(&mu_, absl::ToChronoMicroseconds(left) + std::chrono::microseconds(100));
+    Seal();
   }
-  return true;
+  // Outside mu_: a holder finishing its copy never needs it, and Complete does.
+  claim_.Revoke();
+  return false;
 }
 
 std::vector<absl::Status> BatchImpl::statuses() const {
@@ -103,6 +106,7 @@ void WorkQueue::Loop() {
       task = std::move(tasks_.front());
       tasks_.pop_front();
     }
+    TaskClaimScope scope(task.batch != nullptr ? task.batch->claim() : nullptr);
     run_(task);
   }
 }

@@ -188,7 +188,7 @@ std::string Engine::DescriptorJson(const ServedSegment& seg) {
   for (auto& be : backends_) {
     // shm, cuda and rdma only help when some buffer carries their key.
     const std::string n = be->name();
-    if ((n == "shm" || n == "cuda" || n == "rdma") &&
+    if (be->capabilities().keyed_buffers &&
         std::none_of(d.buffers.begin(), d.buffers.end(),
                      [&](const BufferDescriptor& b) { return b.keys.contains(n); })) {
       continue;

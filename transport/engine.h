@@ -101,8 +101,16 @@ class Batch {
   virtual bool Done() const = 0;
   // True when complete before `deadline`. False seals the batch: every
   // request that had not finished is DEADLINE_EXCEEDED for good, even if
-  // its bytes land later (poll Done() to wait in steps without sealing).
-  // After a false Wait the local buffers may still be in use until Done().
+  // the peer's bytes arrive later (poll Done() to wait in steps without
+  // sealing). Once Wait returns, true or false, no byte is written into a
+  // local buffer of the batch any more: a false Wait revokes the batch's
+  // claim on them and returns once a copy in progress (bounded by the
+  // bytes already received, never a network wait) has finished, so the
+  // caller may free them at once. A backend keeps this by holding the
+  // claim around each copy (transport/buffer_claim.h): tcp (plain and
+  // TLS), shm and loopback do; rdma and cuda do not yet (a NIC or a DMA
+  // engine would have to be stopped first), and a slice a worker is moving
+  // for them may still land after a false Wait.
   virtual bool Wait(absl::Time deadline) = 0;
   // One status per request, in submission order. Never OK for a request
   // that has not finished: DEADLINE_EXCEEDED once the batch's deadline

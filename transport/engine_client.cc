@@ -114,13 +114,13 @@ std::shared_ptr<Batch> Engine::Start(std::vector<Request> requests, absl::Durati
       }
       last = *where;
       const bool gpu = LocalIsGpu(r.local, r.length, &local_hint) || (*where)->location.rfind("cuda:", 0) == 0;
-      std::string refusal = Refusal(peer->backend, r, gpu);
+      std::string refusal = Refusal(peer->backend, r, gpu, *where);
       if (refusal.empty()) {
         add(peer->backend, peer->channel, i, *where);
         continue;
       }
       absl::StatusOr<std::pair<Backend*, std::shared_ptr<PeerChannel>>> alt =
-          Fallback(segment, *peer, r, gpu, refusal, deadline);
+          Fallback(segment, *peer, r, gpu, *where, refusal, deadline);
       if (!alt.ok()) {
         batch->SetStatus(i, alt.status());
         continue;
@@ -168,7 +168,10 @@ std::shared_ptr<Batch> Engine::Start(std::vector<Request> requests, absl::Durati
     for (size_t k = p.first_slice; k < p.end_slice;) {
       Task t{batch, p.channel, p.segment, {}, deadline};
       uint64_t bytes = 0;
-      while (k < p.end_slice && t.slices.size() < 64) {
+      // At most 64 slices a task, except small ones: a task of many tiny
+      // slices (one-token entries) still moves only a few hundred KiB, and
+      // a transport may pack them into a few frames.
+      while (k < p.end_slice && (t.slices.size() < 64 || (bytes < kMinTaskBytes && t.slices.size() < 4096))) {
         Slice* s = &batch->slices[k++];
         t.slices.push_back(s);
         bytes += s->length;
@@ -222,9 +225,12 @@ EngineStats Engine::Stats() const {
   return {requests_.load(), failed_.load(), bytes_read_.load(), bytes_written_.load(), coalesced_.load()};
 }
 
-std::string Engine::Refusal(Backend* backend, const Request& r, bool gpu) {
+std::string Engine::Refusal(Backend* backend, const Request& r, bool gpu, const BufferDescriptor* where) {
   const Capabilities caps = backend->capabilities();
   if (gpu && !caps.cuda_memory) return absl::StrCat("transport ", backend->name(), " cannot move GPU memory");
+  if (caps.keyed_buffers && !where->keys.contains(backend->name())) {
+    return absl::StrCat("transport ", backend->name(), " cannot reach the peer's buffer at ", where->offset);
+  }
   if (!caps.needs_registered_local) return "";
   std::shared_lock lock(served_mu_);
   const LocalBuffer* b = LocalBufferOf(r.local, r.length);
@@ -234,13 +240,13 @@ std::string Engine::Refusal(Backend* backend, const Request& r, bool gpu) {
 }
 
 absl::StatusOr<std::pair<Backend*, std::shared_ptr<PeerChannel>>> Engine::Fallback(
-    const std::string& segment, const Prepared& peer, const Request& r, bool gpu, const std::string& refusal,
-    absl::Time deadline) {
+    const std::string& segment, const Prepared& peer, const Request& r, bool gpu, const BufferDescriptor* where,
+    const std::string& refusal, absl::Time deadline) {
   std::vector<std::string> reasons{refusal};
   std::vector<Backend*> candidates;
   for (Backend* b : order_) {
     if (b == peer.backend || !peer.desc.transports.contains(b->name())) continue;
-    std::string no = Refusal(b, r, gpu);
+    std::string no = Refusal(b, r, gpu, where);
     if (no.empty()) {
       candidates.push_back(b);
     } else {

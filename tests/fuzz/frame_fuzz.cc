@@ -1,5 +1,6 @@
 // The tcp transport's server, fed a raw byte stream over a real loopback
-// connection: frame decoding, range checks, write draining, handshakes.
+// connection: frame decoding, range checks, write draining, handshakes,
+// vectored frames (WRITEV, READV: range tables, every range checked).
 // The served region sits between two guard regions that must stay intact:
 // whatever the frames say, no byte outside the served range is touched,
 // and the server keeps answering afterwards.
@@ -93,7 +94,13 @@ void Feed(Fixture* f, const uint8_t* data, size_t size) {
     uint64_t length = 0;
     std::memcpy(&length, stream.data() + pos + 40, 8);  // little-endian hosts only, as the fuzzers run
     pos += tcp::kRequestSize;
-    if (op == 2 || op == 3 || op == 6) pos += static_cast<size_t>(std::min<uint64_t>(length, stream.size() - pos));
+    // The ops that carry a payload: WRITE, HANDSHAKE, AUTH, WRITEV, READV.
+    const bool payload = op == static_cast<uint8_t>(tcp::WireOp::kWrite) ||
+                         op == static_cast<uint8_t>(tcp::WireOp::kHandshake) ||
+                         op == static_cast<uint8_t>(tcp::WireOp::kAuth) ||
+                         op == static_cast<uint8_t>(tcp::WireOp::kWriteV) ||
+                         op == static_cast<uint8_t>(tcp::WireOp::kReadV);
+    if (payload) pos += static_cast<size_t>(std::min<uint64_t>(length, stream.size() - pos));
   }
   Exchange(f->engine->port(), reinterpret_cast<const uint8_t*>(stream.data()), stream.size());
   FUZZ_CHECK(f->GuardsIntact());

@@ -196,6 +196,30 @@ TEST_P(EnginePeerTest, AGonePeerIsUnavailableWithinTheDeadline) {
   EXPECT_FALSE(a_->Transfer({{Op::kWrite, a_mem_->data(), "127.0.0.1:1", 0, 64}}, absl::Seconds(2))[0].ok());
 }
 
+// A peer whose buffers are partly shared memory and partly not: with shm
+// and tcp both allowed, requests into the plain buffer go by tcp (shm has
+// no key for it) and those into the shared one by shm.
+TEST(EnginePeerMixedTest, BuffersShmCannotReachGoByTheNextTransport) {
+  EngineOptions o;
+  o.peer_mode = true;
+  o.transports = {"shm", "tcp"};
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<TransferEngine> a, TransferEngine::Create(o));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<TransferEngine> b, TransferEngine::Create(o));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<SharedRegion> shared, SharedRegion::Create(1 << 20, {}));
+  std::vector<char> plain(1 << 20, 0);
+  ASSERT_OK(b->RegisterMemory(shared->data(), shared->size(), "cpu:0", shared->fd()));
+  ASSERT_OK(b->RegisterMemory(plain.data(), plain.size(), "cpu:0"));
+  std::vector<char> data = Pattern(64 << 10, 9);
+  std::vector<absl::Status> st =
+      a->Transfer({{Op::kWrite, data.data(), b->session_id(), Addr(plain.data()) + 100, data.size()},
+                   {Op::kWrite, data.data(), b->session_id(), Addr(shared->data()) + 100, data.size()}});
+  ASSERT_OK(st[0]);
+  ASSERT_OK(st[1]);
+  EXPECT_EQ(std::memcmp(plain.data() + 100, data.data(), data.size()), 0);
+  EXPECT_EQ(std::memcmp(shared->data() + 100, data.data(), data.size()), 0);
+  EXPECT_EQ(a->Describe(b->session_id()).transport, "shm");
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, EnginePeerTest, ::testing::Values("tcp", "shm"),
                          [](const auto& info) { return info.param; });
 

@@ -161,7 +161,7 @@ class CudaBackend final : public Backend {
  public:
   std::string name() const override { return "cuda"; }
   Capabilities capabilities() const override {
-    return {.rank = 200, .same_host_only = true, .cuda_memory = true};
+    return {.rank = 200, .same_host_only = true, .cuda_memory = true, .keyed_buffers = true};
   }
   absl::Status Start(ServedMemory*) override { return absl::OkStatus(); }
   void Stop() override {}

@@ -10,6 +10,7 @@
 
 #include "base/mutex.h"
 #include "transport/backend.h"
+#include "transport/buffer_claim.h"
 #include "transport/engine.h"
 
 namespace tierkv::transport::internal {
@@ -18,7 +19,9 @@ namespace tierkv::transport::internal {
 // a finished request from one still on the wire. A Wait that times out
 // seals the batch: every unfinished request is DEADLINE_EXCEEDED from then
 // on, and slices that finish later no longer change any status (the caller
-// has already acted on them).
+// has already acted on them). It then revokes the batch's claim on its
+// local buffers (buffer_claim.h) and returns once no copy into them is in
+// progress: the caller may free them.
 class BatchImpl final : public Batch {
  public:
   BatchImpl(size_t requests, absl::Time deadline)
@@ -29,6 +32,9 @@ class BatchImpl final : public Batch {
   std::vector<absl::Status> statuses() const override;
   // True once a Wait timed out: workers skip tasks not yet posted.
   bool sealed() const { return sealed_.load(std::memory_order_acquire); }
+  // What the workers' backends hold around each copy into or out of the
+  // requests' local buffers; revoked by a Wait that times out.
+  BufferClaim* claim() { return &claim_; }
 
   // Before Start: record a request's final status without any slice.
   void SetStatus(size_t request, absl::Status s) {
@@ -60,6 +66,7 @@ class BatchImpl final : public Batch {
   size_t remaining_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> sealed_{false};
   std::atomic<bool> done_{false};
+  BufferClaim claim_;
 };
 
 struct Task {
@@ -70,7 +77,8 @@ struct Task {
   absl::Time deadline;
 };
 
-// A FIFO of tasks served by a fixed set of threads.
+// A FIFO of tasks served by a fixed set of threads. Each task runs with its
+// batch's claim as the thread's CurrentTaskClaim().
 class WorkQueue {
  public:
   using Runner = std::function<void(Task&)>;

@@ -116,18 +116,19 @@ class Engine final : public TransferEngine, public ServedMemory {
   const LocalBuffer* LocalBufferOf(void* addr, uint64_t length);
 
 
-  // Why `backend` cannot move request `r` ("" when it can): GPU memory
-  // needs a cuda-capable transport, and a transport that needs registered
-  // local memory needs `r.local` inside a buffer it registered.
-  std::string Refusal(Backend* backend, const Request& r, bool gpu);
+  // Why `backend` cannot move request `r` into the peer's buffer `where`
+  // ("" when it can): GPU memory needs a cuda-capable transport, a
+  // transport that needs registered local memory needs `r.local` inside a
+  // buffer it registered, and a keyed one needs its key on `where`.
+  std::string Refusal(Backend* backend, const Request& r, bool gpu, const BufferDescriptor* where);
 
   // The next transport after `peer`'s (in selection order) that the peer
   // offers, that does not refuse `r`, and that reaches it; its channel is
   // cached beside the chosen one. FAILED_PRECONDITION naming `refusal` and
   // each candidate's reason when there is none.
   absl::StatusOr<std::pair<Backend*, std::shared_ptr<PeerChannel>>> Fallback(
-      const std::string& segment, const Prepared& peer, const Request& r, bool gpu, const std::string& refusal,
-      absl::Time deadline);
+      const std::string& segment, const Prepared& peer, const Request& r, bool gpu, const BufferDescriptor* where,
+      const std::string& refusal, absl::Time deadline);
 
   // A registered local range and whether it is GPU memory, remembered
   // across one batch's requests (most lie in the buffer the last one did).

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
+#include "transport/buffer_claim.h"
 #include "transport/internal/builtin.h"
 
 namespace tierkv::transport {
@@ -49,6 +50,11 @@ class LoopbackChannel final : public PeerChannel {
       }
       if (!pin.ok()) {
         s->status = pin.status();
+        continue;
+      }
+      ClaimHold hold(CurrentTaskClaim());  // as shm: nothing lands after a timed-out Wait
+      if (!hold.held()) {
+        s->status = absl::DeadlineExceededError("the caller stopped waiting before this copy");
         continue;
       }
       if (s->op == Op::kRead) {

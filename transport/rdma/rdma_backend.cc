@@ -156,7 +156,7 @@ class RdmaBackend final : public Backend {
   }
 
   std::string name() const override { return "rdma"; }
-  Capabilities capabilities() const override { return {.rank = 50, .needs_registered_local = true}; }
+  Capabilities capabilities() const override { return {.rank = 50, .needs_registered_local = true, .keyed_buffers = true}; }
   absl::Status Start(ServedMemory*) override { return absl::OkStatus(); }
 
   void Stop() override {

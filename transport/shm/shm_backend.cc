@@ -35,6 +35,7 @@
 #include "base/mutex.h"
 #include "base/status.h"
 #include "nlohmann/json.hpp"
+#include "transport/buffer_claim.h"
 #include "transport/internal/builtin.h"
 #include "transport/internal/json_fields.h"
 #include "transport/memory.h"
@@ -102,6 +103,13 @@ class ShmChannel final : public PeerChannel {
       if (m == nullptr) {
         s->status = absl::OutOfRangeError(absl::StrCat("range [", s->remote_offset, ", +", s->length,
                                                        ") is not inside a shared buffer"));
+        continue;
+      }
+      // Held while copying, so a caller whose Wait ran out finds its
+      // buffers untouched once Wait returns (buffer_claim.h).
+      ClaimHold hold(CurrentTaskClaim());
+      if (!hold.held()) {
+        s->status = absl::DeadlineExceededError("the caller stopped waiting before this shm copy");
         continue;
       }
       char* remote = m->addr + (s->remote_offset - m->offset);
@@ -189,7 +197,7 @@ class ShmBackend final : public Backend {
     if (beacon_fd_ >= 0) close(beacon_fd_);
   }
   std::string name() const override { return "shm"; }
-  Capabilities capabilities() const override { return {.rank = 100, .same_host_only = true, .checksums_copies = true, .bounded_post = true}; }
+  Capabilities capabilities() const override { return {.rank = 100, .same_host_only = true, .checksums_copies = true, .bounded_post = true, .keyed_buffers = true}; }
   absl::Status Start(ServedMemory*) override { return absl::OkStatus(); }
   // Every channel mapping this process's buffers sees it stop.
   void Stop() override {

@@ -15,15 +15,73 @@
 #include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {
+namespace {
+
+// A WRITE payload this small goes out in one TLS record with its header
+// (as net::TlsWriteVecFull gathers it).
+constexpr uint64_t kTlsGather = (16 << 10) - kRequestSize;
+
+// What the unfinished slices of a batch whose claim was revoked read.
+absl::Status Abandoned(const std::string& endpoint) {
+  return absl::DeadlineExceededError(
+      absl::StrCat("transfer to ", endpoint, " abandoned: its caller stopped waiting; the connection is dropped"));
+}
+
+}  // namespace
+
+absl::Status Connection::MoveTls(bool send, char* buf, size_t len, absl::Time deadline, BufferClaim* claim) {
+  while (len > 0) {
+    absl::StatusOr<net::IoStep> step;
+    {
+      ClaimHold hold(claim);
+      if (!hold.held()) return absl::CancelledError("the caller stopped waiting");
+      step = send ? net::TlsSendSome(ssl_.get(), buf, len) : net::TlsRecvSome(ssl_.get(), buf, len);
+    }
+    if (!step.ok()) return step.status();
+    if (step->n > 0) {
+      buf += step->n;
+      len -= step->n;
+      continue;
+    }
+    // Waited for outside the claim, so a revocation never waits on the peer.
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms < 0) return absl::DeadlineExceededError(send ? "write timed out" : "read timed out");
+    pollfd p{fd_.get(), step->wait, 0};
+    if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms + 1, 1 << 30))) < 0 && errno != EINTR) {
+      return absl::UnavailableError(absl::StrCat("poll: ", strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Connection::SendTlsWrite(const uint8_t* head, const char* payload, uint64_t length,
+                                      absl::Time deadline, BufferClaim* claim) {
+  if (length <= kTlsGather) {
+    std::string frame(reinterpret_cast<const char*>(head), kRequestSize);
+    {
+      ClaimHold hold(claim);
+      if (!hold.held()) return absl::CancelledError("the caller stopped waiting");
+      frame.append(payload, length);
+    }
+    iovec iov{frame.data(), frame.size()};
+    return net::TlsWriteVecFull(ssl_.get(), &iov, 1, deadline);
+  }
+  iovec iov{const_cast<uint8_t*>(head), kRequestSize};
+  RETURN_IF_ERROR(net::TlsWriteVecFull(ssl_.get(), &iov, 1, deadline));
+  return MoveTls(/*send=*/true, const_cast<char*>(payload), length, deadline, claim);
+}
 
 void Connection::RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices,
-                             absl::Time deadline) {
+                             absl::Time deadline, BufferClaim* claim) {
   const size_t n = slices.size();
   size_t answered = 0;
   // A failed call leaves the stream mid-frame: every slice not yet
-  // answered fails with it, and the connection is broken.
+  // answered fails with it, and the connection is broken. CANCELLED is a
+  // revoked claim: the caller has gone, not the peer.
   auto fail = [&](const char* what, const absl::Status& why) {
-    const absl::Status st(why.code(), absl::StrCat(what, endpoint_, ": ", why.message()));
+    if (absl::IsCancelled(why)) abandoned_ = true;
+    const absl::Status st = absl::IsCancelled(why) ? Abandoned(endpoint_)
+                                                   : absl::Status(why.code(), absl::StrCat(what, endpoint_, ": ", why.message()));
     for (size_t i = answered; i < n; ++i) slices[i]->status = st;
     broken_ = true;
   };
@@ -58,10 +116,14 @@ void Connection::RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<S
       }
       uint8_t head[kRequestSize];
       EncodeRequest(h, head);
-      iovec iov[2] = {{head, kRequestSize}, {s->local, op == Op::kWrite ? s->length : 0}};
-      if (absl::Status st = net::TlsWriteVecFull(ssl_.get(), iov, op == Op::kWrite ? 2 : 1, deadline); !st.ok()) {
-        return fail("send to ", st);
+      absl::Status st;
+      if (op == Op::kWrite && claim != nullptr) {
+        st = SendTlsWrite(head, s->local, s->length, deadline, claim);
+      } else {
+        iovec iov[2] = {{head, kRequestSize}, {s->local, op == Op::kWrite ? s->length : 0}};
+        st = net::TlsWriteVecFull(ssl_.get(), iov, op == Op::kWrite ? 2 : 1, deadline);
       }
+      if (!st.ok()) return fail("send to ", st);
     }
     for (size_t i = start; i < end; ++i) {
       Slice* s = slices[i];
@@ -76,10 +138,12 @@ void Connection::RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<S
         return fail("protocol error from ", absl::UnavailableError("unexpected reply"));
       }
       std::string text(h->status == WireStatus::kOk ? 0 : h->length, '\0');
-      void* into = h->status == WireStatus::kOk ? static_cast<void*>(s->local) : text.data();
-      if (absl::Status st = net::TlsReadFull(ssl_.get(), into, h->length, deadline); !st.ok()) {
-        return fail("recv from ", st);
-      }
+      const bool into_local = h->status == WireStatus::kOk;
+      absl::Status st = into_local && claim != nullptr
+                            ? MoveTls(/*send=*/false, s->local, h->length, deadline, claim)
+                            : net::TlsReadFull(ssl_.get(), into_local ? static_cast<void*>(s->local) : text.data(),
+                                               h->length, deadline);
+      if (!st.ok()) return fail("recv from ", st);
       s->status = ReplyToStatus(h->status, text);
       answered = i + 1;
     }
@@ -87,31 +151,14 @@ void Connection::RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<S
 }
 
 void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices,
-                          absl::Time deadline) {
-  if (ssl_ != nullptr) return RunBatchTls(segment, segment_id, slices, deadline);
-  // Adjacent reads share a wire request: a small read starting where the
-  // previous read of the batch ends (a value's trailer) joins it, and the
-  // reply is scattered back to both. Each request costs the server a reply
-  // and the client a header and a receive: a seventh of a 64 KiB read
-  // (docs/performance.md). They share the reply's status.
+                          absl::Time deadline, BufferClaim* claim) {
+  if (ssl_ != nullptr) return RunBatchTls(segment, segment_id, slices, deadline, claim);
   absl::InlinedVector<Frame, 4> frames;
-  for (size_t i = 0; i < slices.size(); ++i) {
-    const Slice* s = slices[i];
-    if (!frames.empty() && s->op == Op::kRead && s->length <= kJoinedRead) {
-      Frame& f = frames.back();
-      const Slice* last = slices[f.first + f.count - 1];
-      if (last->op == Op::kRead && last->remote_offset + last->length == s->remote_offset &&
-          f.length + s->length <= kMaxJoinedFrame && f.count < kMaxJoined) {
-        ++f.count;
-        f.length += s->length;
-        continue;
-      }
-    }
-    frames.push_back({i, 1, s->length});
-  }
+  PlanFrames(slices, &frames);
   const size_t n = frames.size();
   // A single get or put fits inline: no allocation per batch.
   absl::InlinedVector<uint8_t, 4 * kRequestSize> heads(n * kRequestSize);
+  std::vector<uint8_t> tables;  // the vectored frames' range tables, back to back
   // The socket stays blocking from its first batch on: non-blocking calls
   // pass MSG_DONTWAIT, so no batch pays two fcntl calls each way.
   if (!blocking_) {
@@ -121,15 +168,29 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
   uint64_t first_id = next_id_;
   next_id_ += n;
   for (size_t i = 0; i < n; ++i) {
-    const Slice* s = slices[frames[i].first];
+    Frame& f = frames[i];
+    const Slice* s = slices[f.first];
+    const bool write = s->op == Op::kWrite;
     RequestHeader h;
-    h.op = s->op == Op::kRead ? WireOp::kRead : WireOp::kWrite;
+    h.op = write ? WireOp::kWrite : WireOp::kRead;
     h.segment = segment;
     h.segment_id = segment_id;
     h.id = first_id + i;
     h.offset = s->remote_offset;
-    h.length = frames[i].length;
-    if (h.op == WireOp::kWrite) {
+    h.length = f.length;
+    if (f.vectored) {
+      h.op = write ? WireOp::kWriteV : WireOp::kReadV;
+      h.offset = f.count;
+      h.length = f.count * kRangeBytes + (write ? f.length : 0);
+      f.table_at = tables.size();
+      tables.resize(tables.size() + f.count * kRangeBytes);
+      for (size_t k = 0; k < f.count; ++k) {
+        const Slice* t = slices[f.first + k];
+        EncodeRange({t->remote_offset, t->length}, &tables[f.table_at + k * kRangeBytes]);
+      }
+    }
+    f.wire = kRequestSize + (f.vectored ? f.count * kRangeBytes : 0) + (write ? f.length : 0);
+    if (write) {
       h.flags |= kHasDeadline;
       h.deadline_ms32 = DeadlineMs32(deadline);
       h.epoch = s->epoch;
@@ -154,6 +215,10 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
     }
     recv_i = n;
     broken_ = true;
+  };
+  auto abandon = [&] {
+    fail_rest(Abandoned(endpoint_));
+    abandoned_ = true;
   };
 
   bool blocking = false;  // switched on once every request is sent
@@ -188,35 +253,50 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
     }
 
     if ((p.revents & POLLOUT) && send_i < n) {
-      // Gather up to 32 frames into one sendmsg.
-      iovec iov[64];
-      int cnt = 0;
+      // Gather the next frames' pieces (header, range table, WRITE data)
+      // into one sendmsg, from where the last one stopped.
+      iovec iov[kMaxIov];
+      size_t cnt = 0;
       uint64_t skip = send_off;
-      for (size_t i = send_i; i < n && cnt < 62; ++i) {
-        Slice* s = slices[frames[i].first];
-        uint64_t payload = s->op == Op::kWrite ? s->length : 0;
-        uint8_t* head = &heads[i * kRequestSize];
-        if (skip < kRequestSize) {
-          iov[cnt++] = {head + skip, kRequestSize - skip};
-          if (payload > 0) iov[cnt++] = {s->local, payload};
-        } else {
-          iov[cnt++] = {s->local + (skip - kRequestSize), payload - (skip - kRequestSize)};
+      auto add = [&](void* data, uint64_t len) {
+        if (cnt == kMaxIov || len == 0) return;
+        if (skip >= len) {
+          skip -= len;
+          return;
         }
+        iov[cnt++] = {static_cast<char*>(data) + skip, len - skip};
         skip = 0;
+      };
+      for (size_t i = send_i; i < n && cnt < kMaxIov; ++i) {
+        const Frame& f = frames[i];
+        add(&heads[i * kRequestSize], kRequestSize);
+        if (f.vectored) add(&tables[f.table_at], f.count * kRangeBytes);
+        if (slices[f.first]->op == Op::kWrite) {
+          for (size_t k = f.first; k < f.first + f.count && cnt < kMaxIov; ++k) {
+            add(slices[k]->local, slices[k]->length);
+          }
+        }
       }
       msghdr msg{};
       msg.msg_iov = iov;
       msg.msg_iovlen = cnt;
-      ssize_t sent = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (sent < 0 && errno != EAGAIN && errno != EINTR) {
-        fail_rest(absl::UnavailableError(absl::StrCat("send to ", endpoint_, ": ", strerror(errno))));
+      ssize_t sent;
+      int err;
+      {
+        // WRITE payloads are read from the caller's buffers, as far as the
+        // socket takes them now.
+        ClaimHold hold(claim);
+        if (!hold.held()) return abandon();
+        sent = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        err = errno;
+      }
+      if (sent < 0 && err != EAGAIN && err != EINTR) {
+        fail_rest(absl::UnavailableError(absl::StrCat("send to ", endpoint_, ": ", strerror(err))));
         return;
       }
       uint64_t left = sent > 0 ? static_cast<uint64_t>(sent) : 0;
       while (left > 0 && send_i < n) {
-        Slice* s = slices[frames[send_i].first];
-        uint64_t frame = kRequestSize + (s->op == Op::kWrite ? s->length : 0);
-        uint64_t rest = frame - send_off;
+        uint64_t rest = frames[send_i].wire - send_off;
         if (left >= rest) {
           left -= rest;
           ++send_i;
@@ -232,6 +312,17 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
       // Drain what is readable without blocking.
       for (;;) {
         if (recv_i >= n) break;
+        // A blocking receive lasts up to the socket's timeout, and one cut
+        // short by it returns what had come: the deadline is checked and
+        // the timeout re-armed to what is left after every one, so a peer
+        // that trickles bytes cannot hold this thread past the deadline.
+        if (blocking) {
+          if (absl::Now() >= deadline) {
+            fail_rest(absl::DeadlineExceededError(absl::StrCat("transfer to ", endpoint_, " timed out")));
+            break;
+          }
+          ArmTimeout(deadline);
+        }
         const Frame& f = frames[recv_i];
         Slice* s = slices[f.first];
         ssize_t got;
@@ -244,46 +335,65 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
         const bool spun = blocking && reply_spin_ > absl::ZeroDuration() && (reply_got < kReplySize || small_rest) &&
                           net::SpinUntilReadable(fd_.get(), std::min(reply_spin_, deadline - absl::Now()));
         if (spun) flags = MSG_DONTWAIT;
-        if (reply_got < kReplySize) {
-          got = ::recv(fd_.get(), reply + reply_got, kReplySize - reply_got, flags);
-        } else if (current.status == WireStatus::kOk && f.count == 1) {
-          got = ::recv(fd_.get(), s->local + payload_got, current.length - payload_got, flags);
-        } else if (current.status == WireStatus::kOk) {
-          iovec iov[kMaxJoined];
-          msghdr msg{};
-          msg.msg_iov = iov;
-          msg.msg_iovlen = ScatterRest(slices.subspan(f.first, f.count), payload_got, iov);
-          got = ::recvmsg(fd_.get(), &msg, flags);
-        } else {
-          char buf[kMaxErrorText];
-          got = ::recv(fd_.get(), buf, current.length - payload_got, flags);
-          if (got > 0) error_text.append(buf, got);
+        // A payload lands in the caller's buffers under the claim, and only
+        // what has arrived: a receive blocked on the peer would hold the
+        // claim, and the caller's Wait, for as long as the peer stalls.
+        const bool into_local = reply_got == kReplySize && current.status == WireStatus::kOk;
+        const bool claimed = into_local && claim != nullptr;
+        if (claimed) flags = MSG_DONTWAIT;
+        int err = 0;
+        {
+          ClaimHold hold(claimed ? claim : nullptr);
+          if (!hold.held()) return abandon();
+          if (reply_got < kReplySize) {
+            got = ::recv(fd_.get(), reply + reply_got, kReplySize - reply_got, flags);
+          } else if (into_local && f.count == 1) {
+            got = ::recv(fd_.get(), s->local + payload_got, current.length - payload_got, flags);
+          } else if (into_local) {
+            iovec iov[kMaxIov];
+            msghdr msg{};
+            msg.msg_iov = iov;
+            msg.msg_iovlen = ScatterRest(slices.subspan(f.first, f.count), payload_got, iov, kMaxIov);
+            got = ::recvmsg(fd_.get(), &msg, flags);
+          } else {
+            char buf[kMaxErrorText];
+            got = ::recv(fd_.get(), buf, current.length - payload_got, flags);
+            if (got > 0) error_text.append(buf, got);
+          }
+          if (got < 0) err = errno;
         }
         if (got == 0) {
           fail_rest(absl::UnavailableError(absl::StrCat("connection to ", endpoint_, " closed")));
           return;
         }
         if (got < 0) {
-          if (errno == EINTR || (spun && (errno == EAGAIN || errno == EWOULDBLOCK) && absl::Now() < deadline)) {
+          const bool again = err == EAGAIN || err == EWOULDBLOCK;
+          if (claimed && blocking && again && !spun) {
+            // Nothing there yet: wait for it outside the claim (the loop's
+            // head checks the deadline).
+            pollfd q{fd_.get(), POLLIN, 0};
+            const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+            if (ms >= 0) (void)::poll(&q, 1, static_cast<int>(std::min<int64_t>(ms + 1, 1 << 30)));
             continue;
           }
-          if (spun && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+          if (err == EINTR || (spun && again && absl::Now() < deadline)) continue;
+          if (spun && again) {
             fail_rest(absl::DeadlineExceededError(absl::StrCat("transfer to ", endpoint_, " timed out")));
             break;
           }
-          if (blocking && (errno == EAGAIN || errno == EWOULDBLOCK) && absl::Now() < deadline) {
+          if (blocking && again && absl::Now() < deadline) {
             // The socket's timeout (armed for an earlier, later deadline)
             // ran out first: re-arm it for this one.
             timeout_set_ = absl::ZeroDuration();
             ArmTimeout(deadline);
             continue;
           }
-          if (blocking && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+          if (blocking && again) {
             fail_rest(absl::DeadlineExceededError(absl::StrCat("transfer to ", endpoint_, " timed out")));
             break;
           }
-          if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-          fail_rest(absl::UnavailableError(absl::StrCat("recv from ", endpoint_, ": ", strerror(errno))));
+          if (again) break;
+          fail_rest(absl::UnavailableError(absl::StrCat("recv from ", endpoint_, ": ", strerror(err))));
           return;
         }
         if (reply_got < kReplySize) {
@@ -321,9 +431,47 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
   }
 }
 
-size_t ScatterRest(absl::Span<Slice* const> joined, uint64_t received, iovec* iov) {
+void Connection::PlanFrames(absl::Span<Slice* const> slices, absl::InlinedVector<Frame, 4>* frames) {
+  static_assert(kMaxVectorRanges <= kMaxRanges);
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const Slice* s = slices[i];
+    if (!frames->empty()) {
+      Frame& f = frames->back();
+      const Slice* head = slices[f.first];
+      const Slice* last = slices[f.first + f.count - 1];
+      // Adjacent reads share a wire request: a small read starting where
+      // the previous read of the batch ends (a value's trailer) joins it,
+      // and the reply is scattered back to both. Each request costs the
+      // server a reply and the client a header and a receive: a seventh of
+      // a 64 KiB read (docs/performance.md). They share the reply's status.
+      if (!f.vectored && s->op == Op::kRead && s->length <= kJoinedRead && last->op == Op::kRead &&
+          last->remote_offset + last->length == s->remote_offset && f.length + s->length <= kMaxJoinedFrame &&
+          f.count < kMaxJoined) {
+        ++f.count;
+        f.length += s->length;
+        f.largest = std::max(f.largest, s->length);
+        continue;
+      }
+      // Small slices anywhere in the segment share a vectored frame; writes
+      // only under one epoch, which the header carries.
+      if (s->length <= kVectorSlice && f.largest <= kVectorSlice && s->op == head->op &&
+          (s->op == Op::kRead || s->epoch == head->epoch) && f.length + s->length <= kVectorFrame &&
+          f.count < kMaxVectorRanges) {
+        f.vectored = true;
+        ++f.count;
+        f.length += s->length;
+        f.largest = std::max(f.largest, s->length);
+        continue;
+      }
+    }
+    frames->push_back({.first = i, .count = 1, .length = s->length, .largest = s->length});
+  }
+}
+
+size_t ScatterRest(absl::Span<Slice* const> joined, uint64_t received, iovec* iov, size_t max) {
   size_t cnt = 0;
   for (Slice* t : joined) {
+    if (cnt == max) break;
     if (received >= t->length) {
       received -= t->length;
       continue;
@@ -387,6 +535,7 @@ absl::Status Connection::Authenticate(uint32_t segment, uint64_t segment_id, con
   a.length = body.size();
   absl::StatusOr<std::string> answer = Exchange(a, body, deadline, "data grant");
   if (!answer.ok() && absl::IsUnauthenticated(answer.status())) broken_ = true;  // the server closes
+  if (answer.ok()) admitted_until_ = auth::GrantExpiry(grant.grant);
   return answer.status();
 }
 

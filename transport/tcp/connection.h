@@ -6,27 +6,40 @@
 // deadline. Replies are matched by order and checked by id. A small read
 // that starts where the batch's previous read ends (a value's trailer) is
 // sent in that read's request and shares its reply, and so its status.
+// Runs of small slices of one op (and, for writes, one epoch) go as
+// vectored frames (READV, WRITEV; wire.h), one range per slice, and share
+// their frame's status: the server takes or refuses such a frame whole.
+// Over TLS every slice is its own frame.
 //
 // Not thread-safe: a connection is used by one worker at a time (the pool
 // in tcp_backend.cc hands it out).
+//
+// A caller's buffers are touched only under the batch's claim
+// (transport/buffer_claim.h), given to RunBatch: bytes go into (and out
+// of) them only as far as they have arrived (or fit the socket), and every
+// wait for more happens outside the claim. A receive or send that finds it
+// revoked (the caller stopped waiting) drops the connection instead.
 #pragma once
 
 #include <sys/uio.h>
 
+#include <cstdint>
 #include <string>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/types/span.h"
 #include "transport/backend.h"
+#include "transport/buffer_claim.h"
 #include "base/net/socket.h"
 #include "base/net/tls.h"
 #include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {
 
-// Where the rest of a joined reply goes once `received` bytes of it have
-// landed: one iovec per read still short of its bytes (at most
-// joined.size()), in order. Returns how many it wrote.
-size_t ScatterRest(absl::Span<Slice* const> joined, uint64_t received, iovec* iov);
+// Where the rest of a joined (or READV) reply goes once `received` bytes
+// of it have landed: one iovec per read still short of its bytes (at most
+// joined.size(), and at most `max`), in order. Returns how many it wrote.
+size_t ScatterRest(absl::Span<Slice* const> joined, uint64_t received, iovec* iov, size_t max = SIZE_MAX);
 
 class Connection {
  public:
@@ -40,7 +53,13 @@ class Connection {
   // descriptor). On a socket error or the deadline, the unfinished slices
   // fail (UNAVAILABLE / DEADLINE_EXCEEDED) and the connection becomes
   // broken; a server at its connection cap fails them UNAVAILABLE too.
-  void RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices, absl::Time deadline);
+  // Returns by the deadline (and the last copy) whatever the peer does,
+  // however it trickles bytes. `claim`: held around every copy into or
+  // out of the slices' buffers; null when nothing can revoke them (the
+  // caller's own thread). Once it is revoked, the unfinished slices fail
+  // DEADLINE_EXCEEDED and the connection is broken and abandoned().
+  void RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices, absl::Time deadline,
+                BufferClaim* claim = nullptr);
 
   // One control-channel exchange (blocking until the deadline). A server
   // that needs data grants wants Authenticate first; `segment` and
@@ -54,6 +73,11 @@ class Connection {
   absl::Status Authenticate(uint32_t segment, uint64_t segment_id, const DataGrant& grant, absl::Time deadline);
 
   bool broken() const { return broken_; }
+  // Broken because the caller stopped waiting, not through the peer.
+  bool abandoned() const { return abandoned_; }
+  // When the data grant that admitted it expires (the server refuses its
+  // frames from then on); InfiniteFuture without one.
+  absl::Time admitted_until() const { return admitted_until_; }
   // True when the idle connection cannot be used: the server closed it
   // (its idle timeout, a restart) or sent bytes nobody asked for. Does not
   // block.
@@ -66,15 +90,31 @@ class Connection {
                                        const char* what);
   // RunBatch over TLS, in windows of like slices sent and then answered
   // (see there), every call bounded by the deadline.
-  void RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices, absl::Time deadline);
+  void RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<Slice* const> slices, absl::Time deadline,
+                   BufferClaim* claim);
+  // Over TLS: moves [buf, buf+len) to or from the stream, each non-blocking
+  // step under `claim`, each wait outside it. CANCELLED once it is revoked.
+  absl::Status MoveTls(bool send, char* buf, size_t len, absl::Time deadline, BufferClaim* claim);
+  // Over TLS: a WRITE's header and payload, the payload read under `claim`.
+  absl::Status SendTlsWrite(const uint8_t* head, const char* payload, uint64_t length, absl::Time deadline,
+                            BufferClaim* claim);
 
   // Slices [first, first + count) of a batch, sent as one request of
-  // `length` bytes.
+  // `length` data bytes: one range of contiguous slices (a joined read),
+  // or with `vectored`, one range per slice; `largest` is its largest
+  // slice, `table_at` where its range table starts in the batch's tables,
+  // and `wire` its bytes on the wire (header, table and WRITE data).
   struct Frame {
     size_t first = 0;
     size_t count = 1;
     uint64_t length = 0;
+    bool vectored = false;
+    uint64_t largest = 0;
+    size_t table_at = 0;
+    uint64_t wire = 0;
   };
+  // Builds the frames of a plain (not TLS) batch.
+  static void PlanFrames(absl::Span<Slice* const> slices, absl::InlinedVector<Frame, 4>* frames);
   // A read of at most kJoinedRead bytes joins the read it follows, up to
   // kMaxJoined slices and kMaxJoinedFrame bytes. Joining saves a fixed few
   // microseconds per read, which matters for small values only; batches of
@@ -82,6 +122,16 @@ class Connection {
   static constexpr uint64_t kJoinedRead = 4096;
   static constexpr size_t kMaxJoined = 64;
   static constexpr uint64_t kMaxJoinedFrame = 256 << 10;
+  // Slices of at most kVectorSlice bytes join a vectored frame of up to
+  // kVectorFrame data bytes and kMaxVectorRanges slices: a frame per small
+  // scattered entry costs a header, a server turn and a reply, many times
+  // the entry's own time on the wire (docs/pd.md), while the bound keeps
+  // a refused frame's cost small and its replies pipelined.
+  static constexpr uint64_t kVectorSlice = 64 << 10;
+  static constexpr uint64_t kVectorFrame = 256 << 10;
+  static constexpr size_t kMaxVectorRanges = 1024;
+  // iovecs per sendmsg or recvmsg.
+  static constexpr size_t kMaxIov = 256;
   // A TLS window: at most this many slices, and for writes this many
   // payload bytes (beyond one slice), whose replies fit in socket buffers.
   static constexpr size_t kTlsWindow = 64;
@@ -97,6 +147,8 @@ class Connection {
   const absl::Duration reply_spin_;
   uint64_t next_id_ = 1;
   bool broken_ = false;
+  bool abandoned_ = false;
+  absl::Time admitted_until_ = absl::InfiniteFuture();
   net::SslPtr ssl_;  // declared after fd_: freed before the socket closes
   bool blocking_ = false;                             // O_NONBLOCK cleared (after the first batch)
   absl::Duration timeout_set_ = absl::ZeroDuration();  // the socket's armed timeout; zero: none

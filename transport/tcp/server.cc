@@ -60,6 +60,19 @@ absl::StatusOr<net::IoStep> RecvSome(int fd, SSL* ssl, void* buf, size_t len) {
   return ssl != nullptr ? net::TlsRecvSome(ssl, buf, len) : net::RecvSome(fd, buf, len);
 }
 
+absl::StatusOr<net::IoStep> RecvVec(int fd, iovec* iov, size_t count) {
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = count;
+  for (;;) {
+    const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT);
+    if (n > 0) return net::IoStep{static_cast<size_t>(n), 0};
+    if (n == 0) return absl::UnavailableError("connection closed by peer");
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return net::IoStep{0, POLLIN};
+    if (errno != EINTR) return absl::UnavailableError(absl::StrCat("recvmsg: ", strerror(errno)));
+  }
+}
+
 constexpr uint64_t kWakeId = 0;
 constexpr uint64_t kListenerId = 1;
 
@@ -400,11 +413,14 @@ Server::Step Server::Dispatch(Conn* c) {
     // without a byte written, and the connection closes.
     const bool same = c->admitted.has_value() &&
                       (h.op == WireOp::kHandshake || *c->admitted == std::make_pair(h.segment, h.segment_id));
-    if (!same) {
+    // A grant is good until its expiry, for each frame, not only at AUTH.
+    const bool current = absl::Now() < c->admitted_until;
+    if (!same || !current) {
       absl::Status refused = absl::UnauthenticatedError(
-          c->admitted ? absl::StrCat("this connection's data grant is for segment #", c->admitted->first, ", not #",
-                                     h.segment)
-                      : std::string("this daemon needs a data grant (--auth token): CHALLENGE and AUTH first"));
+          !c->admitted ? std::string("this daemon needs a data grant (--auth token): CHALLENGE and AUTH first")
+          : !same      ? absl::StrCat("this connection's data grant is for segment #", c->admitted->first, ", not #",
+                                      h.segment)
+                       : absl::StrCat("this connection's data grant expired at ", absl::FormatTime(c->admitted_until)));
       // A small payload is drained first, so the refusal reaches the peer
       // instead of being lost to the reset that unread bytes cause; a
       // large one is not worth a peer without a grant.
@@ -414,10 +430,11 @@ Server::Step Server::Dispatch(Conn* c) {
   }
   // A fault inside a transfer: `error` fails this request (its payload
   // still drained), `sleep` stalls it, `abort` kills the server mid-stream.
-  if ((h.op == WireOp::kRead || h.op == WireOp::kWrite) && TIERKV_FAILPOINT("transport.tcp.serve")) {
+  const bool vectored = h.op == WireOp::kWriteV || h.op == WireOp::kReadV;
+  if ((h.op == WireOp::kRead || h.op == WireOp::kWrite || vectored) && TIERKV_FAILPOINT("transport.tcp.serve")) {
     absl::Status failed = absl::InternalError("failpoint transport.tcp.serve");
     if (h.op == WireOp::kRead) return StartReply(c, failed, {});
-    if (h.length > options_.max_frame) return Step::kClose;
+    if (h.length > options_.max_frame + (vectored ? kMaxRanges * kRangeBytes : 0)) return Step::kClose;
     return StartBody(c, Sink::kDrain, failed);
   }
   switch (h.op) {
@@ -443,18 +460,17 @@ Server::Step Server::Dispatch(Conn* c) {
                           {}, true);
       }
       absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.segment_id, h.offset, h.length);
-      if (pin.ok() && (h.flags & kHasDeadline) && DeadlinePassed(h.deadline_ms32, absl::Now())) {
-        // The writer gave up (and its put may be revoked, the extent reused).
-        pin = absl::DeadlineExceededError(absl::StrCat("write of ", h.length, " bytes arrived after its deadline"));
-      }
       if (pin.ok()) {
-        if (absl::Status admitted = served_->AdmitWrite(h.epoch); !admitted.ok()) pin = admitted;
+        if (absl::Status admitted = WriteAdmitted(c); !admitted.ok()) pin = admitted;
       }
       if (!pin.ok()) return StartBody(c, Sink::kDrain, pin.status());
       c->pin = *std::move(pin);
       c->pin_from = 0;
       return StartBody(c, Sink::kMemory);
     }
+    case WireOp::kWriteV:
+    case WireOp::kReadV:
+      return DispatchVector(c);
     case WireOp::kHandshake:
       if (h.length > kMaxHandshake || h.offset > h.length) {
         return StartReply(c, absl::InvalidArgumentError("bad handshake frame"), {}, true);
@@ -474,7 +490,67 @@ Server::Step Server::StartBody(Conn* c, Sink sink, absl::Status verdict, bool cl
   c->verdict = std::move(verdict);
   c->close_after = close_after;
   if (sink == Sink::kBuffer) c->body.assign(c->req.length, '\0');
+  if (sink == Sink::kTable) c->body.assign(c->req.offset * kRangeBytes, '\0');
   return Step::kContinue;
+}
+
+Server::Step Server::DispatchVector(Conn* c) {
+  // A frame of the wrong shape cannot be followed with confidence (or is
+  // not worth draining): an error reply, and the connection closes.
+  if (absl::Status shape = CheckVectorHeader(c->req, options_.max_frame); !shape.ok()) {
+    return StartReply(c, shape, {}, true);
+  }
+  if (c->req.op == WireOp::kWriteV) {
+    // Late or fenced at its header already: nothing of it is looked at.
+    if (absl::Status admitted = WriteAdmitted(c); !admitted.ok()) return StartBody(c, Sink::kDrain, admitted);
+  }
+  return StartBody(c, Sink::kTable);
+}
+
+void Server::StartRanges(Conn* c) {
+  const RequestHeader& h = c->req;
+  std::vector<WireRange> ranges;
+  absl::StatusOr<uint64_t> total = DecodeRanges(h, c->body, options_.max_frame, &ranges);
+  c->body.clear();
+  c->ranges.Start(served_, h.segment, h.segment_id, std::move(ranges));
+  absl::Status verdict = total.ok() ? c->ranges.CheckAll() : total.status();
+  if (verdict.ok() && h.op == WireOp::kWriteV) verdict = WriteAdmitted(c);
+  if (!verdict.ok()) {
+    c->ranges.Clear();
+    c->sink = Sink::kDrain;
+    c->close_after = absl::IsUnauthenticated(verdict);
+    c->verdict = std::move(verdict);
+    return;
+  }
+  // A READV's table is its whole payload: FinishBody sends the reply.
+  c->sink = h.op == WireOp::kWriteV ? Sink::kRanges : Sink::kDrain;
+  c->staged_left = h.op == WireOp::kWriteV ? 0 : *total;
+}
+
+absl::Status Server::StageReply(Conn* c) {
+  const uint64_t n = std::min(c->staged_left, kVectorChunk);
+  const size_t at = c->out.size();
+  c->out.resize(at + n);
+  RETURN_IF_ERROR(c->ranges.Copy(c->out.data() + at, n, /*into_memory=*/false));
+  c->staged_left -= n;
+  return absl::OkStatus();
+}
+
+absl::Status Server::WriteAdmitted(const Conn* c) {
+  const RequestHeader& h = c->req;
+  const absl::Time now = absl::Now();
+  if ((h.flags & kHasDeadline) && DeadlinePassed(h.deadline_ms32, now)) {
+    // The writer gave up (and its put may be revoked, the extent reused).
+    return absl::DeadlineExceededError(
+        c->body_got == 0 ? absl::StrCat("write of ", h.length, " bytes arrived after its deadline")
+                         : absl::StrCat("write of ", h.length, " bytes: its deadline passed after ", c->body_got,
+                                        " of them had landed; the rest was drained"));
+  }
+  if (now >= c->admitted_until) {
+    return absl::UnauthenticatedError(absl::StrCat("this connection's data grant expired at ",
+                                                   absl::FormatTime(c->admitted_until), " during a write"));
+  }
+  return served_->AdmitWrite(h.epoch);
 }
 
 absl::Status Server::Repin(Conn* c, uint64_t done) {
@@ -492,7 +568,44 @@ Server::Step Server::ReadBody(Conn* c, uint8_t* scratch) {
     const uint64_t left = length - c->body_got;
     void* into = scratch;
     size_t want = static_cast<size_t>(std::min<uint64_t>(left, kScratch));
+    if (c->sink == Sink::kRanges && c->ssl == nullptr) {
+      // Straight into a run of ranges in one buffer, checked before every
+      // receive into served memory as for WRITE; other runs go through
+      // scratch (below).
+      if (absl::Status refused = WriteAdmitted(c); !refused.ok()) {
+        c->sink = Sink::kDrain;
+        c->close_after = absl::IsUnauthenticated(refused);
+        c->verdict = std::move(refused);
+        continue;
+      }
+      std::optional<ServedMemory::Pin> run;
+      iovec iov[RangeCursor::kMaxRun];
+      if (const size_t count = c->ranges.PinRun(RangeCursor::kMaxRun, &run, iov); count > 0) {
+        absl::StatusOr<net::IoStep> got = RecvVec(c->fd.get(), iov, count);
+        run.reset();
+        if (!got.ok()) return Step::kClose;
+        if (got->n == 0) {
+          c->want_write = false;
+          return Step::kBlocked;
+        }
+        c->ranges.Skip(got->n);
+        c->body_got += got->n;
+        c->moved += got->n;
+        continue;
+      }
+    }
     if (c->sink == Sink::kMemory) {
+      // Before every receive into served memory, not only at the header: a
+      // payload that trickles in past its deadline (or its grant, or a
+      // newer master) must not land in an extent that may be another put's
+      // by now. The rest is drained and the write refused.
+      if (absl::Status refused = WriteAdmitted(c); !refused.ok()) {
+        c->pin.reset();
+        c->sink = Sink::kDrain;
+        c->close_after = absl::IsUnauthenticated(refused);
+        c->verdict = std::move(refused);
+        continue;
+      }
       if (!c->pin.has_value()) {
         // Pinned again after a wait; a range unregistered meanwhile has the
         // rest drained and the write refused.
@@ -504,9 +617,9 @@ Server::Step Server::ReadBody(Conn* c, uint8_t* scratch) {
       }
       into = c->pin->addr + (c->body_got - c->pin_from);
       want = static_cast<size_t>(std::min<uint64_t>(left, 1 << 30));
-    } else if (c->sink == Sink::kBuffer) {
+    } else if (c->sink == Sink::kBuffer || c->sink == Sink::kTable) {
       into = c->body.data() + c->body_got;
-      want = static_cast<size_t>(left);
+      want = c->body.size() - c->body_got;
     }
     absl::StatusOr<net::IoStep> got = RecvSome(c->fd.get(), c->ssl.get(), into, want);
     if (!got.ok()) return Step::kClose;
@@ -516,6 +629,19 @@ Server::Step Server::ReadBody(Conn* c, uint8_t* scratch) {
     }
     c->body_got += got->n;
     c->moved += got->n;
+    if (c->sink == Sink::kTable && c->body_got == c->body.size()) {
+      StartRanges(c);
+    } else if (c->sink == Sink::kRanges) {
+      // Checked after the receive and before any of it lands, so no byte
+      // that arrived past the deadline (grant, epoch) is written.
+      absl::Status st = WriteAdmitted(c);
+      if (st.ok()) st = c->ranges.Copy(reinterpret_cast<char*>(scratch), got->n, /*into_memory=*/true);
+      if (!st.ok()) {
+        c->sink = Sink::kDrain;
+        c->close_after = absl::IsUnauthenticated(st);
+        c->verdict = std::move(st);
+      }
+    }
   }
   c->pin.reset();
   return FinishBody(c);
@@ -526,7 +652,25 @@ Server::Step Server::FinishBody(Conn* c) {
   if (!c->verdict.ok()) return StartReply(c, c->verdict, {}, c->close_after);
   switch (h.op) {
     case WireOp::kWrite:
+    case WireOp::kWriteV:
       return StartReply(c, absl::OkStatus(), {});
+    case WireOp::kReadV: {
+      // The header, then the data staged a chunk at a time (SendReply).
+      ReplyHeader r;
+      r.id = h.id;
+      r.length = c->staged_left;
+      c->out.resize(kReplySize);
+      EncodeReply(r, reinterpret_cast<uint8_t*>(c->out.data()));
+      if (absl::Status st = StageReply(c); !st.ok()) {
+        c->staged_left = 0;  // nothing was sent: the refusal replaces the data
+        return StartReply(c, st, {});
+      }
+      c->out_sent = 0;
+      c->payload = c->payload_sent = 0;
+      c->close_after = false;
+      c->stage = Stage::kReply;
+      return Step::kContinue;
+    }
     case WireOp::kAuth: {
       // A nonce answers one AUTH: a second try on the connection needs a new challenge.
       const std::string nonce = std::move(c->nonce);
@@ -540,6 +684,7 @@ Server::Step Server::FinishBody(Conn* c) {
                                          h.segment, h.segment_id, absl::Now());
       if (!ok.ok()) return StartReply(c, ok, {}, true);
       c->admitted = std::make_pair(h.segment, h.segment_id);
+      c->admitted_until = auth::GrantExpiry(body.substr(0, auth::kGrantBytes));
       c->admit_by = absl::InfiniteFuture();
       return StartReply(c, absl::OkStatus(), {});
     }
@@ -589,7 +734,14 @@ Server::Step Server::StartMemoryReply(Conn* c, ServedMemory::Pin pin) {
 }
 
 Server::Step Server::SendReply(Conn* c) {
-  while (c->out_sent < c->out.size() || c->payload_sent < c->payload) {
+  while (c->out_sent < c->out.size() || c->payload_sent < c->payload || c->staged_left > 0) {
+    if (c->out_sent == c->out.size() && c->staged_left > 0) {
+      // A READV's next chunk; a range unregistered meanwhile cannot finish
+      // its reply, and the connection closes.
+      c->out.clear();
+      c->out_sent = 0;
+      if (!StageReply(c).ok()) return Step::kClose;
+    }
     // Pinned again after a wait; a range unregistered meanwhile cannot
     // finish its reply, and the connection closes.
     if (c->payload_sent < c->payload && !c->pin.has_value() && !Repin(c, c->payload_sent).ok()) return Step::kClose;
@@ -630,6 +782,8 @@ Server::Step Server::SendReply(Conn* c) {
   c->req = RequestHeader();
   c->body_got = 0;
   c->verdict = absl::OkStatus();
+  c->ranges.Clear();
+  c->staged_left = 0;
   if (c->out.capacity() > 1024) std::string().swap(c->out);
   if (c->body.capacity() > 1024) std::string().swap(c->body);
   c->out.clear();

@@ -41,10 +41,36 @@
 // (a WRITE's rest is drained and refused; a READ's reply, cut short,
 // closes the connection).
 //
+// Vectored frames (WRITEV, READV; wire.h): the range table is received
+// first, into the connection (at most kMaxRanges * 16 bytes), and every
+// range is resolved before any byte moves; one that fails refuses the
+// whole frame (a WRITEV's data drained, the connection kept). A WRITEV's
+// data is received straight into a run of its ranges with one recvmsg,
+// under one pin for the run (RangeCursor); ranges that do not share a
+// buffer, and any over TLS, go through the I/O thread's scratch and are
+// copied into place. A READV's reply is staged through the connection's
+// reply buffer, at most kVectorChunk at a time. Ranges are resolved again
+// for each receive or copy, as a parked WRITE's are.
+//
 // Data grants: where ServedMemory::DataGrantsRequired(), a connection
-// must pass CHALLENGE and AUTH (wire.h) before any READ, WRITE or
-// HANDSHAKE, which may then name only the segment it was admitted to; any
-// other frame gets UNAUTHENTICATED and the connection closes.
+// must pass CHALLENGE and AUTH (wire.h) before any READ(V), WRITE(V) or
+// HANDSHAKE, which may then name only the segment it was admitted to, and
+// only until the grant's expiry; any other frame gets UNAUTHENTICATED and
+// the connection closes.
+//
+// Late writes: a WRITE lands only while it is still wanted, checked when
+// its header arrives and again before every receive of its payload into
+// served memory: its frame's deadline (kHasDeadline) has not passed, the
+// connection's data grant has not expired, and no newer master epoch than
+// the one that granted it has been seen (AdmitWrite). Once one fails, no
+// further byte of it is written: the rest is drained and the write refused
+// (EXPIRED, UNAUTHENTICATED and closed, STALE_EPOCH). Bytes received
+// before that may have landed: they are in the extent the write was
+// granted, which no other put has been given yet (the master hands it on
+// only --revoke-grace after the writer's put was revoked, which follows
+// its deadline), and the refused write is never acknowledged, so its put
+// is revoked and no reader sees them. So a refused write may leave a
+// prefix of its payload, never a byte received after its deadline.
 //
 // TLS (ServerOptions::tls): a connection's first bytes are its TLS
 // handshake, and every frame after it travels inside TLS; the rest is as
@@ -61,6 +87,8 @@
 // them and closes everything. Thread-safe.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <atomic>
 #include <memory>
 #include <optional>
@@ -74,6 +102,7 @@
 #include "transport/backend.h"
 #include "base/net/socket.h"
 #include "base/net/tls.h"
+#include "transport/tcp/range_cursor.h"
 #include "transport/tcp/wire.h"
 
 namespace tierkv::transport::tcp {
@@ -113,8 +142,9 @@ class Server {
   // Where a connection's frame stands.
   enum class Stage : uint8_t { kTlsAccept, kHeader, kBody, kReply };
   // Where a payload goes: served memory (a WRITE), nowhere (refused, so
-  // drained through the I/O thread's scratch), or Conn::body.
-  enum class Sink : uint8_t { kMemory, kDrain, kBuffer };
+  // drained through the I/O thread's scratch), Conn::body, Conn::body as a
+  // vectored frame's range table, or a WRITEV's ranges (through scratch).
+  enum class Sink : uint8_t { kMemory, kDrain, kBuffer, kTable, kRanges };
   // What a step of a turn left the connection in.
   enum class Step : uint8_t { kContinue, kFrameDone, kBlocked, kClose };
 
@@ -129,6 +159,7 @@ class Server {
     // AUTH admitted it to.
     std::string nonce;
     std::optional<std::pair<uint32_t, uint64_t>> admitted;
+    absl::Time admitted_until = absl::InfiniteFuture();  // the admitting grant's expiry
     net::SslPtr ssl;  // with ServerOptions::tls, from the accept
     Stage stage = Stage::kHeader;
     bool want_write = false;                        // parked for writable rather than readable
@@ -139,7 +170,7 @@ class Server {
     RequestHeader req;
     Sink sink = Sink::kDrain;
     uint64_t body_got = 0;
-    std::string body;                                 // Sink::kBuffer
+    std::string body;                                 // Sink::kBuffer, Sink::kTable
     absl::Status verdict;                             // the answer due once a refused payload is drained
     bool close_after = false;                         // close once the reply is out
     std::string out;                                  // the reply's header (and small payload or error text)
@@ -148,8 +179,12 @@ class Server {
     std::optional<ServedMemory::Pin> pin;             // held within a turn only
     uint64_t pin_from = 0;                            // body_got / payload_sent when `pin` was resolved
     uint64_t moved = 0;                               // payload and reply bytes moved, ever
+    RangeCursor ranges;        // a vectored frame's, once its table has arrived
+    uint64_t staged_left = 0;  // READV: reply bytes not yet staged into `out`
   };
   static constexpr int kFramesPerTurn = 64;
+  // A READV's reply is staged into Conn::out this much at a time.
+  static constexpr uint64_t kVectorChunk = 256 << 10;
 
   void IoLoop(int index);
   void AcceptSome();
@@ -177,6 +212,16 @@ class Server {
   Step StartMemoryReply(Conn* c, ServedMemory::Pin pin);
   // The frame's range from `done` bytes in, pinned into c->pin.
   absl::Status Repin(Conn* c, uint64_t done);
+  // WRITEV and READV at their header: the shape checks (ranges, caps).
+  Step DispatchVector(Conn* c);
+  // Once a vectored frame's table has arrived: decodes and resolves every
+  // range, and sets where the rest goes (its ranges, or drained).
+  void StartRanges(Conn* c);
+  // Stages the next part of a READV's reply data into c->out.
+  absl::Status StageReply(Conn* c);
+  // OK while the WRITE in c->req may still land (see "Late writes" above);
+  // otherwise why not: DEADLINE_EXCEEDED, UNAUTHENTICATED, FAILED_PRECONDITION.
+  absl::Status WriteAdmitted(const Conn* c);
 
   const ServerOptions options_;
   ServedMemory* const served_;

@@ -3,11 +3,18 @@
 // and gives it back. A broken connection is dropped, and the channel then
 // reports itself unhealthy (as it does when a dial fails) so the engine
 // re-reads the peer's descriptor before the next use.
+//
+// A worker's batch may be abandoned by its caller mid-transfer (a Wait that
+// timed out): the connection then drops its bytes and itself, leaving the
+// channel healthy (transport/buffer_claim.h). A connection is used only
+// while the data grant that admitted it outlives the batch's deadline,
+// since the server refuses frames past the grant's expiry.
 #include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "base/mutex.h"
 #include "base/status.h"
+#include "transport/buffer_claim.h"
 #include "transport/internal/builtin.h"
 #include "transport/tcp/connection.h"
 #include "transport/tcp/server.h"
@@ -71,7 +78,7 @@ class TcpChannel final : public PeerChannel {
       for (Slice* s : slices) s->status = conn.status();
       return;
     }
-    (*conn)->RunBatch(segment_, segment_id_, slices, deadline);
+    (*conn)->RunBatch(segment_, segment_id_, slices, deadline, CurrentTaskClaim());
     Release(std::move(*conn));
     // The server does not serve this segment (any more): the descriptor is
     // stale, so the engine re-reads it before the next use.
@@ -92,12 +99,13 @@ class TcpChannel final : public PeerChannel {
         }
         cv_.WaitFor(&mu_, absl::ToChronoMilliseconds(deadline - absl::Now()) + std::chrono::milliseconds(1));
       }
-      // A connection the server closed while it sat idle (its idle timeout)
-      // would fail the batch; it is dropped and another taken or dialled.
+      // A connection the server closed while it sat idle (its idle timeout),
+      // or one whose data grant expires before the batch's deadline, would
+      // fail the batch; it is dropped and another taken or dialled.
       while (!idle_.empty()) {
         auto c = std::move(idle_.front());
         idle_.pop_front();
-        if (!c->Stale()) return c;
+        if (!c->Stale() && c->admitted_until() > deadline) return c;
         --open_;
       }
       ++open_;
@@ -119,9 +127,10 @@ class TcpChannel final : public PeerChannel {
     MutexLock lock(&mu_);
     if (c->broken()) {
       // The peer may have restarted at another address: have the engine
-      // re-read its descriptor rather than redial this endpoint.
+      // re-read its descriptor rather than redial this endpoint. Not so for
+      // one its caller abandoned: the peer was only slow.
       --open_;
-      healthy_.store(false);
+      if (!c->abandoned()) healthy_.store(false);
     } else {
       idle_.push_back(std::move(c));
     }

@@ -40,6 +40,54 @@ void EncodeRequest(const RequestHeader& h, uint8_t out[kRequestSize]) {
   Put64(out + 48, h.epoch);
 }
 
+void EncodeRange(const WireRange& r, uint8_t out[kRangeBytes]) {
+  Put64(out, r.offset);
+  Put64(out + 8, r.length);
+}
+
+WireRange DecodeRange(const uint8_t in[kRangeBytes]) { return {Get64(in), Get64(in + 8)}; }
+
+absl::Status CheckVectorHeader(const RequestHeader& h, uint64_t max_data) {
+  const bool write = h.op == WireOp::kWriteV;
+  const char* what = write ? "writev" : "readv";
+  if (h.offset == 0 || h.offset > kMaxRanges) {
+    return absl::Status(h.offset == 0 ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kResourceExhausted,
+                        absl::StrCat(what, " of ", h.offset, " ranges: a frame carries 1 to ", kMaxRanges));
+  }
+  const uint64_t table = h.offset * kRangeBytes;
+  if (write ? h.length < table : h.length != table) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " of ", h.offset, " ranges carries ", h.length,
+                                                   " payload bytes, which do not fit its table"));
+  }
+  if (write && h.length - table > max_data) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("writev of ", h.length - table, " bytes exceeds the frame cap ", max_data));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> DecodeRanges(const RequestHeader& h, const std::string& table, uint64_t max_data,
+                                      std::vector<WireRange>* ranges) {
+  const bool write = h.op == WireOp::kWriteV;
+  ranges->resize(h.offset);
+  uint64_t total = 0;
+  bool overflow = false;
+  for (size_t i = 0; i < ranges->size(); ++i) {
+    (*ranges)[i] = DecodeRange(reinterpret_cast<const uint8_t*>(table.data()) + i * kRangeBytes);
+    overflow |= (*ranges)[i].length > UINT64_MAX - total;
+    if (!overflow) total += (*ranges)[i].length;
+  }
+  const std::string sum = overflow ? std::string("over 2^64") : absl::StrCat(total);
+  const uint64_t carried = h.length - h.offset * kRangeBytes;
+  if (write && (overflow || total != carried)) {
+    return absl::InvalidArgumentError(absl::StrCat("writev ranges total ", sum, " bytes; it carries ", carried));
+  }
+  if (!write && (overflow || total > max_data)) {
+    return absl::ResourceExhaustedError(absl::StrCat("readv of ", sum, " bytes exceeds the frame cap ", max_data));
+  }
+  return total;
+}
+
 void EncodeReply(const ReplyHeader& h, uint8_t out[kReplySize]) {
   std::memset(out, 0, kReplySize);
   Put32(out, kReplyMagic);

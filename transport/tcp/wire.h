@@ -1,7 +1,7 @@
 // The tcp transport's frames. docs/wire-formats.md has the full contract.
 //
-// Request (56 bytes, little-endian), then `length` payload bytes for WRITE
-// and HANDSHAKE:
+// Request (56 bytes, little-endian), then `length` payload bytes for WRITE,
+// WRITEV, READV (its range table) and HANDSHAKE:
 //   u32 magic 'TKVS' | u8 op | u8 flags | u16 reserved | u32 segment |
 //   u32 deadline | u64 segment_id | u64 id | u64 offset | u64 length |
 //   u64 epoch
@@ -12,24 +12,39 @@
 // a stale descriptor (the daemon restarted, or another took its address).
 // With flag kHasDeadline, `deadline` is the low 32 bits of the Unix time in
 // milliseconds after which the sender has given the request up: a server
-// refuses a WRITE that arrives later (its payload drained, nothing
-// written), so bytes delayed past a revoked put never land on the extent.
+// refuses a WRITE whose header, or any later part of its payload, arrives
+// later (the rest drained, no byte received after the deadline written),
+// so bytes delayed past a revoked put never land on the extent.
 // A WRITE's `epoch` is that of the master that granted its extent (0:
 // none): a server that has seen a newer master refuses it STALE_EPOCH, its
 // payload drained, nothing written (docs/ha.md).
-// Reply (24 bytes), then `length` payload bytes (READ data, HANDSHAKE
-// answer, or an error message). A server over its connection cap sends one
-// BUSY reply with id 0 and closes:
+// Reply (24 bytes), then `length` payload bytes (READ or READV data,
+// HANDSHAKE answer, or an error message). A server over its connection
+// cap sends one BUSY reply with id 0 and closes:
 //   u32 magic 'TKVA' | u8 status | u8[3] reserved | u64 id | u64 length
 //
 // Replies come back in request order on a connection, so a client may
 // pipeline. For HANDSHAKE, `offset` carries the length of the transport
 // name that prefixes the payload.
 //
+// Vectored frames carry many ranges of one segment under one header and
+// one reply, for batches of small scattered entries (P/D transfer moves
+// one entry per token per layer). WRITEV and READV name the segment as
+// WRITE and READ do (index, id; WRITEV also deadline and epoch); `offset`
+// is the number of ranges N (1..kMaxRanges), and the payload opens with
+// N little-endian (u64 offset, u64 length) pairs. WRITEV's payload goes on
+// with the ranges' data, concatenated in table order, and `length` is
+// N * 16 plus that data; READV's payload is the table alone, and its OK
+// reply carries the ranges' data, concatenated. The data of either is at
+// most the server's frame cap. A server checks every range before it
+// moves a byte and refuses the whole frame with the first failing range's
+// status, so a vectored frame lands entirely or not at all (save a WRITEV
+// cut short by its deadline, as WRITE).
+//
 // Data grants (base/auth.h), for a server whose segments need
 // them: CHALLENGE (no payload) is answered with a fresh 32-byte nonce;
 // AUTH names the segment (index and id) and carries the grant and the
-// proof (24 + 32 bytes). Until an AUTH passes, READ, WRITE and HANDSHAKE
+// proof (24 + 32 bytes). Until an AUTH passes, READ(V), WRITE(V) and HANDSHAKE
 // get UNAUTHENTICATED and the connection closes; afterwards they may name
 // only that segment. A refused AUTH closes the connection too.
 #pragma once
@@ -37,6 +52,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -53,8 +69,22 @@ inline constexpr size_t kReplySize = 24;
 inline constexpr uint64_t kMaxHandshake = 64 << 10;
 inline constexpr uint64_t kMaxErrorText = 1024;
 
-enum class WireOp : uint8_t { kRead = 1, kWrite = 2, kHandshake = 3, kPing = 4, kChallenge = 5, kAuth = 6 };
-inline constexpr uint8_t kMaxWireOp = 6;
+enum class WireOp : uint8_t {
+  kRead = 1,
+  kWrite = 2,
+  kHandshake = 3,
+  kPing = 4,
+  kChallenge = 5,
+  kAuth = 6,
+  kWriteV = 7,
+  kReadV = 8,
+};
+inline constexpr uint8_t kMaxWireOp = 8;
+
+// A vectored frame's limits: ranges per frame, and bytes per range in its
+// table (a 1 MiB table at most).
+inline constexpr uint64_t kMaxRanges = 65536;
+inline constexpr uint64_t kRangeBytes = 16;
 
 enum class WireStatus : uint8_t {
   kOk = 0,
@@ -85,8 +115,8 @@ struct RequestHeader {
   uint64_t offset = 0;
   uint64_t length = 0;
   uint32_t deadline_ms32 = 0;  // meaningful with kHasDeadline
-  uint64_t segment_id = 0;     // READ/WRITE: the target segment's id
-  uint64_t epoch = 0;          // WRITE: the granting master's epoch (0: none)
+  uint64_t segment_id = 0;     // READ(V)/WRITE(V): the target segment's id
+  uint64_t epoch = 0;          // WRITE(V): the granting master's epoch (0: none)
 };
 
 struct ReplyHeader {
@@ -95,7 +125,27 @@ struct ReplyHeader {
   uint64_t length = 0;
 };
 
+// One entry of a vectored frame's range table.
+struct WireRange {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
 void EncodeRequest(const RequestHeader& h, uint8_t out[kRequestSize]);
+void EncodeRange(const WireRange& r, uint8_t out[kRangeBytes]);
+WireRange DecodeRange(const uint8_t in[kRangeBytes]);
+
+// A WRITEV or READV header against the limits above, with `max_data` the
+// server's frame cap on range data: INVALID_ARGUMENT for no ranges or a
+// `length` that does not fit the table, RESOURCE_EXHAUSTED for too many
+// ranges or WRITEV data above the cap.
+absl::Status CheckVectorHeader(const RequestHeader& h, uint64_t max_data);
+// Decodes the table (h.offset entries) of a frame CheckVectorHeader
+// passed and returns the ranges' total length: a WRITEV's must be the data
+// it carries (INVALID_ARGUMENT otherwise, or when the sum overflows), a
+// READV's at most `max_data` (RESOURCE_EXHAUSTED).
+absl::StatusOr<uint64_t> DecodeRanges(const RequestHeader& h, const std::string& table, uint64_t max_data,
+                                      std::vector<WireRange>* ranges);
 void EncodeReply(const ReplyHeader& h, uint8_t out[kReplySize]);
 // INVALID_ARGUMENT for a wrong magic or unknown op/status. Never reads past
 // `size`; sizes below the header size are INVALID_ARGUMENT too.
