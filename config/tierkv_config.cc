@@ -66,6 +66,11 @@ const FlagTable<TierkvConfig>& TierkvFlags() {
           IntFlag<C>("daemons", &C::daemons, "2", 1, 64, "embedded cluster: store daemons"),
           SizeFlag<C>("store-size", &C::store_size, "1gib", 1 << 20, 1e13, "embedded cluster: DRAM per daemon"),
           StringFlag<C>("transport", &C::transport, "", "transport preference (tcp,shm); empty = auto"),
+          ChoiceFlag<C>("pd", &C::pd, "", {"", "1P1D", "2P1D"},
+                        "replay: prefill-to-decode disaggregation (docs/pd.md): N prefill engines and one decode "
+                        "engine in this process, each with a transfer engine in peer mode; decode restores the "
+                        "prefix from the store and takes the rest from a prefill, which pushes each page as it "
+                        "is computed"),
           BoolFlag<C>("json", &C::json, "false", "print one JSON object with the results"),
           BoolFlag<C>("progress", &C::progress, "true", "draw a progress bar on stderr"),
           StringFlag<C>("csv", &C::csv, "", "write the windowed hit rate as CSV here"),

@@ -43,6 +43,7 @@ struct TierkvConfig {
   std::string ssd_capacity;   // replay: the embedded daemons' SSD tiers, as a share like capacity
   std::string ssd_admission;  // the embedded master's --ssd-admission
   std::string transport;
+  std::string pd;             // replay: "" (off), 1P1D or 2P1D
   bool json = false;
   bool progress = true;
   std::string csv;

@@ -149,6 +149,7 @@ class PrefixCache {
   size_t l1_used() const { return l1_.used(); }
   size_t l2_used() const { return l2_.used(); }
   KvPool& l2_pool() { return l2_; }
+  KvPool& l1_pool() { return l1_; }
   Device& device() { return *device_; }
 
  private:

@@ -123,6 +123,12 @@ class CpuDevice final : public Device {
   void Free(char* p, size_t) override {
     std::erase_if(regions_, [p](const auto& r) { return r->data() == p; });
   }
+  int MemoryFd(const char* p) const override {
+    for (const auto& r : regions_) {
+      if (r->data() == p) return r->fd();
+    }
+    return -1;
+  }
   absl::Status RegisterHost(char*, size_t) override { return absl::OkStatus(); }
   void UnregisterHost(char*) override {}
   absl::Status CopyIn(char* l1, const char* host, size_t bytes) override {

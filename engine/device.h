@@ -58,6 +58,9 @@ class Device {
   // L1 pool memory.
   virtual absl::StatusOr<char*> Allocate(size_t bytes) = 0;
   virtual void Free(char* p, size_t bytes) = 0;
+  // The memfd behind L1 memory Allocate returned (so same-host peers can
+  // map it: shm transfers), or -1.
+  virtual int MemoryFd(const char* p) const { return -1; }
   // Host memory that copies will use often (the L2 pool): pinned for DMA.
   // A failure only costs speed; the caller may carry on.
   virtual absl::Status RegisterHost(char* p, size_t bytes) = 0;

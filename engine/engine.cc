@@ -89,7 +89,7 @@ double InferenceEngine::window_hit_rate() const {
   return window_tokens_ == 0 ? 0 : static_cast<double>(window_cached_) / window_tokens_;
 }
 
-RequestResult InferenceEngine::Serve(absl::Span<const int32_t> prompt) {
+RequestResult InferenceEngine::Serve(absl::Span<const int32_t> prompt, const PageHook& on_page) {
   RequestResult r;
   r.tokens = prompt.size();
   const uint64_t loads = cache_->stats().l1_loads, stores = cache_->stats().l1_stores;
@@ -122,6 +122,15 @@ RequestResult InferenceEngine::Serve(absl::Span<const int32_t> prompt) {
     return cache_->L1Page(i < have ? prefix_slots[i] : new_slots[i - have]);
   };
   const size_t computed = prompt.size() - r.cached_tokens;
+  size_t pages_told = 0;  // pages handed to on_page so far
+  auto tell = [&](size_t complete) {
+    if (!on_page || complete <= pages_told) return;
+    if (absl::Status s = device_->Sync(); !s.ok()) {
+      if (r.status.ok()) r.status = s;
+      return;
+    }
+    for (; pages_told < complete; ++pages_told) on_page(pages_told, page_of(pages_told));
+  };
   if (new_slots.size() + have < pages_needed) {
     // L1 is full of pinned pages (a prompt longer than L1): serve without
     // caching this request.
@@ -130,6 +139,7 @@ RequestResult InferenceEngine::Serve(absl::Span<const int32_t> prompt) {
     cache_->Release(&lookup);
     r.compute_s = computed / (tokens_per_s_ > 0 ? tokens_per_s_ : 5000);
   } else if (config_.synthetic) {
+    tell(have);
     const size_t bytes = cache_->config().page_bytes;
     // Pages are made on the host; on a GPU they are staged and copied in
     // (and the staging lives until Commit's sync).
@@ -142,12 +152,15 @@ RequestResult InferenceEngine::Serve(absl::Span<const int32_t> prompt) {
         FillSynthetic(lookup.keys[i], host, bytes);
         r.status = device_->CopyIn(page_of(i), host, bytes);
       }
+      if (r.status.ok()) tell(i + 1);
     }
     if (r.status.ok()) r.status = device_->Sync();
     r.compute_s = computed / tokens_per_s_;
   } else {
     absl::Time t0 = absl::Now();
-    absl::StatusOr<std::vector<float>> logits = model_->Prefill(prompt, r.cached_tokens, layout_, page_of, *device_);
+    tell(have);
+    absl::StatusOr<std::vector<float>> logits =
+        model_->Prefill(prompt, r.cached_tokens, layout_, page_of, *device_, [&](size_t done) { tell(done); });
     r.compute_s = absl::ToDoubleSeconds(absl::Now() - t0);
     if (logits.ok()) {
       r.logits = std::move(*logits);
@@ -174,6 +187,12 @@ RequestResult InferenceEngine::Serve(absl::Span<const int32_t> prompt) {
   // A model-mode request that hit nothing measured its no-cache TTFT.
   if (!config_.synthetic && r.cached_tokens == 0) r.ttft_nocache_s = r.ttft_s;
 
+  Account(r, loads, stores);
+  return r;
+}
+
+void InferenceEngine::Account(const RequestResult& r, uint64_t loads, uint64_t stores) {
+  const size_t P = config_.page_tokens;
   requests_->Increment();
   copies_in_->Increment(static_cast<double>(cache_->stats().l1_loads - loads));
   copies_out_->Increment(static_cast<double>(cache_->stats().l1_stores - stores));
@@ -199,7 +218,6 @@ RequestResult InferenceEngine::Serve(absl::Span<const int32_t> prompt) {
     window_.pop_front();
   }
   window_rate_->Set(window_hit_rate());
-  return r;
 }
 
 }  // namespace tierkv::engine

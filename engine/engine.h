@@ -14,6 +14,7 @@
 
 #include <array>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -60,14 +61,30 @@ struct RequestResult {
   // A device failure: the request was not served (nothing new is cached).
   absl::Status status;
   std::vector<float> logits;  // model mode
+  // Prefill-to-decode (engine/pd.h): computed by a prefill peer; its
+  // pushes' span (first page sent to last landed, overlapping compute),
+  // and the part of it after the last page was computed (in ttft_s).
+  bool pd = false;
+  double pd_transfer_s = 0;
+  double pd_exposed_s = 0;
 };
+
+// Called with each page of a request as its KV becomes complete in L1 (the
+// cached prefix at once, computed pages as their chunk finishes, a partial
+// last page in model mode at the end), in page order, with the device
+// synchronised: prefill-to-decode transfer pushes pages from it.
+using PageHook = std::function<void(size_t page, char* l1_page)>;
 
 class InferenceEngine {
  public:
   // `l3` may be null (L1/L2 only).
   InferenceEngine(EngineConfig config, L3Store* l3);
 
-  RequestResult Serve(absl::Span<const int32_t> prompt);
+  RequestResult Serve(absl::Span<const int32_t> prompt, const PageHook& on_page = {});
+  // Counts a request in the metrics and the hit-rate window: Serve does,
+  // and so does a caller that served one around it through the cache
+  // (engine/pd.h), giving the page copy counts before it began.
+  void Account(const RequestResult& r, uint64_t l1_loads_before, uint64_t l1_stores_before);
 
   double tokens_per_s() const { return tokens_per_s_; }
   bool synthetic() const { return config_.synthetic; }

@@ -46,4 +46,9 @@ int KvPool::Allocate() {
 
 void KvPool::Free(int slot) { free_.push_back(slot); }
 
+int KvPool::memfd() const {
+  if (region_) return region_->fd();
+  return tier_ == Tier::kDevice ? device_->MemoryFd(base_) : -1;
+}
+
 }  // namespace tierkv::engine

@@ -35,6 +35,9 @@ class KvPool {
   size_t page_bytes() const { return page_bytes_; }
   char* base() const { return base_; }
   size_t bytes() const { return slots_ * page_bytes_; }
+  // The memfd behind the pool, for registering it with a transfer engine
+  // that serves same-host peers over shm; -1 when there is none.
+  int memfd() const;
 
  private:
   size_t slots_;

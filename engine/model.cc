@@ -82,12 +82,14 @@ KvLayout Model::Layout(int page_tokens, int tp) const {
 
 absl::StatusOr<std::vector<float>> Model::Prefill(absl::Span<const int32_t> tokens, size_t start,
                                                   const KvLayout& layout, const std::function<char*(size_t)>& page,
-                                                  Device& device) const {
+                                                  Device& device,
+                                                  const std::function<void(size_t pages_done)>& on_chunk) const {
   std::vector<float> last(config_.hidden, 0.f);
   const size_t p = layout.page_tokens;
   for (size_t begin = start; begin < tokens.size(); begin += p - begin % p) {
     size_t end = std::min(tokens.size(), begin - begin % p + p);
     if (absl::Status s = Chunk(tokens, begin, end, layout, page, device, &last); !s.ok()) return s;
+    if (on_chunk) on_chunk(end == tokens.size() ? (end + p - 1) / p : end / p);
   }
   std::vector<float> normed(config_.hidden);
   RmsNorm(last.data(), final_norm_.data(), normed.data(), config_.hidden);

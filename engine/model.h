@@ -75,8 +75,12 @@ class Model {
   // written into them. `page(i)` returns page i's memory (layout above).
   // Page addresses are the device's (L1). `start` must be a multiple of the
   // page size. Returns the last token's logits, or the device's error.
+  // `on_chunk`, when set, is called after each page-sized chunk with the
+  // number of pages whose KV is now complete (the last, partial page
+  // counts once the last chunk ran); the device may still be writing them.
   absl::StatusOr<std::vector<float>> Prefill(absl::Span<const int32_t> tokens, size_t start, const KvLayout& layout,
-                                             const std::function<char*(size_t page)>& page, Device& device) const;
+                                             const std::function<char*(size_t page)>& page, Device& device,
+                                             const std::function<void(size_t pages_done)>& on_chunk = {}) const;
 
  private:
   struct Layer {

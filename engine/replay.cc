@@ -57,7 +57,12 @@ ReplayReport Replay(const std::vector<TraceRequest>& trace, InferenceEngine& eng
     size_t usable = (prompt.size() - 1) / P, bound = 0;
     while (bound < usable && seen.contains(keys[bound])) ++bound;
     for (const PageKey& k : keys) seen.insert(k);
-    RequestResult r = engine.Serve(prompt);
+    RequestResult r = options.serve ? options.serve(prompt) : engine.Serve(prompt);
+    if (r.pd) {
+      ++rep.pd.requests;
+      rep.pd.transfer_s += r.pd_transfer_s;
+      rep.pd.exposed_s += r.pd_exposed_s;
+    }
     if (options.after_request) options.after_request(i, r);
     ++rep.requests;
     rep.tokens += r.tokens;
@@ -94,6 +99,31 @@ ReplayReport Replay(const std::vector<TraceRequest>& trace, InferenceEngine& eng
   return rep;
 }
 
+namespace {
+
+double PdGBps(const ReplayReport& r) { return r.pd.transfer_s > 0 ? r.pd.bytes / r.pd.transfer_s / 1e9 : 0; }
+
+double PdShare(const ReplayReport& r) {
+  double ttft_sum = 0;
+  for (double t : r.ttft) ttft_sum += t;
+  return ttft_sum > 0 ? r.pd.exposed_s / ttft_sum : 0;
+}
+
+nlohmann::json PdJson(const ReplayReport& r) {
+  return {{"shape", r.pd.shape},
+          {"requests", r.pd.requests},
+          {"recomputed_here", r.pd.fallbacks},
+          {"bytes_moved", r.pd.bytes},
+          {"transfer_s", r.pd.transfer_s},
+          {"exposed_transfer_s", r.pd.exposed_s},
+          {"exposed_share_of_ttft", PdShare(r)},
+          {"GBps", PdGBps(r)},
+          {"raw_engine_GBps", r.pd.raw_GBps},
+          {"ratio_to_raw", r.pd.raw_GBps > 0 ? PdGBps(r) / r.pd.raw_GBps : 0}};
+}
+
+}  // namespace
+
 nlohmann::json ReplayReport::ToJson() const {
   return {{"mode", mode},
           {"requests", requests},
@@ -127,7 +157,8 @@ nlohmann::json ReplayReport::ToJson() const {
           {"corrupt_pages", corrupt_pages},
           {"failed_requests", failed},
           {"tokens_per_s_cost_model", tokens_per_s},
-          {"wall_s", wall_s}};
+          {"wall_s", wall_s},
+          {"pd", pd.shape.empty() ? nlohmann::json(nullptr) : PdJson(*this)}};
 }
 
 std::string ReplayReport::Table() const {
@@ -164,6 +195,13 @@ std::string ReplayReport::Table() const {
     row("moved to SSD / staged back", absl::StrCat(store_offloaded_pages, " / ", store_ssd_reads, " pages"));
     row("SSD moves failed / records lost", absl::StrCat(store_offload_failed, " / ", store_ssd_dropped, " pages"));
     row("SSD hits missed (no DRAM to stage)", absl::StrCat(store_stage_no_room, " pages"));
+  }
+  if (!pd.shape.empty()) {
+    row("P/D", absl::StrCat(pd.shape, ": ", pd.requests, " requests by prefill peers, ", pd.fallbacks,
+                            " recomputed here"));
+    row("P/D moved / TTFT share exposed", absl::StrCat(FormatSize(pd.bytes), " / ", pct(PdShare(*this))));
+    row("P/D GB/s computing (raw, ratio)", absl::StrFormat("%.2f (%.2f, %.2f)", PdGBps(*this), pd.raw_GBps,
+                                                         pd.raw_GBps > 0 ? PdGBps(*this) / pd.raw_GBps : 0.0));
   }
   row("puts failed (not stored)", absl::StrCat(put_failures));
   row("store errors (recomputed)", absl::StrCat(store_errors));

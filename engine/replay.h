@@ -30,6 +30,9 @@ struct ReplayOptions {
   std::function<void(size_t i, const RequestResult& r)> after_request;
   // The infinite cache to measure the bound against (null: a fresh one).
   SeenPages* seen = nullptr;
+  // Serves a prompt instead of engine.Serve (prefill-to-decode replay:
+  // PdDecode::Serve, over the same engine's cache).
+  std::function<RequestResult(absl::Span<const int32_t>)> serve;
 };
 
 struct WindowPoint {
@@ -66,6 +69,16 @@ struct ReplayReport {
   double wall_s = 0;
   double tokens_per_s = 0;  // the cost model in effect
   std::vector<WindowPoint> window;
+  // Prefill-to-decode replay (`tierkv replay --pd`): requests a prefill
+  // peer served and their transfer time (ask to pages landed); the caller
+  // sets the rest (`shape` non-empty turns the section on).
+  struct Pd {
+    std::string shape;  // "1P1D", "2P1D"
+    uint64_t requests = 0, fallbacks = 0, bytes = 0;
+    double transfer_s = 0;  // pushes' spans, overlapping compute
+    double exposed_s = 0;   // of which after compute ended: what TTFT pays
+    double raw_GBps = 0;  // the raw engine between the same pools, same run
+  } pd;
 
   double hit_rate() const { return tokens ? static_cast<double>(cached_tokens) / tokens : 0; }
   double bound_rate() const { return tokens ? static_cast<double>(bound_tokens) / tokens : 0; }

@@ -18,6 +18,7 @@
 #include "config/tierkv_config.h"
 #include "absl/strings/str_format.h"
 #include "engine/eviction_sim.h"
+#include "engine/pd.h"
 #include "engine/replay.h"
 #include "httplib.h"
 #include "tools/embedded.h"
@@ -135,6 +136,63 @@ void WriteOutputs(const TierkvConfig& c, const engine::ReplayReport& r) {
   }
 }
 
+// Prefill-to-decode replay (--pd): `prefills` prefill engines and the
+// decode engine `decode`, all on the same store, each with a transfer
+// engine in peer mode; the trace's prompts go to decode.
+struct PdCluster {
+  std::vector<std::unique_ptr<engine::InferenceEngine>> prefill_engines;
+  std::vector<std::unique_ptr<transport::TransferEngine>> transfers;  // prefills', then decode's
+  std::vector<std::unique_ptr<engine::PdPrefill>> prefills;
+  std::unique_ptr<engine::PdDecode> decode;
+
+  ~PdCluster() {
+    decode.reset();
+    prefills.clear();  // before the transfer engines and engines they use
+    transfers.clear();
+  }
+};
+
+absl::StatusOr<std::unique_ptr<PdCluster>> StartPd(const TierkvConfig& c, const engine::EngineConfig& ecfg,
+                                                   engine::InferenceEngine* decode, engine::L3Store* l3) {
+  auto pd = std::make_unique<PdCluster>();
+  const int n = c.pd == "2P1D" ? 2 : 1;
+  transport::EngineOptions o;
+  o.peer_mode = true;
+  for (absl::string_view t : absl::StrSplit(c.transport, ',', absl::SkipWhitespace())) o.transports.emplace_back(t);
+  std::vector<std::string> sessions;
+  for (int i = 0; i < n; ++i) {
+    pd->prefill_engines.push_back(std::make_unique<engine::InferenceEngine>(ecfg, l3));
+    ASSIGN_OR_RETURN(auto te, transport::TransferEngine::Create(o));
+    ASSIGN_OR_RETURN(auto p, engine::PdPrefill::Create(pd->prefill_engines.back().get(), te.get()));
+    sessions.push_back(te->session_id());
+    pd->transfers.push_back(std::move(te));
+    pd->prefills.push_back(std::move(p));
+  }
+  ASSIGN_OR_RETURN(auto te, transport::TransferEngine::Create(o));
+  ASSIGN_OR_RETURN(pd->decode, engine::PdDecode::Create(decode, te.get(), sessions));
+  pd->transfers.push_back(std::move(te));
+  return pd;
+}
+
+// The raw engine between the P/D pair's pools, in the same run: the
+// decode's L1 pool written from the first prefill's in one request.
+double RawPdGBps(PdCluster& pd, engine::InferenceEngine& decode) {
+  engine::KvPool& from = pd.prefill_engines[0]->cache().l1_pool();
+  engine::KvPool& to = decode.cache().l1_pool();
+  const uint64_t bytes = std::min(from.bytes(), to.bytes());
+  transport::TransferEngine* prefill = pd.transfers[0].get();
+  const std::string session = pd.transfers.back()->session_id();
+  std::vector<transport::Request> one{
+      {transport::Op::kWrite, from.base(), session, reinterpret_cast<uintptr_t>(to.base()), bytes}};
+  (void)prefill->Transfer(one);  // warm: channel and pages
+  const absl::Time t0 = absl::Now();
+  constexpr int kRounds = 5;
+  for (int i = 0; i < kRounds; ++i) {
+    if (!prefill->Transfer(one)[0].ok()) return 0;
+  }
+  return kRounds * static_cast<double>(bytes) / absl::ToDoubleSeconds(absl::Now() - t0) / 1e9;
+}
+
 int Replay(const TierkvConfig& c) {
   bool synthetic = c.mode == "synthetic";
   auto ecfg = EngineConfigFor(c, synthetic);
@@ -182,7 +240,21 @@ int Replay(const TierkvConfig& c) {
   engine::ReplayOptions opts;
   opts.progress = c.progress && !c.json;
   opts.max_prompt_tokens = max_prompt;
+  std::unique_ptr<PdCluster> pd;
+  if (!c.pd.empty()) {
+    absl::StatusOr<std::unique_ptr<PdCluster>> started = StartPd(c, *ecfg, &eng, session->l3.get());
+    if (!started.ok()) return Fail(absl::StrCat("--pd: ", started.status().message()));
+    pd = std::move(*started);
+    opts.serve = [&pd](absl::Span<const int32_t> prompt) { return pd->decode->Serve(prompt); };
+  }
   engine::ReplayReport r = engine::Replay(*trace, eng, opts);
+  if (pd) {
+    r.pd.shape = c.pd;
+    r.pd.fallbacks = pd->decode->stats().fallbacks;
+    r.pd.bytes = pd->decode->stats().bytes_received;
+    r.pd.raw_GBps = RawPdGBps(*pd, eng);
+    pd.reset();
+  }
   if (session->cluster) {
     // The embedded store was this replay's alone: its evictions are ours.
     master::IndexStats st = session->cluster->master().master().index().Stats();
@@ -278,6 +350,57 @@ int Sim(const TierkvConfig& c) {
 // offloads its KV to tierkv; worker B, a fresh engine as on another GPU,
 // serves the same batch from tierkv and must produce bit-identical logits;
 // then the rest of the trace replays in synthetic mode at full length.
+struct PdDemo {
+  bool identical = false;
+  size_t pages = 0;
+  uint64_t bytes = 0;
+  double transfer_s = 0;
+  double exposed_s = 0;
+  std::string error;
+};
+
+// One request through a prefill engine and a decode engine (no store, so
+// every page crosses), against `want`, the logits of a local prefill.
+PdDemo PdDemoRequest(const TierkvConfig& c, const engine::EngineConfig& ecfg, const engine::TraceRequest& request,
+                     size_t cut, const std::vector<float>& want) {
+  PdDemo out;
+  std::vector<int32_t> prompt = engine::PromptTokens(request, ecfg.model.vocab, cut);
+  if (prompt.empty()) {
+    out.error = "no request to send";
+    return out;
+  }
+  engine::InferenceEngine prefill_engine(ecfg, nullptr), decode_engine(ecfg, nullptr);
+  transport::EngineOptions o;
+  o.peer_mode = true;
+  for (absl::string_view t : absl::StrSplit(c.transport, ',', absl::SkipWhitespace())) o.transports.emplace_back(t);
+  auto prefill_te = transport::TransferEngine::Create(o);
+  auto decode_te = transport::TransferEngine::Create(o);
+  if (!prefill_te.ok() || !decode_te.ok()) {
+    out.error = std::string((prefill_te.ok() ? decode_te.status() : prefill_te.status()).message());
+    return out;
+  }
+  auto prefill = engine::PdPrefill::Create(&prefill_engine, prefill_te->get());
+  if (!prefill.ok()) {
+    out.error = std::string(prefill.status().message());
+    return out;
+  }
+  auto decode = engine::PdDecode::Create(&decode_engine, decode_te->get(), {(*prefill_te)->session_id()});
+  if (!decode.ok()) {
+    out.error = std::string(decode.status().message());
+    return out;
+  }
+  engine::RequestResult r = (*decode)->Serve(prompt);
+  if (!r.pd) out.error = (*decode)->stats().last_error;
+  out.identical = r.pd && r.logits == want;
+  out.pages = (*decode)->stats().pages_received;
+  out.bytes = (*decode)->stats().bytes_received;
+  out.transfer_s = r.pd_transfer_s;
+  out.exposed_s = r.pd_exposed_s;
+  decode->reset();
+  prefill->reset();
+  return out;
+}
+
 int Demo(TierkvConfig c) {
   size_t total = c.requests > 0 ? c.requests : 0;
   auto trace = engine::ReadTrace(c.trace, c.offset, total);
@@ -302,7 +425,7 @@ int Demo(TierkvConfig c) {
                 "http://127.0.0.1:%d/metrics\n",
                 session->cluster ? session->cluster->master_address().c_str() : c.master.c_str(),
                 session->cluster ? session->cluster->daemons() : 0, FormatSize(c.store_size).c_str(), metrics.port());
-    std::printf("\n[1/3] worker A, small transformer (%d layers, hidden %d, L1 and attention on %s): first %zu "
+    std::printf("\n[1/4] worker A, small transformer (%d layers, hidden %d, L1 and attention on %s): first %zu "
                 "requests cold, prompts cut to %lld tokens\n",
                 mcfg->model.layers, mcfg->model.hidden, mcfg->device->name().c_str(), model_n, cut);
   }
@@ -317,7 +440,7 @@ int Demo(TierkvConfig c) {
   engine::ReplayReport ra = engine::Replay(first, worker_a, opts);
   if (!c.json) {
     std::printf("%s", ra.Table().c_str());
-    std::printf("\n[2/3] worker B, a fresh engine (empty L1/L2): the same %zu requests, prefixes from tierkv\n",
+    std::printf("\n[2/4] worker B, a fresh engine (empty L1/L2): the same %zu requests, prefixes from tierkv\n",
                 model_n);
   }
   metrics.Add(&worker_b.metrics(), {{"engine", "b"}});
@@ -335,13 +458,29 @@ int Demo(TierkvConfig c) {
                 warm > 0 ? cold / warm : 0.0);
   }
 
+  // Prefill-to-decode: the first request again, computed by a prefill
+  // engine and pushed page by page into a fresh decode engine's pool.
+  const PdDemo pd = PdDemoRequest(c, *mcfg, first.empty() ? engine::TraceRequest{} : first[0], cut,
+                                  logits.empty() ? std::vector<float>{} : logits[0]);
+  if (!c.json) {
+    std::printf("\n[3/4] prefill-to-decode (docs/pd.md): request 0 computed by a prefill engine, its KV pushed "
+                "page by page into a decode engine's pool over the transfer engine in peer mode\n");
+    if (pd.error.empty()) {
+      std::printf("  %-32s %zu pages, %s, as computed over %.1f ms; %.2f ms of it after the last page\n",
+                  "pushed to decode", pd.pages, FormatSize(pd.bytes).c_str(), 1e3 * pd.transfer_s, 1e3 * pd.exposed_s);
+      std::printf("  %-32s %s\n", "logits bit-identical to A", pd.identical ? "yes" : "NO");
+    } else {
+      std::printf("  %-32s %s\n", "P/D did not run", pd.error.c_str());
+    }
+  }
+
   // The synthetic phase computes at the rate the model measured.
   if (scfg->tokens_per_s == 0) scfg->tokens_per_s = worker_a.tokens_per_s();
   synth.emplace(*scfg, session->l3.get());
   metrics.Add(&synth->metrics(), {{"engine", "synthetic"}});
   std::vector<engine::TraceRequest> rest(trace->begin() + model_n, trace->end());
   if (!c.json) {
-    std::printf("\n[3/3] synthetic mode: requests %zu..%zu at full length, %s of KV per token, compute at %.0f "
+    std::printf("\n[4/4] synthetic mode: requests %zu..%zu at full length, %s of KV per token, compute at %.0f "
                 "tokens/s\n",
                 model_n, trace->size(), FormatSize(c.kv_bytes_per_token).c_str(), scfg->tokens_per_s);
   }
@@ -354,6 +493,9 @@ int Demo(TierkvConfig c) {
     std::printf("%s\n", nlohmann::json{{"worker_a", ra.ToJson()},
                                        {"worker_b", rb.ToJson()},
                                        {"logits_identical", identical},
+                                       {"pd", {{"identical", pd.identical}, {"pages", pd.pages}, {"bytes", pd.bytes},
+                                               {"transfer_s", pd.transfer_s}, {"exposed_transfer_s", pd.exposed_s},
+                                               {"error", pd.error}}},
                                        {"model_requests", model_n},
                                        {"synthetic", rs.ToJson()}}
                             .dump()
@@ -364,7 +506,7 @@ int Demo(TierkvConfig c) {
       std::printf("\nwindowed hit rate written to %s %s\n", c.csv.c_str(), c.svg.c_str());
     }
   }
-  return identical == model_n ? 0 : 1;
+  return identical == model_n && (model_n == 0 || pd.identical) ? 0 : 1;
 }
 
 }  // namespace
