@@ -454,9 +454,11 @@ void Connection::PlanFrames(absl::Span<Slice* const> slices, absl::InlinedVector
       }
       // Small slices anywhere in the segment share a vectored frame; writes
       // only under one epoch, which the header carries.
-      if (s->length <= kVectorSlice && f.largest <= kVectorSlice && s->op == head->op &&
-          (s->op == Op::kRead || s->epoch == head->epoch) && f.length + s->length <= kVectorFrame &&
-          f.count < kMaxVectorRanges) {
+      const bool write = s->op == Op::kWrite;
+      const uint64_t max_slice = write ? kVectorWriteSlice : kVectorSlice;
+      const uint64_t max_frame = write ? kVectorWriteFrame : kVectorFrame;
+      if (s->length <= max_slice && f.largest <= max_slice && s->op == head->op &&
+          (!write || s->epoch == head->epoch) && f.length + s->length <= max_frame && f.count < kMaxVectorRanges) {
         f.vectored = true;
         ++f.count;
         f.length += s->length;
