@@ -9,19 +9,10 @@
 #include "engine/radix_tree.h"
 #include "engine/trace.h"
 #include "tests/support/status_matchers.h"
+#include "tests/unit/engine_fixture.h"
 
 namespace tierkv::engine {
 namespace {
-
-std::vector<int32_t> Tokens(size_t n, int seed, int vocab = 512) {
-  std::vector<int32_t> t(n);
-  uint64_t x = seed;
-  for (auto& v : t) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    v = static_cast<int32_t>((x >> 33) % vocab);
-  }
-  return t;
-}
 
 std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -95,13 +86,6 @@ EngineConfig Synthetic(size_t l1_pages = 256, size_t l2_pages = 1024) {
   return c;
 }
 
-EngineConfig SmallModel(int page = 16) {
-  EngineConfig c;
-  c.page_tokens = page;
-  c.l1_pages = 64;
-  c.l2_pages = 256;
-  return c;
-}
 
 TEST(EngineTest, RestoredPrefixGivesBitIdenticalLogits) {
   for (size_t len : {150u, 201u, 333u}) {

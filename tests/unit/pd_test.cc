@@ -1,7 +1,6 @@
 // Prefill-to-decode disaggregation (engine/pd.h): a prefill engine and a
 // decode engine in this process, each with its own transfer engine in peer
 // mode, over tcp and over shm.
-#include <random>
 #include <string>
 #include <vector>
 
@@ -9,25 +8,11 @@
 #include "engine/pd.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/wait.h"
+#include "tests/unit/engine_fixture.h"
 #include "transport/engine.h"
 
 namespace tierkv::engine {
 namespace {
-
-std::vector<int32_t> Tokens(size_t n, int seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng() % 512);
-  return t;
-}
-
-EngineConfig SmallModel(int page = 16) {
-  EngineConfig c;
-  c.page_tokens = page;
-  c.l1_pages = 64;
-  c.l2_pages = 256;
-  return c;
-}
 
 std::unique_ptr<transport::TransferEngine> PeerEngine(const std::string& transport, int port = 0) {
   transport::EngineOptions o;
