@@ -213,13 +213,15 @@ class TransferEngine {
   // This engine's session id in peer mode: what peers pass as a request's
   // segment to reach its memory; "" otherwise.
   virtual const std::string& session_id() const = 0;
-  // Queues (name, message) at the engine whose control endpoint is
+  // Queues (name, message) at the peer-mode engine whose session is
   // `session` ("host:port"), which reads it with TakeNotifications. Call it
   // once a batch's writes are done: they have landed before the message
   // does. OK once the peer holds it; UNAVAILABLE or DEADLINE_EXCEEDED when
   // it cannot be reached by `deadline`; RESOURCE_EXHAUSTED when the peer's
-  // queue is full (kMaxQueuedNotifications: nothing reads it); the peer's
-  // refusal (INVALID_ARGUMENT for a message over 32 KiB).
+  // queue is full (kMaxQueuedNotifications, or kMaxQueuedNotificationBytes:
+  // nothing reads it); the peer's refusal (INVALID_ARGUMENT for a message
+  // over 32 KiB, NOT_FOUND from an engine not in peer mode, which takes no
+  // notifications).
   virtual absl::Status Notify(const std::string& session, const std::string& name, const std::string& message,
                               absl::Time deadline) = 0;
   // Looks `segment` up afresh, whatever is cached (its descriptor, from
@@ -230,6 +232,7 @@ class TransferEngine {
   // Every notification received since the last call, in arrival order.
   virtual std::vector<Notification> TakeNotifications() = 0;
   static constexpr size_t kMaxQueuedNotifications = 1 << 16;
+  static constexpr size_t kMaxQueuedNotificationBytes = 64 << 20;
 };
 
 // "host:port", with an IPv6 address in brackets: a peer-mode session id.

@@ -73,6 +73,9 @@ absl::StatusOr<std::string> Engine::PeerHandshake(const std::string& request,
     return served_.at(session_id_).descriptor;
   }
   if (op == "notify") {
+    // A store daemon reads no notifications: queueing them there would
+    // only let anyone who reaches its port fill its memory.
+    if (!options_.peer_mode) return absl::NotFoundError("this engine is not in peer mode and takes no notifications");
     Notification n;
     std::string encoded;
     RETURN_IF_ERROR(StringField(j, "from", &n.from));
@@ -85,11 +88,14 @@ absl::StatusOr<std::string> Engine::PeerHandshake(const std::string& request,
       return absl::InvalidArgumentError(
           absl::StrCat("notification of ", n.message.size() + n.name.size(), " bytes; the limit is ", kMaxNotificationBytes));
     }
+    const size_t bytes = n.from.size() + n.name.size() + n.message.size();
     MutexLock lock(&notify_mu_);
-    if (notifications_.size() >= kMaxQueuedNotifications) {
-      return absl::ResourceExhaustedError(absl::StrCat(kMaxQueuedNotifications,
-                                                       " notifications are queued here and nothing reads them"));
+    if (notifications_.size() >= kMaxQueuedNotifications ||
+        notification_bytes_ + bytes > kMaxQueuedNotificationBytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(notifications_.size(), " notifications (", notification_bytes_,
+                                                       " bytes) are queued here and nothing reads them"));
     }
+    notification_bytes_ += bytes;
     notifications_.push_back(std::move(n));
     return std::string("{}");
   }
@@ -128,6 +134,7 @@ std::vector<Notification> Engine::TakeNotifications() {
   std::vector<Notification> out(std::make_move_iterator(notifications_.begin()),
                                 std::make_move_iterator(notifications_.end()));
   notifications_.clear();
+  notification_bytes_ = 0;
   return out;
 }
 

@@ -180,6 +180,15 @@ TEST_P(EnginePeerTest, NotificationsArriveInOrderWithTheirBytes) {
   EXPECT_TRUE(a_->TakeNotifications().empty());
   EXPECT_THAT(a_->Notify(b_->session_id(), "big", std::string(40 << 10, 'x'), deadline),
               StatusIs(absl::StatusCode::kInvalidArgument));
+  // An engine serving segments (a store daemon) takes none: nothing there
+  // reads them, and anyone reaching its port could fill its memory.
+  EngineOptions o;
+  o.metadata = NewInMemoryMetadata();
+  o.transports = {GetParam()};
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<TransferEngine> daemon, TransferEngine::Create(o));
+  EXPECT_THAT(a_->Notify(absl::StrCat("127.0.0.1:", daemon->port()), "x", "y", deadline),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_TRUE(daemon->TakeNotifications().empty());
 }
 
 TEST_P(EnginePeerTest, AGonePeerIsUnavailableWithinTheDeadline) {

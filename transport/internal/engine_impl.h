@@ -200,6 +200,7 @@ class Engine final : public TransferEngine, public ServedMemory {
   std::string session_id_;  // peer mode
   Mutex notify_mu_;
   std::deque<Notification> notifications_ ABSL_GUARDED_BY(notify_mu_);
+  size_t notification_bytes_ ABSL_GUARDED_BY(notify_mu_) = 0;
 };
 
 }  // namespace tierkv::transport::internal
