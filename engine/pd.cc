@@ -95,16 +95,12 @@ PdPrefill::~PdPrefill() {
 }
 
 void PdPrefill::Loop() {
-  // Requests arrive as notifications; the wait between polls grows while
-  // idle and is short again as soon as one comes.
-  absl::Duration idle = absl::Microseconds(50);
+  // Requests arrive as notifications; the wait for one is cut short now
+  // and then so that a stop is seen.
   while (!stop_) {
-    std::vector<transport::Notification> got = transfer_->TakeNotifications();
-    for (const transport::Notification& n : got) {
+    for (const transport::Notification& n : transfer_->TakeNotifications(absl::Now() + absl::Milliseconds(100))) {
       if (n.name == "pd.req") Handle(n);
     }
-    idle = got.empty() ? std::min(idle * 2, absl::Milliseconds(5)) : absl::Microseconds(50);
-    if (got.empty()) absl::SleepFor(idle);
   }
 }
 
@@ -305,9 +301,8 @@ absl::StatusOr<PdDecode::Answer> PdDecode::Remote(const std::string& peer, absl:
   }
   nlohmann::json q{{"id", h.id}, {"addr", reinterpret_cast<uintptr_t>(mailbox_->data())}, {"len", len}};
   RETURN_IF_ERROR(Annotate(transfer_->Notify(peer, "pd.req", q.dump(), deadline), "asking the prefill"));
-  absl::Duration idle = absl::Microseconds(20);
   while (absl::Now() < deadline) {
-    for (const transport::Notification& n : transfer_->TakeNotifications()) {
+    for (const transport::Notification& n : transfer_->TakeNotifications(deadline)) {
       nlohmann::json a = nlohmann::json::parse(n.message, nullptr, false);
       // Answers to earlier requests that were given up are dropped.
       if (n.name != "pd.done" || a.is_discarded() || !a.is_object() || a.value("id", uint64_t{0}) != h.id) continue;
@@ -329,8 +324,6 @@ absl::StatusOr<PdDecode::Answer> PdDecode::Remote(const std::string& peer, absl:
       out.serve_s = seconds("serve_s");
       return out;
     }
-    absl::SleepFor(idle);
-    idle = std::min(idle * 2, absl::Milliseconds(1));
   }
   return absl::DeadlineExceededError(absl::StrCat("prefill ", peer, " did not finish the request by its deadline"));
 }

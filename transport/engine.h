@@ -229,8 +229,10 @@ class TransferEngine {
   // its descriptor: OK means it answers now. A peer that failed before is
   // used again once a probe succeeds.
   virtual absl::StatusOr<SegmentDescriptor> Probe(const std::string& segment, absl::Time deadline) = 0;
-  // Every notification received since the last call, in arrival order.
-  virtual std::vector<Notification> TakeNotifications() = 0;
+  // Every notification received since the last call, in arrival order;
+  // while there is none, waits for one until `wait_until` (by default it
+  // returns at once).
+  virtual std::vector<Notification> TakeNotifications(absl::Time wait_until = absl::InfinitePast()) = 0;
   static constexpr size_t kMaxQueuedNotifications = 1 << 16;
   static constexpr size_t kMaxQueuedNotificationBytes = 64 << 20;
 };

@@ -63,11 +63,13 @@ std::shared_ptr<Batch> Engine::Start(std::vector<Request> requests, absl::Durati
   std::vector<Plan> plans;
   for (auto& [segment, idx] : by_segment) {
     absl::StatusOr<Prepared> peer = GetPeer(segment, deadline);
-    if (peer.ok() && options_.peer_mode && !AllLocated(peer->desc, requests, idx)) {
+    std::vector<const BufferDescriptor*> located;  // per request of idx; null: in no buffer
+    if (peer.ok() && !LocateAll(peer->desc, requests, idx, &located) && options_.peer_mode) {
       // A peer registers memory whenever it likes: an address outside
       // every buffer known means its table is looked up again, once.
       Invalidate(segment);
       peer = GetPeer(segment, deadline);
+      if (peer.ok()) LocateAll(peer->desc, requests, idx, &located);
     }
     if (!peer.ok()) {
       for (size_t i : idx) batch->SetStatus(i, peer.status());
@@ -100,32 +102,28 @@ std::shared_ptr<Batch> Engine::Start(std::vector<Request> requests, absl::Durati
       route.runs.push_back(r.length);
       route.where = where;
     };
-    const BufferDescriptor* last = nullptr;  // most requests land where the previous one did
-    LocalHint local_hint;                    // and come from where the previous one did
-    for (size_t i : idx) {
+    LocalHint local_hint;  // most requests come from where the previous one did
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const size_t i = idx[k];
       const Request& r = requests[i];
-      absl::StatusOr<const BufferDescriptor*> where =
-          last != nullptr && r.offset >= last->offset && RangeWithin(r.offset - last->offset, r.length, last->length)
-              ? last
-              : peer->desc.Locate(r.offset, r.length);
-      if (!where.ok()) {
-        batch->SetStatus(i, where.status());
+      const BufferDescriptor* where = located[k];
+      if (where == nullptr) {
+        batch->SetStatus(i, peer->desc.Locate(r.offset, r.length).status());  // its message
         continue;
       }
-      last = *where;
-      const bool gpu = LocalIsGpu(r.local, r.length, &local_hint) || (*where)->location.rfind("cuda:", 0) == 0;
-      std::string refusal = Refusal(peer->backend, r, gpu, *where);
+      const bool gpu = LocalIsGpu(r.local, r.length, &local_hint) || where->location.rfind("cuda:", 0) == 0;
+      std::string refusal = Refusal(peer->backend, r, gpu, where);
       if (refusal.empty()) {
-        add(peer->backend, peer->channel, i, *where);
+        add(peer->backend, peer->channel, i, where);
         continue;
       }
       absl::StatusOr<std::pair<Backend*, std::shared_ptr<PeerChannel>>> alt =
-          Fallback(segment, *peer, r, gpu, *where, refusal, deadline);
+          Fallback(segment, *peer, r, gpu, where, refusal, deadline);
       if (!alt.ok()) {
         batch->SetStatus(i, alt.status());
         continue;
       }
-      add(alt->first, alt->second, i, *where);
+      add(alt->first, alt->second, i, where);
     }
     for (auto& [backend, route] : routes) {
       size_t first = batch->slices.size();
@@ -414,19 +412,24 @@ void Engine::Run(Task& t) {
   }
   t.batch->Complete(t.slices);
 }
-bool Engine::AllLocated(const SegmentDescriptor& desc, const std::vector<Request>& requests,
-                        const std::vector<size_t>& idx) {
-  const BufferDescriptor* last = nullptr;
-  for (size_t i : idx) {
-    const Request& r = requests[i];
-    if (last != nullptr && r.offset >= last->offset && RangeWithin(r.offset - last->offset, r.length, last->length)) {
-      continue;
+bool Engine::LocateAll(const SegmentDescriptor& desc, const std::vector<Request>& requests,
+                       const std::vector<size_t>& idx, std::vector<const BufferDescriptor*>* where) {
+  where->assign(idx.size(), nullptr);
+  const BufferDescriptor* last = nullptr;  // most requests land where the previous one did
+  bool all = true;
+  for (size_t k = 0; k < idx.size(); ++k) {
+    const Request& r = requests[idx[k]];
+    if (last == nullptr || r.offset < last->offset || !RangeWithin(r.offset - last->offset, r.length, last->length)) {
+      absl::StatusOr<const BufferDescriptor*> found = desc.Locate(r.offset, r.length);
+      if (!found.ok()) {
+        all = false;
+        continue;
+      }
+      last = *found;
     }
-    absl::StatusOr<const BufferDescriptor*> where = desc.Locate(r.offset, r.length);
-    if (!where.ok()) return false;
-    last = *where;
+    (*where)[k] = last;
   }
-  return true;
+  return all;
 }
 
 }  // namespace tierkv::transport::internal

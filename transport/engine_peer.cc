@@ -97,6 +97,7 @@ absl::StatusOr<std::string> Engine::PeerHandshake(const std::string& request,
     }
     notification_bytes_ += bytes;
     notifications_.push_back(std::move(n));
+    notified_.SignalAll();
     return std::string("{}");
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown peer handshake op '", op.substr(0, 32), "'"));
@@ -129,8 +130,12 @@ absl::Status Engine::Notify(const std::string& session, const std::string& name,
   return Annotate(answer.status(), absl::StrCat("notifying ", session));
 }
 
-std::vector<Notification> Engine::TakeNotifications() {
+std::vector<Notification> Engine::TakeNotifications(absl::Time wait_until) {
   MutexLock lock(&notify_mu_);
+  for (absl::Duration left = wait_until - absl::Now(); notifications_.empty() && left > absl::ZeroDuration();
+       left = wait_until - absl::Now()) {
+    notified_.WaitFor(&notify_mu_, absl::ToChronoMicroseconds(left) + std::chrono::microseconds(100));
+  }
   std::vector<Notification> out(std::make_move_iterator(notifications_.begin()),
                                 std::make_move_iterator(notifications_.end()));
   notifications_.clear();

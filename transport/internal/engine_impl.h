@@ -85,7 +85,7 @@ class Engine final : public TransferEngine, public ServedMemory {
   const std::string& session_id() const override { return session_id_; }
   absl::Status Notify(const std::string& session, const std::string& name, const std::string& message,
                       absl::Time deadline) override;
-  std::vector<Notification> TakeNotifications() override;
+  std::vector<Notification> TakeNotifications(absl::Time wait_until) override;
   absl::StatusOr<SegmentDescriptor> Probe(const std::string& segment, absl::Time deadline) override;
 
  private:
@@ -186,9 +186,10 @@ class Engine final : public TransferEngine, public ServedMemory {
                                             std::optional<std::pair<uint32_t, uint64_t>> admitted);
   // A peer's descriptor (JSON), from the peer itself.
   absl::StatusOr<std::string> FetchPeerDescriptor(const std::string& session, absl::Time deadline);
-  // True when every request `idx` names lies inside one buffer of `desc`.
-  bool AllLocated(const SegmentDescriptor& desc, const std::vector<Request>& requests,
-                  const std::vector<size_t>& idx);
+  // The buffer of `desc` holding each request `idx` names (null for one
+  // in none); true when every one is held.
+  bool LocateAll(const SegmentDescriptor& desc, const std::vector<Request>& requests, const std::vector<size_t>& idx,
+                 std::vector<const BufferDescriptor*>* where);
   // Drops what is cached of `segment` so the next GetPeer looks it up again.
   void Invalidate(const std::string& segment);
   // Whether request `r` may join the run that `lead` starts, `run` bytes
@@ -201,6 +202,7 @@ class Engine final : public TransferEngine, public ServedMemory {
   Mutex notify_mu_;
   std::deque<Notification> notifications_ ABSL_GUARDED_BY(notify_mu_);
   size_t notification_bytes_ ABSL_GUARDED_BY(notify_mu_) = 0;
+  CondVar notified_;  // signalled when a notification is queued
 };
 
 }  // namespace tierkv::transport::internal
