@@ -357,6 +357,10 @@ bool Crc32cExtendVia(const char* path, uint32_t* crc, void* dst, const void* dat
   return false;
 }
 
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t b_size) {
+  return b_size == 0 ? crc_a : MulModP(crc_a, XPow(8 * b_size)) ^ crc_b;
+}
+
 const char* Crc32cPath() {
   if (FoldAvailable()) return "vpclmulqdq";
   return Crc32cHardware() ? "sse4.2" : "table";

@@ -15,6 +15,9 @@ namespace tierkv {
 
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size);
 inline uint32_t Crc32c(const void* data, size_t size) { return Crc32cExtend(0, data, size); }
+// The CRC of A || B from crc_a = Crc32cExtend(c, A, |A|) and crc_b = Crc32c(B, b_size): for
+// checksums of pieces written apart (in any order) and joined later.
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t b_size);
 // Copies `size` bytes from src to dst (which must not overlap) and returns
 // Crc32cExtend(crc, dst, size): the CRC of the bytes as they landed, even if
 // the source changes during the copy, reading the source once.

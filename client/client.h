@@ -150,6 +150,66 @@ struct PutItem {
   std::vector<absl::string_view> parts;
 };
 
+// What StartReadSession leased: one entry per key asked, in order.
+class ReadSession {
+ public:
+  ReadSession(const ReadSession&) = delete;
+  ReadSession& operator=(const ReadSession&) = delete;
+  ~ReadSession();
+  size_t size() const;
+  const std::string& key(size_t i) const;
+  // Key i's value size, or why it cannot be read (NOT_FOUND: a miss).
+  absl::StatusOr<uint64_t> value_size(size_t i) const;
+  // When key i's lease ends on this process's clock, less the margin.
+  absl::Time lease_end(size_t i) const;
+
+ private:
+  friend class Client;
+  ReadSession();
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// One range of a session's value: out.size() bytes from `offset`.
+struct RangeRead {
+  size_t key = 0;  // the key's index in the session
+  uint64_t offset = 0;
+  absl::Span<char> out;
+};
+
+// What StartWriteSession granted: one entry per item, in order.
+class WriteSession {
+ public:
+  WriteSession(const WriteSession&) = delete;
+  WriteSession& operator=(const WriteSession&) = delete;
+  ~WriteSession();
+  size_t size() const;
+  const std::string& key(size_t i) const;
+  // OK while key i can be written (or once committed); else why not.
+  absl::Status status(size_t i) const;
+
+ private:
+  friend class Client;
+  WriteSession();
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// One value of a write session: its key and size, and as in PutItem.
+struct WriteItem {
+  std::string key;
+  uint64_t size = 0;
+  std::string group;
+  std::string parent_key;
+};
+
+// One range of a session's value: `data` written at `offset`.
+struct RangeWrite {
+  size_t key = 0;  // the key's index in the session
+  uint64_t offset = 0;
+  absl::string_view data;
+};
+
 class Client {
  public:
   // INVALID_ARGUMENT for bad options; errors from starting the transfer
@@ -185,6 +245,54 @@ class Client {
   std::vector<absl::StatusOr<size_t>> BatchGetScatter(const std::vector<std::string>& keys,
                                                       const std::vector<std::vector<absl::Span<char>>>& outs,
                                                       absl::Duration timeout = absl::ZeroDuration());
+
+  // Read sessions (Mooncake's get sessions): StartReadSession asks the
+  // master once for every key and keeps one located value per key under
+  // the read lease the master granted (staging SSD hits first), so the
+  // value cannot be evicted, removed or overwritten while it runs.
+  // ReadRanges then reads byte ranges of those values with no master call,
+  // as often as the caller likes, until the lease ends (the master's
+  // --lease-ttl, less the client's margin); EndReadSession gives back the
+  // leases the master counts. Per range: OK; the key's own status from the
+  // start (NOT_FOUND for a miss); OUT_OF_RANGE for a range past the
+  // value's end; ABORTED once the key's lease has ended or the session was
+  // ended, or when the read could not finish inside the lease (nothing read
+  // then is data); a transport
+  // error when every replica failed. Ranges are not checksummed (the
+  // checksum covers the whole value), but each read checks the trailer's
+  // put id, so bytes of any other put read as NOT_FOUND, never as data.
+  // A session must not outlive its client; it may be read from by several
+  // threads at once. End it once its reads are over (idempotent).
+  std::unique_ptr<ReadSession> StartReadSession(const std::vector<std::string>& keys);
+  std::vector<absl::Status> ReadRanges(const ReadSession& session, const std::vector<RangeRead>& reads,
+                                       absl::Duration timeout = absl::ZeroDuration());
+  void EndReadSession(ReadSession& session);
+
+  // Write sessions (Mooncake's put sessions): StartWriteSession asks the
+  // master for room for every item (one PutStart, as a put does);
+  // WriteRanges writes byte ranges of the values to every replica with no
+  // master call, in any order, from any thread; CommitWriteSession writes
+  // each key's trailer and commits (one PutEnd) the keys whose ranges
+  // covered their value exactly, revoking the others and every member of a
+  // group with a failed member; RevokeWriteSession revokes every key not
+  // committed. Nothing is visible to readers before the commit, and a key
+  // with a failed write is never committed. Per range: OK; the key's own
+  // status (its start or an earlier write failed); INVALID_ARGUMENT for a
+  // bad key index or a range overlapping one already written; OUT_OF_RANGE
+  // past the value's size; FAILED_PRECONDITION once the key was committed
+  // or revoked; a transport error (the key then fails). Per key
+  // from the commit: OK, or why it was not committed (FAILED_PRECONDITION
+  // naming the first byte never written). The master revokes keys left
+  // uncommitted past its --put-timeout itself. Must not outlive its client.
+  std::unique_ptr<WriteSession> StartWriteSession(const std::vector<WriteItem>& items,
+                                                  const PutOptions& options = {});
+  std::vector<absl::Status> WriteRanges(WriteSession& session, const std::vector<RangeWrite>& writes,
+                                        absl::Duration timeout = absl::ZeroDuration());
+  // Commit and revoke take the keys at the indices in `which` (empty: all);
+  // the commit answers one status per key it names. A key is committed or
+  // revoked once: FAILED_PRECONDITION after that.
+  std::vector<absl::Status> CommitWriteSession(WriteSession& session, absl::Span<const size_t> which = {});
+  void RevokeWriteSession(WriteSession& session, absl::Span<const size_t> which = {});
 
   absl::StatusOr<bool> Exists(const std::string& key);
   absl::StatusOr<std::vector<bool>> BatchExists(const std::vector<std::string>& keys);

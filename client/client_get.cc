@@ -2,11 +2,15 @@
 // all through Fetch, which takes each key's replicas from the replica
 // cache or GetReplicas (staging SSD hits first), reads them inside their
 // read leases trying replica after replica, checks trailers, and asks the
-// master once more for a cached location that failed.
+// master once more for a cached location that failed. Read sessions keep
+// one GetReplicas answer and read ranges of its values (ReadRanges).
 #include "client/client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
+
+#include "absl/container/flat_hash_map.h"
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -364,6 +368,185 @@ std::vector<absl::StatusOr<std::string>> Client::BatchGet(const std::vector<std:
     }
   }
   return result;
+}
+
+struct ReadSession::State {
+  std::vector<std::string> keys;
+  std::vector<internal::Located> where;
+  std::vector<absl::Status> status;  // per key: OK once located
+  std::atomic<bool> ended{false};
+};
+
+ReadSession::ReadSession() : state_(std::make_unique<State>()) {}
+ReadSession::~ReadSession() = default;
+size_t ReadSession::size() const { return state_->keys.size(); }
+const std::string& ReadSession::key(size_t i) const { return state_->keys.at(i); }
+
+absl::StatusOr<uint64_t> ReadSession::value_size(size_t i) const {
+  if (i >= size()) return absl::InvalidArgumentError(absl::StrCat("the session has no key ", i));
+  if (!state_->status[i].ok()) return state_->status[i];
+  return state_->where[i].stored_size - TrailerSize(state_->where[i].put_id);
+}
+
+absl::Time ReadSession::lease_end(size_t i) const {
+  return i < size() && state_->status[i].ok() ? state_->where[i].lease_end : absl::InfinitePast();
+}
+
+std::unique_ptr<ReadSession> Client::StartReadSession(const std::vector<std::string>& keys) {
+  std::unique_ptr<ReadSession> session(new ReadSession());
+  ReadSession::State& s = *session->state_;
+  const size_t n = keys.size();
+  s.keys = keys;
+  s.where.resize(n);
+  s.status.resize(n);
+  if (n == 0) return session;
+  replicas_->ReleaseEnded(absl::Now());  // their give-backs go with this lookup
+  const absl::Time asked = absl::Now();
+  // Counted: ending the session gives every lease back at once.
+  absl::StatusOr<v1::GetReplicasResponse> resp = master_->GetReplicas(keys, /*counted=*/true);
+  if (!resp.ok()) {
+    for (absl::Status& st : s.status) st = resp.status();
+    return session;
+  }
+  replicas_->Heard(asked, resp->epoch(), resp->membership());
+  std::vector<internal::Located> got = Impl::Locate(*resp, asked);
+  std::vector<absl::Status> staged = StageSsdHits(*resp, keys, options_.transfer_timeout, grants_.get(), options_.tls);
+  for (size_t i = 0; i < n; ++i) {
+    if (i >= got.size()) {
+      s.status[i] = absl::InternalError(absl::StrCat(keys[i], ": the master's answer has no entry for it"));
+    } else if (!staged[i].ok()) {
+      s.status[i] = staged[i];
+    } else {
+      s.where[i] = std::move(got[i]);
+      s.status[i] = Impl::Found(keys[i], s.where[i]);
+    }
+  }
+  return session;
+}
+
+void Client::EndReadSession(ReadSession& session) {
+  ReadSession::State& s = *session.state_;
+  if (s.ended.exchange(true)) return;
+  bool gave = false;
+  for (size_t i = 0; i < s.keys.size(); ++i) {
+    const internal::Located& w = s.where[i];
+    // A lease the master does not count (a key it saw too many readers of) simply runs out.
+    if (s.status[i].ok() && w.lease_token != 0) {
+      master_->ReleaseLease(s.keys[i], w.lease_token, w.lease_expiry_ms);
+      gave = true;
+    }
+  }
+  // The reservation ends now, not with this client's next call; a master
+  // that cannot be reached ends it at the lease's expiry.
+  if (gave) (void)master_->FlushReleases();
+}
+
+std::vector<absl::Status> Client::ReadRanges(const ReadSession& session, const std::vector<RangeRead>& reads,
+                                             absl::Duration timeout) {
+  const ReadSession::State& s = *session.state_;
+  std::vector<absl::Status> out(reads.size());
+  if (timeout <= absl::ZeroDuration()) timeout = options_.transfer_timeout;
+  const absl::Time deadline = absl::Now() + timeout;
+  auto lease_ended = [&](size_t key) {
+    return absl::AbortedError(absl::StrCat(s.keys[key], ": the session's lease has ended; start a new session"));
+  };
+  // The keys with ranges to read, each with a trailer slot; per key, its reads.
+  absl::flat_hash_map<size_t, size_t> slot_of;
+  std::vector<size_t> touched;
+  std::vector<std::vector<size_t>> reads_of;
+  const absl::Time now = absl::Now();
+  for (size_t r = 0; r < reads.size(); ++r) {
+    const RangeRead& rr = reads[r];
+    if (rr.key >= s.keys.size()) {
+      out[r] = absl::InvalidArgumentError(absl::StrCat("range ", r, " names key ", rr.key, " of a session of ",
+                                                       s.keys.size()));
+      continue;
+    }
+    if (!s.status[rr.key].ok()) {
+      out[r] = s.status[rr.key];
+      continue;
+    }
+    const uint64_t vsize = s.where[rr.key].stored_size - TrailerSize(s.where[rr.key].put_id);
+    if (rr.offset > vsize || rr.out.size() > vsize - rr.offset) {
+      out[r] = absl::OutOfRangeError(absl::StrCat(s.keys[rr.key], ": bytes [", rr.offset, ", ",
+                                                  rr.offset + rr.out.size(), ") lie outside its ", vsize,
+                                                  "-byte value"));
+      continue;
+    }
+    if (now >= s.where[rr.key].lease_end || s.ended.load()) {
+      out[r] = lease_ended(rr.key);
+      continue;
+    }
+    if (rr.out.empty()) continue;
+    auto [it, inserted] = slot_of.try_emplace(rr.key, touched.size());
+    if (inserted) {
+      touched.push_back(rr.key);
+      reads_of.emplace_back();
+    }
+    reads_of[it->second].push_back(r);
+  }
+  if (touched.empty()) return out;
+  absl::StatusOr<internal::TrailerBlock> trailers = trailers_->Acquire(touched.size());
+  if (!trailers.ok()) {
+    for (const auto& rs : reads_of) {
+      for (size_t r : rs) out[r] = Annotate(trailers.status(), "registering trailer memory");
+    }
+    return out;
+  }
+  // Every range of a key goes to one replica, with the trailer after the
+  // value; a key whose replica failed tries the next one with all its ranges.
+  std::vector<size_t> pending(touched.size());
+  for (size_t k = 0; k < touched.size(); ++k) pending[k] = k;
+  for (uint32_t attempt = 0; !pending.empty(); ++attempt) {
+    std::vector<Request> requests;
+    std::vector<size_t> owner;  // the slot each request belongs to
+    std::vector<size_t> sent;
+    absl::Time until = deadline;
+    for (size_t k : pending) {
+      const size_t key = touched[k];
+      const internal::Located& w = s.where[key];
+      if (attempt >= w.replicas.size()) continue;  // exhausted: keeps the last error
+      const auto& [seg, off] = w.replicas[attempt];
+      for (size_t r : reads_of[k]) {
+        requests.push_back({Op::kRead, reads[r].out.data(), seg, off + reads[r].offset, reads[r].out.size()});
+        owner.push_back(k);
+      }
+      const uint64_t vsize = w.stored_size - TrailerSize(w.put_id);
+      requests.push_back({Op::kRead, trailers->slot(k), seg, off + vsize, TrailerSize(w.put_id)});
+      owner.push_back(k);
+      sent.push_back(k);
+      until = std::min(until, w.lease_end);
+    }
+    if (sent.empty()) break;
+    absl::Duration left = std::max(until - absl::Now(), absl::Milliseconds(1));
+    std::shared_ptr<transport::Batch> batch = engine_->SubmitHere(std::move(requests), left);
+    trailers->Hold(batch);
+    (void)batch->Wait(until + kCompletionGrace);
+    const std::vector<absl::Status> got = batch->statuses();
+    absl::flat_hash_map<size_t, absl::Status> failed;
+    for (size_t q = 0; q < got.size() && q < owner.size(); ++q) {
+      if (!got[q].ok()) failed.try_emplace(owner[q], got[q]);
+    }
+    std::vector<size_t> again;
+    const absl::Time done = absl::Now();
+    for (size_t k : sent) {
+      const size_t key = touched[k];
+      const internal::Located& w = s.where[key];
+      absl::Status st;
+      if (done >= w.lease_end) {
+        st = lease_ended(key);  // what landed may be another put's bytes
+      } else if (auto f = failed.find(k); f != failed.end()) {
+        st = Annotate(f->second, absl::StrCat("reading ranges of ", s.keys[key]));
+      } else {
+        // The put id alone: a range is not the whole value the CRC covers.
+        st = CheckTrailer(trailers->slot(k), w.put_id, s.keys[key], {}, false, transport::CopyCrc{});
+      }
+      for (size_t r : reads_of[k]) out[r] = st;
+      if (!st.ok() && !absl::IsAborted(st) && Retryable(st)) again.push_back(k);
+    }
+    pending = std::move(again);
+  }
+  return out;
 }
 
 }  // namespace tierkv::client

@@ -1,10 +1,13 @@
 // Client's put path (client/client.h): Put and BatchPut, which retries a
 // put lost to a failover or refused while segments await re-mount, and
 // PutOnce, one PutStart, the value and trailer writes to every replica,
-// then PutEnd (or PutRevoke).
+// then PutEnd (or PutRevoke). Write sessions split the same steps over
+// calls: the PutStart, range writes (each checksummed apart, the CRCs
+// joined at the commit), then trailers and PutEnd.
 #include "client/client.h"
 
 #include <algorithm>
+#include <map>
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
@@ -12,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/crc32c.h"
 #include "base/failpoint.h"
+#include "base/mutex.h"
 #include "base/status.h"
 #include "client/internal/completion_grace.h"
 #include "client/internal/replica_cache.h"
@@ -332,6 +336,301 @@ std::vector<absl::Status> Client::PutOnce(const std::vector<PutItem>& items, con
   // Best effort: the master also reclaims puts that are never committed.
   if (!revoke.empty()) (void)master_->PutRevoke(revoke);
   return out;
+}
+
+struct WriteSession::State {
+  struct Range {
+    uint64_t size = 0;
+    uint32_t crc = 0;  // Crc32c of the range's bytes, once written
+    bool written = false;
+  };
+  struct Key {
+    WriteItem item;
+    absl::Status status;
+    uint64_t put_id = 0;
+    std::vector<std::pair<std::string, uint64_t>> replicas;  // (segment, offset)
+    std::map<uint64_t, Range> ranges;  // by offset; written or being written
+    bool closed = false;               // committed or revoked
+  };
+  uint64_t epoch = 0;
+  mutable Mutex mu;
+  std::vector<Key> keys ABSL_GUARDED_BY(mu);
+};
+
+namespace {
+
+// The keys a commit or revoke names: `which`, or every key when empty.
+std::vector<size_t> Named(absl::Span<const size_t> which, size_t n) {
+  if (!which.empty()) return {which.begin(), which.end()};
+  std::vector<size_t> all(n);
+  for (size_t i = 0; i < n; ++i) all[i] = i;
+  return all;
+}
+
+absl::Status Closed(const std::string& key) {
+  return absl::FailedPreconditionError(absl::StrCat(key, ": its write session was committed or revoked"));
+}
+
+}  // namespace
+
+WriteSession::WriteSession() : state_(std::make_unique<State>()) {}
+WriteSession::~WriteSession() = default;
+
+size_t WriteSession::size() const {
+  MutexLock lock(&state_->mu);
+  return state_->keys.size();
+}
+
+const std::string& WriteSession::key(size_t i) const {
+  MutexLock lock(&state_->mu);
+  return state_->keys.at(i).item.key;  // keys never change after the start
+}
+
+absl::Status WriteSession::status(size_t i) const {
+  MutexLock lock(&state_->mu);
+  if (i >= state_->keys.size()) return absl::InvalidArgumentError(absl::StrCat("the session has no key ", i));
+  return state_->keys[i].status;
+}
+
+std::unique_ptr<WriteSession> Client::StartWriteSession(const std::vector<WriteItem>& items,
+                                                        const PutOptions& options) {
+  std::unique_ptr<WriteSession> session(new WriteSession());
+  WriteSession::State& s = *session->state_;
+  MutexLock lock(&s.mu);
+  for (const WriteItem& it : items) s.keys.push_back({it});
+  if (items.empty()) return session;
+  v1::PutStartRequest req;
+  req.set_client_id(options_.client_id);
+  req.set_put_ids(true);
+  for (const WriteItem& it : items) {
+    v1::PutStartItem* p = req.add_items();
+    p->set_key(it.key);
+    p->set_size(StoredSize(it.size));
+    p->set_replicas(std::max(1, options.replicas));
+    p->set_preferred_segment(options.preferred_segment);
+    p->set_group(it.group);
+    p->set_soft_pin(options.soft_pin);
+    p->set_hard_pin(options.hard_pin);
+    p->set_parent_key(it.parent_key);
+  }
+  absl::StatusOr<v1::PutStartResponse> started = master_->PutStart(req);
+  if (!started.ok()) {
+    for (auto& k : s.keys) k.status = started.status();
+    return session;
+  }
+  s.epoch = started->epoch();
+  for (size_t i = 0; i < s.keys.size(); ++i) {
+    WriteSession::State::Key& k = s.keys[i];
+    if (static_cast<int>(i) >= started->results_size()) {
+      k.status = absl::InternalError(absl::StrCat(k.item.key, ": the master's answer has no entry for it"));
+      continue;
+    }
+    const v1::PutStartResult& r = started->results(static_cast<int>(i));
+    k.status = FromItem(r.status());
+    if (!k.status.ok()) continue;
+    k.put_id = r.put_id();
+    for (const v1::Extent& e : r.replicas()) k.replicas.emplace_back(e.segment(), e.offset());
+    if (k.put_id == 0) {
+      k.status = absl::FailedPreconditionError(
+          absl::StrCat(k.item.key, ": the master gave no put id (it predates them); upgrade the master"));
+      (void)master_->PutRevoke({k.item.key});
+    }
+  }
+  return session;
+}
+
+std::vector<absl::Status> Client::WriteRanges(WriteSession& session, const std::vector<RangeWrite>& writes,
+                                              absl::Duration timeout) {
+  WriteSession::State& s = *session.state_;
+  std::vector<absl::Status> out(writes.size());
+  if (timeout <= absl::ZeroDuration()) timeout = options_.transfer_timeout;
+  std::vector<Request> requests;
+  std::vector<size_t> owner;  // the write each request belongs to
+  std::vector<size_t> sent;
+  {
+    MutexLock lock(&s.mu);
+    for (size_t w = 0; w < writes.size(); ++w) {
+      const RangeWrite& rw = writes[w];
+      if (rw.key >= s.keys.size()) {
+        out[w] = absl::InvalidArgumentError(absl::StrCat("range ", w, " names key ", rw.key, " of a session of ",
+                                                         s.keys.size()));
+        continue;
+      }
+      WriteSession::State::Key& k = s.keys[rw.key];
+      if (k.closed) {
+        out[w] = Closed(k.item.key);
+        continue;
+      }
+      if (!k.status.ok()) {
+        out[w] = k.status;
+        continue;
+      }
+      const uint64_t end = rw.offset + rw.data.size();
+      if (rw.offset > k.item.size || rw.data.size() > k.item.size - rw.offset) {
+        out[w] = absl::OutOfRangeError(absl::StrCat(k.item.key, ": bytes [", rw.offset, ", ", end,
+                                                    ") lie outside its ", k.item.size, "-byte value"));
+        continue;
+      }
+      if (rw.data.empty()) continue;
+      // Each byte is written once: the CRCs of the ranges join into the value's.
+      auto next = k.ranges.lower_bound(rw.offset);
+      const bool overlaps = (next != k.ranges.end() && next->first < end) ||
+                            (next != k.ranges.begin() && std::prev(next)->first + std::prev(next)->second.size >
+                                                             rw.offset);
+      if (overlaps) {
+        out[w] = absl::InvalidArgumentError(
+            absl::StrCat(k.item.key, ": bytes [", rw.offset, ", ", end, ") overlap a range already written"));
+        continue;
+      }
+      k.ranges.emplace(rw.offset, WriteSession::State::Range{rw.data.size(), 0, false});
+      for (const auto& [seg, off] : k.replicas) {
+        requests.push_back({Op::kWrite, const_cast<char*>(rw.data.data()), seg, off + rw.offset, rw.data.size(),
+                            nullptr, s.epoch});
+        owner.push_back(w);
+      }
+      sent.push_back(w);
+    }
+  }
+  if (sent.empty()) return out;
+  std::shared_ptr<transport::Batch> batch = engine_->Submit(std::move(requests), timeout);
+  // Checksummed here while the bytes travel.
+  std::vector<uint32_t> crcs(writes.size());
+  for (size_t w : sent) crcs[w] = Crc32c(writes[w].data.data(), writes[w].data.size());
+  (void)batch->Wait(absl::Now() + timeout + kCompletionGrace);
+  const std::vector<absl::Status> got = batch->statuses();
+  for (size_t q = 0; q < owner.size(); ++q) {
+    absl::Status st = q < got.size() ? got[q] : absl::InternalError("missing transfer status");
+    if (!st.ok() && out[owner[q]].ok()) out[owner[q]] = st;
+  }
+  MutexLock lock(&s.mu);
+  for (size_t w : sent) {
+    WriteSession::State::Key& k = s.keys[writes[w].key];
+    if (out[w].ok()) {
+      WriteSession::State::Range& r = k.ranges[writes[w].offset];
+      r.crc = crcs[w];
+      r.written = true;
+    } else {
+      out[w] = Annotate(out[w], absl::StrCat("writing a range of ", k.item.key));
+      if (k.status.ok()) k.status = out[w];  // some replica's bytes are unknown: never committed
+    }
+  }
+  return out;
+}
+
+std::vector<absl::Status> Client::CommitWriteSession(WriteSession& session, absl::Span<const size_t> which) {
+  WriteSession::State& s = *session.state_;
+  MutexLock lock(&s.mu);
+  const std::vector<size_t> named = Named(which, s.keys.size());
+  std::vector<absl::Status> out(named.size());
+  // The keys this commit takes: named, valid, open; each once.
+  std::vector<size_t> take;
+  for (size_t j = 0; j < named.size(); ++j) {
+    const size_t i = named[j];
+    if (i >= s.keys.size()) {
+      out[j] = absl::InvalidArgumentError(absl::StrCat("the session has no key ", i));
+    } else if (s.keys[i].closed) {
+      out[j] = Closed(s.keys[i].item.key);
+    } else {
+      s.keys[i].closed = true;
+      take.push_back(i);
+    }
+  }
+  absl::StatusOr<internal::TrailerBlock> trailers = trailers_->Acquire(std::max<size_t>(take.size(), 1));
+  for (size_t t = 0; t < take.size(); ++t) {
+    WriteSession::State::Key& k = s.keys[take[t]];
+    if (!k.status.ok()) continue;
+    if (!trailers.ok()) {
+      k.status = Annotate(trailers.status(), "registering trailer memory");
+      continue;
+    }
+    // The value's CRC from its ranges', which must tile it exactly.
+    uint32_t crc = KeyCrc(k.item.key);
+    uint64_t at = 0;
+    for (const auto& [offset, range] : k.ranges) {
+      if (offset != at || !range.written) break;  // a gap, or a write still in flight
+      crc = Crc32cCombine(crc, range.crc, range.size);
+      at += range.size;
+    }
+    if (at != k.item.size) {
+      k.status = absl::FailedPreconditionError(
+          absl::StrCat(k.item.key, ": byte ", at, " of its ", k.item.size, "-byte value was not written (",
+                       k.ranges.contains(at) ? "its write had not finished" : "no range covers it", ")"));
+      continue;
+    }
+    EncodeTrailer(crc, k.put_id, trailers->slot(t));
+  }
+  // A group with a failed member is given up whole.
+  absl::flat_hash_set<std::string> failed_groups;
+  for (size_t i : take) {
+    if (!s.keys[i].item.group.empty() && !s.keys[i].status.ok()) failed_groups.insert(s.keys[i].item.group);
+  }
+  std::vector<Request> tails;
+  std::vector<size_t> tail_owner;
+  for (size_t t = 0; t < take.size(); ++t) {
+    WriteSession::State::Key& k = s.keys[take[t]];
+    if (k.status.ok() && failed_groups.contains(k.item.group)) {
+      k.status = absl::AbortedError(absl::StrCat(k.item.key, ": another member of group ", k.item.group, " failed"));
+    }
+    if (!k.status.ok()) continue;
+    for (const auto& [seg, off] : k.replicas) {
+      tails.push_back({Op::kWrite, trailers->slot(t), seg, off + k.item.size, internal::kTrailerBytes, nullptr,
+                       s.epoch});
+      tail_owner.push_back(take[t]);
+    }
+  }
+  if (!tails.empty()) {
+    std::shared_ptr<transport::Batch> batch = engine_->SubmitHere(std::move(tails), options_.transfer_timeout);
+    trailers->Hold(batch);
+    (void)batch->Wait(absl::Now() + options_.transfer_timeout + kCompletionGrace);
+    const std::vector<absl::Status> got = batch->statuses();
+    for (size_t q = 0; q < tail_owner.size(); ++q) {
+      absl::Status st = q < got.size() ? got[q] : absl::InternalError("missing transfer status");
+      WriteSession::State::Key& k = s.keys[tail_owner[q]];
+      if (!st.ok() && k.status.ok()) k.status = Annotate(st, absl::StrCat("writing the trailer of ", k.item.key));
+    }
+  }
+  std::vector<std::string> commit, revoke;
+  std::vector<size_t> commit_idx;
+  for (size_t i : take) {
+    if (s.keys[i].put_id == 0) continue;  // never granted
+    if (s.keys[i].status.ok()) {
+      commit.push_back(s.keys[i].item.key);
+      commit_idx.push_back(i);
+    } else {
+      revoke.push_back(s.keys[i].item.key);
+    }
+  }
+  if (!commit.empty()) {
+    for (const std::string& k : commit) replicas_->Erase(k);
+    absl::StatusOr<v1::KeysResponse> ended = master_->PutEnd(commit);
+    for (size_t c = 0; c < commit.size(); ++c) {
+      absl::Status st = ended.ok() ? FromItem(ended->status(static_cast<int>(c))) : ended.status();
+      if (!st.ok()) {
+        s.keys[commit_idx[c]].status = st;
+        revoke.push_back(commit[c]);
+      }
+    }
+  }
+  // Best effort: the master also reclaims puts that are never committed.
+  if (!revoke.empty()) (void)master_->PutRevoke(revoke);
+  for (size_t j = 0; j < named.size(); ++j) {
+    if (named[j] < s.keys.size() && out[j].ok()) out[j] = s.keys[named[j]].status;
+  }
+  return out;
+}
+
+void Client::RevokeWriteSession(WriteSession& session, absl::Span<const size_t> which) {
+  WriteSession::State& s = *session.state_;
+  MutexLock lock(&s.mu);
+  std::vector<std::string> revoke;
+  for (size_t i : Named(which, s.keys.size())) {
+    if (i >= s.keys.size() || s.keys[i].closed) continue;
+    WriteSession::State::Key& k = s.keys[i];
+    k.closed = true;
+    if (k.put_id != 0) revoke.push_back(k.item.key);
+    if (k.status.ok()) k.status = absl::CancelledError(absl::StrCat(k.item.key, ": the write session was revoked"));
+  }
+  if (!revoke.empty()) (void)master_->PutRevoke(revoke);
 }
 
 }  // namespace tierkv::client

@@ -409,9 +409,12 @@ absl::StatusOr<v1::KeysResponse> MasterClient::PutRevoke(const std::vector<std::
   return resp;
 }
 
-absl::StatusOr<v1::GetReplicasResponse> MasterClient::GetReplicas(const std::vector<std::string>& keys) {
+absl::StatusOr<v1::GetReplicasResponse> MasterClient::GetReplicas(const std::vector<std::string>& keys,
+                                                                  bool counted) {
   v1::GetReplicasResponse resp;
-  absl::Status s = Invoke("GetReplicas", direct::DirectMethod::kGetReplicas, KeysWithReleases(keys), &resp, true, TIERKV_CALL(GetReplicas));
+  v1::KeysRequest req = KeysWithReleases(keys);
+  req.set_counted(counted);
+  absl::Status s = Invoke("GetReplicas", direct::DirectMethod::kGetReplicas, req, &resp, true, TIERKV_CALL(GetReplicas));
   if (!s.ok()) return s;
   if (resp.sizes_size() != static_cast<int>(keys.size()) ||
       resp.replica_counts_size() != static_cast<int>(keys.size()) ||
@@ -427,6 +430,14 @@ absl::StatusOr<std::vector<bool>> MasterClient::Exists(const std::vector<std::st
   if (!s.ok()) return s;
   if (resp.present_size() != static_cast<int>(keys.size())) return absl::InternalError("malformed Exists reply");
   return std::vector<bool>(resp.present().begin(), resp.present().end());
+}
+
+absl::Status MasterClient::FlushReleases() {
+  {
+    MutexLock lock(&release_mu_);
+    if (releases_.empty()) return absl::OkStatus();
+  }
+  return Exists({}).status();
 }
 
 absl::StatusOr<uint32_t> MasterClient::PrefixMatch(const std::vector<std::string>& keys) {

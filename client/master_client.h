@@ -85,7 +85,11 @@ class MasterClient {
   absl::StatusOr<v1::PutStartResponse> PutStart(const v1::PutStartRequest& request);
   absl::StatusOr<v1::KeysResponse> PutEnd(const std::vector<std::string>& keys);
   absl::StatusOr<v1::KeysResponse> PutRevoke(const std::vector<std::string>& keys);
-  absl::StatusOr<v1::GetReplicasResponse> GetReplicas(const std::vector<std::string>& keys);
+  // `counted`: KeysRequest.counted (every read comes with a lease token).
+  absl::StatusOr<v1::GetReplicasResponse> GetReplicas(const std::vector<std::string>& keys, bool counted = false);
+  // Sends the queued lease give-backs now (an Exists of no keys), for a
+  // reader whose reservation must end at once; OK when none is queued.
+  absl::Status FlushReleases();
   absl::StatusOr<std::vector<bool>> Exists(const std::vector<std::string>& keys);
   absl::StatusOr<uint32_t> PrefixMatch(const std::vector<std::string>& keys);
   absl::StatusOr<v1::KeysResponse> Remove(const std::vector<std::string>& keys, bool force);

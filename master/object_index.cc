@@ -280,8 +280,8 @@ std::vector<absl::Status> ObjectIndex::PutRevoke(const std::vector<std::string>&
   return impl_->PutRevoke(keys);
 }
 std::vector<LookupOut> ObjectIndex::GetReplicas(const std::vector<std::string>& keys,
-                                                bool resolve_names) {
-  return impl_->GetReplicas(keys, resolve_names);
+                                                bool resolve_names, bool counted) {
+  return impl_->GetReplicas(keys, resolve_names, counted);
 }
 size_t ObjectIndex::ReleaseLeases(const std::vector<LeaseRelease>& releases) {
   return impl_->ReleaseLeases(releases);

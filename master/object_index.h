@@ -274,8 +274,11 @@ class ObjectIndex {
   // an access for LRU. With `resolve_names` false, extents carry only segment
   // ids (SegmentRegistry::LiveNames maps them), which saves a string per replica
   // on the RPC fast path.
+  // With `counted`, every read is counted (lease_token), as under
+  // pressure, and leased for lease_ttl: a reader holding the value for a
+  // while (a read session) gives it back the moment it is done.
   std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys,
-                                     bool resolve_names = true);
+                                     bool resolve_names = true, bool counted = false);
 
   // Gives counted read leases back. A release whose token names an older
   // incarnation of the key, or that arrives at or after the expiry it

@@ -9,11 +9,11 @@
 namespace tierkv::master {
 
 std::vector<LookupOut> ObjectIndex::Impl::GetReplicas(const std::vector<std::string>& keys,
-                                                      bool resolve_names) {
+                                                      bool resolve_names, bool counted) {
   std::vector<size_t> no_room;
   uint64_t need = 0;
   const uint64_t staged_before = staged_.load(std::memory_order_relaxed);
-  std::vector<LookupOut> out = Lookup(keys, resolve_names, &no_room, &need);
+  std::vector<LookupOut> out = Lookup(keys, resolve_names, &no_room, &need, counted);
   if (!no_room.empty()) {
     // SSD hits found no room to stage: make it as a put would (outside
     // the shard locks), then look those keys up once more.
@@ -22,7 +22,7 @@ std::vector<LookupOut> ObjectIndex::Impl::GetReplicas(const std::vector<std::str
     FreeDeferred(NowMs());  // staged copies the eviction dropped whose grace is over
     std::vector<std::string> again;
     for (size_t i : no_room) again.push_back(keys[i]);
-    std::vector<LookupOut> retried = Lookup(again, resolve_names, nullptr, nullptr);
+    std::vector<LookupOut> retried = Lookup(again, resolve_names, nullptr, nullptr, counted);
     for (size_t k = 0; k < no_room.size(); ++k) out[no_room[k]] = std::move(retried[k]);
   }
   if (!no_room.empty() || staged_.load(std::memory_order_relaxed) != staged_before) {
@@ -37,7 +37,8 @@ std::vector<LookupOut> ObjectIndex::Impl::GetReplicas(const std::vector<std::str
 }
 
 std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>& keys, bool resolve_names,
-                                                 std::vector<size_t>* no_room, uint64_t* staged_bytes) {
+                                                 std::vector<size_t>* no_room, uint64_t* staged_bytes,
+                                                 bool count_all) {
   std::vector<LookupOut> out(keys.size());
   auto names = LiveNames();
   absl::Time now = clock_->Now();
@@ -100,8 +101,9 @@ std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>&
       o.hard_lease = false;
     }
     // A read under pressure or from SSD is counted, so its reader can give
-    // the DRAM back the moment it is done instead of at the deadline.
-    const bool counted = pressed || reps.front().stage;
+    // the DRAM back the moment it is done instead of at the deadline; so is
+    // one whose reader asked (a read session, which holds it for a while).
+    const bool counted = count_all || pressed || reps.front().stage;
     if (counted && o.readers < kStickyReaders) {
       if (++o.readers < kStickyReaders) out[i].lease_token = LeaseToken(slot, o.gen, lease_boot_);
     } else if (!counted) {

@@ -191,7 +191,7 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
   resp->set_epoch(m->options().epoch);
   ApplyReleases(m, req, tenant);
   std::vector<std::string> keys = Keys(req.keys(), tenant);
-  std::vector<LookupOut> found = m->index().GetReplicas(keys, false);
+  std::vector<LookupOut> found = m->index().GetReplicas(keys, false, req.counted());
   int n = static_cast<int>(found.size());
   resp->mutable_sizes()->Reserve(n);
   resp->mutable_lease_expiry_unix_ms()->Reserve(n);

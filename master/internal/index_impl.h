@@ -381,7 +381,7 @@ class ObjectIndex::Impl {
   std::vector<PutStartOut> PutStart(const std::vector<PutItem>& items);
   std::vector<absl::Status> PutEnd(const std::vector<std::string>& keys);
   std::vector<absl::Status> PutRevoke(const std::vector<std::string>& keys);
-  std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys, bool resolve_names);
+  std::vector<LookupOut> GetReplicas(const std::vector<std::string>& keys, bool resolve_names, bool counted);
   size_t ReleaseLeases(const std::vector<LeaseRelease>& releases);
   std::vector<KeyHit> NoteCachedReads(const std::vector<std::string>& keys);
   std::vector<bool> Exists(const std::vector<std::string>& keys, std::vector<KeyHit>* hits);
@@ -396,7 +396,7 @@ class ObjectIndex::Impl {
   // staging extent go to *no_room, their bytes to *staged_bytes; both
   // null: none is collected.
   std::vector<LookupOut> Lookup(const std::vector<std::string>& keys, bool resolve_names,
-                                std::vector<size_t>* no_room, uint64_t* staged_bytes);
+                                std::vector<size_t>* no_room, uint64_t* staged_bytes, bool counted);
 
   TenantTable& tenants() { return tenants_; }
 

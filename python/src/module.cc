@@ -29,6 +29,8 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "base/auth.h"
+#include "python/src/common.h"
+#include "python/src/sessions.h"
 
 namespace py = pybind11;
 
@@ -37,21 +39,17 @@ using tierkv::client::Client;
 using tierkv::client::ClientOptions;
 using tierkv::client::PutItem;
 using tierkv::client::PutOptions;
+using tierkv::python::AsPointer;
+using tierkv::python::BatchResult;
+using tierkv::python::FromSizes;
+using tierkv::python::FromStatuses;
+using tierkv::python::PyReadSession;
+using tierkv::python::PyWriteSession;
+using tierkv::python::StatusException;
+using tierkv::python::Throw;
 
 namespace {
 
-// A C++ status crossing into Python; translated to a tierkv.Error subclass.
-struct StatusException {
-  int code;
-  std::string message;
-};
-
-[[noreturn]] void Throw(const absl::Status& s) {
-  throw StatusException{static_cast<int>(s.code()), std::string(s.message())};
-}
-
-// A buffer export held for the length of a call (the exporter cannot free
-// or resize it meanwhile).
 class Buffer {
  public:
   Buffer(py::handle obj, bool writable) {
@@ -72,37 +70,6 @@ class Buffer {
   Py_buffer view_{};
   bool held_ = false;
 };
-
-char* AsPointer(uintptr_t p) { return reinterpret_cast<char*>(p); }
-
-// (values, errors): values[i] is a result per key, errors are (i, code, msg).
-using BatchResult = std::pair<std::vector<int64_t>, std::vector<std::tuple<size_t, int, std::string>>>;
-
-BatchResult FromStatuses(const std::vector<absl::Status>& statuses) {
-  BatchResult r;
-  r.first.resize(statuses.size());
-  for (size_t i = 0; i < statuses.size(); ++i) {
-    if (statuses[i].ok()) continue;
-    r.first[i] = -static_cast<int64_t>(statuses[i].code());
-    r.second.emplace_back(i, static_cast<int>(statuses[i].code()), std::string(statuses[i].message()));
-  }
-  return r;
-}
-
-BatchResult FromSizes(const std::vector<absl::StatusOr<size_t>>& sizes) {
-  BatchResult r;
-  r.first.resize(sizes.size());
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (sizes[i].ok()) {
-      r.first[i] = static_cast<int64_t>(*sizes[i]);
-      continue;
-    }
-    const absl::Status& s = sizes[i].status();
-    r.first[i] = -static_cast<int64_t>(s.code());
-    r.second.emplace_back(i, static_cast<int>(s.code()), std::string(s.message()));
-  }
-  return r;
-}
 
 class PyClient {
  public:
@@ -461,6 +428,17 @@ class PyClient {
     return absl::ToDoubleSeconds(absl::Now() - t0);
   }
 
+  // A read session over `keys` (Client::StartReadSession): holds the
+  // client, so it stays usable while the session lives.
+  std::shared_ptr<PyReadSession> StartReadSession(const std::vector<std::string>& keys);
+
+  // A write session for keys of `sizes` bytes (Client::StartWriteSession).
+  std::shared_ptr<PyWriteSession> StartWriteSession(const std::vector<std::string>& keys,
+                                                          const std::vector<uint64_t>& sizes,
+                                                          const std::vector<std::string>& groups,
+                                                          const std::vector<std::string>& parents,
+                                                          const PutOptions& po);
+
   std::string LocalSegment() { return Get()->local_segment(); }
   bool LocalSegmentMounted() { return Get()->local_segment_mounted(); }
   std::string MetadataUrl() { return Get()->metadata_url(); }
@@ -533,6 +511,32 @@ class PyClient {
   std::mutex mu_;
   std::shared_ptr<Client> client_;  // null once closed
 };
+
+std::shared_ptr<PyReadSession> PyClient::StartReadSession(const std::vector<std::string>& keys) {
+  std::shared_ptr<Client> c = Get();
+  std::unique_ptr<tierkv::client::ReadSession> session;
+  {
+    py::gil_scoped_release nogil;
+    session = c->StartReadSession(keys);
+  }
+  return std::make_shared<PyReadSession>(c, std::move(session));
+}
+
+std::shared_ptr<PyWriteSession> PyClient::StartWriteSession(const std::vector<std::string>& keys,
+                                                            const std::vector<uint64_t>& sizes,
+                                                            const std::vector<std::string>& groups,
+                                                            const std::vector<std::string>& parents,
+                                                            const PutOptions& po) {
+  std::vector<tierkv::client::WriteItem> items(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) items[i] = {keys[i], sizes[i], At(groups, i), At(parents, i)};
+  std::shared_ptr<Client> c = Get();
+  std::unique_ptr<tierkv::client::WriteSession> session;
+  {
+    py::gil_scoped_release nogil;
+    session = c->StartWriteSession(items, po);
+  }
+  return std::make_shared<PyWriteSession>(c, std::move(session));
+}
 
 PutOptions MakePutOptions(int replicas, const std::string& preferred, bool soft_pin, bool hard_pin) {
   PutOptions po;
@@ -612,6 +616,29 @@ PYBIND11_MODULE(_tierkv, m) {
 
   // Python's default is the C++ one.
   m.attr("DEFAULT_REPLICA_CACHE") = ClientOptions().replica_cache;
+
+  py::class_<PyReadSession, std::shared_ptr<PyReadSession>>(m, "_ReadSession")
+      .def("sizes", &PyReadSession::Sizes)
+      .def("read_ranges",
+           [](PyReadSession& s, const std::vector<size_t>& keys, const std::vector<uintptr_t>& ptrs,
+              const std::vector<size_t>& sizes, const std::vector<uint64_t>& offsets, double timeout) {
+             SameLength(keys.size(), {ptrs.size(), sizes.size(), offsets.size()});
+             return s.ReadRanges(keys, ptrs, sizes, offsets, timeout);
+           },
+           py::arg("keys"), py::arg("ptrs"), py::arg("sizes"), py::arg("offsets"), py::arg("timeout") = 0.0)
+      .def("end", &PyReadSession::End);
+
+  py::class_<PyWriteSession, std::shared_ptr<PyWriteSession>>(m, "_WriteSession")
+      .def("statuses", &PyWriteSession::Statuses)
+      .def("write_ranges",
+           [](PyWriteSession& s, const std::vector<size_t>& keys, const std::vector<uintptr_t>& ptrs,
+              const std::vector<size_t>& sizes, const std::vector<uint64_t>& offsets, double timeout) {
+             SameLength(keys.size(), {ptrs.size(), sizes.size(), offsets.size()});
+             return s.WriteRanges(keys, ptrs, sizes, offsets, timeout);
+           },
+           py::arg("keys"), py::arg("ptrs"), py::arg("sizes"), py::arg("offsets"), py::arg("timeout") = 0.0)
+      .def("commit", &PyWriteSession::Commit, py::arg("which") = std::vector<size_t>{})
+      .def("revoke", &PyWriteSession::Revoke, py::arg("which") = std::vector<size_t>{});
 
   py::class_<PyClient>(m, "_Client")
       .def(py::init<const std::string&, const std::string&, std::vector<std::string>, std::vector<std::string>,
@@ -709,6 +736,15 @@ PYBIND11_MODULE(_tierkv, m) {
       .def("register_memory", &PyClient::RegisterMemory)
       .def("unregister_memory", &PyClient::UnregisterMemory)
       .def("stats", &PyClient::Stats)
+      .def("start_read_session", &PyClient::StartReadSession, py::arg("keys"))
+      .def("start_write_session",
+           [](PyClient& c, const std::vector<std::string>& keys, const std::vector<uint64_t>& sizes,
+              const std::vector<std::string>& groups, const std::vector<std::string>& parents, int replicas,
+              const std::string& preferred, bool soft_pin, bool hard_pin) {
+             SameLength(keys.size(), {sizes.size()});
+             return c.StartWriteSession(keys, sizes, groups, parents,
+                                        MakePutOptions(replicas, preferred, soft_pin, hard_pin));
+           })
       .def("cxx_reference", &PyClient::Reference)
       .def_property_readonly("local_segment", &PyClient::LocalSegment)
       .def_property_readonly("local_segment_mounted", &PyClient::LocalSegmentMounted)

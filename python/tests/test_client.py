@@ -327,3 +327,57 @@ def test_client_lending_memory(cluster):
             c.remove(k)
         c.remove(k, force=True)
         assert not c.exists(k)
+
+
+def test_read_sessions_read_ranges_of_leased_values(client):
+    k1, k2, gone = unique("rs") + "1", unique("rs") + "2", unique("rs") + "gone"
+    v1 = np.random.default_rng(1).integers(0, 256, 200_000, dtype=np.uint8)
+    v2 = np.arange(5000, dtype=np.uint8)
+    client.put(k1, v1)
+    client.put(k2, v2)
+    out = np.zeros(300_000, dtype=np.uint8)
+    base = out.ctypes.data
+    with client.read_session([k1, gone, k2]) as s:
+        sizes = s.sizes()
+        assert sizes[0] == v1.nbytes and sizes[2] == v2.nbytes
+        assert isinstance(sizes[1], tierkv.NotFound)
+        # Layer-wise: the value's halves into two places, out of order.
+        errs = s.read_ranges([(0, base + 100_000, 100_000, 100_000), (0, base, 100_000, 0),
+                              (2, base + 250_000, 5000, 0), (1, base, 10, 0), (2, base, 10, 4995)])
+        assert errs[:3] == [None, None, None]
+        assert isinstance(errs[3], tierkv.NotFound)
+        assert isinstance(errs[4], tierkv.OutOfRange)
+        assert np.array_equal(out[:200_000], v1)
+        assert np.array_equal(out[250_000:255_000], v2)
+        # A leased value is not removed under the session.
+        with pytest.raises(tierkv.FailedPrecondition):
+            client.remove(k1)
+    # Ended: reads are refused, never served from a lease given back.
+    assert isinstance(s.read_ranges([(0, base, 10, 0)])[0], tierkv.Aborted)
+    client.remove(k1)
+
+
+def test_write_sessions_commit_values_written_range_by_range(client):
+    k, half, taken = unique("ws") + "k", unique("ws") + "half", unique("ws") + "taken"
+    client.put(taken, b"first")
+    v = np.random.default_rng(2).integers(0, 256, 64_000, dtype=np.uint8)
+    p = v.ctypes.data
+    s = client.write_session([k, half, taken], [v.nbytes, 1000, 3])
+    st = s.statuses()
+    assert st[0] is None and st[1] is None and isinstance(st[2], tierkv.AlreadyExists)
+    errs = s.write_ranges([(0, p + 32_000, 32_000, 32_000), (0, p, 32_000, 0), (1, p, 500, 0),
+                           (0, p, 10, 5), (1, p, 600, 500)])
+    assert errs[:3] == [None, None, None]
+    assert isinstance(errs[3], tierkv.InvalidArgument)  # overlaps what was written
+    assert isinstance(errs[4], tierkv.OutOfRange)
+    assert client.get(k) is None  # not visible before the commit
+    done = s.commit()
+    assert done[0] is None
+    assert isinstance(done[1], tierkv.FailedPrecondition)  # half of it was written
+    assert isinstance(done[2], tierkv.AlreadyExists)
+    assert client.get(k) == v.tobytes()
+    assert client.get(half) is None and client.get(taken) == b"first"
+    r = client.write_session([half], [4])
+    assert r.write_ranges([(0, p, 4, 0)]) == [None]
+    r.revoke()
+    assert client.get(half) is None

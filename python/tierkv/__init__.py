@@ -23,7 +23,7 @@ from ._errors import Error, from_status
 from ._tierkv import buffer_address, discover_metadata, read_token_file, stored_size, value_size
 from ._tierkv import DEFAULT_REPLICA_CACHE, _Client
 
-__all__ = ["Client", "DEFAULT_REPLICA_CACHE", "Error", "buffer_address", "discover_metadata", "read_token_file",
+__all__ = ["Client", "ReadSession", "WriteSession", "DEFAULT_REPLICA_CACHE", "Error", "buffer_address", "discover_metadata", "read_token_file",
            "stored_size", "value_size"] + [n for n in _errors.__all__ if n not in ("from_status", "CODE_NAMES")]
 
 
@@ -39,6 +39,79 @@ def _results(pair, ok_value):
     for i, code, msg in errors:
         out[i] = from_status(code, msg)
     return out
+
+
+class ReadSession:
+    """Leased values whose byte ranges are read without asking the master.
+
+        with client.read_session(["k1", "k2"]) as s:
+            sizes = s.sizes()                        # int, or the Error (NotFound: a miss)
+            errs = s.read_ranges([(0, ptr, n, off)])  # (key index, address, size, offset)
+
+    read_ranges gives one entry per range: None when read, else the Error:
+    NotFound (the key missed, or its bytes are another put's), OutOfRange
+    (past the value's end), Aborted (the lease ended, or the session did:
+    start a new one), a transport error. end() gives the leases back.
+    Usable from several threads; end it once its reads are over.
+    """
+
+    def __init__(self, session, keys):
+        self._s = session
+        self.keys = keys
+
+    def sizes(self):
+        return [v if v >= 0 else from_status(-v, f"{k!r} cannot be read") for k, v in zip(self.keys, self._s.sizes())]
+
+    def read_ranges(self, ranges, *, timeout=0.0):
+        ranges = list(ranges)
+        pair = self._s.read_ranges([int(r[0]) for r in ranges], [int(r[1]) for r in ranges],
+                                   [int(r[2]) for r in ranges], [int(r[3]) for r in ranges], float(timeout))
+        return _results(pair, lambda v: None)
+
+    def end(self):
+        self._s.end()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.end()
+
+
+class WriteSession:
+    """Values written range by range and committed together.
+
+        s = client.write_session(["k"], [n])
+        s.statuses()                           # per key None, or the Error (AlreadyExists, ...)
+        s.write_ranges([(0, ptr, size, off)])  # (key index, address, size, offset)
+        s.commit()                             # per key None, or why it was not committed
+
+    Each byte of a value is written once, in any order and from any
+    thread; commit() makes visible the keys whose ranges covered their
+    value and revokes the rest; revoke() gives up every key.
+    """
+
+    def __init__(self, session, keys):
+        self._s = session
+        self.keys = keys
+
+    def statuses(self):
+        return _results(self._s.statuses(), lambda v: None)
+
+    def write_ranges(self, ranges, *, timeout=0.0):
+        ranges = list(ranges)
+        pair = self._s.write_ranges([int(r[0]) for r in ranges], [int(r[1]) for r in ranges],
+                                    [int(r[2]) for r in ranges], [int(r[3]) for r in ranges], float(timeout))
+        return _results(pair, lambda v: None)
+
+    def commit(self, indices=None):
+        """Commits the keys at `indices` (None: all); per key named, None
+        or why it was not committed. A key commits or revokes once."""
+        return _results(self._s.commit([int(i) for i in indices or []]), lambda v: None)
+
+    def revoke(self, indices=None):
+        """Gives up the keys at `indices` (None: all) not yet committed."""
+        self._s.revoke([int(i) for i in indices or []])
 
 
 class Client:
@@ -273,6 +346,23 @@ class Client:
         for i, code, msg in errors:
             out[i] = None if code == 5 else from_status(code, msg)
         return out
+
+    def read_session(self, keys):
+        """A ReadSession over keys: one master lookup leases a replica of
+        each, whose ranges are then read with no master call until the lease
+        ends (Client::StartReadSession, client/client.h)."""
+        return ReadSession(self._c.start_read_session([_key(k) for k in keys]), list(keys))
+
+    def write_session(self, keys, sizes, *, groups=None, parent_keys=None, replicas=1, preferred_segment="",
+                      soft_pin=False, hard_pin=False):
+        """A WriteSession: one master call grants room for each key's value
+        of sizes[i] bytes; ranges are then written with no master call and
+        the keys committed together (Client::StartWriteSession)."""
+        return WriteSession(self._c.start_write_session([_key(k) for k in keys], [int(n) for n in sizes],
+                                                        [str(g) for g in groups or []],
+                                                        [_key(p) for p in parent_keys or []], int(replicas),
+                                                        preferred_segment, bool(soft_pin), bool(hard_pin)),
+                            list(keys))
 
     # --- lookups and removal --------------------------------------------
     def exists(self, key):

@@ -105,6 +105,24 @@ TEST(Crc32cTest, KnownValuesAndPathsAgree) {
   }
 }
 
+TEST(Crc32cTest, CombiningPiecesChecksummedApartGivesTheWholesCrc) {
+  std::string data(70'000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 37) ^ (i >> 5));
+  const uint32_t seed = Crc32c("a key", 5);  // a value's CRC starts from its key's
+  const uint32_t whole = Crc32cExtend(seed, data.data(), data.size());
+  for (size_t cut : {0ul, 1ul, 4096ul, 65'536ul, 69'999ul, 70'000ul}) {
+    const uint32_t a = Crc32cExtend(seed, data.data(), cut);
+    const uint32_t b = Crc32c(data.data() + cut, data.size() - cut);
+    EXPECT_EQ(Crc32cCombine(a, b, data.size() - cut), whole) << cut;
+  }
+  // Three pieces, checksummed in another order, joined in value order.
+  const uint32_t p3 = Crc32c(data.data() + 50'000, 20'000);
+  const uint32_t p1 = Crc32c(data.data(), 10'000);
+  const uint32_t p2 = Crc32c(data.data() + 10'000, 40'000);
+  EXPECT_EQ(Crc32cCombine(Crc32cCombine(Crc32cCombine(seed, p1, 10'000), p2, 40'000), p3, 20'000), whole);
+  EXPECT_NE(Crc32cCombine(Crc32cCombine(Crc32cCombine(seed, p2, 40'000), p1, 10'000), p3, 20'000), whole);
+}
+
 // The bit-at-a-time definition, to check every path against.
 uint32_t ReferenceCrc32c(uint32_t crc, const char* p, size_t n) {
   crc = ~crc;
