@@ -25,6 +25,15 @@ evicted only after every unpinned one, with_hard_pin objects never (only a
 remove takes them out). The _multi_buffers forms and put_parts gather and
 scatter in place: no part is copied on the way.
 
+Beyond puts and gets: setup(config) takes one dict with readable sizes
+("4GB"); upserts remove then put (not atomic; see the note above _upsert);
+get_into_ranges reads whole values and copies ranges out; tensors use
+Mooncake's 40-byte tensor header, so they read back on either client (torch
+is imported on the first tensor call only); BufferPool lends registered host
+buffers; calls needing what tierkv lacks (a client daemon, copy tasks, key
+listings, NVMe-oF) answer UNAVAILABLE_IN_CURRENT_MODE with a log line.
+docs/mooncake-api.md marks every call of Mooncake's binding.
+
 Timeouts come from TIERKV_RPC_TIMEOUT and TIERKV_TRANSFER_TIMEOUT (seconds;
 defaults 5 and 30), as tierkv's flags read TIERKV_<FLAG>; TIERKV_REPLY_SPIN
 (seconds, default 50e-6; 0: never) is how long a call busy-polls for its
@@ -36,146 +45,36 @@ for a master running --auth token.
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import urllib.error
 import urllib.parse
-import urllib.request
 
 from . import DEFAULT_REPLICA_CACHE, Client, Error, value_size
 
 log = logging.getLogger("tierkv.mooncake_compat")
 
-# Mooncake's ErrorCode values (mooncake-store/include/types.h).
-ERROR_CODES = {
-    "OK": 0,
-    "INTERNAL_ERROR": -1,
-    "BUFFER_OVERFLOW": -10,
-    "SEGMENT_NOT_FOUND": -101,
-    "NO_AVAILABLE_HANDLE": -200,
-    "INVALID_KEY": -400,
-    "WRITE_FAIL": -500,
-    "INVALID_PARAMS": -600,
-    "INVALID_WRITE": -700,
-    "INVALID_READ": -701,
-    "REPLICA_IS_NOT_READY": -703,
-    "OBJECT_NOT_FOUND": -704,
-    "OBJECT_ALREADY_EXISTS": -705,
-    "OBJECT_HAS_LEASE": -706,
-    "LEASE_EXPIRED": -707,
-    "TRANSFER_FAIL": -800,
-    "RPC_FAIL": -900,
-    "UNAVAILABLE_IN_CURRENT_STATUS": -1010,
-}
-globals().update(ERROR_CODES)
-
-# absl status code -> Mooncake code.
-_FROM_ABSL = {
-    0: OK,
-    3: INVALID_PARAMS,         # INVALID_ARGUMENT (also: buffer too small)
-    4: TRANSFER_FAIL,          # DEADLINE_EXCEEDED
-    5: OBJECT_NOT_FOUND,
-    6: OBJECT_ALREADY_EXISTS,
-    8: NO_AVAILABLE_HANDLE,    # RESOURCE_EXHAUSTED: no room in the cluster
-    9: OBJECT_HAS_LEASE,       # FAILED_PRECONDITION: leased (being read)
-    11: TRANSFER_FAIL,         # OUT_OF_RANGE
-    14: RPC_FAIL,              # UNAVAILABLE
-    15: TRANSFER_FAIL,         # DATA_LOSS: checksum mismatch, not data
-}
+from ._mooncake_codes import *  # noqa: F401,F403  (ERROR_CODES, each code, _code)
+from ._mooncake_codes import (ERROR_CODES, INTERNAL_ERROR, INVALID_PARAMS, OBJECT_NOT_FOUND, OK, RPC_FAIL,
+                              TRANSFER_FAIL, UNAVAILABLE_IN_CURRENT_MODE, UNAVAILABLE_IN_CURRENT_STATUS, _Refused,
+                              _code)
+# This module holds the store's setup, lifecycle, memory registration, puts,
+# gets and lookups; the rest of the binding lives beside it, one concern per
+# module (_mooncake_config, _memory, _objects, _sessions, _tensors), the
+# store's other calls as mixins it inherits.
+from ._mooncake_config import (ObjectDataType, ReplicateConfig, SoftPinAction, _bind_config, _bind_setup, _env_count,
+                               _env_seconds, _listen_address, _rdma_nic_present, parse_size)
+from ._mooncake_memory import (BufferLease, BufferPool, MooncakeHostMemAllocator, bind_to_numa_node,
+                               get_alloc_func_addr, get_free_func_addr)
+from ._mooncake_memory import RegisteredBufferLease, RegisteredBufferPool  # Mooncake's names for them
+from ._mooncake_objects import (BufferHandle, Descriptor, DiskDescriptor, MemoryDescriptor, ObjectCalls,
+                                QueryTaskResponse, ReplicaDescriptor, ReplicaStatus, TaskStatus, TaskType)
+from ._mooncake_sessions import SessionCalls
+from ._mooncake_tensors import TensorCalls
 
 
-def _code(status):
-    """A Mooncake code from an absl code, an Error, or None (OK)."""
-    if status is None:
-        return OK
-    if isinstance(status, Error):
-        status = status.code
-    return _FROM_ABSL.get(int(status), INTERNAL_ERROR)
-
-
-class ReplicateConfig:
-    """Mooncake's replication options for a put."""
-
-    def __init__(self):
-        self.replica_num = 1
-        self.with_soft_pin = False
-        self.with_hard_pin = False
-        self.preferred_segment = ""
-        self.preferred_segments = []
-        self.prefer_alloc_in_same_node = False
-        self.group_ids = []
-
-    def __repr__(self):
-        return (f"ReplicateConfig(replica_num={self.replica_num}, with_soft_pin={self.with_soft_pin}, "
-                f"with_hard_pin={self.with_hard_pin}, preferred_segment={self.preferred_segment!r}, "
-                f"preferred_segments={self.preferred_segments!r}, group_ids={self.group_ids!r})")
-
-
-_SETUP_PARAMS = ("local_hostname", "metadata_server", "global_segment_size", "local_buffer_size", "protocol",
-                 "rdma_devices", "master_server_addr", "engine")
-_SETUP_DEFAULTS = {"global_segment_size": 16 << 20, "local_buffer_size": 16 << 20, "protocol": "tcp",
-                   "rdma_devices": "", "master_server_addr": "127.0.0.1:50051", "engine": None}
-
-
-def _bind_setup(args, kwargs):
-    """Binds setup()'s arguments as Python would, with Python's messages:
-    an unknown keyword's TypeError names only that keyword."""
-    if len(args) > len(_SETUP_PARAMS):
-        raise TypeError(f"setup() takes from 3 to {len(_SETUP_PARAMS) + 1} positional arguments "
-                        f"but {len(args) + 1} were given")
-    bound = dict(zip(_SETUP_PARAMS, args))
-    for name, value in kwargs.items():
-        if name not in _SETUP_PARAMS:
-            raise TypeError(f"setup() got an unexpected keyword argument '{name}'")
-        if name in bound:
-            raise TypeError(f"setup() got multiple values for argument '{name}'")
-        bound[name] = value
-    for name in ("local_hostname", "metadata_server"):
-        if name not in bound:
-            raise TypeError(f"setup() missing 1 required positional argument: '{name}'")
-    for name, value in _SETUP_DEFAULTS.items():
-        bound.setdefault(name, value)
-    return bound
-
-
-def _env_seconds(name, default):
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        log.warning("%s=%r is not a number of seconds; using %s", name, os.environ[name], default)
-        return default
-
-
-def _env_count(name, default):
-    try:
-        n = int(os.environ.get(name, default))
-        if n >= 0:
-            return n
-    except ValueError:
-        pass
-    log.warning("%s=%r is not a count of 0 or more; using %s", name, os.environ[name], default)
-    return default
-
-
-def _listen_address(hostname):
-    """The address the lent segment serves on: local_hostname's host part."""
-    host = hostname.rsplit(":", 1)[0] if hostname.count(":") == 1 else hostname
-    if host in ("", "localhost"):
-        return "127.0.0.1"
-    try:
-        return socket.gethostbyname(host)
-    except OSError:
-        return "127.0.0.1"
-
-
-def _rdma_nic_present():
-    try:
-        return bool(os.listdir("/sys/class/infiniband"))
-    except OSError:
-        return False
-
-
-class MooncakeDistributedStore:
+class MooncakeDistributedStore(SessionCalls, ObjectCalls, TensorCalls):
     """Mooncake's store client. Thread-safe, like the tierkv Client under it."""
 
     _instances = 0
@@ -186,13 +85,26 @@ class MooncakeDistributedStore:
         self._hostname = ""
         self._registered = []  # (start, end) of buffers given to register_buffer
         self._lock = threading.Lock()
+        self._local_buffer_size = 0
+        self._segment_by_host = {}  # "host:port" (a get_hostname) -> segment name
 
     # --- lifecycle ------------------------------------------------------
     def setup(self, *args, **kwargs):
         """setup(local_hostname, metadata_server, global_segment_size=16MiB,
         local_buffer_size=16MiB, protocol="tcp", rdma_devices="",
-        master_server_addr="127.0.0.1:50051", engine=None) -> int"""
-        a = _bind_setup(args, kwargs)
+        master_server_addr="127.0.0.1:50051", engine=None) -> int
+
+        or setup(config): one dict with those names as keys (device_name and
+        master_server_address are accepted for rdma_devices and
+        master_server_addr, as in Mooncake's JSON configs); sizes may be ints
+        or strings such as "4GB" or "512MB". A missing or unknown key, or an
+        unreadable size, gives INVALID_PARAMS."""
+        if len(args) == 1 and not kwargs and isinstance(args[0], dict):
+            a = _bind_config(args[0])
+            if isinstance(a, int):
+                return a
+        else:
+            a = _bind_setup(args, kwargs)
         if self._client is not None:
             return OK  # already set up, as Mooncake answers a second setup
         if a["engine"] is not None:
@@ -208,9 +120,10 @@ class MooncakeDistributedStore:
                 log.warning("metadata_server %r is not an http URL; asking the master %s", metadata, master)
             metadata = None
         try:
-            lend = int(a["global_segment_size"] or 0)
-            int(a["local_buffer_size"] or 0)
-        except (TypeError, ValueError):
+            lend = parse_size(a["global_segment_size"] or 0)
+            local_buffer = parse_size(a["local_buffer_size"] or 0)
+        except (TypeError, ValueError) as e:
+            log.error("setup: %s", e)
             return INVALID_PARAMS
         protocol = str(a["protocol"] or "tcp").lower()
         devices = [d for d in str(a["rdma_devices"] or "").split(",") if d]
@@ -249,8 +162,39 @@ class MooncakeDistributedStore:
             log.error("setup against master %s failed: %s", master, e)
             return _code(e)
         self._client = client
-        self._hostname = client.local_segment or hostname
+        self._local_buffer_size = local_buffer
+        self._hostname = self._served_hostname(client) or hostname
         return OK
+
+    def _served_hostname(self, client):
+        """host:port where this store's lent segment serves (Mooncake's
+        get_hostname form), or "" when it lends nothing."""
+        name = client.local_segment
+        if not name:
+            return ""
+        try:
+            seg = json.loads(client.http_get(f"/v1/segments/{urllib.parse.quote(name, safe='')}",
+                                             timeout=_env_seconds("TIERKV_RPC_TIMEOUT", 5.0)))
+        except (OSError, ValueError) as e:
+            log.warning("segment %s not described by the master (%s); get_hostname gives its name", name, e)
+            return name
+        m = re.search(r"(\d+)\s*$", str(seg.get("endpoint", "")))
+        if not m:
+            return name
+        self._segment_by_host[f"{seg.get('host', '')}:{m.group(1)}"] = name
+        return f"{seg.get('host', '')}:{m.group(1)}"
+
+    def setup_dummy(self, mem_pool_size, local_buffer_size, server_address):
+        """Mooncake's dummy client borrows memory and transfers from a
+        separate per-host client daemon reached at server_address. tierkv has
+        no such daemon (its store daemons lend memory to the cluster, and
+        every process talks to the master itself), so this cannot be done:
+        UNAVAILABLE_IN_CURRENT_MODE, with a log line. Use setup() against the
+        master, with global_segment_size=0 for a process that lends nothing."""
+        log.error("setup_dummy(%s): tierkv has no per-host client daemon to attach to; "
+                  "call setup(..., global_segment_size=0, ..., master_server_addr=<tierkv master>) instead",
+                  server_address)
+        return UNAVAILABLE_IN_CURRENT_MODE
 
     def init_all(self, protocol, device_name, mount_segment_size=16 << 20):
         return self.setup("localhost", "P2PHANDSHAKE", mount_segment_size, 0, protocol, device_name)
@@ -270,11 +214,16 @@ class MooncakeDistributedStore:
             pass
 
     def get_hostname(self):
-        """This store's name in the cluster (its lent segment), else local_hostname."""
+        """host:port where this store's lent segment serves, as Mooncake
+        answers; it names the segment in ReplicateConfig.preferred_segment.
+        A store lending nothing serves nothing: its local_hostname as given."""
         return self._hostname
 
     def health_check(self):
-        """0 when the master answers, else a negative code."""
+        """0 when the master answers, else a negative code
+        (UNAVAILABLE_IN_CURRENT_STATUS before setup or after close).
+        Mooncake answers 1 and 2 for those cases; tierkv keeps one rule, a
+        negative answer is a failure, as its other calls do."""
         c = self._client
         if c is None:
             return UNAVAILABLE_IN_CURRENT_STATUS
@@ -321,17 +270,52 @@ class MooncakeDistributedStore:
         return OK
 
     # --- helpers --------------------------------------------------------
-    @staticmethod
-    def _put_options(config, n):
+    def _put_options(self, config, n):
+        """tierkv put options from a ReplicateConfig; raises _Refused(code)
+        for a config that cannot be honoured."""
         if config is None:
             return {}, None
+        action = SoftPinAction(int(getattr(config, "soft_pin_action", SoftPinAction.PRESERVE)))
+        ttl = getattr(config, "soft_pin_ttl_ms", None)
+        if ttl is not None and action != SoftPinAction.ENABLE:
+            log.error("soft_pin_ttl_ms needs soft_pin_action ENABLE")
+            raise _Refused(INVALID_PARAMS)
+        replicas = int(config.replica_num)
+        nof = int(getattr(config, "nof_replica_num", 0) or 0)
+        if nof > 0:
+            if replicas <= 0:
+                log.error("nof_replica_num=%d: tierkv has no NVMe-oF tier and no memory replica was asked for", nof)
+                raise _Refused(UNAVAILABLE_IN_CURRENT_MODE)
+            log.warning("nof_replica_num=%d ignored: tierkv has no NVMe-oF tier", nof)
+        soft = action == SoftPinAction.ENABLE or (action == SoftPinAction.PRESERVE and bool(config.with_soft_pin))
         preferred = config.preferred_segment or (config.preferred_segments[0] if config.preferred_segments else "")
-        opts = dict(replicas=max(1, int(config.replica_num)), preferred_segment=preferred,
-                    soft_pin=bool(config.with_soft_pin), hard_pin=bool(config.with_hard_pin))
+        opts = dict(replicas=max(1, replicas), preferred_segment=self._segment_name(preferred),
+                    soft_pin=soft, hard_pin=bool(config.with_hard_pin))
         groups = list(config.group_ids or [])
         if len(groups) == 1 and n > 1:
             groups = groups * n
         return opts, ([str(g) for g in groups] if groups else None)
+
+    def _segment_name(self, preferred):
+        """A segment name from a preferred segment given as a name or as a
+        store's get_hostname() (host:port)."""
+        if not preferred or preferred in self._segment_by_host.values():
+            return preferred
+        if preferred in self._segment_by_host:
+            return self._segment_by_host[preferred]
+        c = self._client
+        try:
+            segments = json.loads(c.http_get("/v1/segments", timeout=_env_seconds("TIERKV_RPC_TIMEOUT", 5.0)))
+        except (OSError, ValueError, AttributeError):
+            return preferred
+        for seg in segments:
+            m = re.search(r"(\d+)\s*$", str(seg.get("endpoint", "")))
+            if seg.get("name") == preferred:
+                return preferred
+            if m and f"{seg.get('host', '')}:{m.group(1)}" == preferred:
+                self._segment_by_host[preferred] = seg["name"]
+                return seg["name"]
+        return preferred
 
     @staticmethod
     def _put_code(status):
@@ -344,7 +328,10 @@ class MooncakeDistributedStore:
         c = self._client
         if c is None:
             return [UNAVAILABLE_IN_CURRENT_STATUS] * len(keys)
-        opts, groups = self._put_options(config, len(keys))
+        try:
+            opts, groups = self._put_options(config, len(keys))
+        except _Refused as r:
+            return [r.code] * len(keys)
         try:
             res = put(c, groups=groups, **opts)
         except Error as e:  # refused as a whole (e.g. lengths differ)
@@ -392,9 +379,11 @@ class MooncakeDistributedStore:
         c = self._client
         if c is None:
             return UNAVAILABLE_IN_CURRENT_STATUS
-        opts, _ = self._put_options(config, 1)
         try:
+            opts, _ = self._put_options(config, 1)
             c.put_parts(key, *parts, **opts)
+        except _Refused as r:
+            return r.code
         except Error as e:
             return self._put_code(e)
         return OK
@@ -510,4 +499,19 @@ class MooncakeDistributedStore:
             return INTERNAL_ERROR
 
 
-__all__ = ["MooncakeDistributedStore", "ReplicateConfig", "ERROR_CODES"] + list(ERROR_CODES)
+__all__ = ["MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "ReplicaStatus", "ObjectDataType",
+           "TaskType", "TaskStatus", "QueryTaskResponse", "MemoryDescriptor", "DiskDescriptor", "Descriptor",
+           "ReplicaDescriptor", "BufferHandle", "BufferPool", "BufferLease", "RegisteredBufferPool",
+           "RegisteredBufferLease", "MooncakeHostMemAllocator", "bind_to_numa_node", "get_alloc_func_addr",
+           "get_free_func_addr", "parse_size", "ERROR_CODES"]
+__all__ += list(ERROR_CODES)
+
+# The public names defined in the _mooncake_* modules report this module,
+# where callers import them from, so pickles, reprs and help() name the
+# public path and do not depend on how the code is split into files.
+for _public in (ReplicateConfig, SoftPinAction, ObjectDataType, parse_size, ReplicaStatus, TaskType, TaskStatus,
+                QueryTaskResponse, MemoryDescriptor, DiskDescriptor, Descriptor, ReplicaDescriptor, BufferHandle,
+                BufferPool, BufferLease, MooncakeHostMemAllocator, bind_to_numa_node, get_alloc_func_addr,
+                get_free_func_addr):
+    _public.__module__ = __name__
+del _public

@@ -1,3 +1,4 @@
 """mooncake.store served by tierkv (tierkv.mooncake_compat)."""
 from tierkv.mooncake_compat import *  # noqa: F401,F403
-from tierkv.mooncake_compat import MooncakeDistributedStore, ReplicateConfig  # noqa: F401
+from tierkv.mooncake_compat import (BufferPool, MooncakeDistributedStore, RegisteredBufferPool,  # noqa: F401
+                                    ReplicateConfig, SoftPinAction, bind_to_numa_node)
