@@ -411,7 +411,15 @@ std::unique_ptr<ReadSession> Client::StartReadSession(const std::vector<std::str
   replicas_->Heard(asked, resp->epoch(), resp->membership());
   std::vector<internal::Located> got = Impl::Locate(*resp, asked);
   std::vector<absl::Status> staged = StageSsdHits(*resp, keys, options_.transfer_timeout, grants_.get(), options_.tls);
+  for (uint32_t i : resp->refused()) {
+    if (i < n) {
+      s.status[i] = absl::ResourceExhaustedError(absl::StrCat(
+          keys[i], ": this client holds as many reservations as the master allows "
+                   "(--max-reservations-per-client); end read sessions first"));
+    }
+  }
   for (size_t i = 0; i < n; ++i) {
+    if (!s.status[i].ok()) continue;  // refused
     if (i >= got.size()) {
       s.status[i] = absl::InternalError(absl::StrCat(keys[i], ": the master's answer has no entry for it"));
     } else if (!staged[i].ok()) {
@@ -455,6 +463,7 @@ std::vector<absl::Status> Client::ReadRanges(const ReadSession& session, const s
   std::vector<size_t> touched;
   std::vector<std::vector<size_t>> reads_of;
   const absl::Time now = absl::Now();
+  uint32_t lapsed = 0;  // ranges whose lease had ended before the call
   for (size_t r = 0; r < reads.size(); ++r) {
     const RangeRead& rr = reads[r];
     if (rr.key >= s.keys.size()) {
@@ -475,6 +484,7 @@ std::vector<absl::Status> Client::ReadRanges(const ReadSession& session, const s
     }
     if (now >= s.where[rr.key].lease_end || s.ended.load()) {
       out[r] = lease_ended(rr.key);
+      if (!s.ended.load()) ++lapsed;  // short of the promise, unless the caller ended it
       continue;
     }
     if (rr.out.empty()) continue;
@@ -485,7 +495,10 @@ std::vector<absl::Status> Client::ReadRanges(const ReadSession& session, const s
     }
     reads_of[it->second].push_back(r);
   }
-  if (touched.empty()) return out;
+  if (touched.empty()) {
+    if (lapsed > 0) master_->NoteShortfalls(lapsed);
+    return out;
+  }
   absl::StatusOr<internal::TrailerBlock> trailers = trailers_->Acquire(touched.size());
   if (!trailers.ok()) {
     for (const auto& rs : reads_of) {
@@ -546,6 +559,13 @@ std::vector<absl::Status> Client::ReadRanges(const ReadSession& session, const s
     }
     pending = std::move(again);
   }
+  // Reads the start promised that found less (the lease ran out first, the
+  // bytes were another put's, no replica answered): the master counts them.
+  uint32_t short_keys = 0;
+  for (size_t k = 0; k < touched.size(); ++k) {
+    if (!out[reads_of[k].front()].ok()) ++short_keys;
+  }
+  if (short_keys + lapsed > 0) master_->NoteShortfalls(short_keys + lapsed);
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <iterator>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -327,6 +328,11 @@ void MasterClient::ReleaseLease(std::string key, uint64_t token, int64_t expiry_
   releases_.push_back({std::move(key), token, expiry_unix_ms});
 }
 
+void MasterClient::NoteShortfalls(uint32_t n) {
+  MutexLock lock(&release_mu_);
+  shortfalls_ = n > UINT32_MAX - shortfalls_ ? UINT32_MAX : shortfalls_ + n;
+}
+
 void MasterClient::NoteCachedRead(std::string key) {
   MutexLock lock(&release_mu_);
   if (cached_reads_.size() >= kMaxQueuedReleases) cached_reads_.pop_front();
@@ -338,6 +344,7 @@ void MasterClient::AttachReleases(Req* req) {
   std::vector<Release> out;
   {
     MutexLock lock(&release_mu_);
+    req->set_shortfalls(std::exchange(shortfalls_, 0));
     const size_t reads = std::min(cached_reads_.size(), kMaxReleasesPerCall);
     if (reads > 0) {
       req->mutable_cache_hit_keys()->Reserve(static_cast<int>(reads));
@@ -363,7 +370,7 @@ absl::StatusOr<v1::PutStartResponse> MasterClient::PutStart(const v1::PutStartRe
   bool queued;
   {
     MutexLock lock(&release_mu_);
-    queued = !releases_.empty() || !cached_reads_.empty();
+    queued = !releases_.empty() || !cached_reads_.empty() || shortfalls_ > 0;
   }
   if ((request.client_id().empty() && !options_.client_id.empty()) || queued) {
     v1::PutStartRequest named = request;
@@ -435,7 +442,7 @@ absl::StatusOr<std::vector<bool>> MasterClient::Exists(const std::vector<std::st
 absl::Status MasterClient::FlushReleases() {
   {
     MutexLock lock(&release_mu_);
-    if (releases_.empty()) return absl::OkStatus();
+    if (releases_.empty() && shortfalls_ == 0) return absl::OkStatus();
   }
   return Exists({}).status();
 }

@@ -116,6 +116,9 @@ class MasterClient {
   // the next call as releases do; at most kMaxQueuedReleases wait (the
   // oldest go uncounted), kMaxReleasesPerCall per call.
   void NoteCachedRead(std::string key);
+  // Queues `n` reads a read session found short of what its start promised
+  // (KeysRequest.shortfalls); they ride on the next call as releases do.
+  void NoteShortfalls(uint32_t n);
 
   const std::string& address() const { return address_; }
   // The masters this client calls, host:port each: those its address
@@ -186,6 +189,7 @@ class MasterClient {
   Mutex release_mu_;
   std::deque<Release> releases_ ABSL_GUARDED_BY(release_mu_);
   std::deque<std::string> cached_reads_ ABSL_GUARDED_BY(release_mu_);
+  uint32_t shortfalls_ ABSL_GUARDED_BY(release_mu_) = 0;
 };
 
 // An ItemStatus from the wire as an absl::Status.

@@ -72,6 +72,16 @@ auth::Identity CallerOf(const httplib::Request& req, const HttpLimits& limits) {
   return id.ok() ? *id : auth::Identity{};
 }
 
+// What read sessions hold reserved, and the reads short of it (0 is the goal).
+json ReservationsJson(Master* master) {
+  const Reservations::Totals t = master->reservations().totals(absl::ToUnixMillis(master->clock()->Now()));
+  return {{"held", t.held},
+          {"clients", t.clients},
+          {"cap_per_client", master->reservations().cap()},
+          {"refused", t.refused},
+          {"lookup_shortfalls", t.shortfalls}};
+}
+
 // The tenants a caller may see: all for an admin or a caller outside any
 // tenant, else its own.
 json TenantsJson(Master* master, const auth::Identity& caller) {
@@ -290,6 +300,7 @@ void InstallHttpRoutes(httplib::Server* server, Master* master, HttpLimits limit
               {"capacity_bytes", capacity},
               {"segments", master->registry().Snapshot().size()},
               {"clients", master->clients_seen()},
+              {"reservations", ReservationsJson(master)},
               {"tenants", TenantsJson(master, caller)},
               {"queries", std::move(queries)}});
   });

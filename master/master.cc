@@ -484,6 +484,18 @@ void Master::RegisterMetrics() {
   auto& tenant_guaranteed = metrics::BuildGauge().Name("tierkv_tenant_guaranteed_bytes").Help("Bytes of each tenant that other tenants' puts never evict").Register(metrics_);
   auto& tenant_rejected = metrics::BuildCounter().Name("tierkv_tenant_puts_rejected_total").Help("Puts refused RESOURCE_EXHAUSTED for the tenant's quota").Register(metrics_);
   auto& tenant_evicted = metrics::BuildCounter().Name("tierkv_tenant_quota_evicted_bytes_total").Help("Bytes of a tenant's own objects evicted to fit its puts under its quota").Register(metrics_);
+  auto& reserved = metrics::BuildGauge().Name("tierkv_master_reservations").Help("Values reserved by read sessions (counted leases), over every client").Register(metrics_);
+  auto& reserved_refused = metrics::BuildCounter().Name("tierkv_master_reservations_refused_total").Help("Keys of read-session starts refused because their client held --max-reservations-per-client").Register(metrics_);
+  auto& shortfalls = metrics::BuildCounter().Name("tierkv_master_lookup_shortfalls_total").Help("Reads that found less than their read session's start promised, as clients report them (the goal is 0)").Register(metrics_);
+  metrics_.AddCollectHook([this, &reserved, &reserved_refused, &shortfalls] {
+    const Reservations::Totals t = reservations_.totals(absl::ToUnixMillis(clock_->Now()));
+    reserved.Add({}).Set(static_cast<double>(t.held));
+    auto catch_up = [](metrics::Counter& c, uint64_t v) {
+      if (static_cast<double>(v) > c.Value()) c.Increment(static_cast<double>(v) - c.Value());
+    };
+    catch_up(reserved_refused.Add({}), t.refused);
+    catch_up(shortfalls.Add({}), t.shortfalls);
+  });
   metrics_.AddCollectHook([this, &tenant_used, &tenant_quota, &tenant_guaranteed, &tenant_rejected, &tenant_evicted] {
     auto catch_up = [](metrics::Counter& c, uint64_t v) {
       if (static_cast<double>(v) > c.Value()) c.Increment(static_cast<double>(v) - c.Value());

@@ -28,6 +28,7 @@
 #include "master/object_index.h"
 #include "master/persistence.h"
 #include "master/query_stats.h"
+#include "master/reservations.h"
 #include "master/replication.h"
 #include "master/segment_registry.h"
 
@@ -39,6 +40,9 @@ struct MasterOptions {
   // Most puts one client may hold between PutStart and PutEnd/PutRevoke
   // (0: no cap), so one runaway writer cannot pin the cluster's memory.
   uint64_t max_pending_per_client = 65536;
+  // Most reservations (read sessions' counted leases) one client may hold
+  // (0: no cap); see master/reservations.h.
+  uint64_t max_reservations_per_client = 65536;
   // What clients ask and find, and the bound on it (see QueryStats).
   QueryStatsOptions queries;
   // KV events for routers (master/kv_events.h); off while endpoint is empty.
@@ -184,6 +188,8 @@ class Master {
   metrics::Registry& metrics() { return metrics_; }
   // Pages each client asked about and found (PrefixMatch, Exists, GetReplicas).
   QueryStats& queries() { return *queries_; }
+  // Reservations per client, and reads short of them.
+  Reservations& reservations() { return reservations_; }
   // The KV-event publisher; null when options.kv_events.endpoint is empty.
   KvEventPublisher* kv_events() { return kv_events_.get(); }
   const MasterOptions& options() const { return options_; }
@@ -216,6 +222,7 @@ class Master {
   // by the time a Master is destroyed.
   std::unique_ptr<KvEventPublisher> kv_events_;
   std::unique_ptr<QueryStats> queries_;
+  Reservations reservations_{options_.max_reservations_per_client};
   metrics::Counter* segments_dropped_ = nullptr;
   // Drawn at each start, so a restarted master does not repeat its
   // predecessor's values; bumped before the index drops a segment's replicas.

@@ -76,6 +76,7 @@ void ApplyReleases(Master* m, const Request& req, const std::string& tenant) {
     std::vector<KeyHit> hits = m->index().NoteCachedReads(keys);
     m->queries().Record(TenantKey(tenant, req.client_id()), QueryStats::kGet, keys, hits, m->clock()->Now());
   }
+  if (req.shortfalls() > 0) m->reservations().NoteShortfalls(req.shortfalls());
   const int n = std::min({req.released_keys_size(), req.released_tokens_size(), req.released_expiry_unix_ms_size()});
   if (n == 0) return;
   std::vector<LeaseRelease> releases;
@@ -83,7 +84,8 @@ void ApplyReleases(Master* m, const Request& req, const std::string& tenant) {
   for (int i = 0; i < n; ++i) {
     releases.push_back({TenantKey(tenant, req.released_keys(i)), req.released_tokens(i), req.released_expiry_unix_ms(i)});
   }
-  m->index().ReleaseLeases(releases);
+  const size_t applied = m->index().ReleaseLeases(releases);
+  m->reservations().Give(TenantKey(tenant, req.client_id()), applied, absl::ToUnixMillis(m->clock()->Now()));
 }
 
 }  // namespace
@@ -191,7 +193,35 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
   resp->set_epoch(m->options().epoch);
   ApplyReleases(m, req, tenant);
   std::vector<std::string> keys = Keys(req.keys(), tenant);
-  std::vector<LookupOut> found = m->index().GetReplicas(keys, false, req.counted());
+  std::vector<LookupOut> found;
+  if (req.counted()) {
+    // A read session's reservations, up to its client's cap; the keys past
+    // it are refused whole rather than leased uncounted, which would pin
+    // them for the whole lease with no way to give them back.
+    const std::string client = TenantKey(tenant, req.client_id());
+    const uint64_t room = m->reservations().Room(client, absl::ToUnixMillis(m->clock()->Now()));
+    const size_t admit = static_cast<size_t>(std::min<uint64_t>(room, keys.size()));
+    std::vector<std::string> admitted(keys.begin(), keys.begin() + static_cast<ptrdiff_t>(admit));
+    found = m->index().GetReplicas(admitted, false, true);
+    uint64_t granted = 0;
+    int64_t expiry_ms = 0;
+    for (const LookupOut& r : found) {
+      if (r.lease_token == 0) continue;
+      ++granted;
+      expiry_ms = std::max(expiry_ms, absl::ToUnixMillis(r.lease_expiry));
+    }
+    m->reservations().Take(client, granted, expiry_ms);
+    if (admit < keys.size()) {
+      m->reservations().NoteRefused(keys.size() - admit);
+      found.resize(keys.size());
+      for (size_t i = admit; i < keys.size(); ++i) {
+        found[i].status = absl::ResourceExhaustedError("reservation cap");
+        resp->add_refused(static_cast<uint32_t>(i));
+      }
+    }
+  } else {
+    found = m->index().GetReplicas(keys, false);
+  }
   int n = static_cast<int>(found.size());
   resp->mutable_sizes()->Reserve(n);
   resp->mutable_lease_expiry_unix_ms()->Reserve(n);

@@ -4,7 +4,8 @@
 // What is checked: ranges of leased values read the right bytes with the
 // master gone; a miss, a range past the value's end and a bad key index
 // each get their own status; a leased value cannot be removed until the
-// session ends, and can the moment it has; a range read after the lease or the session ended, or one
+// session ends, and can the moment it has; a client holds at most its cap
+// of reservations, and reads short of their session's promise are counted; a range read after the lease or the session ended, or one
 // that could not finish inside the lease, is ABORTED, never data. Write
 // sessions: values written range by range, out of order, commit with the
 // checksum a whole put would have stored (Get verifies it); a value not
@@ -20,6 +21,7 @@ namespace {
 
 using ::tierkv::testing::StatusIs;
 using client::RangeRead;
+using master::Master;
 
 absl::Span<char> Span(std::string& s) { return absl::MakeSpan(s); }
 
@@ -109,7 +111,39 @@ TEST_F(ClientTest, RangesReadAfterOrPastTheLeaseAreAborted) {
   std::string all(v.size(), 0);
   ASSERT_OK(client_->ReadRanges(*again, {{0, 0, Span(all)}})[0]);
   EXPECT_EQ(all, v);
+  client_->EndReadSession(*again);  // its give-back carries the shortfalls reported above
+  // Both reads the lease no longer covered reached the master's count.
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  EXPECT_EQ(master_->master().reservations().totals(now_ms).shortfalls, 2u);
+}
+
+TEST_F(ClientTest, AClientHoldsAtMostItsCapOfReservations) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}, {"--max-reservations-per-client=3"}));
+  std::vector<std::string> keys;
+  for (int i = 0; i < 5; ++i) {
+    keys.push_back(absl::StrCat("k", i));
+    ASSERT_OK(client_->Put(keys.back(), Value(100, static_cast<char>(i))));
+  }
+  std::unique_ptr<client::ReadSession> s = client_->StartReadSession(keys);
+  for (size_t i = 0; i < 3; ++i) EXPECT_OK(s->value_size(i).status()) << i;
+  for (size_t i = 3; i < 5; ++i) {
+    EXPECT_THAT(s->value_size(i), StatusIs(absl::StatusCode::kResourceExhausted)) << i;
+  }
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  Master& m = master_->master();
+  EXPECT_EQ(m.reservations().totals(now_ms).held, 3u);
+  EXPECT_EQ(m.reservations().totals(now_ms).refused, 2u);
+  // Another client has a cap of its own.
+  ASSERT_OK_AND_ASSIGN(auto other, client::Client::Create(Options("host-d")));
+  std::unique_ptr<client::ReadSession> o = other->StartReadSession({"k3", "k4"});
+  EXPECT_OK(o->value_size(1).status());
+  other->EndReadSession(*o);
+  // Ended sessions free the room at once.
+  client_->EndReadSession(*s);
+  std::unique_ptr<client::ReadSession> again = client_->StartReadSession({"k2", "k3", "k4"});
+  for (size_t i = 0; i < 3; ++i) EXPECT_OK(again->value_size(i).status()) << i;
   client_->EndReadSession(*again);
+  EXPECT_EQ(m.reservations().totals(absl::ToUnixMillis(absl::Now())).held, 0u);
 }
 
 TEST_F(ClientTest, WriteSessionsCommitValuesWrittenRangeByRange) {
