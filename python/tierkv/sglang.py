@@ -337,3 +337,5 @@ class TierkvStore(_Base):
             self.close()
         except Exception:
             pass
+
+from .sglang_linker import TierkvLinker  # noqa: E402,F401
