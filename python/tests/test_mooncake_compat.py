@@ -141,6 +141,8 @@ def test_conventions_for_misses_existing_keys_and_bad_lists(store):
     assert store.get(p + "k") == b"first"
     assert store.is_exist(p + "k") == 1 and store.is_exist(p + "none") == 0
     assert store.batch_is_exist([p + "k", p + "none"]) == [1, 0]
+    assert store.isExist(p + "k") == 1 and store.isExist(p + "none") == 0  # the older names
+    assert store.getSize(p + "none") == OBJECT_NOT_FOUND
     assert store.get(p + "none") == b""
     assert store.get_size(p + "none") == OBJECT_NOT_FOUND
     assert store.get_into(p + "none", addr(buf), MIB) == OBJECT_NOT_FOUND

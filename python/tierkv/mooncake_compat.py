@@ -475,6 +475,14 @@ class MooncakeDistributedStore(SessionCalls, ObjectCalls, TensorCalls):
             return OBJECT_NOT_FOUND
         return value_size(int(info["size"]), int(info.get("put_id", 0)))
 
+    # The older binding's camelCase names, which tools still call
+    # (Mooncake's store_kv_bench.py calls isExist).
+    def isExist(self, key):  # noqa: N802
+        return self.is_exist(key)
+
+    def getSize(self, key):  # noqa: N802
+        return self.get_size(key)
+
     def remove(self, key, force=False):
         c = self._client
         if c is None:
