@@ -52,6 +52,20 @@ void MakeTrailer(const std::string& key, absl::Span<const absl::string_view> par
   EncodeTrailer(crc, put_id, t);
 }
 
+// One item of a PutStart: `value_size` bytes of value under `key`.
+void AddPutStartItem(const std::string& key, uint64_t value_size, const std::string& group,
+                     const std::string& parent_key, const PutOptions& options, v1::PutStartRequest* req) {
+  v1::PutStartItem* p = req->add_items();
+  p->set_key(key);
+  p->set_size(StoredSize(value_size));
+  p->set_replicas(std::max(1, options.replicas));
+  p->set_preferred_segment(options.preferred_segment);
+  p->set_group(group);
+  p->set_soft_pin(options.soft_pin);
+  p->set_hard_pin(options.hard_pin);
+  p->set_parent_key(parent_key);
+}
+
 // The one non-empty part of a put item, or null when it has none or several.
 const absl::string_view* OnePart(const PutItem& it) {
   const absl::string_view* one = nullptr;
@@ -134,17 +148,7 @@ std::vector<absl::Status> Client::PutOnce(const std::vector<PutItem>& items, con
   v1::PutStartRequest req;
   req.set_client_id(options_.client_id);
   req.set_put_ids(true);
-  for (const PutItem& it : items) {
-    v1::PutStartItem* p = req.add_items();
-    p->set_key(it.key);
-    p->set_size(StoredSize(ValueSize(it)));
-    p->set_replicas(std::max(1, options.replicas));
-    p->set_preferred_segment(options.preferred_segment);
-    p->set_group(it.group);
-    p->set_soft_pin(options.soft_pin);
-    p->set_hard_pin(options.hard_pin);
-    p->set_parent_key(it.parent_key);
-  }
+  for (const PutItem& it : items) AddPutStartItem(it.key, ValueSize(it), it.group, it.parent_key, options, &req);
   absl::StatusOr<v1::PutStartResponse> started = master_->PutStart(req);
   if (!started.ok()) {
     *unanswered = absl::IsUnavailable(started.status());
@@ -402,17 +406,7 @@ std::unique_ptr<WriteSession> Client::StartWriteSession(const std::vector<WriteI
   v1::PutStartRequest req;
   req.set_client_id(options_.client_id);
   req.set_put_ids(true);
-  for (const WriteItem& it : items) {
-    v1::PutStartItem* p = req.add_items();
-    p->set_key(it.key);
-    p->set_size(StoredSize(it.size));
-    p->set_replicas(std::max(1, options.replicas));
-    p->set_preferred_segment(options.preferred_segment);
-    p->set_group(it.group);
-    p->set_soft_pin(options.soft_pin);
-    p->set_hard_pin(options.hard_pin);
-    p->set_parent_key(it.parent_key);
-  }
+  for (const WriteItem& it : items) AddPutStartItem(it.key, it.size, it.group, it.parent_key, options, &req);
   absl::StatusOr<v1::PutStartResponse> started = master_->PutStart(req);
   if (!started.ok()) {
     for (auto& k : s.keys) k.status = started.status();

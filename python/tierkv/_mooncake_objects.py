@@ -357,14 +357,7 @@ class ObjectCalls:
 
     def batch_get_buffer(self, keys):
         """One BufferHandle (or None) per key."""
-        c = self._client
-        if c is None:
-            return [None] * len(keys)
-        try:
-            values = c.batch_get(list(keys))
-        except Error:
-            return [None] * len(keys)
-        return [BufferHandle(v) if isinstance(v, bytes) else None for v in values]
+        return [BufferHandle(v) if v is not None else None for v in self._values(keys)]
 
     def get_into_ranges(self, buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets, all_sizes):
         """Reads byte ranges of objects into registered buffers:

@@ -154,34 +154,8 @@ class SessionCalls:
         or its lease or session ended; INVALID_PARAMS: a range past the
         value's end or lists of unequal lengths)."""
         keys = list(keys)
-        rows = _rows(len(keys), all_buffer_ptrs, all_sizes, all_src_offsets)
-        if rows is None:
-            return [INVALID_PARAMS] * len(keys)
-        out = [0] * len(keys)
-        opened = self._open("get")
-        by_session = {}  # id -> (session, ranges, owners)
-        for i, (k, row) in enumerate(zip(keys, rows)):
-            entry = opened.get(k)
-            if row is None:
-                out[i] = INVALID_PARAMS
-            elif entry is None:
-                out[i] = LEASE_EXPIRED
-            else:
-                session, index = entry
-                _, ranges, owners = by_session.setdefault(id(session), (session, [], []))
-                for ptr, size, offset in row:
-                    ranges.append((index, ptr, size, offset))
-                    owners.append(i)
-                out[i] = sum(size for _, size, _ in row)
-        for session, ranges, owners in by_session.values():
-            try:
-                errs = session.read_ranges(ranges)
-            except Error as e:  # the client was closed
-                errs = [e] * len(ranges)
-            for i, err in zip(owners, errs):
-                if err is not None and out[i] >= 0:
-                    out[i] = _range_code(err)
-        return out
+        return self._move_ranges("get", keys, _rows(len(keys), all_buffer_ptrs, all_sizes, all_src_offsets),
+                                 LEASE_EXPIRED, lambda s, ranges: s.read_ranges(ranges), _range_code)
 
     def batch_get_session_end(self, keys):
         """Gives the keys' leases back (a session with no key left ends at
@@ -224,33 +198,41 @@ class SessionCalls:
         value's size or over one already written, lists of unequal
         lengths). A key whose write failed is never committed."""
         keys = list(keys)
-        rows = _rows(len(keys), all_buffer_ptrs, all_sizes, all_dst_offsets)
+        return self._move_ranges("put", keys, _rows(len(keys), all_buffer_ptrs, all_sizes, all_dst_offsets),
+                                 INVALID_PARAMS, lambda s, ranges: s.write_ranges(ranges),
+                                 lambda err: INVALID_PARAMS if err.code in (3, _OUT_OF_RANGE) else _code(err))
+
+    def _move_ranges(self, kind, keys, rows, no_session, move, code_of):
+        """Per key the bytes its rows moved, or a code: `no_session` for a
+        key no open session of `kind` holds, code_of(err) for a failed
+        range; each session's ranges go in one call."""
         if rows is None:
             return [INVALID_PARAMS] * len(keys)
         out = [0] * len(keys)
-        opened = self._open("put")
-        by_session = {}
+        opened = self._open(kind)
+        by_session = {}  # id -> (session, ranges, owners)
         for i, (k, row) in enumerate(zip(keys, rows)):
             entry = opened.get(k)
-            if row is None or entry is None:
-                if entry is None:
-                    log.warning("%r has no open put session", k)
+            if row is None:
                 out[i] = INVALID_PARAMS
-                continue
-            session, index = entry
-            _, ranges, owners = by_session.setdefault(id(session), (session, [], []))
-            for ptr, size, offset in row:
-                ranges.append((index, ptr, size, offset))
-                owners.append(i)
-            out[i] = sum(size for _, size, _ in row)
+            elif entry is None:
+                log.debug("%r has no open %s session", k, kind)
+                out[i] = no_session
+            else:
+                session, index = entry
+                _, ranges, owners = by_session.setdefault(id(session), (session, [], []))
+                for ptr, size, offset in row:
+                    ranges.append((index, ptr, size, offset))
+                    owners.append(i)
+                out[i] = sum(size for _, size, _ in row)
         for session, ranges, owners in by_session.values():
             try:
-                errs = session.write_ranges(ranges)
-            except Error as e:
+                errs = move(session, ranges)
+            except Error as e:  # the client was closed
                 errs = [e] * len(ranges)
             for i, err in zip(owners, errs):
                 if err is not None and out[i] >= 0:
-                    out[i] = INVALID_PARAMS if err.code in (3, _OUT_OF_RANGE) else _code(err)
+                    out[i] = code_of(err)
         return out
 
     def batch_put_session_end(self, keys):

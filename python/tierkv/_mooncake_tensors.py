@@ -12,7 +12,6 @@ import ctypes
 import logging
 import struct
 
-from . import Error
 from ._mooncake_codes import INVALID_PARAMS, OK, _Refused
 
 log = logging.getLogger("tierkv.mooncake_compat")
@@ -279,14 +278,7 @@ class TensorCalls:
         return self.batch_get_tensor([key])[0]
 
     def batch_get_tensor(self, keys):
-        c = self._client
-        if c is None:
-            return [None] * len(keys)
-        try:
-            values = c.batch_get(list(keys))
-        except Error:
-            return [None] * len(keys)
-        return [_tensor_from_bytes(v) if isinstance(v, bytes) else None for v in values]
+        return [_tensor_from_bytes(v) if v is not None else None for v in self._values(keys)]
 
     def get_tensor_with_tp(self, key, tp_rank=0, tp_size=1, split_dim=0):
         """The shard of rank tp_rank (key_tp_<rank>), or the whole tensor when tp_size <= 1."""

@@ -48,7 +48,6 @@ import os
 import re
 import socket
 import threading
-import urllib.error
 import urllib.parse
 
 from . import DEFAULT_REPLICA_CACHE, Client, Error, value_size
@@ -56,7 +55,7 @@ from . import DEFAULT_REPLICA_CACHE, Client, Error, value_size
 log = logging.getLogger("tierkv.mooncake_compat")
 
 from ._mooncake_codes import *  # noqa: F401,F403  (ERROR_CODES, each code, _code)
-from ._mooncake_codes import (ERROR_CODES, INTERNAL_ERROR, INVALID_PARAMS, OBJECT_NOT_FOUND, OK, RPC_FAIL,
+from ._mooncake_codes import (ERROR_CODES, INTERNAL_ERROR, INVALID_PARAMS, OBJECT_NOT_FOUND, OK,
                               TRANSFER_FAIL, UNAVAILABLE_IN_CURRENT_MODE, UNAVAILABLE_IN_CURRENT_STATUS, _Refused,
                               _code)
 # This module holds the store's setup, lifecycle, memory registration, puts,
@@ -394,13 +393,17 @@ class MooncakeDistributedStore(SessionCalls, ObjectCalls, TensorCalls):
         return self.get_batch([key])[0]
 
     def get_batch(self, keys):
+        return [v if v is not None else b"" for v in self._values(keys)]
+
+    def _values(self, keys):
+        """Each key's value as bytes, or None where it could not be read."""
         c = self._client
         if c is None:
-            return [b""] * len(keys)
+            return [None] * len(keys)
         try:
-            return [v if isinstance(v, bytes) else b"" for v in c.batch_get(list(keys))]
+            return [v if isinstance(v, bytes) else None for v in c.batch_get(list(keys))]
         except Error:
-            return [b""] * len(keys)
+            return [None] * len(keys)
 
     def get_into(self, key, buffer_ptr, size):
         return self.batch_get_into([key], [buffer_ptr], [size])[0]
@@ -460,19 +463,9 @@ class MooncakeDistributedStore(SessionCalls, ObjectCalls, TensorCalls):
 
     def get_size(self, key):
         """The value's size in bytes, or a negative code (OBJECT_NOT_FOUND)."""
-        c = self._client
-        if c is None:
-            return UNAVAILABLE_IN_CURRENT_STATUS
-        k = key.decode("latin-1") if isinstance(key, bytes) else str(key)
-        try:
-            info = json.loads(c.http_get(f"/v1/objects/{urllib.parse.quote(k, safe='')}",
-                                         timeout=_env_seconds("TIERKV_RPC_TIMEOUT", 5.0)))
-        except urllib.error.HTTPError as e:
-            return OBJECT_NOT_FOUND if e.code == 404 else INTERNAL_ERROR
-        except (OSError, ValueError):
-            return RPC_FAIL
-        if info.get("state") != "complete" or not info.get("visible", True):
-            return OBJECT_NOT_FOUND
+        info = self._object_info(key)
+        if not isinstance(info, dict):
+            return info
         return value_size(int(info["size"]), int(info.get("put_id", 0)))
 
     # The older binding's camelCase names, which tools still call
