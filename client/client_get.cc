@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -33,6 +34,14 @@ using transport::Request;
 using internal::CheckTrailer;
 using internal::KeyCrc;
 using internal::TrailerSize;
+
+// Whether key k of a GetReplicas answer awaits its daemons' re-mount.
+bool Awaiting(const v1::GetReplicasResponse& resp, size_t k) {
+  for (uint32_t a : resp.awaiting()) {
+    if (a == k) return true;
+  }
+  return false;
+}
 
 // Worth trying another replica after this transfer error.
 bool Retryable(const absl::Status& s) {
@@ -236,6 +245,8 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
       const size_t i = which[k];
       if (!resp.ok()) {
         st[i] = resp.status();
+      } else if (Awaiting(*resp, k)) {
+        st[i] = absl::UnavailableError(absl::StrCat(keys[i], ": its copies are ", kAwaitingRemount));
       } else if (k >= got.size()) {
         st[i] = absl::InternalError(absl::StrCat(keys[i], ": the master's answer has no entry for it"));
       } else if (!staged[k].ok()) {
@@ -247,6 +258,19 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
     }
   };
   if (!ask.empty()) ask_master(ask);
+  // Keys whose daemons a new master awaits are not lost: asked again until
+  // they re-mount (a heartbeat, usually) or the call timeout has passed.
+  const absl::Time give_up = absl::Now() + options_.rpc_timeout;
+  for (absl::Duration backoff = absl::Milliseconds(50);;) {
+    std::vector<size_t> waiting;
+    for (size_t i : ask) {
+      if (absl::IsUnavailable(st[i]) && absl::StrContains(st[i].message(), kAwaitingRemount)) waiting.push_back(i);
+    }
+    if (waiting.empty() || absl::Now() + backoff >= give_up) break;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+    ask_master(waiting);
+  }
 
   std::vector<Pieces> pieces(n);
   auto read = [&](const std::vector<size_t>& which) {
@@ -418,8 +442,11 @@ std::unique_ptr<ReadSession> Client::StartReadSession(const std::vector<std::str
                    "(--max-reservations-per-client); end read sessions first"));
     }
   }
+  for (uint32_t i : resp->awaiting()) {
+    if (i < n) s.status[i] = absl::UnavailableError(absl::StrCat(keys[i], ": its copies are ", kAwaitingRemount));
+  }
   for (size_t i = 0; i < n; ++i) {
-    if (!s.status[i].ok()) continue;  // refused
+    if (!s.status[i].ok()) continue;  // refused, or awaiting its daemon
     if (i >= got.size()) {
       s.status[i] = absl::InternalError(absl::StrCat(keys[i], ": the master's answer has no entry for it"));
     } else if (!staged[i].ok()) {

@@ -264,7 +264,10 @@ class ObjectIndex {
 
   // Visible replicas and a read lease (lease_ttl; pressure_lease while DRAM is
   // contended, stage_lease for a staged copy; those reads are counted, see
-  // LookupOut::lease_token) per key; NOT_FOUND on a miss. DRAM replicas when the object has any;
+  // LookupOut::lease_token) per key; NOT_FOUND on a miss; UNAVAILABLE (saying
+  // kAwaitingRemount) for an object whose copies all sit on segments
+  // recovering after a master restart or election, whose daemons are
+  // expected back. DRAM replicas when the object has any;
   // otherwise (an object on an SSD tier) a staging extent allocated on the SSD
   // replica's segment (ExtentOut::stage), which the reader asks the daemon to
   // fill before reading it. The extent stays the object's DRAM copy, handed to

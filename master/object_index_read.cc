@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "master/internal/index_impl.h"
 
 namespace tierkv::master {
@@ -87,7 +88,13 @@ std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>&
       }
     }
     if (reps.empty()) {
-      out[i].status = absl::NotFoundError(absl::StrCat(keys[i], ": no live replica"));
+      // Copies on a daemon expected back (a master just restarted or
+      // elected) are not lost: UNAVAILABLE, which a reader waits out,
+      // rather than a miss that would send it to recompute or re-put.
+      const bool awaited = std::any_of(o.replicas.begin(), o.replicas.end(),
+                                       [&](const Replica& r) { return registry_->AwaitsRemount(r.segment_id); });
+      out[i].status = awaited ? absl::UnavailableError(absl::StrCat(keys[i], ": its copies are ", kAwaitingRemount))
+                              : absl::NotFoundError(absl::StrCat(keys[i], ": no live replica"));
       continue;
     }
     out[i].size = o.size;

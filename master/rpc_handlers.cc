@@ -231,6 +231,9 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
   // Taken after the lookup (a snapshot, O(1)): only the ids the reply
   // names are resolved.
   const LiveSegments names = m->registry().LiveNames();
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (absl::IsUnavailable(found[i].status)) resp->add_awaiting(static_cast<uint32_t>(i));
+  }
   for (const LookupOut& r : found) {
     uint32_t count = 0;
     if (r.status.ok()) {

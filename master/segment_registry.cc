@@ -380,6 +380,12 @@ void SegmentRegistry::MarkSsdSynced(uint32_t id, const std::string& tier_http, u
 
 bool SegmentRegistry::IsLive(uint32_t id) const { return LiveNames().Contains(id); }
 
+bool SegmentRegistry::AwaitsRemount(uint32_t id) const {
+  MutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  return it != by_id_.end() && it->second.recovering && !it->second.dormant;
+}
+
 std::string SegmentRegistry::Name(uint32_t id) const {
   {
     const LiveSegments live = LiveNames();

@@ -184,6 +184,10 @@ class SegmentRegistry {
 
   // True when the id names a LIVE segment. No lock.
   bool IsLive(uint32_t id) const;
+  // True when the id names a RECOVERING segment whose DRAM is still held
+  // (not dormant): its daemon is expected to re-mount (a master just
+  // restarted or elected).
+  bool AwaitsRemount(uint32_t id) const;
   // The segment's name ("" when it has left). No lock for a LIVE one.
   std::string Name(uint32_t id) const;
   std::optional<uint32_t> IdOf(const std::string& name) const;

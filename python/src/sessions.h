@@ -20,6 +20,18 @@ namespace tierkv::python {
 namespace py = pybind11;
 using client::Client;
 
+// Runs `f` (which may wait on the network) without the GIL where this
+// thread holds it: a destructor runs with or without it.
+template <class F>
+void WithoutGil(F&& f) {
+  if (PyGILState_Check()) {
+    py::gil_scoped_release nogil;
+    f();
+  } else {
+    f();
+  }
+}
+
 // A session's client for one call: FAILED_PRECONDITION once it is closed.
 inline std::shared_ptr<Client> LockClient(const std::weak_ptr<Client>& weak) {
   std::shared_ptr<Client> c = weak.lock();
@@ -36,8 +48,7 @@ class PyReadSession {
   PyReadSession(const std::shared_ptr<Client>& client, std::unique_ptr<tierkv::client::ReadSession> session)
       : client_(client), session_(std::move(session)) {}
   ~PyReadSession() {
-    // Not End(): a destructor may run with or without the GIL.
-    if (std::shared_ptr<Client> c = client_.lock()) c->EndReadSession(*session_);
+    if (std::shared_ptr<Client> c = client_.lock()) WithoutGil([&] { c->EndReadSession(*session_); });
   }
 
   std::vector<int64_t> Sizes() const {
@@ -88,6 +99,11 @@ class PyWriteSession {
  public:
   PyWriteSession(const std::shared_ptr<Client>& client, std::unique_ptr<tierkv::client::WriteSession> session)
       : client_(client), session_(std::move(session)) {}
+  // A session dropped uncommitted gives its room back now, not at the
+  // master's put timeout.
+  ~PyWriteSession() {
+    if (std::shared_ptr<Client> c = client_.lock()) WithoutGil([&] { c->RevokeWriteSession(*session_); });
+  }
 
   BatchResult Statuses() const {
     std::vector<absl::Status> st;

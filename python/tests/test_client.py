@@ -381,3 +381,14 @@ def test_write_sessions_commit_values_written_range_by_range(client):
     assert r.write_ranges([(0, p, 4, 0)]) == [None]
     r.revoke()
     assert client.get(half) is None
+
+
+def test_a_dropped_write_session_gives_its_keys_back(client):
+    k = unique("ws") + "dropped"
+    s = client.write_session([k], [4])
+    assert s.statuses() == [None]
+    with pytest.raises(tierkv.AlreadyExists):  # held by the session
+        client.put(k, b"else")
+    del s  # uncommitted: revoked now, not at the master's put timeout
+    client.put(k, b"mine")
+    assert client.get(k) == b"mine"

@@ -2,12 +2,15 @@
 // (stopped, so it has not re-mounted): the object is replaced only once
 // the new value is committed. A writer that dies before its commit leaves
 // the object, which reads back once its daemon returns; a committed put
-// replaces it. Real master and daemons (store_fixture.h); the writer is
-// tierkvctl, killed by a failpoint between its data and its commit.
+// replaces it. A read meanwhile is UNAVAILABLE, never a miss, and waits
+// for the daemon's return within its call timeout. Real master and daemons
+// (store_fixture.h); the writer is tierkvctl, killed by a failpoint
+// between its data and its commit.
 #include <sys/wait.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 
 #include "tests/integration/store_fixture.h"
 
@@ -98,6 +101,26 @@ TEST_F(AbsentDaemonTest, ACommittedPutReplacesTheObject) {
   absl::StatusOr<std::string> now = c->Get("k");
   ASSERT_OK(now.status());
   EXPECT_TRUE(*now == new_value_) << "k did not read back its latest acknowledged value";
+}
+
+TEST_F(AbsentDaemonTest, AReadWhileItsDaemonIsAwayWaitsForItsReturnAndNeverMisses) {
+  auto c = Client();
+  ASSERT_NE(c, nullptr);
+  // Away for longer than the call: UNAVAILABLE (asked again until the
+  // call timeout), not NOT_FOUND, which would send a reader to recompute.
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(c->Get("k").status(), testing::StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  // Back during the call: the read waits for the re-mount and gets the value.
+  std::thread back([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    cluster_.daemon(0).Kill(SIGCONT);
+  });
+  absl::StatusOr<std::string> got = c->Get("k");
+  back.join();
+  stopped_ = false;
+  ASSERT_OK(got.status()) << "an acknowledged object read as lost while its daemon re-mounted";
+  EXPECT_TRUE(*got == old_value_);
 }
 
 }  // namespace
