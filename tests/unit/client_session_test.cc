@@ -10,8 +10,10 @@
 // sessions: values written range by range, out of order, commit with the
 // checksum a whole put would have stored (Get verifies it); a value not
 // fully written, and its group, are never committed; nothing is visible
-// before the commit, and a revoked key can be put again.
+// before the commit, and a revoked key can be put again; sessions are
+// written and read from several threads at once.
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/unit/client_fixture.h"
@@ -223,6 +225,47 @@ TEST_F(ClientTest, AGroupWithAnUnfinishedMemberIsNotCommittedAndRevokedKeysArePu
   EXPECT_OK(client_->Put("r", v));
   ASSERT_OK_AND_ASSIGN(std::string got, client_->Get("r"));
   EXPECT_EQ(got, v);
+}
+
+TEST_F(ClientTest, SessionsAreWrittenAndReadFromSeveralThreadsAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"tcp"}));
+  constexpr int kThreads = 4;
+  constexpr size_t kQuarter = 16384;
+  const std::string a = Value(kThreads * kQuarter, 7), b = Value(kThreads * kQuarter, 8);
+  std::unique_ptr<client::WriteSession> w = client_->StartWriteSession({{"a", a.size()}, {"b", b.size()}});
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> wrote(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const size_t at = t * kQuarter;
+      std::vector<absl::Status> st = client_->WriteRanges(
+          *w, {{0, at, absl::string_view(a).substr(at, kQuarter)}, {1, at, absl::string_view(b).substr(at, kQuarter)}});
+      wrote[t] = st[0].ok() ? st[1] : st[0];
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  threads.clear();
+  for (const absl::Status& st : wrote) EXPECT_OK(st);
+  std::vector<absl::Status> committed = client_->CommitWriteSession(*w);
+  ASSERT_OK(committed[0]);
+  ASSERT_OK(committed[1]);
+
+  std::unique_ptr<client::ReadSession> r = client_->StartReadSession({"a", "b"});
+  std::string got_a(a.size(), 0), got_b(b.size(), 0);
+  std::vector<absl::Status> read(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const size_t at = t * kQuarter;
+      std::vector<absl::Status> st = client_->ReadRanges(
+          *r, {{0, at, absl::MakeSpan(got_a).subspan(at, kQuarter)}, {1, at, absl::MakeSpan(got_b).subspan(at, kQuarter)}});
+      read[t] = st[0].ok() ? st[1] : st[0];
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  client_->EndReadSession(*r);
+  for (const absl::Status& st : read) EXPECT_OK(st);
+  EXPECT_EQ(got_a, a);
+  EXPECT_EQ(got_b, b);
 }
 
 }  // namespace
