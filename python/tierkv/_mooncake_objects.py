@@ -263,11 +263,8 @@ class ObjectCalls:
 
     def _upsert(self, keys, put, config):
         """put(c, keys, **opts) -> [Error|None] for the keys given; one code per key."""
-        c = self._client
-        if c is None:
-            return [UNAVAILABLE_IN_CURRENT_STATUS] * len(keys)
         try:
-            opts, groups = self._put_options(config, len(keys))
+            c, opts, groups = self._put_setup(len(keys), config)
         except _Refused as r:
             return [r.code] * len(keys)
         codes = [None] * len(keys)

@@ -323,12 +323,18 @@ class MooncakeDistributedStore(SessionCalls, ObjectCalls, TensorCalls):
             return OK
         return _code(status)
 
-    def _batch_put(self, keys, put, config):
+    def _put_setup(self, n, config):
+        """(client, put options, groups) for a put of n keys; raises
+        _Refused(code) before setup or for a config that cannot be honoured."""
         c = self._client
         if c is None:
-            return [UNAVAILABLE_IN_CURRENT_STATUS] * len(keys)
+            raise _Refused(UNAVAILABLE_IN_CURRENT_STATUS)
+        opts, groups = self._put_options(config, n)
+        return c, opts, groups
+
+    def _batch_put(self, keys, put, config):
         try:
-            opts, groups = self._put_options(config, len(keys))
+            c, opts, groups = self._put_setup(len(keys), config)
         except _Refused as r:
             return [r.code] * len(keys)
         try:
