@@ -114,7 +114,7 @@ class Call final : public CallBase {
                                                         grpc::ServerAsyncResponseWriter<Resp>*,
                                                         grpc::CompletionQueue*,
                                                         grpc::ServerCompletionQueue*, void*);
-  using Handler = void (*)(Master*, grpc::ServerContext*, const std::string& tenant, const Req&, Resp*);
+  using Handler = void (*)(Master*, grpc::ServerContext*, const rpc::Caller& caller, const Req&, Resp*);
   using ItemsFn = int (*)(const Req&);
 
   struct Method {
@@ -167,7 +167,8 @@ class Call final : public CallBase {
         Refuse(ToGrpcStatus(id.status()));
         return;
       }
-      tenant_ = std::move(id->tenant);
+      caller_.tenant = std::move(id->tenant);
+      caller_.actor = SegmentActor{std::move(id->name), (id->roles & auth::kAdmin) != 0};
     }
     if (static_cast<size_t>(items) > state_->limits.max_batch) {
       st.errors->Increment();
@@ -211,7 +212,7 @@ class Call final : public CallBase {
   void Answer() {
     ServiceState* state = state_;  // `this` may be gone once Finish is queued
     absl::Time start = absl::Now();
-    method_->handler(master_, &ctx_, tenant_, req_, &resp_);
+    method_->handler(master_, &ctx_, caller_, req_, &resp_);
     method_->stats.latency->Observe(absl::ToDoubleSeconds(absl::Now() - start));
     // A lease that lapsed while the handler ran (a stalled process): what
     // it found may be stale, so the caller hears nothing of it, unless etcd
@@ -237,7 +238,7 @@ class Call final : public CallBase {
   Master* const master_;
   ServiceState* const state_;
   grpc::ServerContext ctx_;
-  std::string tenant_;  // the caller's, from its token ("" : the default tenant)
+  rpc::Caller caller_;  // from its credential (the default: unauthenticated)
   Req req_;
   Resp resp_;
   grpc::ServerAsyncResponseWriter<Resp> responder_;
@@ -268,61 +269,61 @@ class MasterRpcService::Impl {
     auto stats = [rpc_metrics](const char* m) { return rpc_metrics->For(m); };
     mount_ = MakeMethod<v1::MountSegmentRequest, v1::MountSegmentResponse>(
         "MountSegment", &S::RequestMountSegment,
-        [](Master* m, grpc::ServerContext*, const std::string&, const auto& req, auto* resp) { rpc::MountSegment(m, req, resp); },
+        [](Master* m, grpc::ServerContext*, const rpc::Caller& c, const auto& req, auto* resp) { rpc::MountSegment(m, req, c.actor, resp); },
         [](const auto& req) { return req.segments_size(); });
     unmount_ = MakeMethod<v1::UnmountSegmentRequest, v1::UnmountSegmentResponse>(
         "UnmountSegment", &S::RequestUnmountSegment,
-        [](Master* m, grpc::ServerContext*, const std::string&, const auto& req, auto* resp) { rpc::UnmountSegment(m, req, resp); },
+        [](Master* m, grpc::ServerContext*, const rpc::Caller& c, const auto& req, auto* resp) { rpc::UnmountSegment(m, req, c.actor, resp); },
         [](const auto& req) { return req.names_size(); });
     heartbeat_ = MakeMethod<v1::HeartbeatRequest, v1::HeartbeatResponse>(
         "Heartbeat", &S::RequestHeartbeat,
-        [](Master* m, grpc::ServerContext*, const std::string&, const auto& req, auto* resp) { rpc::Heartbeat(m, req, resp); },
+        [](Master* m, grpc::ServerContext*, const rpc::Caller& c, const auto& req, auto* resp) { rpc::Heartbeat(m, req, c.actor, resp); },
         [](const auto& req) { return req.segments_size(); });
     put_start_ = MakeMethod<v1::PutStartRequest, v1::PutStartResponse>(
         "PutStart", &S::RequestPutStart,
-        [](Master* m, grpc::ServerContext* ctx, const std::string& tenant, const auto& req, auto* resp) {
-          rpc::PutStart(m, req, req.client_id().empty() ? GrpcPeerName(ctx->peer()) : req.client_id(), tenant, resp);
+        [](Master* m, grpc::ServerContext* ctx, const rpc::Caller& c, const auto& req, auto* resp) {
+          rpc::PutStart(m, req, req.client_id().empty() ? GrpcPeerName(ctx->peer()) : req.client_id(), c.tenant, resp);
         },
         [](const auto& req) { return req.items_size(); });
     put_end_ = MakeMethod<v1::KeysRequest, v1::KeysResponse>(
         "PutEnd", &S::RequestPutEnd,
-        [](Master* m, grpc::ServerContext*, const std::string& tenant, const auto& req, auto* resp) { rpc::PutEnd(m, req, tenant, resp); },
+        [](Master* m, grpc::ServerContext*, const rpc::Caller& c, const auto& req, auto* resp) { rpc::PutEnd(m, req, c.tenant, resp); },
         [](const auto& req) { return req.keys_size(); });
     put_revoke_ = MakeMethod<v1::KeysRequest, v1::KeysResponse>(
         "PutRevoke", &S::RequestPutRevoke,
-        [](Master* m, grpc::ServerContext*, const std::string& tenant, const auto& req, auto* resp) { rpc::PutRevoke(m, req, tenant, resp); },
+        [](Master* m, grpc::ServerContext*, const rpc::Caller& c, const auto& req, auto* resp) { rpc::PutRevoke(m, req, c.tenant, resp); },
         [](const auto& req) { return req.keys_size(); });
     get_ = MakeMethod<v1::KeysRequest, v1::GetReplicasResponse>(
         "GetReplicas", &S::RequestGetReplicas,
-        [](Master* m, grpc::ServerContext*, const std::string& tenant, const auto& req, auto* resp) { rpc::GetReplicas(m, req, tenant, resp); },
+        [](Master* m, grpc::ServerContext*, const rpc::Caller& c, const auto& req, auto* resp) { rpc::GetReplicas(m, req, c.tenant, resp); },
         [](const auto& req) { return req.keys_size(); });
     exists_ = MakeMethod<v1::KeysRequest, v1::ExistsResponse>(
         "Exists", &S::RequestExists,
-        [](Master* m, grpc::ServerContext*, const std::string& tenant, const auto& req, auto* resp) { rpc::Exists(m, req, tenant, resp); },
+        [](Master* m, grpc::ServerContext*, const rpc::Caller& c, const auto& req, auto* resp) { rpc::Exists(m, req, c.tenant, resp); },
         [](const auto& req) { return req.keys_size(); });
     prefix_ = MakeMethod<v1::KeysRequest, v1::PrefixMatchResponse>(
         "PrefixMatch", &S::RequestPrefixMatch,
-        [](Master* m, grpc::ServerContext*, const std::string& tenant, const auto& req, auto* resp) { rpc::PrefixMatch(m, req, tenant, resp); },
+        [](Master* m, grpc::ServerContext*, const rpc::Caller& c, const auto& req, auto* resp) { rpc::PrefixMatch(m, req, c.tenant, resp); },
         [](const auto& req) { return req.keys_size(); });
     remove_ = MakeMethod<v1::RemoveRequest, v1::KeysResponse>(
         "Remove", &S::RequestRemove,
-        [](Master* m, grpc::ServerContext*, const std::string& tenant, const auto& req, auto* resp) { rpc::Remove(m, req, tenant, resp); },
+        [](Master* m, grpc::ServerContext*, const rpc::Caller& c, const auto& req, auto* resp) { rpc::Remove(m, req, c.tenant, resp); },
         [](const auto& req) { return req.keys_size(); });
     remove_all_ = MakeMethod<v1::RemoveAllRequest, v1::RemoveAllResponse>(
         "RemoveAll", &S::RequestRemoveAll,
-        [](Master* m, grpc::ServerContext*, const std::string& tenant, const auto& req, auto* resp) { rpc::RemoveAll(m, req, tenant, resp); },
+        [](Master* m, grpc::ServerContext*, const rpc::Caller& c, const auto& req, auto* resp) { rpc::RemoveAll(m, req, c.tenant, resp); },
         [](const auto&) { return 0; });
     stats_ = MakeMethod<v1::StatsRequest, v1::StatsResponse>(
         "Stats", &S::RequestStats,
-        [](Master* m, grpc::ServerContext*, const std::string&, const auto& req, auto* resp) { rpc::Stats(m, req, resp); },
+        [](Master* m, grpc::ServerContext*, const rpc::Caller&, const auto& req, auto* resp) { rpc::Stats(m, req, resp); },
         [](const auto&) { return 0; });
     ssd_sync_ = MakeMethod<v1::SsdRecordsRequest, v1::SsdRecordsResponse>(
         "SyncSsdRecords", &S::RequestSyncSsdRecords,
-        [](Master* m, grpc::ServerContext*, const std::string&, const auto& req, auto* resp) { rpc::SyncSsdRecords(m, req, resp); },
+        [](Master* m, grpc::ServerContext*, const rpc::Caller& c, const auto& req, auto* resp) { rpc::SyncSsdRecords(m, req, c.actor, resp); },
         [](const auto& req) { return req.present_size() + req.gone_size(); });
     grant_ = MakeMethod<v1::GrantDataRequest, v1::GrantDataResponse>(
         "GrantData", &S::RequestGrantData,
-        [](Master* m, grpc::ServerContext*, const std::string&, const auto& req, auto* resp) { rpc::GrantData(m, req, resp); },
+        [](Master* m, grpc::ServerContext*, const rpc::Caller&, const auto& req, auto* resp) { rpc::GrantData(m, req, resp); },
         [](const auto& req) { return req.segments_size(); });
     grant_.stats = stats("GrantData");
     mount_.stats = stats("MountSegment");

@@ -18,7 +18,10 @@
 // Auth: with an Authenticator that is enabled, every call needs a bearer
 // token ("authorization" metadata) whose caller has the method's role:
 // daemon for MountSegment, UnmountSegment, Heartbeat and SyncSsdRecords,
-// admin for RemoveAll, client for the rest (admin may call anything).
+// admin for RemoveAll, client for the rest (admin may call anything). The
+// role is not enough to change a segment: those four calls change only
+// segments the caller's identity mounted (SegmentActor), so no
+// memory-lending client can unmount, take over or wipe another's.
 // Refused calls are UNAUTHENTICATED or PERMISSION_DENIED, counted as the
 // method's errors, and never reach a handler.
 //

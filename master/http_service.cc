@@ -51,6 +51,7 @@ json SegmentJson(const SegmentSnapshot& s) {
           {"ssd_capacity", s.spec.ssd_capacity},
           {"ssd_used", s.spec.ssd_used},
           {"state", s.state()},
+          {"owner", s.spec.owner},
           {"last_heartbeat_unix_ms", absl::ToUnixMillis(s.last_heartbeat)}};
 }
 

@@ -90,6 +90,9 @@ std::string EncodeSegment(const SegmentSpec& spec) {
   s->set_ssd_id(spec.ssd_id);
   // Persisted, so a restarted master grants for recovered segments at once.
   s->set_data_key(spec.data_key);
+  // Persisted (and so copied to standbys), so no one can take a segment
+  // over while its daemon is away across a restart or failover.
+  rec.set_owner(spec.owner);
   return rec.SerializeAsString();
 }
 
@@ -143,6 +146,7 @@ absl::Status Master::Recover() {
     SegmentSpec spec{s.name(), s.host(), s.capacity(), s.incarnation(), s.endpoint()};
     spec.ssd_id = s.ssd_id();
     spec.data_key = s.data_key();
+    spec.owner = rec.owner();
     registry_.Recover(spec, clock_->Now());
     ++segments;
     return true;
@@ -184,7 +188,7 @@ void Master::DropSegmentIds(const std::vector<uint32_t>& ids, absl::string_view 
   }
 }
 
-std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments) {
+std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments, const SegmentActor& actor) {
   std::vector<absl::Status> out;
   for (const SegmentSpec& spec : segments) {
     if (absl::Status tier = CheckTierAddress(spec.name, spec.tier_http); !tier.ok()) {
@@ -194,7 +198,7 @@ std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments
     bool restored = false, same_ssd = false;
     std::optional<uint32_t> replaced;
     absl::StatusOr<uint32_t> id =
-        registry_.Mount(spec, clock_->Now(), &restored, &replaced, options_.segment_ttl, &same_ssd);
+        registry_.Mount(spec, clock_->Now(), &restored, &replaced, options_.segment_ttl, &same_ssd, actor);
     if (!id.ok()) {
       out.push_back(id.status());
       continue;
@@ -207,7 +211,9 @@ std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments
                                   same_ssd ? " (its SSD replicas kept, awaiting its listing)" : ""),
                      false, keep);
     }
-    absl::Status st = store_->Write({{absl::StrCat(kSegmentPrefix, spec.name), EncodeSegment(spec), false}});
+    SegmentSpec owned = spec;
+    owned.owner = registry_.OwnerOf(*id);
+    absl::Status st = store_->Write({{absl::StrCat(kSegmentPrefix, spec.name), EncodeSegment(owned), false}});
     if (!st.ok()) TKV_LOG(ERROR) << "persisting segment " << spec.name << ": " << st;
     TKV_LOG(INFO) << (restored ? "re-mounted " : "mounted ") << spec.name << " ("
                   << spec.capacity << " bytes, host " << spec.host << ")";
@@ -220,16 +226,21 @@ std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments
   return out;
 }
 
-std::vector<absl::Status> Master::Unmount(const std::vector<std::string>& names, bool keep_ssd) {
+std::vector<absl::Status> Master::Unmount(const std::vector<std::string>& names, bool keep_ssd,
+                                          const SegmentActor& actor) {
   std::vector<absl::Status> out;
   for (const std::string& name : names) {
+    if (absl::Status may = registry_.MayChange(name, actor); !may.ok()) {
+      out.push_back(may);
+      continue;
+    }
     if (keep_ssd && options_.ssd_grace > absl::ZeroDuration() && registry_.MakeDormant(name, clock_->Now())) {
       uint32_t id = *registry_.IdOf(name);
       DropSegmentIds({id}, absl::StrCat(name, " stopped to restart (its SSD replicas kept)"), true, {{id, id}});
       out.push_back(absl::OkStatus());
       continue;
     }
-    absl::StatusOr<uint32_t> id = registry_.Unmount(name);
+    absl::StatusOr<uint32_t> id = registry_.Unmount(name, actor);
     if (!id.ok()) {
       out.push_back(id.status());
       continue;
@@ -242,12 +253,12 @@ std::vector<absl::Status> Master::Unmount(const std::vector<std::string>& names,
 }
 
 HeartbeatResult Master::Heartbeat(const std::vector<SegmentSpec>& segments,
-                                  const std::string& client_id) {
+                                  const std::string& client_id, const SegmentActor& actor) {
   HeartbeatResult out;
   out.ttl = options_.segment_ttl;
   absl::Time now = clock_->Now();
   for (const SegmentSpec& s : segments) {
-    if (!registry_.Heartbeat(s.name, s.incarnation, now)) {
+    if (!registry_.Heartbeat(s.name, s.incarnation, now, actor)) {
       out.remount.push_back(s.name);
     } else if (CheckTierAddress(s.name, s.tier_http).ok()) {
       // Its mount checked the address it gave then; one changed since to
@@ -295,8 +306,9 @@ void Master::Tick() {
   }
 }
 
-absl::StatusOr<SsdRecordsResult> Master::SyncSsd(const SsdRecords& in) {
+absl::StatusOr<SsdRecordsResult> Master::SyncSsd(const SsdRecords& in, const SegmentActor& actor) {
   RETURN_IF_ERROR(CheckTierAddress(in.segment, in.tier_http));
+  RETURN_IF_ERROR(registry_.MayChange(in.segment, actor));
   std::optional<uint32_t> id = registry_.LiveId(in.segment, in.incarnation);
   if (!id) {
     return absl::FailedPreconditionError(

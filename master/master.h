@@ -116,15 +116,21 @@ class Master {
   // incarnation keeps its objects; a new incarnation drops them, except
   // the SSD replicas when it names the same SSD tier (ssd_id): those are
   // kept, to be confirmed by the daemon's listing (SyncSsd).
-  std::vector<absl::Status> Mount(const std::vector<SegmentSpec>& segments);
+  // `actor` is the caller (SegmentActor: a segment belongs to the identity
+  // that mounted it); each of these four answers PERMISSION_DENIED for a
+  // segment it may not change (a heartbeat: asks it to re-mount), and the
+  // owner is persisted with the segment.
+  std::vector<absl::Status> Mount(const std::vector<SegmentSpec>& segments, const SegmentActor& actor = {});
   // Per name: OK or NOT_FOUND. The segment's objects leave the index;
   // with keep_ssd (a daemon stopping to restart) its SSD replicas stay
   // for options.ssd_grace, unserved, and the segment turns dormant.
-  std::vector<absl::Status> Unmount(const std::vector<std::string>& names, bool keep_ssd = false);
+  std::vector<absl::Status> Unmount(const std::vector<std::string>& names, bool keep_ssd = false,
+                                    const SegmentActor& actor = {});
   // A daemon's SSD listing or drops; FAILED_PRECONDITION when the segment
   // is not LIVE with that incarnation (mount first).
-  absl::StatusOr<SsdRecordsResult> SyncSsd(const SsdRecords& records);
-  HeartbeatResult Heartbeat(const std::vector<SegmentSpec>& segments, const std::string& client_id);
+  absl::StatusOr<SsdRecordsResult> SyncSsd(const SsdRecords& records, const SegmentActor& actor = {});
+  HeartbeatResult Heartbeat(const std::vector<SegmentSpec>& segments, const std::string& client_id,
+                            const SegmentActor& actor = {});
 
   // The index's PutStart, with the per-client cap on puts in flight: a
   // PutStart that would take `client` past max_pending_per_client is

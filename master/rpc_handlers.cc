@@ -90,18 +90,21 @@ void ApplyReleases(Master* m, const Request& req, const std::string& tenant) {
 
 }  // namespace
 
-void MountSegment(Master* m, const v1::MountSegmentRequest& req, v1::MountSegmentResponse* resp) {
+void MountSegment(Master* m, const v1::MountSegmentRequest& req, const SegmentActor& actor,
+                  v1::MountSegmentResponse* resp) {
   std::vector<SegmentSpec> specs;
   for (const auto& s : req.segments()) specs.push_back(FromProto(s));
   resp->set_epoch(m->options().epoch);
-  for (const absl::Status& s : m->Mount(specs)) SetStatus(resp->add_status(), s);
+  for (const absl::Status& s : m->Mount(specs, actor)) SetStatus(resp->add_status(), s);
 }
 
-void UnmountSegment(Master* m, const v1::UnmountSegmentRequest& req, v1::UnmountSegmentResponse* resp) {
-  for (const absl::Status& s : m->Unmount(Keys(req.names()), req.keep_ssd())) SetStatus(resp->add_status(), s);
+void UnmountSegment(Master* m, const v1::UnmountSegmentRequest& req, const SegmentActor& actor,
+                    v1::UnmountSegmentResponse* resp) {
+  for (const absl::Status& s : m->Unmount(Keys(req.names()), req.keep_ssd(), actor)) SetStatus(resp->add_status(), s);
 }
 
-void SyncSsdRecords(Master* m, const v1::SsdRecordsRequest& req, v1::SsdRecordsResponse* resp) {
+void SyncSsdRecords(Master* m, const v1::SsdRecordsRequest& req, const SegmentActor& actor,
+                    v1::SsdRecordsResponse* resp) {
   SsdRecords in;
   in.segment = req.segment();
   in.incarnation = req.incarnation();
@@ -113,7 +116,7 @@ void SyncSsdRecords(Master* m, const v1::SsdRecordsRequest& req, v1::SsdRecordsR
   in.present.reserve(req.present_size());
   for (const v1::SsdRecord& r : req.present()) in.present.emplace_back(r.key(), r.size());
   in.gone = Keys(req.gone());
-  absl::StatusOr<SsdRecordsResult> out = m->SyncSsd(in);
+  absl::StatusOr<SsdRecordsResult> out = m->SyncSsd(in, actor);
   if (!out.ok()) {
     SetStatus(resp->mutable_status(), out.status());
     return;
@@ -123,11 +126,11 @@ void SyncSsdRecords(Master* m, const v1::SsdRecordsRequest& req, v1::SsdRecordsR
   resp->set_dropped(out->dropped);
 }
 
-void Heartbeat(Master* m, const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
+void Heartbeat(Master* m, const v1::HeartbeatRequest& req, const SegmentActor& actor, v1::HeartbeatResponse* resp) {
   std::vector<SegmentSpec> specs;
   for (const auto& s : req.segments()) specs.push_back(FromProto(s));
   resp->set_epoch(m->options().epoch);
-  HeartbeatResult r = m->Heartbeat(specs, req.client_id());
+  HeartbeatResult r = m->Heartbeat(specs, req.client_id(), actor);
   for (auto& name : r.remount) resp->add_remount(name);
   resp->set_ttl_ms(absl::ToInt64Milliseconds(r.ttl));
 }

@@ -43,9 +43,20 @@ class RpcMetrics {
   metrics::Family<metrics::Histogram>& latency_;
 };
 
-void MountSegment(Master* m, const v1::MountSegmentRequest& req, v1::MountSegmentResponse* resp);
-void UnmountSegment(Master* m, const v1::UnmountSegmentRequest& req, v1::UnmountSegmentResponse* resp);
-void Heartbeat(Master* m, const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
+// Who made a call, from its credential: its tenant ("" : the default
+// tenant) and, for the segment-control calls, its identity.
+struct Caller {
+  std::string tenant;
+  SegmentActor actor;  // the default: unauthenticated, may change any segment
+};
+
+// Segment control: `actor` may change only the segments it owns (an admin
+// any), SegmentActor.
+void MountSegment(Master* m, const v1::MountSegmentRequest& req, const SegmentActor& actor,
+                  v1::MountSegmentResponse* resp);
+void UnmountSegment(Master* m, const v1::UnmountSegmentRequest& req, const SegmentActor& actor,
+                    v1::UnmountSegmentResponse* resp);
+void Heartbeat(Master* m, const v1::HeartbeatRequest& req, const SegmentActor& actor, v1::HeartbeatResponse* resp);
 void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& client, const std::string& tenant,
               v1::PutStartResponse* resp);
 void PutEnd(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::KeysResponse* resp);
@@ -57,7 +68,8 @@ void Remove(Master* m, const v1::RemoveRequest& req, const std::string& tenant, 
 // An admin in a tenant removes that tenant's objects; one without, all.
 void RemoveAll(Master* m, const v1::RemoveAllRequest& req, const std::string& tenant, v1::RemoveAllResponse* resp);
 void Stats(Master* m, const v1::StatsRequest& req, v1::StatsResponse* resp);
-void SyncSsdRecords(Master* m, const v1::SsdRecordsRequest& req, v1::SsdRecordsResponse* resp);
+void SyncSsdRecords(Master* m, const v1::SsdRecordsRequest& req, const SegmentActor& actor,
+                    v1::SsdRecordsResponse* resp);
 void GrantData(Master* m, const v1::GrantDataRequest& req, v1::GrantDataResponse* resp);
 
 

@@ -7,6 +7,14 @@
 #include "base/status.h"
 
 namespace tierkv::master {
+namespace {
+
+absl::Status NotOwner(const std::string& name, const std::string& owner, const SegmentActor& actor) {
+  return absl::PermissionDeniedError(absl::StrCat("segment ", name, " belongs to '", owner, "', not to '",
+                                                  actor.identity, "' (only its owner or an admin may change it)"));
+}
+
+}  // namespace
 
 const std::string* LiveSegments::Find(uint32_t id) const {
   if (table_ == nullptr) return nullptr;
@@ -104,7 +112,8 @@ void SegmentRegistry::EraseLocked(uint32_t id) {
 absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::Time now,
                                                 bool* restored,
                                                 std::optional<uint32_t>* replaced_id,
-                                                absl::Duration live_within, bool* same_ssd) {
+                                                absl::Duration live_within, bool* same_ssd,
+                                                const SegmentActor& actor) {
   if (spec.name.empty()) return absl::InvalidArgumentError("segment name is empty");
   if (spec.capacity < alignment_) {
     return absl::InvalidArgumentError(
@@ -113,15 +122,21 @@ absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::T
   *restored = false;
   replaced_id->reset();
   if (same_ssd != nullptr) *same_ssd = false;
+  SegmentSpec owned = spec;
+  owned.owner = actor.admin ? std::string() : actor.identity;
   MutexLock lock(&mu_);
   if (auto it = by_name_.find(spec.name); it != by_name_.end()) {
     Segment& seg = by_id_.at(it->second);
+    // Checked under the lock that the mount takes, so no other mount can
+    // slip in between.
+    if (!actor.MayChange(seg.spec.owner)) return NotOwner(spec.name, seg.spec.owner, actor);
+    if (actor.admin) owned.owner = seg.spec.owner;
     if (seg.spec.incarnation == spec.incarnation && seg.spec.capacity == spec.capacity && !seg.dormant) {
       Unfile(seg);  // the host may be another
       const bool was_recovering = seg.recovering;
       seg.recovering = false;
       seg.last_heartbeat = now;
-      seg.spec = spec;
+      seg.spec = owned;
       seg.ssd_synced = spec.ssd_id.empty();
       File(seg);
       if (was_recovering) PublishLive(seg.id, spec.name);
@@ -137,7 +152,7 @@ absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::T
     if (same_ssd != nullptr) *same_ssd = !spec.ssd_id.empty() && seg.spec.ssd_id == spec.ssd_id;
     EraseLocked(seg.id);
   }
-  return AddLocked(spec, now, /*recovering=*/false);
+  return AddLocked(owned, now, /*recovering=*/false);
 }
 
 uint32_t SegmentRegistry::Recover(const SegmentSpec& spec, absl::Time now) {
@@ -145,22 +160,32 @@ uint32_t SegmentRegistry::Recover(const SegmentSpec& spec, absl::Time now) {
   return AddLocked(spec, now, /*recovering=*/true);
 }
 
-absl::StatusOr<uint32_t> SegmentRegistry::Unmount(const std::string& name) {
+absl::StatusOr<uint32_t> SegmentRegistry::Unmount(const std::string& name, const SegmentActor& actor) {
   MutexLock lock(&mu_);
   auto it = by_name_.find(name);
   if (it == by_name_.end()) return absl::NotFoundError(absl::StrCat("no segment ", name));
   uint32_t id = it->second;
+  const std::string& owner = by_id_.at(id).spec.owner;
+  if (!actor.MayChange(owner)) return NotOwner(name, owner, actor);
   EraseLocked(id);
   return id;
 }
 
+absl::Status SegmentRegistry::MayChange(const std::string& name, const SegmentActor& actor) const {
+  MutexLock lock(&mu_);
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return absl::OkStatus();
+  const std::string& owner = by_id_.at(it->second).spec.owner;
+  return actor.MayChange(owner) ? absl::OkStatus() : NotOwner(name, owner, actor);
+}
+
 bool SegmentRegistry::Heartbeat(const std::string& name, const std::string& incarnation,
-                                absl::Time now) {
+                                absl::Time now, const SegmentActor& actor) {
   MutexLock lock(&mu_);
   auto it = by_name_.find(name);
   if (it == by_name_.end()) return false;
   Segment& seg = by_id_.at(it->second);
-  if (seg.recovering || seg.spec.incarnation != incarnation) return false;
+  if (seg.recovering || seg.spec.incarnation != incarnation || !actor.MayChange(seg.spec.owner)) return false;
   seg.last_heartbeat = now;
   return true;
 }
@@ -394,6 +419,12 @@ std::string SegmentRegistry::Name(uint32_t id) const {
   MutexLock lock(&mu_);
   auto it = by_id_.find(id);
   return it == by_id_.end() ? std::string() : it->second.spec.name;
+}
+
+std::string SegmentRegistry::OwnerOf(uint32_t id) const {
+  MutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? std::string() : it->second.spec.owner;
 }
 
 std::optional<uint32_t> SegmentRegistry::IdOf(const std::string& name) const {

@@ -64,6 +64,23 @@ struct SegmentSpec {
   uint64_t ssd_used = 0;
   std::string ssd_id;  // names the tier's file; empty without a tier
   std::string data_key;  // the daemon's key for data grants; empty: none needed
+  // The authenticated identity that mounted it (set by the registry from
+  // the mounting SegmentActor, persisted); empty: anyone may change it.
+  std::string owner;
+};
+
+// Who asks to change a segment (mount over it, unmount, heartbeat it, list
+// its SSD records). Under authentication a segment belongs to the identity
+// that mounted it: the `daemon` role alone, which every memory-lending
+// client holds, must not let one identity drop or take over another's
+// segment (and every tenant's objects on it). Only the owner or an admin
+// may change an owned segment; a named mounter claims an unowned one, and
+// an admin's mount leaves the owner as it was. Callers that are not
+// authenticated (--auth none, in-process) are admins with no name.
+struct SegmentActor {
+  std::string identity;  // the caller's name (token file or certificate)
+  bool admin = true;
+  bool MayChange(const std::string& owner) const { return admin || owner.empty() || owner == identity; }
 };
 
 // An object's copy on a segment: an extent of its DRAM at `offset`, or
@@ -124,19 +141,28 @@ class SegmentRegistry {
   // INVALID_ARGUMENT for an empty name or zero capacity.
   // *same_ssd (when given) says whether the replaced segment had the same
   // non-empty ssd_id: its SSD replicas belong to the new id.
+  // PERMISSION_DENIED, naming the owner, when the name is held (in any
+  // state) by a segment `actor` may not change; spec.owner is ignored.
   absl::StatusOr<uint32_t> Mount(const SegmentSpec& spec, absl::Time now, bool* restored,
                                  std::optional<uint32_t>* replaced_id,
-                                 absl::Duration live_within = absl::ZeroDuration(), bool* same_ssd = nullptr);
+                                 absl::Duration live_within = absl::ZeroDuration(), bool* same_ssd = nullptr,
+                                 const SegmentActor& actor = {});
 
   // Adds a segment read back from persistence in RECOVERING state.
   uint32_t Recover(const SegmentSpec& spec, absl::Time now);
 
   // NOT_FOUND if no segment has that name. Returns the removed id.
-  absl::StatusOr<uint32_t> Unmount(const std::string& name);
+  // PERMISSION_DENIED when `actor` may not change it.
+  absl::StatusOr<uint32_t> Unmount(const std::string& name, const SegmentActor& actor = {});
+  // OK when no segment has that name or `actor` may change it; else
+  // PERMISSION_DENIED naming the owner.
+  absl::Status MayChange(const std::string& name, const SegmentActor& actor) const;
 
   // Refreshes liveness. False when the segment must be mounted again
-  // (unknown, recovering, or a different incarnation).
-  bool Heartbeat(const std::string& name, const std::string& incarnation, absl::Time now);
+  // (unknown, recovering, or a different incarnation) or is not `actor`'s
+  // to keep alive.
+  bool Heartbeat(const std::string& name, const std::string& incarnation, absl::Time now,
+                 const SegmentActor& actor = {});
   // Takes a heartbeat's SSD figures for the segment (same incarnation only).
   void UpdateTier(const SegmentSpec& spec);
   // The segment's SSD tier, when its daemon has a working one with at
@@ -190,6 +216,8 @@ class SegmentRegistry {
   bool AwaitsRemount(uint32_t id) const;
   // The segment's name ("" when it has left). No lock for a LIVE one.
   std::string Name(uint32_t id) const;
+  // The identity that owns the segment ("" when none does or it has left).
+  std::string OwnerOf(uint32_t id) const;
   std::optional<uint32_t> IdOf(const std::string& name) const;
   // The data key of a segment whose DRAM is served (live or recovering);
   // nullopt for an unknown or dormant one.

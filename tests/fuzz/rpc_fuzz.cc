@@ -45,15 +45,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Half the calls come from a tenant with a small quota, so namespacing
   // and quota charging see hostile bytes too.
   const std::string tenant = (data[0] / 14) % 2 == 1 ? "fz" : "";
+  // Segment control comes from that tenant's named identity, so hostile
+  // mounts, unmounts and heartbeats meet the ownership checks; the other
+  // half act unauthenticated and may change any segment.
+  const master::SegmentActor actor = tenant.empty() ? master::SegmentActor{} : master::SegmentActor{"fz-daemon", false};
   ++data;
   --size;
   namespace rpc = master::rpc;
   namespace v1 = tierkv::v1;
   const std::string client = "fuzz-peer";
   switch (method) {
-    case 0: Call<v1::MountSegmentRequest, v1::MountSegmentResponse>(data, size, [&](auto& q, auto* r) { rpc::MountSegment(m, q, r); }); break;
-    case 1: Call<v1::UnmountSegmentRequest, v1::UnmountSegmentResponse>(data, size, [&](auto& q, auto* r) { rpc::UnmountSegment(m, q, r); }); break;
-    case 2: Call<v1::HeartbeatRequest, v1::HeartbeatResponse>(data, size, [&](auto& q, auto* r) { rpc::Heartbeat(m, q, r); }); break;
+    case 0: Call<v1::MountSegmentRequest, v1::MountSegmentResponse>(data, size, [&](auto& q, auto* r) { rpc::MountSegment(m, q, actor, r); }); break;
+    case 1: Call<v1::UnmountSegmentRequest, v1::UnmountSegmentResponse>(data, size, [&](auto& q, auto* r) { rpc::UnmountSegment(m, q, actor, r); }); break;
+    case 2: Call<v1::HeartbeatRequest, v1::HeartbeatResponse>(data, size, [&](auto& q, auto* r) { rpc::Heartbeat(m, q, actor, r); }); break;
     case 3: Call<v1::PutStartRequest, v1::PutStartResponse>(data, size, [&](auto& q, auto* r) { rpc::PutStart(m, q, q.client_id().empty() ? client : q.client_id(), tenant, r); }); break;
     case 4: Call<v1::KeysRequest, v1::KeysResponse>(data, size, [&](auto& q, auto* r) { rpc::PutEnd(m, q, tenant, r); }); break;
     case 5: Call<v1::KeysRequest, v1::KeysResponse>(data, size, [&](auto& q, auto* r) { rpc::PutRevoke(m, q, tenant, r); }); break;

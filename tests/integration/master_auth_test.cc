@@ -203,6 +203,82 @@ TEST_F(MasterProcessTest, TokenAuthGuardsGrpcTheDirectLaneAndHttp) {
   EXPECT_EQ(m["tierkv_master_direct_refused_total"], 1);  // since the restart
 }
 
+// A segment belongs to the identity that mounted it. Another daemon
+// identity (the role every memory-lending client holds) cannot mount over
+// it, whatever incarnation or host it names, unmount it, keep it alive or
+// list its SSD records; the owner outlives a master killed while the
+// daemon is away, and an admin may change any segment without taking it.
+TEST_F(MasterProcessTest, ASegmentChangesOnlyByTheIdentityThatMountedIt) {
+  const std::string tokens = data_dir_ + "/tokens";
+  std::filesystem::create_directories(data_dir_);
+  std::ofstream(tokens) << TokenLines();
+  const std::vector<std::string> flags{"--auth=token", "--token-file=" + tokens, "--segment-ttl=30s"};
+  StartMaster(flags);
+  auto mount = [&](const std::string& token, const std::string& incarnation, const std::string& host = "") {
+    v1::MountSegmentRequest req = MountRequest("seg-a", incarnation);
+    if (!host.empty()) req.mutable_segments(0)->set_host(host);
+    v1::MountSegmentResponse resp;
+    grpc::Status s = stub_->MountSegment(TokenCtx(token).get(), req, &resp);
+    return s.ok() ? absl::Status(static_cast<absl::StatusCode>(resp.status(0).code()), resp.status(0).message())
+                  : AsStatus(s);
+  };
+  auto unmount = [&](const std::string& token) {
+    v1::UnmountSegmentRequest req;
+    req.add_names("seg-a");
+    v1::UnmountSegmentResponse resp;
+    grpc::Status s = stub_->UnmountSegment(TokenCtx(token).get(), req, &resp);
+    return s.ok() ? absl::Status(static_cast<absl::StatusCode>(resp.status(0).code()), resp.status(0).message())
+                  : AsStatus(s);
+  };
+  auto owner = [&] {
+    http_->set_bearer_token_auth(kAdminToken);
+    auto r = http_->Get("/v1/segments/seg-a");
+    return r && r->status == 200 ? json::parse(r->body).value("owner", "?") : std::string("(none)");
+  };
+  ASSERT_OK(mount(kDaemonA, "inc-1"));
+  EXPECT_EQ(owner(), "decode-a");
+
+  absl::Status s = mount(kDaemonB, "inc-2");  // a "restart" of it, on its host
+  EXPECT_TRUE(absl::IsPermissionDenied(s)) << s;
+  EXPECT_NE(s.message().find("segment seg-a belongs to 'decode-a', not to 'decode-b'"), std::string::npos) << s;
+  EXPECT_TRUE(absl::IsPermissionDenied(mount(kDaemonB, "inc-1")));  // its incarnation, read off /v1/segments
+  EXPECT_TRUE(absl::IsPermissionDenied(mount(kDaemonB, "inc-3", "host-b")));
+  EXPECT_TRUE(absl::IsPermissionDenied(unmount(kDaemonB)));
+  v1::HeartbeatRequest beat;
+  *beat.add_segments() = MountRequest("seg-a").segments(0);
+  v1::HeartbeatResponse bresp;
+  ASSERT_OK(AsStatus(stub_->Heartbeat(TokenCtx(kDaemonB).get(), beat, &bresp)));
+  EXPECT_EQ(bresp.remount_size(), 1);  // not its segment to keep alive
+  ASSERT_OK(AsStatus(stub_->Heartbeat(TokenCtx(kDaemonA).get(), beat, &bresp)));
+  EXPECT_EQ(bresp.remount_size(), 0);
+  v1::SsdRecordsRequest wipe;
+  wipe.set_segment("seg-a");
+  wipe.set_incarnation("inc-1");
+  wipe.add_gone("anything");
+  v1::SsdRecordsResponse wresp;
+  ASSERT_OK(AsStatus(stub_->SyncSsdRecords(TokenCtx(kDaemonB).get(), wipe, &wresp)));
+  EXPECT_EQ(wresp.status().code(), static_cast<int>(absl::StatusCode::kPermissionDenied)) << wresp.status().message();
+  EXPECT_EQ(owner(), "decode-a");
+
+  // Killed while the daemon is away: the recovered segment is still its.
+  master_->Kill(SIGKILL);
+  master_->Wait();
+  StartMaster(flags);
+  EXPECT_TRUE(absl::IsPermissionDenied(mount(kDaemonB, "inc-1")));
+  EXPECT_TRUE(absl::IsPermissionDenied(unmount(kDaemonB)));
+  ASSERT_OK(mount(kDaemonA, "inc-1"));
+  // An admin re-mounts and unmounts it without becoming its owner.
+  ASSERT_OK(mount(kAdminToken, "inc-1"));
+  EXPECT_EQ(owner(), "decode-a");
+  ASSERT_OK(unmount(kAdminToken));
+  // Gone, the name is free for the next daemon.
+  ASSERT_OK(mount(kDaemonB, "inc-9"));
+  EXPECT_EQ(owner(), "decode-b");
+  EXPECT_TRUE(absl::IsPermissionDenied(unmount(kDaemonA)));
+  ASSERT_OK(unmount(kDaemonB));
+  ASSERT_TRUE(master_->Running());
+}
+
 // --auth none on a routable address is refused unless asked for.
 TEST_F(MasterProcessTest, AnOpenMasterOnAWildcardBindNeedsInsecureAllowRemote) {
   auto refused = ChildProcess::Start(testing::BinaryPath("tierkv-master"),

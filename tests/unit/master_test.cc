@@ -552,6 +552,43 @@ TEST_F(MasterTest, NameHeldByALiveDaemonOfAnotherHostIsRefused) {
   EXPECT_EQ(m->registry().Snapshot()[0].spec.host, "node2");
 }
 
+// Segment ownership in process: the owner is the mounting identity, kept
+// across a restart; a foreign mount, unmount (keeping SSD or not),
+// heartbeat or SSD listing changes nothing; an unowned segment is
+// claimed by the first named identity to mount it.
+TEST_F(MasterTest, ASegmentIsChangedOnlyByItsOwnerOrAnAdmin) {
+  const SegmentActor a{"node-a", false}, b{"node-b", false}, admin{"ops", true};
+  {
+    auto m = NewMaster();
+    ASSERT_OK(m->Mount({Seg("s")}, a)[0]);
+    ASSERT_OK(Put(*m, "k"));
+    EXPECT_THAT(m->Mount({Seg("s", "i2")}, b)[0], StatusIs(absl::StatusCode::kPermissionDenied));
+    EXPECT_THAT(m->Unmount({"s"}, /*keep_ssd=*/true, b)[0], StatusIs(absl::StatusCode::kPermissionDenied));
+    EXPECT_THAT(m->Unmount({"s"}, false, b)[0], StatusIs(absl::StatusCode::kPermissionDenied));
+    EXPECT_EQ(m->Heartbeat({Seg("s")}, "", b).remount, std::vector<std::string>{"s"});
+    EXPECT_TRUE(m->Heartbeat({Seg("s")}, "", a).remount.empty());
+    SsdRecords wipe;
+    wipe.segment = "s";
+    wipe.incarnation = "i1";
+    wipe.gone = {"k"};
+    EXPECT_THAT(m->SyncSsd(wipe, b).status(), StatusIs(absl::StatusCode::kPermissionDenied));
+    EXPECT_TRUE(Present(*m, "k"));
+  }
+  auto m = NewMaster();
+  EXPECT_THAT(m->Mount({Seg("s")}, b)[0], StatusIs(absl::StatusCode::kPermissionDenied));
+  ASSERT_OK(m->Mount({Seg("s")}, admin)[0]);  // keeps the owner
+  EXPECT_TRUE(Present(*m, "k"));
+  EXPECT_EQ(m->registry().OwnerOf(*m->registry().IdOf("s")), "node-a");
+  ASSERT_OK(m->Mount({Seg("s")}, a)[0]);
+  ASSERT_OK(m->Unmount({"s"}, false, a)[0]);
+  ASSERT_OK(m->Mount({Seg("free")})[0]);  // unauthenticated: no owner
+  EXPECT_EQ(m->registry().OwnerOf(*m->registry().IdOf("free")), "");
+  ASSERT_OK(m->Mount({Seg("free")}, b)[0]);
+  EXPECT_EQ(m->registry().OwnerOf(*m->registry().IdOf("free")), "node-b");
+  EXPECT_THAT(m->Unmount({"free"}, false, a)[0], StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_OK(m->index().CheckInvariants());
+}
+
 // Writers that arrive while a RocksDB write is in flight share the next
 // one (group commit); each returns once its own mutations are applied, and
 // all of them are there when the database is opened again.
