@@ -190,7 +190,8 @@ struct LookupOut {
   // Non-zero for a counted read (under memory pressure, or staged from
   // SSD): the reader gives the lease back with this token once it is done
   // with the extent (ReleaseLeases), so the DRAM is evictable at once
-  // rather than at lease_expiry.
+  // rather than at lease_expiry. Each read's token is its own and gives
+  // back that read only, once (LeaseTokens).
   uint64_t lease_token = 0;
 };
 

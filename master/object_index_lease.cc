@@ -2,11 +2,62 @@
 // objects without visiting them, moving an object's lease when a read extends
 // it, readers giving counted leases back, and the extents held past a lease
 // (DeferredFree, staged copies) until no reader can still reach them.
-#include <algorithm>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
 
+#include <algorithm>
+#include <cstring>
+
+#include "base/log.h"
 #include "master/internal/index_impl.h"
 
 namespace tierkv::master {
+
+LeaseTokens::LeaseTokens() : ctx_(EVP_CIPHER_CTX_new()) {
+  unsigned char key[16];
+  ok_ = ctx_ != nullptr && RAND_bytes(key, sizeof key) == 1 &&
+        EVP_EncryptInit_ex(ctx_, EVP_aes_128_ecb(), nullptr, key, nullptr) == 1 &&
+        EVP_CIPHER_CTX_set_padding(ctx_, 0) == 1;
+  OPENSSL_cleanse(key, sizeof key);
+  // Without tokens counted reads cannot be given back early: their leases
+  // then last to their expiry, which is safe, only slower to free memory.
+  if (!ok_) TKV_LOG(ERROR) << "cannot set up lease tokens (AES-128 key); counted leases will run to their expiry";
+}
+
+LeaseTokens::~LeaseTokens() { EVP_CIPHER_CTX_free(ctx_); }
+
+std::optional<uint64_t> LeaseTokens::Tag(uint32_t slot, uint32_t gen, uint32_t seq, int64_t expiry_ms) {
+  unsigned char in[16], out[16];
+  std::memcpy(in, &slot, 4);
+  std::memcpy(in + 4, &gen, 4);
+  const uint64_t rest = uint64_t{seq} << kTagBits ^ static_cast<uint64_t>(expiry_ms);
+  std::memcpy(in + 8, &rest, 8);
+  int len = 0;
+  if (!ok_ || EVP_EncryptUpdate(ctx_, out, &len, in, sizeof in) != 1 || len != 16) return std::nullopt;
+  uint64_t tag;
+  std::memcpy(&tag, out, 8);
+  return tag & ((uint64_t{1} << kTagBits) - 1);
+}
+
+uint64_t LeaseTokens::Issue(uint32_t slot, uint32_t gen, int64_t expiry_ms) {
+  seq_ = (seq_ + 1) & ((1u << (64 - kTagBits)) - 1);
+  if (seq_ == 0) seq_ = 1;  // so no token is 0
+  std::optional<uint64_t> tag = Tag(slot, gen, seq_, expiry_ms);
+  return tag ? uint64_t{seq_} << kTagBits | *tag : 0;
+}
+
+bool LeaseTokens::Redeem(uint64_t token, uint32_t slot, uint32_t gen, int64_t expiry_ms, int64_t now_ms) {
+  const uint32_t seq = static_cast<uint32_t>(token >> kTagBits);
+  if (token == 0 || expiry_ms <= now_ms || seq == 0) return false;
+  std::optional<uint64_t> tag = Tag(slot, gen, seq, expiry_ms);
+  if (!tag || *tag != (token & ((uint64_t{1} << kTagBits) - 1))) return false;
+  if (!redeemed_.emplace(token, expiry_ms).second) return false;
+  if (redeemed_.size() >= prune_at_) {
+    absl::erase_if(redeemed_, [now_ms](const auto& e) { return e.second <= now_ms; });
+    prune_at_ = std::max<size_t>(1024, 2 * redeemed_.size());
+  }
+  return true;
+}
 
 void ObjectIndex::Impl::MoveLease(const Object& o, int64_t old_deadline_ms, int64_t now_ms) {
   const uint32_t to = leases_.TickOf(o.deadline_ms);
@@ -86,8 +137,8 @@ size_t ObjectIndex::Impl::ReleaseLeases(const std::vector<LeaseRelease>& release
     uint32_t slot = Find(s, r.key);
     if (slot == kNil) continue;
     Object& o = s.objects[slot];
-    if (LeaseToken(slot, o.gen, lease_boot_) != r.token || o.state != ObjState::kComplete || o.deadline_ms <= now_ms ||
-        o.readers == 0 || o.readers == kStickyReaders) {
+    if (o.state != ObjState::kComplete || o.deadline_ms <= now_ms || o.readers == 0 || o.readers == kStickyReaders ||
+        !s.lease_tokens.Redeem(r.token, slot, o.gen, r.expiry_ms, now_ms)) {
       continue;
     }
     ++applied;

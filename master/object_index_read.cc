@@ -112,7 +112,8 @@ std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>&
     // one whose reader asked (a read session, which holds it for a while).
     const bool counted = count_all || pressed || reps.front().stage;
     if (counted && o.readers < kStickyReaders) {
-      if (++o.readers < kStickyReaders) out[i].lease_token = LeaseToken(slot, o.gen, lease_boot_);
+      // Issued below, once the lease's expiry is known (the token covers it).
+      ++o.readers;
     } else if (!counted) {
       o.hard_lease = true;
     }
@@ -120,6 +121,7 @@ std::vector<LookupOut> ObjectIndex::Impl::Lookup(const std::vector<std::string>&
     o.deadline_ms = std::max(old_deadline, reps.front().stage ? stage_until : lease_until);
     if (o.deadline_ms != old_deadline) MoveLease(o, old_deadline, now_ms);
     out[i].lease_expiry = absl::FromUnixMillis(o.deadline_ms);
+    if (counted && o.readers < kStickyReaders) out[i].lease_token = s.lease_tokens.Issue(slot, o.gen, o.deadline_ms);
     out[i].idle_s = HitOf(o).idle_s;
     Touch(s, slot);
   }

@@ -14,6 +14,7 @@
 #include <initializer_list>
 #include <new>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,6 +25,8 @@
 #include "absl/hash/hash.h"
 #include "master/object_index.h"
 #include "master/tenants.h"
+
+struct evp_cipher_ctx_st;  // OpenSSL's EVP_CIPHER_CTX (LeaseTokens)
 
 namespace tierkv::master {
 
@@ -222,13 +225,40 @@ struct Object {
   bool displaced : 1 = false;
 };
 inline constexpr uint8_t kStickyReaders = UINT8_MAX;
-// Names one incarnation of a key: its slot and the slot's generation,
-// mixed with a number drawn at each start (`boot`), since a recovered index
-// numbers its slots afresh. 0 is no token.
-inline uint64_t LeaseToken(uint32_t slot, uint32_t gen, uint64_t boot) {
-  const uint64_t t = ((uint64_t{slot} + 1) << 32 | gen) ^ boot;
-  return t != 0 ? t : 1;
-}
+// One counted read's lease token, good for one give-back: a 24-bit read
+// number of its shard in the top bits, and below it a 40-bit tag, AES-128
+// under a key the shard draws at start, of (slot, generation, read number,
+// lease expiry). Another reader's token cannot be made from one's own
+// (nor one for a recovered index's renumbered slots), and the shard
+// remembers the tokens given back until their leases end, so sending one
+// many times ends no other reader's lease. One per shard, used under its
+// lock (the cipher context is not shared between threads). 0 is no token.
+class LeaseTokens {
+ public:
+  LeaseTokens();
+  ~LeaseTokens();
+  LeaseTokens(const LeaseTokens&) = delete;
+  LeaseTokens& operator=(const LeaseTokens&) = delete;
+
+  // A fresh token for a read of (slot, gen) whose lease ends at expiry_ms.
+  uint64_t Issue(uint32_t slot, uint32_t gen, int64_t expiry_ms);
+  // True the first time a token Issue made for (slot, gen, expiry_ms) is
+  // given back before `now_ms`; false for a forged, altered or repeated one.
+  bool Redeem(uint64_t token, uint32_t slot, uint32_t gen, int64_t expiry_ms, int64_t now_ms);
+
+ private:
+  static constexpr int kTagBits = 40;
+  // nullopt when the cipher is unusable (then no token is issued).
+  std::optional<uint64_t> Tag(uint32_t slot, uint32_t gen, uint32_t seq, int64_t expiry_ms);
+
+  ::evp_cipher_ctx_st* ctx_;
+  bool ok_ = false;
+  uint32_t seq_ = 0;
+  // Tokens given back, with their lease's expiry; pruned of ended leases
+  // whenever it doubles, so it holds about the give-backs of one lease.
+  absl::flat_hash_map<uint64_t, int64_t> redeemed_;
+  size_t prune_at_ = 1024;
+};
 static_assert(sizeof(Object) <= 112, "an index slot grew: check tierkv-bench master's bytes per object");
 
 // Object slots in fixed chunks: references stay valid as it grows (the
@@ -292,6 +322,7 @@ struct Shard {
   absl::flat_hash_map<uint32_t, PendingInfo> pending ABSL_GUARDED_BY(mu);
   LruList lists[3] ABSL_GUARDED_BY(mu);  // indexed by ListId; [0] unused
   uint64_t leased_hint ABSL_GUARDED_BY(mu) = 0;
+  LeaseTokens lease_tokens ABSL_GUARDED_BY(mu);
   // Bytes of the slot array and the set, kept current under `mu` so Stats
   // reads them without the lock.
   std::atomic<uint64_t> footprint{0};
@@ -690,7 +721,6 @@ class ObjectIndex::Impl {
   std::atomic<uint64_t> pinned_{0}, key_bytes_{0};
   std::atomic<uint64_t> offloaded_{0}, offload_failed_{0}, staged_{0}, stage_no_room_{0};
   std::atomic<uint64_t> leases_released_{0};
-  const uint64_t lease_boot_ = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();  // see LeaseToken
   // Put ids count up from a number drawn at each start, so a restarted or
   // newly promoted master does not hand out the ids its predecessor did.
   std::atomic<uint64_t> next_put_id_{(uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()};

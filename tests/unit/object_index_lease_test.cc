@@ -75,7 +75,7 @@ TEST_F(IndexTest, CountedReadsEndTheirLeaseWhenGivenBack) {
   LookupOut a = index_->GetReplicas({"k"})[0];
   LookupOut b = index_->GetReplicas({"k"})[0];
   ASSERT_NE(a.lease_token, 0u);
-  EXPECT_EQ(b.lease_token, a.lease_token);
+  EXPECT_NE(b.lease_token, a.lease_token);  // one token per read
   auto give_back = [&](const std::string& key, const LookupOut& r, uint64_t token) {
     return index_->ReleaseLeases({{key, token, absl::ToUnixMillis(r.lease_expiry)}});
   };
@@ -95,6 +95,46 @@ TEST_F(IndexTest, CountedReadsEndTheirLeaseWhenGivenBack) {
   EXPECT_FALSE(Present("k"));
   EXPECT_TRUE(Present("plain"));
   EXPECT_EQ(index_->Stats().leases_released, 3u);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+// A reader holding a valid token for one read cannot end another's lease:
+// its token gives back once, and no token is made from it by changing its
+// read number, its tag, its expiry or its key.
+TEST_F(IndexTest, ATokenGivesBackOnlyItsOwnReadOnce) {
+  Mount("seg-a", 20 * 1024);
+  ASSERT_OK(Put("held", 1024));
+  ASSERT_OK(index_->GetReplicas({"held"})[0].status);
+  index_->EvictTo(0);  // pressure: every read is counted
+  ASSERT_OK(Put("k", 1024));
+  ASSERT_OK(Put("other", 1024));
+  LookupOut mine = index_->GetReplicas({"k"})[0];
+  LookupOut victim = index_->GetReplicas({"k"})[0];
+  LookupOut elsewhere = index_->GetReplicas({"other"})[0];
+  ASSERT_NE(mine.lease_token, 0u);
+  ASSERT_NE(victim.lease_token, 0u);
+  const int64_t expiry = absl::ToUnixMillis(mine.lease_expiry);
+  auto give_back = [&](const std::string& key, uint64_t token, int64_t expiry_ms) {
+    return index_->ReleaseLeases({{key, token, expiry_ms}});
+  };
+  EXPECT_EQ(give_back("k", mine.lease_token, expiry), 1u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(give_back("k", mine.lease_token, expiry), 0u) << i;
+  for (int bit = 0; bit < 64; ++bit) {
+    EXPECT_EQ(give_back("k", mine.lease_token ^ (uint64_t{1} << bit), expiry), 0u) << bit;
+    EXPECT_EQ(give_back("k", victim.lease_token ^ (uint64_t{1} << bit), expiry), 0u) << bit;
+  }
+  EXPECT_EQ(give_back("k", victim.lease_token, expiry + 1), 0u);   // its expiry is part of it
+  EXPECT_EQ(give_back("k", elsewhere.lease_token, expiry), 0u);    // another key's read
+  EXPECT_EQ(give_back("other", victim.lease_token, expiry), 0u);
+  index_->EvictTo(0);
+  EXPECT_TRUE(Present("k"));  // the victim's lease holds
+  EXPECT_EQ(give_back("k", victim.lease_token, absl::ToUnixMillis(victim.lease_expiry)), 1u);
+  index_->EvictTo(0);
+  EXPECT_FALSE(Present("k"));
+  EXPECT_EQ(index_->Stats().leases_released, 2u);
+  // Past their leases, given-back tokens are forgotten and stay refused.
+  clock_.Advance(options_.lease_ttl + absl::Seconds(1));
+  EXPECT_EQ(give_back("other", elsewhere.lease_token, absl::ToUnixMillis(elsewhere.lease_expiry)), 0u);
   EXPECT_OK(index_->CheckInvariants());
 }
 
