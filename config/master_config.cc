@@ -83,6 +83,8 @@ const FlagTable<MasterConfig>& MasterFlags() {
           IntFlag<C>("max-batch", &C::max_batch, "65536", 1, 1 << 24, "most keys in one RPC"),
           IntFlag<C>("max-pending-per-client", &C::max_pending_per_client, "65536", 0, 1ll << 32,
                      "most puts one client may have between PutStart and PutEnd; 0: no cap"),
+          IntFlag<C>("max-pending-per-tenant", &C::max_pending_per_tenant, "1048576", 0, 1ll << 40,
+                     "most puts all clients of one tenant may have between PutStart and PutEnd; 0: no cap"),
           IntFlag<C>("max-reservations-per-client", &C::max_reservations_per_client, "65536", 0, 1ll << 32,
                      "most values one client's read sessions may hold reserved at once; 0: no cap"),
           StringFlag<C>("query-stats-key-prefix-separator", &C::query_stats_key_prefix_separator, "",

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "base/status.h"
 #include "httplib.h"
+#include "master/tenants.h"
 #include "proto/master.pb.h"
 
 namespace tierkv::master {
@@ -356,21 +357,32 @@ absl::StatusOr<SsdRecordsResult> Master::SyncSsd(const SsdRecords& in, const Seg
   return out;
 }
 
-std::vector<PutStartOut> Master::PutStart(std::vector<PutItem> items, const std::string& client) {
-  const uint64_t cap = options_.max_pending_per_client;
-  if (cap > 0) {
-    // Concurrent PutStarts of one client may overshoot by a batch: a cap on
-    // a runaway writer, not an exact quota.
-    uint64_t held = index_->PendingOf(client);
+std::vector<PutStartOut> Master::PutStart(std::vector<PutItem> items, const std::string& client,
+                                          const std::string& tenant) {
+  // Concurrent PutStarts may overshoot a cap by a batch: caps on runaway
+  // writers, not exact quotas.
+  const std::string counted_as = TenantKey(tenant, client);
+  auto refuse = [&](absl::Status why) {
+    pending_refused_->Increment(static_cast<double>(items.size()));
+    return std::vector<PutStartOut>(items.size(), PutStartOut{std::move(why), {}});
+  };
+  if (const uint64_t cap = options_.max_pending_per_client; cap > 0) {
+    const uint64_t held = index_->PendingOf(counted_as);
     if (held + items.size() > cap) {
-      pending_refused_->Increment(static_cast<double>(items.size()));
-      absl::Status refused = absl::ResourceExhaustedError(
+      return refuse(absl::ResourceExhaustedError(
           absl::StrCat("client ", client, " has ", held, " puts in flight; ", items.size(),
-                       " more would pass the cap of ", cap, " (--max-pending-per-client)"));
-      return std::vector<PutStartOut>(items.size(), PutStartOut{refused, {}});
+                       " more would pass the cap of ", cap, " (--max-pending-per-client)")));
     }
   }
-  for (PutItem& it : items) it.client = client;
+  if (const uint64_t cap = options_.max_pending_per_tenant; cap > 0) {
+    const uint64_t held = index_->PendingOfTenant(tenant);
+    if (held + items.size() > cap) {
+      return refuse(absl::ResourceExhaustedError(
+          absl::StrCat("tenant ", TenantName(tenant), " has ", held, " puts in flight; ", items.size(),
+                       " more would pass the cap of ", cap, " (--max-pending-per-tenant)")));
+    }
+  }
+  for (PutItem& it : items) it.client = counted_as;
   return index_->PutStart(items);
 }
 

@@ -40,6 +40,10 @@ struct MasterOptions {
   // Most puts one client may hold between PutStart and PutEnd/PutRevoke
   // (0: no cap), so one runaway writer cannot pin the cluster's memory.
   uint64_t max_pending_per_client = 65536;
+  // Most puts all clients of one tenant may hold so (0: no cap): a client
+  // id is the client's to choose, so the per-client cap alone is escaped
+  // by rotating ids.
+  uint64_t max_pending_per_tenant = 1 << 20;
   // Most reservations (read sessions' counted leases) one client may hold
   // (0: no cap); see master/reservations.h.
   uint64_t max_reservations_per_client = 65536;
@@ -132,11 +136,15 @@ class Master {
   HeartbeatResult Heartbeat(const std::vector<SegmentSpec>& segments, const std::string& client_id,
                             const SegmentActor& actor = {});
 
-  // The index's PutStart, with the per-client cap on puts in flight: a
-  // PutStart that would take `client` past max_pending_per_client is
-  // refused whole, RESOURCE_EXHAUSTED per item. A put counts until its
-  // PutEnd or PutRevoke, or until the put timeout reclaims it.
-  std::vector<PutStartOut> PutStart(std::vector<PutItem> items, const std::string& client);
+  // The index's PutStart, with the caps on puts in flight: a PutStart
+  // that would take `client` of `tenant` past max_pending_per_client, or
+  // the tenant past max_pending_per_tenant, is refused whole,
+  // RESOURCE_EXHAUSTED per item. Clients are counted within their tenant
+  // (a client id is a name the caller chooses: another tenant's client of
+  // the same name is another client). A put counts until its PutEnd or
+  // PutRevoke, or until the put timeout reclaims it.
+  std::vector<PutStartOut> PutStart(std::vector<PutItem> items, const std::string& client,
+                                    const std::string& tenant = "");
 
   // OK when the master can serve puts and gets: persistence is loaded (a
   // Master exists only once Recover has finished, so this always holds

@@ -256,6 +256,16 @@ void ObjectIndex::Impl::CountPending(const std::string& client, int delta) {
   uint64_t& n = pending_by_client_[client];
   n += delta;
   if (n == 0) pending_by_client_.erase(client);
+  const std::string tenant(TenantOf(client));
+  uint64_t& t = pending_by_tenant_[tenant];
+  t += delta;
+  if (t == 0) pending_by_tenant_.erase(tenant);
+}
+
+uint64_t ObjectIndex::Impl::PendingOfTenant(absl::string_view tenant) {
+  MutexLock lock(&clients_mu_);
+  auto it = pending_by_tenant_.find(tenant);
+  return it == pending_by_tenant_.end() ? 0 : it->second;
 }
 
 uint64_t ObjectIndex::Impl::PendingOf(const std::string& client) {
@@ -324,6 +334,7 @@ absl::StatusOr<ObjectInfo> ObjectIndex::Describe(const std::string& key) {
 }
 IndexStats ObjectIndex::Stats() const { return impl_->Stats(); }
 uint64_t ObjectIndex::PendingOf(const std::string& client) { return impl_->PendingOf(client); }
+uint64_t ObjectIndex::PendingOfTenant(absl::string_view tenant) { return impl_->PendingOfTenant(tenant); }
 absl::Status ObjectIndex::CheckInvariants() { return impl_->CheckInvariants(); }
 
 }  // namespace tierkv::master

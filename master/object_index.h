@@ -369,6 +369,9 @@ class ObjectIndex {
   TenantTable& tenants();
   // PENDING objects put by `client` (PutStart without PutEnd, revoke or timeout).
   uint64_t PendingOf(const std::string& client);
+  // PENDING objects put by every client of `tenant` (the TenantOf of their
+  // PutItem::client).
+  uint64_t PendingOfTenant(absl::string_view tenant);
 
   // Checks internal invariants (slot/set agreement, list membership, child
   // counts); INTERNAL naming the first violation. For tests and start-up.

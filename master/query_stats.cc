@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "absl/hash/hash.h"
 #include "master/tenants.h"
@@ -142,12 +143,16 @@ void QueryStats::NoteStored(const std::vector<std::string>& keys) {
   if (sketch_fp_metric_ != nullptr) sketch_fp_metric_->Set(sketch_->FalsePositiveRate());
 }
 
-QueryStats::Entry& QueryStats::EntryFor(std::map<std::string, Entry>* map, const std::string& name,
-                                        size_t cap, const Families& f, const char* label) {
+QueryStats::Entry& QueryStats::EntryFor(std::map<std::string, Entry>* map, std::map<std::string, size_t>* rows,
+                                        const std::string& name, size_t cap, const Families& f, const char* label) {
   auto it = map->find(name);
   if (it != map->end()) return it->second;
-  const std::string kept = map->size() < cap ? name : std::string("other");
-  it = map->try_emplace(kept).first;
+  const absl::string_view tenant = TenantOf(name);
+  size_t& held = (*rows)[std::string(tenant)];
+  const std::string kept = held < cap ? name : TenantKey(tenant, "other");
+  bool added = false;
+  std::tie(it, added) = map->try_emplace(kept);
+  if (added) ++held;
   Entry& e = it->second;
   if (f.asked != nullptr && e.metrics[0].asked == nullptr) {
     for (int k = 0; k < kKinds; ++k) {
@@ -211,7 +216,7 @@ void QueryStats::Record(const std::string& client, Kind kind, const std::vector<
   }
   const std::string name = client.empty() ? "unnamed" : client;
   MutexLock lock(&mu_);
-  Add(&EntryFor(&clients_, name, options_.max_clients, client_families_, "client"), kind, call, epoch);
+  Add(&EntryFor(&clients_, &client_rows_, name, options_.max_clients, client_families_, "client"), kind, call, epoch);
   if (!options_.key_prefix_separator.empty()) {
     // Keys of one call usually share a prefix: add runs, not keys.
     for (size_t i = 0; i < keys.size();) {
@@ -223,7 +228,7 @@ void QueryStats::Record(const std::string& client, Kind kind, const std::vector<
         run_counts.possible += per_key[i].possible;
         run_counts.bytes_found += per_key[i].bytes_found;
       }
-      Add(&EntryFor(&prefixes_, prefix, options_.max_prefixes, prefix_families_, "prefix"), kind, run_counts,
+      Add(&EntryFor(&prefixes_, &prefix_rows_, prefix, options_.max_prefixes, prefix_families_, "prefix"), kind, run_counts,
           epoch);
     }
   }

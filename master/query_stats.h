@@ -20,9 +20,11 @@
 // with `tenant` and the name, and /v1/stats shows a tenant's caller its own.
 //
 // Thread-safe. At most `max_clients` clients and `max_prefixes` prefixes
-// are kept by name; later ones count under "other", so a flood of client
-// ids or keys cannot grow the master or the metrics without bound. The
-// sketch is lock-free.
+// of each tenant are kept by name; later ones count under that tenant's
+// "other", so a flood of client ids or keys cannot grow the master or the
+// metrics without bound, and one tenant's flood pushes no other tenant's
+// rows out (tenants come from credentials, so they are bounded by the
+// token file). The sketch is lock-free.
 #pragma once
 
 #include <array>
@@ -145,8 +147,10 @@ class QueryStats {
     metrics::Family<metrics::Counter>* bytes_found = nullptr;
   };
   int64_t Epoch(absl::Time now) const;
-  Entry& EntryFor(std::map<std::string, Entry>* map, const std::string& name, size_t cap,
-                  const Families& f, const char* label) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Rows per tenant in `map`, counted in `rows`: at most `cap` by name per
+  // tenant, the rest under that tenant's "other".
+  Entry& EntryFor(std::map<std::string, Entry>* map, std::map<std::string, size_t>* rows, const std::string& name,
+                  size_t cap, const Families& f, const char* label) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Add(Entry* e, Kind kind, const Counts& c, int64_t epoch);
   static Row RowOf(const std::string& name, const Entry& e, int64_t epoch);
 
@@ -162,6 +166,8 @@ class QueryStats {
   mutable Mutex mu_;
   std::map<std::string, Entry> clients_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Entry> prefixes_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, size_t> client_rows_ ABSL_GUARDED_BY(mu_);  // per tenant
+  std::map<std::string, size_t> prefix_rows_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tierkv::master

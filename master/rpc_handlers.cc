@@ -157,7 +157,7 @@ void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& clie
     // Given no size, the index refuses it without placing or charging it.
     if (!refused[i].ok()) items.back().size = 0;
   }
-  std::vector<PutStartOut> placed = m->PutStart(std::move(items), client);
+  std::vector<PutStartOut> placed = m->PutStart(std::move(items), client, tenant);
   for (size_t i = 0; i < placed.size(); ++i) {
     const PutStartOut& r = placed[i];
     v1::PutStartResult* out = resp->add_results();

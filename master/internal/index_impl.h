@@ -422,6 +422,7 @@ class ObjectIndex::Impl {
   absl::StatusOr<ObjectInfo> Describe(const std::string& key);
   IndexStats Stats() const;
   uint64_t PendingOf(const std::string& client);
+  uint64_t PendingOfTenant(absl::string_view tenant);
 
   // GetReplicas' lookups. Keys of SSD hits that found no room for a
   // staging extent go to *no_room, their bytes to *staged_bytes; both
@@ -654,10 +655,12 @@ class ObjectIndex::Impl {
     int64_t until_ms = 0;
   };
   void FreeDeferred(int64_t now_ms);
-  // Puts in flight per client, kept with the pending objects themselves.
+  // Puts in flight per client (its TenantKey) and per tenant, kept with
+  // the pending objects themselves.
   void CountPending(const std::string& client, int delta);
   Mutex clients_mu_;  // a leaf: taken under shard locks
   absl::flat_hash_map<std::string, uint64_t> pending_by_client_ ABSL_GUARDED_BY(clients_mu_);
+  absl::flat_hash_map<std::string, uint64_t> pending_by_tenant_ ABSL_GUARDED_BY(clients_mu_);
   Mutex deferred_mu_;  // a leaf: taken under shard locks
   std::vector<DeferredFree> deferred_ ABSL_GUARDED_BY(deferred_mu_);
   // Space of removed objects whose record deletion failed to persist: held

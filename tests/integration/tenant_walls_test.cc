@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "grpcpp/grpcpp.h"
 #include "proto/master.grpc.pb.h"
@@ -34,15 +35,17 @@ absl::Status StatusOf(const v1::ItemStatus& s) {
 
 class TenantWallsTest : public StoreClusterTest {
  protected:
-  void StartCluster() {
+  void StartCluster(std::vector<std::string> master_flags = {}) {
     dir_ = testing::MakeTempDir("tierkv-walls");
+    master_flags.push_back("--auth=token");
+    master_flags.push_back("--token-file=" + dir_ + "/tokens");
     std::ofstream(dir_ + "/tokens") << kTokens;
     std::ofstream(dir_ + "/daemon.token") << "daemon-token-0000000000\n";
     ASSERT_OK(cluster_.Start({.daemons = 1,
                               .segment_size = "64mib",
                               .segment_ttl = "30s",
                               .persist = true,
-                              .master_flags = {"--auth=token", "--token-file=" + dir_ + "/tokens"},
+                              .master_flags = master_flags,
                               .daemon_flags = {"--auth=token", "--token-file=" + dir_ + "/daemon.token"},
                               .token = "tenant-a-token-00000000"}));
     stub_ = v1::Master::NewStub(grpc::CreateChannel(cluster_.master_address(), grpc::InsecureChannelCredentials()));
@@ -208,6 +211,78 @@ TEST_F(TenantWallsTest, AReadersTokenEndsNoOtherReadersLease) {
     EXPECT_OK(WaitFor("the session's give-back to end " + k + "'s lease", absl::Seconds(5),
                       [&] { return LeaseOf(k) == 0; }));
   }
+  EXPECT_TRUE(cluster_.master().Running());
+}
+
+// Per-client limits (#5 of the walls) are a tenant's own: tenant b
+// borrowing tenant a's client id fills only its own count; rotating ids
+// meets the tenant's cap; and a flood of client ids and key prefixes
+// pushes only b's rows of the query statistics into b's "other".
+TEST_F(TenantWallsTest, ClientIdsAreCountedWithinTheirTenant) {
+  StartCluster({"--max-pending-per-client=4", "--max-pending-per-tenant=10", "--query-stats-key-prefix-separator=/",
+                "--query-stats-max-prefixes=4"});
+  const std::string b = "tenant-b-token-00000000";
+  auto put_start = [&](const std::string& token, const std::string& client, const std::string& key) {
+    v1::PutStartRequest req;
+    req.set_client_id(client);
+    v1::PutStartItem* it = req.add_items();
+    it->set_key(key);
+    it->set_size(4096);
+    it->set_replicas(1);
+    v1::PutStartResponse resp;
+    grpc::Status s = stub_->PutStart(As(token).get(), req, &resp);
+    return s.ok() ? StatusOf(resp.results(0).status()) : AsStatus(s);
+  };
+  // b holds app-a's whole per-client allowance under app-a's name...
+  for (int i = 0; i < 4; ++i) ASSERT_OK(put_start(b, "app-a", absl::StrCat("b-held-", i)));
+  absl::Status s = put_start(b, "app-a", "b-held-4");
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  // ...and a's client of that name is untouched by it.
+  for (int i = 0; i < 4; ++i) ASSERT_OK(put_start("tenant-a-token-00000000", "app-a", absl::StrCat("a-", i)));
+  // Rotating ids: b's count across ids stops at its tenant's cap.
+  for (int i = 0; i < 6; ++i) ASSERT_OK(put_start(b, absl::StrCat("rotating-", i), absl::StrCat("r-", i)));
+  s = put_start(b, "rotating-6", "r-6");
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_NE(s.message().find("tenant b has 10 puts in flight"), std::string::npos) << s;
+  auto a = Client({"tcp"});
+  ASSERT_TRUE(a);
+  ASSERT_OK(a->Put("model-a/page", ValueFor("model-a/page", 4096)));
+
+  // A flood of ids and prefixes from b, then a's first lookups.
+  for (int i = 0; i < 1100; ++i) {
+    v1::KeysRequest q;
+    q.set_client_id(absl::StrCat("flood-", i));
+    q.add_keys(absl::StrCat("prefix-", i % 50, "/page"));
+    v1::PrefixMatchResponse r;
+    ASSERT_OK(AsStatus(stub_->PrefixMatch(As(b).get(), q, &r))) << i;
+  }
+  v1::KeysRequest mine;
+  mine.set_client_id("app-a-reader");
+  mine.add_keys("model-a/page");
+  v1::PrefixMatchResponse found;
+  ASSERT_OK(AsStatus(stub_->PrefixMatch(As("tenant-a-token-00000000").get(), mine, &found)));
+  EXPECT_EQ(found.matched(), 1u);
+  absl::StatusOr<std::string> body = cluster_.HttpGet("/v1/stats", 0, "tenant-a-token-00000000");
+  ASSERT_OK(body.status());
+  nlohmann::json q = nlohmann::json::parse(*body)["queries"];
+  std::set<std::string> clients, prefixes;
+  for (const auto& r : q["clients"]) clients.insert(r["client"].get<std::string>());
+  for (const auto& r : q["prefixes"]) prefixes.insert(r["key_prefix"].get<std::string>());
+  EXPECT_TRUE(clients.count("app-a-reader")) << q["clients"].dump();
+  EXPECT_TRUE(prefixes.count("model-a")) << q["prefixes"].dump();
+  EXPECT_FALSE(clients.count("other")) << "tenant a's rows were pushed out by b's flood";
+  // b's own overflow is b's.
+  body = cluster_.HttpGet("/v1/stats", 0, b);
+  ASSERT_OK(body.status());
+  size_t b_rows = 0;
+  bool b_other = false;
+  const nlohmann::json b_view = nlohmann::json::parse(*body);
+  for (const auto& r : b_view["queries"]["clients"]) {
+    ++b_rows;
+    b_other |= r["client"] == "other";
+  }
+  EXPECT_TRUE(b_other) << b_rows << " rows";
+  EXPECT_LE(b_rows, 1026u);  // "all", 1024 named, "other"
   EXPECT_TRUE(cluster_.master().Running());
 }
 
