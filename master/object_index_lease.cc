@@ -27,13 +27,18 @@ LeaseTokens::LeaseTokens() : ctx_(EVP_CIPHER_CTX_new()) {
 LeaseTokens::~LeaseTokens() { EVP_CIPHER_CTX_free(ctx_); }
 
 std::optional<uint64_t> LeaseTokens::Tag(uint32_t slot, uint32_t gen, uint32_t seq, int64_t expiry_ms) {
-  unsigned char in[16], out[16];
-  std::memcpy(in, &slot, 4);
-  std::memcpy(in + 4, &gen, 4);
-  const uint64_t rest = uint64_t{seq} << kTagBits ^ static_cast<uint64_t>(expiry_ms);
-  std::memcpy(in + 8, &rest, 8);
+  // CBC-MAC over two blocks of fixed layout: (slot, generation, expiry),
+  // then the read number. Every field has its own bits, so no change to one
+  // can be made up by a change to another.
+  unsigned char block[16], out[16];
+  std::memcpy(block, &slot, 4);
+  std::memcpy(block + 4, &gen, 4);
+  std::memcpy(block + 8, &expiry_ms, 8);
   int len = 0;
-  if (!ok_ || EVP_EncryptUpdate(ctx_, out, &len, in, sizeof in) != 1 || len != 16) return std::nullopt;
+  if (!ok_ || EVP_EncryptUpdate(ctx_, out, &len, block, sizeof block) != 1 || len != 16) return std::nullopt;
+  std::memcpy(block, out, sizeof block);
+  for (int i = 0; i < 4; ++i) block[i] ^= static_cast<unsigned char>(seq >> (8 * i));
+  if (EVP_EncryptUpdate(ctx_, out, &len, block, sizeof block) != 1 || len != 16) return std::nullopt;
   uint64_t tag;
   std::memcpy(&tag, out, 8);
   return tag & ((uint64_t{1} << kTagBits) - 1);

@@ -226,9 +226,9 @@ struct Object {
 };
 inline constexpr uint8_t kStickyReaders = UINT8_MAX;
 // One counted read's lease token, good for one give-back: a 24-bit read
-// number of its shard in the top bits, and below it a 40-bit tag, AES-128
-// under a key the shard draws at start, of (slot, generation, read number,
-// lease expiry). Another reader's token cannot be made from one's own
+// number of its shard in the top bits, and below it a 40-bit tag, a
+// two-block AES-128 CBC-MAC under a key the shard draws at start, of
+// (slot, generation, lease expiry) and the read number. Another reader's token cannot be made from one's own
 // (nor one for a recovered index's renumbered slots), and the shard
 // remembers the tokens given back until their leases end, so sending one
 // many times ends no other reader's lease. One per shard, used under its
