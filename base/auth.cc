@@ -376,7 +376,37 @@ std::vector<std::pair<std::string, std::string>> SignTierRequest(absl::string_vi
           {"X-Tierkv-Proof", Hex(HmacSha256(session_key, TierMessage(path, time, body)))}};
 }
 
-absl::Status CheckTierRequest(absl::string_view data_key, const httplib::Request& req, absl::Time now) {
+std::string OrderSessionKey(absl::string_view data_key, absl::string_view grant) {
+  return HmacSha256(data_key, absl::StrCat("tierkv tier order v1|", grant));
+}
+
+std::string StageProof(absl::string_view data_key, absl::string_view key, uint64_t offset, uint64_t length,
+                       int64_t expiry_unix_ms) {
+  // Fixed-width fields first, so no key can be read as other numbers.
+  std::string msg = "tierkv stage v1|";
+  for (uint64_t v : {offset, length, static_cast<uint64_t>(expiry_unix_ms)}) {
+    for (int i = 0; i < 8; ++i) msg.push_back(static_cast<char>(v >> (8 * i)));
+  }
+  msg.append(key.data(), key.size());
+  return HmacSha256(data_key, msg).substr(0, 16);
+}
+
+absl::Status CheckStageProof(absl::string_view data_key, absl::string_view key, uint64_t offset, uint64_t length,
+                             int64_t expiry_unix_ms, absl::string_view proof, absl::Time now) {
+  if (proof.empty()) return absl::PermissionDeniedError("stage order: no leave from the master for this object");
+  if (now >= absl::FromUnixMillis(expiry_unix_ms) + kTierRequestSkew) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("stage order: the master's leave expired at ", absl::FormatTime(absl::FromUnixMillis(expiry_unix_ms))));
+  }
+  if (!SameSecret(proof, StageProof(data_key, key, offset, length, expiry_unix_ms))) {
+    return absl::PermissionDeniedError(
+        "stage order: the master's leave does not match this object, extent and expiry");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTierRequest(absl::string_view data_key, const httplib::Request& req, absl::Time now,
+                              TierSigner signer) {
   const std::string grant_hex = req.get_header_value("X-Tierkv-Grant");
   const std::string time = req.get_header_value("X-Tierkv-Time");
   const std::string proof_hex = req.get_header_value("X-Tierkv-Proof");
@@ -400,8 +430,12 @@ absl::Status CheckTierRequest(absl::string_view data_key, const httplib::Request
   if (now >= GrantExpiry(grant)) {
     return absl::UnauthenticatedError(absl::StrCat("tier request: grant expired at ", absl::FormatTime(GrantExpiry(grant))));
   }
-  if (!SameSecret(proof, HmacSha256(GrantSessionKey(data_key, grant), TierMessage(req.path, time, req.body)))) {
-    return absl::UnauthenticatedError("tier request: the proof does not match this segment's key and the request");
+  const std::string session_key =
+      signer == TierSigner::kMaster ? OrderSessionKey(data_key, grant) : GrantSessionKey(data_key, grant);
+  if (!SameSecret(proof, HmacSha256(session_key, TierMessage(req.path, time, req.body)))) {
+    return absl::UnauthenticatedError(signer == TierSigner::kMaster
+                                          ? "tier request: only the master may order this, and the proof is not its"
+                                          : "tier request: the proof does not match this segment's key and the request");
   }
   return absl::OkStatus();
 }

@@ -223,9 +223,31 @@ std::vector<std::pair<std::string, std::string>> SignTierRequest(absl::string_vi
                                                                  absl::string_view session_key,
                                                                  absl::string_view path, absl::string_view body,
                                                                  absl::Time now);
-// OK for a request signed as above with a grant under `data_key`;
-// UNAUTHENTICATED saying what is missing or wrong otherwise.
-absl::Status CheckTierRequest(absl::string_view data_key, const httplib::Request& req, absl::Time now);
+// Who may sign a tier request: any holder of a data grant for the
+// segment (stages), or only the master (offloads, which erase and write
+// SSD records by name). The master's session key for a grant comes from
+// the data key by another label than a grant holder's, so no client can
+// make it from the grants it is given.
+enum class TierSigner { kGrantHolder, kMaster };
+std::string OrderSessionKey(absl::string_view data_key, absl::string_view grant);
+// OK for a request signed as above with a grant under `data_key`, by a
+// holder of the session key `signer` needs; UNAUTHENTICATED saying what is
+// missing or wrong otherwise.
+absl::Status CheckTierRequest(absl::string_view data_key, const httplib::Request& req, absl::Time now,
+                              TierSigner signer = TierSigner::kGrantHolder);
+// The master's leave to stage one object: 16 bytes of HMAC-SHA256 under the
+// segment's data key over the record's key (as the index holds it, tenant
+// included), the extent it goes to and the reader's lease expiry. A
+// GetReplicas answer carries one per staging extent, the client puts it in
+// its stage order's item, and the daemon stages no item without one that
+// matches, before its expiry: a grant for the segment alone stages nothing,
+// so no tenant can copy another's record into memory it reads.
+std::string StageProof(absl::string_view data_key, absl::string_view key, uint64_t offset, uint64_t length,
+                       int64_t expiry_unix_ms);
+// OK when `proof` is StageProof of these and `now` is before the expiry
+// (give or take kTierRequestSkew); PERMISSION_DENIED otherwise.
+absl::Status CheckStageProof(absl::string_view data_key, absl::string_view key, uint64_t offset, uint64_t length,
+                             int64_t expiry_unix_ms, absl::string_view proof, absl::Time now);
 
 // --- TLS on the master's ports and the daemons' HTTP (docs/security.md, "TLS").
 //

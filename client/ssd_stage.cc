@@ -36,6 +36,9 @@ std::vector<absl::Status> StageSsdHits(const v1::GetReplicasResponse& resp, cons
       item->set_key(resp.stage_key_prefix().empty() ? keys[i] : absl::StrCat(resp.stage_key_prefix(), keys[i]));
       item->set_offset(resp.replica_offsets(r));
       item->set_length(resp.sizes(i));
+      // The master's leave for this stage, where the daemon needs one.
+      if (r < resp.stage_proofs_size()) item->set_proof(resp.stage_proofs(r));
+      if (i < resp.lease_expiry_unix_ms_size()) item->set_expiry_unix_ms(resp.lease_expiry_unix_ms(i));
       b.keys.push_back(static_cast<size_t>(i));
     }
   }

@@ -53,7 +53,9 @@ std::vector<absl::Status> OffloadOverHttp(const std::string& tier_http, const st
   httplib::Headers headers;
   if (!data_key.empty()) {
     const std::string grant = auth::NewGrant(absl::Now() + grant_ttl);
-    for (auto& [name, value] : auth::SignTierRequest(grant, auth::GrantSessionKey(data_key, grant), "/tier/offload",
+    // Signed with the master's own key for the grant, which no grant holder
+    // can make: only the master orders offloads.
+    for (auto& [name, value] : auth::SignTierRequest(grant, auth::OrderSessionKey(data_key, grant), "/tier/offload",
                                                      body, absl::Now())) {
       headers.emplace(name, value);
     }

@@ -4,6 +4,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_replace.h"
+#include "base/auth.h"
 #include "base/failpoint.h"
 
 namespace tierkv::master::rpc {
@@ -237,7 +238,8 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
   for (size_t i = 0; i < found.size(); ++i) {
     if (absl::IsUnavailable(found[i].status)) resp->add_awaiting(static_cast<uint32_t>(i));
   }
-  for (const LookupOut& r : found) {
+  for (size_t i = 0; i < found.size(); ++i) {
+    const LookupOut& r = found[i];
     uint32_t count = 0;
     if (r.status.ok()) {
       for (const ExtentOut& e : r.replicas) {
@@ -264,6 +266,13 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
           if (endpoints.find(it->second) == endpoints.end()) {
             std::optional<std::string> tier = m->registry().TierFor(e.segment_id, 0);
             endpoints[it->second] = tier.value_or("");
+          }
+          // The daemon stages nothing without the master's leave for this
+          // object, extent and lease (auth::StageProof).
+          std::optional<std::string> data_key = m->registry().DataKeyOf(resp->segments(static_cast<int>(it->second)));
+          if (data_key.has_value() && !data_key->empty()) {
+            while (resp->stage_proofs_size() + 1 < resp->replica_offsets_size()) resp->add_stage_proofs("");
+            resp->add_stage_proofs(auth::StageProof(*data_key, keys[i], e.offset, r.size, absl::ToUnixMillis(r.lease_expiry)));
           }
         }
         ++count;

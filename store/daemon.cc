@@ -346,11 +346,14 @@ void StoreDaemon::TierSize(Message* m) const {
 
 void StoreDaemon::ServeTierMove(const httplib::Request& req, httplib::Response& res, bool offload) {
   // With --auth token the segment has a data key: orders that copy between
-  // the tier and served memory need the same grant a transfer does (signed
-  // by the master for offloads).
+  // the tier and served memory need the same grant a transfer does, and
+  // offloads, which erase and write records by name, the master's own key.
   absl::StatusOr<std::string> key = engine_->SegmentDataKey(lender_->name());
+  const bool needs_leave = key.ok() && !key->empty();
   if (!key.ok() || !key->empty()) {
-    absl::Status ok = key.ok() ? auth::CheckTierRequest(*key, req, absl::Now()) : key.status();
+    absl::Status ok = key.ok() ? auth::CheckTierRequest(*key, req, absl::Now(),
+                                                        offload ? auth::TierSigner::kMaster : auth::TierSigner::kGrantHolder)
+                               : key.status();
     if (!ok.ok()) {
       res.status = 401;
       res.set_content(absl::StrCat(ok.message(), "\n"), "text/plain");
@@ -393,7 +396,26 @@ void StoreDaemon::ServeTierMove(const httplib::Request& req, httplib::Response& 
       constexpr int64_t kLongestMs = 24 * 3600 * 1000;
       deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::min(within_ms, kLongestMs));
     }
-    std::vector<absl::StatusOr<uint64_t>> got = StageFromSsd(moves, deadline);
+    // A grant for the segment is not leave to stage a given object: each
+    // item needs the master's leave for its key, extent and lease, so no
+    // tenant can copy another's record into memory it reads.
+    std::vector<absl::StatusOr<uint64_t>> got(moves.size(), absl::InternalError("not staged"));
+    std::vector<TierMove> allowed;
+    std::vector<size_t> at;
+    for (size_t i = 0; i < moves.size(); ++i) {
+      const v1::TierMoveItem& it = in.items(static_cast<int>(i));
+      absl::Status leave = needs_leave ? auth::CheckStageProof(*key, it.key(), it.offset(), it.length(),
+                                                               it.expiry_unix_ms(), it.proof(), absl::Now())
+                                       : absl::OkStatus();
+      if (!leave.ok()) {
+        got[i] = leave;
+        continue;
+      }
+      allowed.push_back(moves[i]);
+      at.push_back(i);
+    }
+    std::vector<absl::StatusOr<uint64_t>> staged = StageFromSsd(allowed, deadline);
+    for (size_t j = 0; j < at.size() && j < staged.size(); ++j) got[at[j]] = std::move(staged[j]);
     for (size_t i = 0; i < got.size(); ++i) {
       // The reader's extent is the object's size: a record of another
       // size is not this object's value.

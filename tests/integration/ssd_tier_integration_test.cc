@@ -397,10 +397,13 @@ TEST_F(SsdDaemonTest, PagesEvictedFromDramAreServedFromSsd) {
 }
 
 // The same cluster with --auth token everywhere: the master signs its
-// offload orders and clients their stage orders with grants for the
-// daemon's segment, so every page still reads back from SSD; an order
-// that is unsigned, signed with another key, altered or stale is refused
-// 401 and moves nothing.
+// offload orders with its own key and clients their stage orders with
+// grants for the daemon's segment, each item with the master's leave for
+// that object, so every page still reads back from SSD; an order that is
+// unsigned, signed with another key, altered or stale is refused 401, an
+// offload signed by a grant holder too, and a stage item without the
+// master's leave for its key, extent and lease is refused and moves
+// nothing.
 class SsdDaemonAuthTest : public SsdDaemonTest {
  protected:
   void SetUp() override {
@@ -414,10 +417,12 @@ class SsdDaemonAuthTest : public SsdDaemonTest {
                               .token = "ssd-client-token-000000"}));
     extra_daemon_args_ = {"--auth=token", "--token-file=" + dir_ + "/daemon.token"};
   }
-  int Post(const std::string& path, const std::string& body, const httplib::Headers& headers) {
+  int Post(const std::string& path, const std::string& body, const httplib::Headers& headers,
+           v1::TierMoveResponse* answer = nullptr) {
     httplib::Client cli("127.0.0.1", daemon_->port("http"));
     cli.set_read_timeout(std::chrono::seconds(5));
     auto res = cli.Post(path, headers, body, "application/x-protobuf");
+    if (res && answer != nullptr) EXPECT_TRUE(answer->ParseFromString(res->body));
     return res ? res->status : -1;
   }
 };
@@ -426,6 +431,7 @@ TEST_F(SsdDaemonAuthTest, SignedTierOrdersMovePagesAndOthersAreRefused) {
   std::vector<std::string> keys, values;
   ASSERT_NO_FATAL_FAILURE(StartAndFill(&keys, &values));
   EXPECT_GT(Metric(Get("/metrics"), "tierkv_store_ssd_records"), 100);  // the master's signed offloads landed
+  // Every page reads back, staged with the master's leave for each.
   for (size_t i = 0; i < keys.size(); ++i) {
     absl::StatusOr<std::string> got = GetOnceStaged(keys[i]);
     ASSERT_OK(got.status()) << keys[i];
@@ -441,9 +447,10 @@ TEST_F(SsdDaemonAuthTest, SignedTierOrdersMovePagesAndOthersAreRefused) {
   const std::string body = order.SerializeAsString();
   ASSERT_OK_AND_ASSIGN(v1::DataGrant g, client_->master().GrantData("ssd-daemon"));
   ASSERT_FALSE(g.grant().empty());
-  auto signed_by = [&](const std::string& session_key, const std::string& signed_body, absl::Time at) {
+  auto signed_by = [&](const std::string& session_key, const std::string& signed_body, absl::Time at,
+                       const std::string& path = "/tier/stage") {
     httplib::Headers h;
-    for (auto& [name, value] : auth::SignTierRequest(g.grant(), session_key, "/tier/stage", signed_body, at)) {
+    for (auto& [name, value] : auth::SignTierRequest(g.grant(), session_key, path, signed_body, at)) {
       h.emplace(name, value);
     }
     return h;
@@ -453,9 +460,57 @@ TEST_F(SsdDaemonAuthTest, SignedTierOrdersMovePagesAndOthersAreRefused) {
   EXPECT_EQ(Post("/tier/stage", body, signed_by(std::string(32, 'x'), body, absl::Now())), 401);
   EXPECT_EQ(Post("/tier/stage", body, signed_by(g.session_key(), "another body", absl::Now())), 401);
   EXPECT_EQ(Post("/tier/stage", body, signed_by(g.session_key(), body, absl::Now() - absl::Minutes(5))), 401);
-  // A stage signed for /tier/stage does not pass as an offload.
+  // A stage signed for /tier/stage does not pass as an offload, and no
+  // grant holder can sign an offload (which erases and writes records by
+  // name): only the master's key can.
   EXPECT_EQ(Post("/tier/offload", body, signed_by(g.session_key(), body, absl::Now())), 401);
-  EXPECT_EQ(Post("/tier/stage", body, signed_by(g.session_key(), body, absl::Now())), 200);
+  EXPECT_EQ(Post("/tier/offload", body, signed_by(g.session_key(), body, absl::Now(), "/tier/offload")), 401);
+
+  // A grant for the segment is not leave to stage an object: an item needs
+  // the master's proof for its key, extent and lease. Take a real one
+  // from a GetReplicas answer that stages a page on SSD...
+  v1::GetReplicasResponse staged;
+  size_t hit = 0;
+  ASSERT_OK(WaitFor("a lookup that stages a page", absl::Seconds(5), [&] {
+    for (hit = keys.size(); hit-- > 0;) {
+      absl::StatusOr<v1::GetReplicasResponse> r = client_->master().GetReplicas({keys[hit]});
+      if (r.ok() && r->stage_proofs_size() > 0 && !r->stage_proofs(0).empty()) {
+        staged = *r;
+        return true;
+      }
+    }
+    return false;
+  }));
+  const size_t other = hit == 0 ? 1 : 0;
+  auto stage = [&](const std::string& key, uint64_t offset, const std::string& proof, int64_t expiry) {
+    v1::TierMoveRequest o;
+    v1::TierMoveItem* it = o.add_items();
+    it->set_key(key);
+    it->set_offset(offset);
+    it->set_length(staged.sizes(0));
+    it->set_proof(proof);
+    it->set_expiry_unix_ms(expiry);
+    const std::string b = o.SerializeAsString();
+    v1::TierMoveResponse answer;
+    EXPECT_EQ(Post("/tier/stage", b, signed_by(g.session_key(), b, absl::Now()), &answer), 200);
+    return answer.status_size() == 1 ? absl::Status(static_cast<absl::StatusCode>(answer.status(0).code()),
+                                                    answer.status(0).message())
+                                     : absl::InternalError("no item status");
+  };
+  const std::string& proof = staged.stage_proofs(0);
+  const uint64_t offset = staged.replica_offsets(0);
+  const int64_t expiry = staged.lease_expiry_unix_ms(0);
+  EXPECT_OK(stage(keys[hit], offset, proof, expiry));  // what the reader itself sends
+  // ...and it moves to no other key, extent or expiry, nor is one made up.
+  EXPECT_TRUE(absl::IsPermissionDenied(stage(keys[hit], offset, "", expiry)));
+  EXPECT_TRUE(absl::IsPermissionDenied(stage(keys[hit], offset, std::string(16, 'x'), expiry)));
+  EXPECT_TRUE(absl::IsPermissionDenied(stage(keys[other], offset, proof, expiry)));
+  EXPECT_TRUE(absl::IsPermissionDenied(stage(keys[hit], offset + 4096, proof, expiry)));
+  EXPECT_TRUE(absl::IsPermissionDenied(stage(keys[hit], offset, proof, expiry + 60'000)));
+  v1::TierMoveResponse answer;  // the order with no leave at all: nothing staged
+  EXPECT_EQ(Post("/tier/stage", body, signed_by(g.session_key(), body, absl::Now()), &answer), 200);
+  ASSERT_EQ(answer.status_size(), 1);
+  EXPECT_EQ(answer.status(0).code(), static_cast<int>(absl::StatusCode::kPermissionDenied)) << answer.status(0).message();
   EXPECT_TRUE(daemon_->Running());
 }
 

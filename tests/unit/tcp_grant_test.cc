@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "base/auth.h"
 #include "base/net/socket.h"
+#include "httplib.h"
 #include "tests/support/status_matchers.h"
 #include "transport/engine.h"
 #include "transport/memory.h"
@@ -253,3 +254,46 @@ TEST(DataGrantCryptoTest, ProofsBindTheKeyTheNonceAndTheSegment) {
 
 }  // namespace
 }  // namespace tierkv::transport::tcp
+
+namespace tierkv::auth {
+namespace {
+
+// The keys behind tier orders: a grant holder's session key signs stages
+// only, the master's order key (made from the data key by another label)
+// offloads; a stage item's leave covers its key, extent and expiry, each
+// of which changed refuses it.
+TEST(TierOrderKeysTest, OnlyTheMastersKeyOrdersAndALeaveFitsOneObject) {
+  const std::string data_key(32, 'k');
+  const std::string grant = NewGrant(absl::Now() + absl::Minutes(1));
+  EXPECT_NE(OrderSessionKey(data_key, grant), GrantSessionKey(data_key, grant));
+  httplib::Request req;
+  req.path = "/tier/offload";
+  req.body = "orders";
+  auto sign = [&](const std::string& session_key) {
+    req.headers.clear();
+    for (auto& [name, value] : SignTierRequest(grant, session_key, req.path, req.body, absl::Now())) {
+      req.headers.emplace(name, value);
+    }
+  };
+  sign(GrantSessionKey(data_key, grant));
+  EXPECT_OK(CheckTierRequest(data_key, req, absl::Now(), TierSigner::kGrantHolder));
+  EXPECT_FALSE(CheckTierRequest(data_key, req, absl::Now(), TierSigner::kMaster).ok());
+  sign(OrderSessionKey(data_key, grant));
+  EXPECT_OK(CheckTierRequest(data_key, req, absl::Now(), TierSigner::kMaster));
+
+  const int64_t expiry = absl::ToUnixMillis(absl::Now() + absl::Seconds(5));
+  const std::string leave = StageProof(data_key, std::string("a\0page", 6), 4096, 65536, expiry);
+  EXPECT_OK(CheckStageProof(data_key, std::string("a\0page", 6), 4096, 65536, expiry, leave, absl::Now()));
+  EXPECT_FALSE(CheckStageProof(data_key, std::string("b\0page", 6), 4096, 65536, expiry, leave, absl::Now()).ok());
+  EXPECT_FALSE(CheckStageProof(data_key, std::string("a\0page", 6), 0, 65536, expiry, leave, absl::Now()).ok());
+  EXPECT_FALSE(CheckStageProof(data_key, std::string("a\0page", 6), 4096, 4096, expiry, leave, absl::Now()).ok());
+  EXPECT_FALSE(CheckStageProof(data_key, std::string("a\0page", 6), 4096, 65536, expiry + 1, leave, absl::Now()).ok());
+  EXPECT_FALSE(CheckStageProof(std::string(32, 'o'), std::string("a\0page", 6), 4096, 65536, expiry, leave, absl::Now()).ok());
+  EXPECT_FALSE(CheckStageProof(data_key, std::string("a\0page", 6), 4096, 65536, expiry, "", absl::Now()).ok());
+  // Past its expiry (and the clocks' allowance) a leave stages nothing.
+  EXPECT_FALSE(CheckStageProof(data_key, std::string("a\0page", 6), 4096, 65536, expiry, leave,
+                               absl::FromUnixMillis(expiry) + kTierRequestSkew + absl::Seconds(1)).ok());
+}
+
+}  // namespace
+}  // namespace tierkv::auth
