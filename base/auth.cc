@@ -394,7 +394,9 @@ std::string StageProof(absl::string_view data_key, absl::string_view key, uint64
 absl::Status CheckStageProof(absl::string_view data_key, absl::string_view key, uint64_t offset, uint64_t length,
                              int64_t expiry_unix_ms, absl::string_view proof, absl::Time now) {
   if (proof.empty()) return absl::PermissionDeniedError("stage order: no leave from the master for this object");
-  if (now >= absl::FromUnixMillis(expiry_unix_ms) + kTierRequestSkew) {
+  // No allowance past the expiry: the master may hand the extent to
+  // another put soon after the lease ends.
+  if (now >= absl::FromUnixMillis(expiry_unix_ms)) {
     return absl::PermissionDeniedError(
         absl::StrCat("stage order: the master's leave expired at ", absl::FormatTime(absl::FromUnixMillis(expiry_unix_ms))));
   }

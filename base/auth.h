@@ -244,8 +244,8 @@ absl::Status CheckTierRequest(absl::string_view data_key, const httplib::Request
 // so no tenant can copy another's record into memory it reads.
 std::string StageProof(absl::string_view data_key, absl::string_view key, uint64_t offset, uint64_t length,
                        int64_t expiry_unix_ms);
-// OK when `proof` is StageProof of these and `now` is before the expiry
-// (give or take kTierRequestSkew); PERMISSION_DENIED otherwise.
+// OK when `proof` is StageProof of these and `now` is before the expiry;
+// PERMISSION_DENIED otherwise.
 absl::Status CheckStageProof(absl::string_view data_key, absl::string_view key, uint64_t offset, uint64_t length,
                              int64_t expiry_unix_ms, absl::string_view proof, absl::Time now);
 

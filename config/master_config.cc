@@ -87,6 +87,8 @@ const FlagTable<MasterConfig>& MasterFlags() {
                      "most puts all clients of one tenant may have between PutStart and PutEnd; 0: no cap"),
           IntFlag<C>("max-reservations-per-client", &C::max_reservations_per_client, "65536", 0, 1ll << 32,
                      "most values one client's read sessions may hold reserved at once; 0: no cap"),
+          IntFlag<C>("max-reservations-per-tenant", &C::max_reservations_per_tenant, "1048576", 0, 1ll << 40,
+                     "most values all clients of one tenant may hold reserved at once; 0: no cap"),
           StringFlag<C>("query-stats-key-prefix-separator", &C::query_stats_key_prefix_separator, "",
                         "query stats also count per key prefix: the part of a key before the first "
                         "occurrence of this string (\"llama3@...\" -> \"llama3\" for \"@\"); empty: "

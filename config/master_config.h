@@ -42,6 +42,7 @@ struct MasterConfig {
   int64_t max_pending_per_client = 0;
   int64_t max_pending_per_tenant = 0;
   int64_t max_reservations_per_client = 0;
+  int64_t max_reservations_per_tenant = 0;
   std::string query_stats_key_prefix_separator;
   int64_t query_stats_max_prefixes = 0;
   uint64_t hit_bound_sketch_bytes = 0;

@@ -79,6 +79,7 @@ json ReservationsJson(Master* master) {
   return {{"held", t.held},
           {"clients", t.clients},
           {"cap_per_client", master->reservations().cap()},
+          {"cap_per_tenant", master->reservations().tenant_cap()},
           {"refused", t.refused},
           {"lookup_shortfalls", t.shortfalls}};
 }

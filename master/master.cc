@@ -200,8 +200,9 @@ std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments
     }
     bool restored = false, same_ssd = false;
     std::optional<uint32_t> replaced;
+    std::string owner;
     absl::StatusOr<uint32_t> id =
-        registry_.Mount(spec, clock_->Now(), &restored, &replaced, options_.segment_ttl, &same_ssd, actor);
+        registry_.Mount(spec, clock_->Now(), &restored, &replaced, options_.segment_ttl, &same_ssd, actor, &owner);
     if (!id.ok()) {
       out.push_back(id.status());
       continue;
@@ -215,7 +216,7 @@ std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments
                      false, keep);
     }
     SegmentSpec owned = spec;
-    owned.owner = registry_.OwnerOf(*id);
+    owned.owner = owner;
     absl::Status st = store_->Write({{absl::StrCat(kSegmentPrefix, spec.name), EncodeSegment(owned), false}});
     if (!st.ok()) TKV_LOG(ERROR) << "persisting segment " << spec.name << ": " << st;
     TKV_LOG(INFO) << (restored ? "re-mounted " : "mounted ") << spec.name << " ("
@@ -237,7 +238,7 @@ std::vector<absl::Status> Master::Unmount(const std::vector<std::string>& names,
       out.push_back(may);
       continue;
     }
-    if (keep_ssd && options_.ssd_grace > absl::ZeroDuration() && registry_.MakeDormant(name, clock_->Now())) {
+    if (keep_ssd && options_.ssd_grace > absl::ZeroDuration() && registry_.MakeDormant(name, clock_->Now(), actor)) {
       uint32_t id = *registry_.IdOf(name);
       DropSegmentIds({id}, absl::StrCat(name, " stopped to restart (its SSD replicas kept)"), true, {{id, id}});
       out.push_back(absl::OkStatus());
@@ -363,7 +364,7 @@ std::vector<PutStartOut> Master::PutStart(std::vector<PutItem> items, const std:
                                           const std::string& tenant) {
   // Concurrent PutStarts may overshoot a cap by a batch: caps on runaway
   // writers, not exact quotas.
-  const std::string counted_as = TenantKey(tenant, client);
+  const std::string counted_as = ClientKey(tenant, client);
   auto refuse = [&](absl::Status why) {
     pending_refused_->Increment(static_cast<double>(items.size()));
     return std::vector<PutStartOut>(items.size(), PutStartOut{std::move(why), {}});
@@ -376,7 +377,9 @@ std::vector<PutStartOut> Master::PutStart(std::vector<PutItem> items, const std:
                        " more would pass the cap of ", cap, " (--max-pending-per-client)")));
     }
   }
-  if (const uint64_t cap = options_.max_pending_per_tenant; cap > 0) {
+  // Without authentication every caller is the default tenant: a tenant
+  // cap would be a new cluster-wide cap, so it applies only with tenants.
+  if (const uint64_t cap = options_.max_pending_per_tenant; cap > 0 && options_.callers_authenticated) {
     const uint64_t held = index_->PendingOfTenant(tenant);
     if (held + items.size() > cap) {
       return refuse(absl::ResourceExhaustedError(

@@ -42,11 +42,13 @@ struct MasterOptions {
   uint64_t max_pending_per_client = 65536;
   // Most puts all clients of one tenant may hold so (0: no cap): a client
   // id is the client's to choose, so the per-client cap alone is escaped
-  // by rotating ids.
+  // by rotating ids. Applied only with callers_authenticated (tenants).
   uint64_t max_pending_per_tenant = 1 << 20;
   // Most reservations (read sessions' counted leases) one client may hold
   // (0: no cap); see master/reservations.h.
   uint64_t max_reservations_per_client = 65536;
+  // And all clients of one tenant (0: no cap), which rotating ids cannot escape.
+  uint64_t max_reservations_per_tenant = 1 << 20;
   // What clients ask and find, and the bound on it (see QueryStats).
   QueryStatsOptions queries;
   // KV events for routers (master/kv_events.h); off while endpoint is empty.
@@ -236,7 +238,9 @@ class Master {
   // by the time a Master is destroyed.
   std::unique_ptr<KvEventPublisher> kv_events_;
   std::unique_ptr<QueryStats> queries_;
-  Reservations reservations_{options_.max_reservations_per_client};
+  // The tenant cap only with authentication (see PutStart).
+  Reservations reservations_{options_.max_reservations_per_client,
+                             options_.callers_authenticated ? options_.max_reservations_per_tenant : 0};
   metrics::Counter* segments_dropped_ = nullptr;
   // Drawn at each start, so a restarted master does not repeat its
   // predecessor's values; bumped before the index drops a segment's replicas.

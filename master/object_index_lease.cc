@@ -147,13 +147,22 @@ size_t ObjectIndex::Impl::ReleaseLeases(const std::vector<LeaseRelease>& release
       continue;
     }
     ++applied;
-    if (--o.readers > 0 || o.hard_lease) continue;
+    if (--o.readers > 0 || o.hard_lease || StagedUnderGrants(o)) continue;
     if (leases_.Counted(o.deadline_ms, now_ms)) leases_.Remove(leases_.TickOf(o.deadline_ms));
     o.deadline_ms = 0;
     o.released = true;
   }
   leases_released_.fetch_add(applied, std::memory_order_relaxed);
   return applied;
+}
+
+bool ObjectIndex::Impl::StagedUnderGrants(const Object& o) const {
+  for (const Replica& r : o.replicas) {
+    if (!r.stage) continue;
+    std::optional<std::string> key = registry_->DataKeyOfId(r.segment_id);
+    if (key.has_value() && !key->empty()) return true;
+  }
+  return false;
 }
 
 void ObjectIndex::Impl::HoldStagedCopy(const Replica& r, const Object& o, int64_t now_ms) {

@@ -8,7 +8,10 @@
 // client's counted reads under memory pressure give back through the same
 // path), so the count per client is a bound on a runaway reader, not an
 // exact quota: it errs low, and concurrent requests of one client may
-// overshoot the cap by a batch.
+// overshoot the cap by a batch. Clients are named by TenantKey(tenant, id)
+// and a tenant's clients together are held to a cap of their own, since
+// an id is the client's to choose: rotating ids escapes only the
+// per-client cap.
 //
 //   Reservations r(65536);
 //   uint64_t room = r.Room(client, now_ms);      // before a counted lookup
@@ -30,11 +33,11 @@ namespace tierkv::master {
 
 class Reservations {
  public:
-  // At most `cap` held per client; 0: no cap.
-  explicit Reservations(uint64_t cap) : cap_(cap) {}
+  // At most `cap` held per client and `tenant_cap` per tenant; 0: no cap.
+  explicit Reservations(uint64_t cap, uint64_t tenant_cap = 0) : cap_(cap), tenant_cap_(tenant_cap) {}
 
-  // How many more `client` may take now: cap less what it holds (unbounded
-  // without a cap).
+  // How many more `client` (a TenantKey) may take now: the least of its
+  // cap and its tenant's, less what each holds (unbounded without caps).
   uint64_t Room(const std::string& client, int64_t now_ms);
   // `client` took `n` reservations whose leases end at `expiry_ms`.
   void Take(const std::string& client, uint64_t n, int64_t expiry_ms);
@@ -52,6 +55,7 @@ class Reservations {
   };
   Totals totals(int64_t now_ms);
   uint64_t cap() const { return cap_; }
+  uint64_t tenant_cap() const { return tenant_cap_; }
 
  private:
   struct Held {
@@ -59,10 +63,16 @@ class Reservations {
     uint64_t total = 0;
   };
   static void Expire(Held& h, int64_t now_ms);
+  // What `cap` leaves beside `of`'s entry in `held` (erased once empty).
+  static uint64_t RoomIn(absl::flat_hash_map<std::string, Held>& held, const std::string& of, uint64_t cap,
+                         int64_t now_ms);
+  static void TakeIn(Held& h, uint64_t n, int64_t expiry_ms);
+  static void GiveIn(absl::flat_hash_map<std::string, Held>& held, const std::string& of, uint64_t n, int64_t now_ms);
 
-  const uint64_t cap_;
+  const uint64_t cap_, tenant_cap_;
   Mutex mu_;
   absl::flat_hash_map<std::string, Held> clients_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Held> tenants_ ABSL_GUARDED_BY(mu_);
   uint64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t shortfalls_ ABSL_GUARDED_BY(mu_) = 0;
 };

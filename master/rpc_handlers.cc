@@ -75,7 +75,7 @@ void ApplyReleases(Master* m, const Request& req, const std::string& tenant) {
   if (req.cache_hit_keys_size() > 0) {
     std::vector<std::string> keys = Keys(req.cache_hit_keys(), tenant);
     std::vector<KeyHit> hits = m->index().NoteCachedReads(keys);
-    m->queries().Record(TenantKey(tenant, req.client_id()), QueryStats::kGet, keys, hits, m->clock()->Now());
+    m->queries().Record(ClientKey(tenant, req.client_id()), QueryStats::kGet, keys, hits, m->clock()->Now());
   }
   if (req.shortfalls() > 0) m->reservations().NoteShortfalls(req.shortfalls());
   const int n = std::min({req.released_keys_size(), req.released_tokens_size(), req.released_expiry_unix_ms_size()});
@@ -86,7 +86,7 @@ void ApplyReleases(Master* m, const Request& req, const std::string& tenant) {
     releases.push_back({TenantKey(tenant, req.released_keys(i)), req.released_tokens(i), req.released_expiry_unix_ms(i)});
   }
   const size_t applied = m->index().ReleaseLeases(releases);
-  m->reservations().Give(TenantKey(tenant, req.client_id()), applied, absl::ToUnixMillis(m->clock()->Now()));
+  m->reservations().Give(ClientKey(tenant, req.client_id()), applied, absl::ToUnixMillis(m->clock()->Now()));
 }
 
 }  // namespace
@@ -202,7 +202,7 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
     // A read session's reservations, up to its client's cap; the keys past
     // it are refused whole rather than leased uncounted, which would pin
     // them for the whole lease with no way to give them back.
-    const std::string client = TenantKey(tenant, req.client_id());
+    const std::string client = ClientKey(tenant, req.client_id());
     const uint64_t room = m->reservations().Room(client, absl::ToUnixMillis(m->clock()->Now()));
     const size_t admit = static_cast<size_t>(std::min<uint64_t>(room, keys.size()));
     std::vector<std::string> admitted(keys.begin(), keys.begin() + static_cast<ptrdiff_t>(admit));
@@ -269,7 +269,7 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
           }
           // The daemon stages nothing without the master's leave for this
           // object, extent and lease (auth::StageProof).
-          std::optional<std::string> data_key = m->registry().DataKeyOf(resp->segments(static_cast<int>(it->second)));
+          std::optional<std::string> data_key = m->registry().DataKeyOfId(e.segment_id);
           if (data_key.has_value() && !data_key->empty()) {
             while (resp->stage_proofs_size() + 1 < resp->replica_offsets_size()) resp->add_stage_proofs("");
             resp->add_stage_proofs(auth::StageProof(*data_key, keys[i], e.offset, r.size, absl::ToUnixMillis(r.lease_expiry)));
@@ -299,7 +299,7 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
   for (size_t i = 0; i < found.size(); ++i) {
     if (resp->sizes(static_cast<int>(i)) > 0) hits[i] = {true, found[i].size, found[i].idle_s};
   }
-  m->queries().Record(TenantKey(tenant, req.client_id()), QueryStats::kGet, keys, hits, m->clock()->Now());
+  m->queries().Record(ClientKey(tenant, req.client_id()), QueryStats::kGet, keys, hits, m->clock()->Now());
 }
 
 void Exists(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::ExistsResponse* resp) {
@@ -307,7 +307,7 @@ void Exists(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1
   std::vector<std::string> keys = Keys(req.keys(), tenant);
   std::vector<KeyHit> hits;
   for (bool b : m->index().Exists(keys, &hits)) resp->add_present(b);
-  m->queries().Record(TenantKey(tenant, req.client_id()), QueryStats::kExists, keys, hits, m->clock()->Now());
+  m->queries().Record(ClientKey(tenant, req.client_id()), QueryStats::kExists, keys, hits, m->clock()->Now());
 }
 
 void PrefixMatch(Master* m, const v1::KeysRequest& req, const std::string& tenant, v1::PrefixMatchResponse* resp) {
@@ -316,7 +316,7 @@ void PrefixMatch(Master* m, const v1::KeysRequest& req, const std::string& tenan
   std::vector<KeyHit> hits;
   const size_t matched = m->index().PrefixMatch(keys, &hits);
   resp->set_matched(static_cast<uint32_t>(matched));
-  m->queries().Record(TenantKey(tenant, req.client_id()), QueryStats::kPrefix, keys, hits, m->clock()->Now());
+  m->queries().Record(ClientKey(tenant, req.client_id()), QueryStats::kPrefix, keys, hits, m->clock()->Now());
 }
 
 void Remove(Master* m, const v1::RemoveRequest& req, const std::string& tenant, v1::KeysResponse* resp) {

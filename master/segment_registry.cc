@@ -113,7 +113,7 @@ absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::T
                                                 bool* restored,
                                                 std::optional<uint32_t>* replaced_id,
                                                 absl::Duration live_within, bool* same_ssd,
-                                                const SegmentActor& actor) {
+                                                const SegmentActor& actor, std::string* owner) {
   if (spec.name.empty()) return absl::InvalidArgumentError("segment name is empty");
   if (spec.capacity < alignment_) {
     return absl::InvalidArgumentError(
@@ -125,11 +125,20 @@ absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::T
   SegmentSpec owned = spec;
   owned.owner = actor.admin ? std::string() : actor.identity;
   MutexLock lock(&mu_);
+  if (!spec.tier_http.empty() && TierTakenLocked(spec.tier_http, spec.name)) {
+    return absl::PermissionDeniedError(absl::StrCat("segment ", spec.name, ": another segment serves the SSD tier at ",
+                                                    spec.tier_http));
+  }
+  if (owner != nullptr) *owner = owned.owner;
   if (auto it = by_name_.find(spec.name); it != by_name_.end()) {
     Segment& seg = by_id_.at(it->second);
     // Checked under the lock that the mount takes, so no other mount can
     // slip in between.
-    if (!actor.MayChange(seg.spec.owner)) return NotOwner(spec.name, seg.spec.owner, actor);
+    const bool same_daemon = (!spec.data_key.empty() && spec.data_key == seg.spec.data_key) ||
+                             (!spec.ssd_id.empty() && spec.ssd_id == seg.spec.ssd_id);
+    if (!actor.MayChange(seg.spec.owner) && !(seg.spec.owner.empty() && same_daemon)) {
+      return NotOwner(spec.name, seg.spec.owner, actor);
+    }
     if (actor.admin) owned.owner = seg.spec.owner;
     if (seg.spec.incarnation == spec.incarnation && seg.spec.capacity == spec.capacity && !seg.dormant) {
       Unfile(seg);  // the host may be another
@@ -196,7 +205,11 @@ void SegmentRegistry::UpdateTier(const SegmentSpec& spec) {
   if (it == by_name_.end()) return;
   Segment& seg = by_id_.at(it->second);
   if (seg.spec.incarnation != spec.incarnation) return;
-  seg.spec.tier_http = spec.tier_http;
+  // A move to an address another segment's tier serves is not taken:
+  // offloads to that address are signed with that segment's key.
+  if (spec.tier_http == seg.spec.tier_http || spec.tier_http.empty() || !TierTakenLocked(spec.tier_http, spec.name)) {
+    seg.spec.tier_http = spec.tier_http;
+  }
   seg.spec.ssd_capacity = spec.ssd_capacity;
   seg.spec.ssd_used = spec.ssd_used;
 }
@@ -368,12 +381,12 @@ absl::Status SegmentRegistry::Reserve(const Replica& r, uint64_t size) {
   return st;
 }
 
-bool SegmentRegistry::MakeDormant(const std::string& name, absl::Time now) {
+bool SegmentRegistry::MakeDormant(const std::string& name, absl::Time now, const SegmentActor& actor) {
   MutexLock lock(&mu_);
   auto it = by_name_.find(name);
   if (it == by_name_.end()) return false;
   Segment& seg = by_id_.at(it->second);
-  if (seg.spec.ssd_id.empty()) return false;
+  if (seg.spec.ssd_id.empty() || !actor.MayChange(seg.spec.owner)) return false;
   DormantLocked(seg);
   seg.last_heartbeat = now;  // the grace counts from the stop
   return true;
@@ -394,7 +407,7 @@ void SegmentRegistry::MarkSsdSynced(uint32_t id, const std::string& tier_http, u
   auto it = by_id_.find(id);
   if (it == by_id_.end() || it->second.recovering) return;
   it->second.ssd_synced = true;
-  if (tier_http.empty()) return;
+  if (tier_http.empty() || TierTakenLocked(tier_http, it->second.spec.name)) return;
   it->second.spec.tier_http = tier_http;
   // A daemon that lists before it has heartbeated its tier's size.
   if (ssd_capacity > 0) {
@@ -441,6 +454,21 @@ std::optional<std::string> SegmentRegistry::DataKeyOf(const std::string& name) c
   const Segment& seg = by_id_.at(it->second);
   if (seg.dormant) return std::nullopt;
   return seg.spec.data_key;
+}
+
+bool SegmentRegistry::TierTakenLocked(const std::string& tier_http, const std::string& name) const {
+  for (const auto& [id, seg] : by_id_) {
+    // Dormant ones too: their daemon comes back to the same address.
+    if (seg.spec.name != name && seg.spec.tier_http == tier_http) return true;
+  }
+  return false;
+}
+
+std::optional<std::string> SegmentRegistry::DataKeyOfId(uint32_t id) const {
+  MutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end() || it->second.dormant) return std::nullopt;
+  return it->second.spec.data_key;
 }
 
 std::string SegmentRegistry::DataKeyOfTier(const std::string& tier_http) const {

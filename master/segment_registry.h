@@ -74,13 +74,16 @@ struct SegmentSpec {
 // that mounted it: the `daemon` role alone, which every memory-lending
 // client holds, must not let one identity drop or take over another's
 // segment (and every tenant's objects on it). Only the owner or an admin
-// may change an owned segment; a named mounter claims an unowned one, and
-// an admin's mount leaves the owner as it was. Callers that are not
+// may change an owned segment. An unowned one (mounted by an admin, or
+// recovered from a record older than owners) only an admin may change,
+// or claim it by mounting it as its own daemon: with the data key or SSD
+// tier id the segment was mounted with, which only that daemon holds. An
+// admin's mount leaves the owner as it was. Callers that are not
 // authenticated (--auth none, in-process) are admins with no name.
 struct SegmentActor {
   std::string identity;  // the caller's name (token file or certificate)
   bool admin = true;
-  bool MayChange(const std::string& owner) const { return admin || owner.empty() || owner == identity; }
+  bool MayChange(const std::string& owner) const { return admin || (!owner.empty() && owner == identity); }
 };
 
 // An object's copy on a segment: an extent of its DRAM at `offset`, or
@@ -142,11 +145,14 @@ class SegmentRegistry {
   // *same_ssd (when given) says whether the replaced segment had the same
   // non-empty ssd_id: its SSD replicas belong to the new id.
   // PERMISSION_DENIED, naming the owner, when the name is held (in any
-  // state) by a segment `actor` may not change; spec.owner is ignored.
+  // state) by a segment `actor` may not change or claim, or when another
+  // segment serves the SSD tier at spec.tier_http (offloads are signed
+  // with the key of the segment at that address). spec.owner is ignored;
+  // *owner (when given) is the owner the mounted segment has.
   absl::StatusOr<uint32_t> Mount(const SegmentSpec& spec, absl::Time now, bool* restored,
                                  std::optional<uint32_t>* replaced_id,
                                  absl::Duration live_within = absl::ZeroDuration(), bool* same_ssd = nullptr,
-                                 const SegmentActor& actor = {});
+                                 const SegmentActor& actor = {}, std::string* owner = nullptr);
 
   // Adds a segment read back from persistence in RECOVERING state.
   uint32_t Recover(const SegmentSpec& spec, absl::Time now);
@@ -178,7 +184,7 @@ class SegmentRegistry {
                                std::vector<uint32_t>* dormant = nullptr);
   // Turns the segment DORMANT now (its daemon stops to restart). False, and
   // no change, when it is unknown or has no SSD tier.
-  bool MakeDormant(const std::string& name, absl::Time now);
+  bool MakeDormant(const std::string& name, absl::Time now, const SegmentActor& actor = {});
   // The LIVE segment's id when it is mounted with that incarnation.
   std::optional<uint32_t> LiveId(const std::string& name, const std::string& incarnation) const;
   // Its daemon has listed its SSD records: offloads may go to it, and
@@ -222,6 +228,8 @@ class SegmentRegistry {
   // The data key of a segment whose DRAM is served (live or recovering);
   // nullopt for an unknown or dormant one.
   std::optional<std::string> DataKeyOf(const std::string& name) const;
+  // The same by id: the key of that incarnation only.
+  std::optional<std::string> DataKeyOfId(uint32_t id) const;
   // The data key of the segment whose SSD tier answers at `tier_http`;
   // empty when none does or it needs no grants.
   std::string DataKeyOfTier(const std::string& tier_http) const;
@@ -265,6 +273,8 @@ class SegmentRegistry {
   uint32_t AddLocked(const SegmentSpec& spec, absl::Time now, bool recovering)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseLocked(uint32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when a segment other than `name` serves its SSD tier at `tier_http`.
+  bool TierTakenLocked(const std::string& tier_http, const std::string& name) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DormantLocked(Segment& seg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Brings the placement order, the counters and the live snapshot in line
   // with `seg` after a change to its state, spec or allocator (Unfile

@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<MasterServer>> MasterServer::Start(const MasterCo
   options.max_pending_per_client = static_cast<uint64_t>(config.max_pending_per_client);
   options.max_pending_per_tenant = static_cast<uint64_t>(config.max_pending_per_tenant);
   options.max_reservations_per_client = static_cast<uint64_t>(config.max_reservations_per_client);
+  options.max_reservations_per_tenant = static_cast<uint64_t>(config.max_reservations_per_tenant);
   options.queries.key_prefix_separator = config.query_stats_key_prefix_separator;
   options.queries.max_prefixes = static_cast<size_t>(config.query_stats_max_prefixes);
   options.queries.sketch_bytes = static_cast<size_t>(config.hit_bound_sketch_bytes);

@@ -18,6 +18,12 @@ std::string TenantKey(absl::string_view tenant, absl::string_view key) {
   return out;
 }
 
+std::string ClientKey(absl::string_view tenant, absl::string_view client_id) {
+  std::string id(client_id);
+  std::replace(id.begin(), id.end(), kTenantSeparator, '?');
+  return TenantKey(tenant, id);
+}
+
 absl::string_view TenantOf(absl::string_view index_key) {
   const void* sep = std::memchr(index_key.data(), kTenantSeparator, index_key.size());
   if (sep == nullptr) return {};

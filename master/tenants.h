@@ -45,6 +45,10 @@ inline constexpr char kDefaultTenantName[] = "default";
 // `key` in `tenant`'s namespace ("" : the key itself). A key holding a
 // NUL maps to "", which names no object (lookups miss, puts are refused).
 std::string TenantKey(absl::string_view tenant, absl::string_view key);
+// A client id in `tenant`'s namespace, for the caps and statistics kept per
+// client. Unlike a key, an id holding a NUL still names a client of that
+// tenant (its NULs read as '?'), so no id can step out of its tenant.
+std::string ClientKey(absl::string_view tenant, absl::string_view client_id);
 // The tenant of an index key ("" for the default tenant) and the key its
 // tenant knows it by.
 absl::string_view TenantOf(absl::string_view index_key);

@@ -414,6 +414,15 @@ void StoreDaemon::ServeTierMove(const httplib::Request& req, httplib::Response& 
       allowed.push_back(moves[i]);
       at.push_back(i);
     }
+    // And no write lands past the earliest leave's expiry, whatever the
+    // order's own header says.
+    const absl::Time now = absl::Now();
+    for (size_t j : at) {
+      const int64_t expiry = in.items(static_cast<int>(j)).expiry_unix_ms();
+      if (!needs_leave || expiry <= 0) continue;
+      const auto left = std::chrono::milliseconds(std::max<int64_t>(0, absl::ToInt64Milliseconds(absl::FromUnixMillis(expiry) - now)));
+      deadline = std::min(deadline, std::chrono::steady_clock::now() + left);
+    }
     std::vector<absl::StatusOr<uint64_t>> staged = StageFromSsd(allowed, deadline);
     for (size_t j = 0; j < at.size() && j < staged.size(); ++j) got[at[j]] = std::move(staged[j]);
     for (size_t i = 0; i < got.size(); ++i) {

@@ -490,6 +490,11 @@ class ObjectIndex::Impl {
   // Frees the extent of a dropped copy staged from SSD once no reader or
   // stage can reach it: stage_grace after the object's lease.
   void HoldStagedCopy(const Replica& r, const Object& o, int64_t now_ms);
+  // True when `o` has a staged copy on a segment with data grants: its
+  // readers hold the master's leave to stage into that extent until the
+  // lease's end (auth::StageProof), so giving the lease back early must not
+  // free the extent for another put before then.
+  bool StagedUnderGrants(const Object& o) const;
   absl::StatusOr<uint64_t> Recover();
   absl::Status CheckInvariants();
 

@@ -216,11 +216,12 @@ TEST_F(TenantWallsTest, AReadersTokenEndsNoOtherReadersLease) {
 
 // Per-client limits (#5 of the walls) are a tenant's own: tenant b
 // borrowing tenant a's client id fills only its own count; rotating ids
-// meets the tenant's cap; and a flood of client ids and key prefixes
-// pushes only b's rows of the query statistics into b's "other".
+// meets the tenant's cap, for puts in flight and for read-session
+// reservations; and a flood of client ids and key prefixes pushes only
+// b's rows of the query statistics into b's "other".
 TEST_F(TenantWallsTest, ClientIdsAreCountedWithinTheirTenant) {
   StartCluster({"--max-pending-per-client=4", "--max-pending-per-tenant=10", "--query-stats-key-prefix-separator=/",
-                "--query-stats-max-prefixes=4"});
+                "--query-stats-max-prefixes=4", "--max-reservations-per-client=2", "--max-reservations-per-tenant=3"});
   const std::string b = "tenant-b-token-00000000";
   auto put_start = [&](const std::string& token, const std::string& client, const std::string& key) {
     v1::PutStartRequest req;
@@ -233,6 +234,32 @@ TEST_F(TenantWallsTest, ClientIdsAreCountedWithinTheirTenant) {
     grpc::Status s = stub_->PutStart(As(token).get(), req, &resp);
     return s.ok() ? StatusOf(resp.results(0).status()) : AsStatus(s);
   };
+  // Read-session reservations: rotating ids stop at the tenant's cap, and
+  // a's clients keep their own.
+  auto a = Client({"tcp"});
+  auto b_client = Client({"tcp"}, b);
+  ASSERT_TRUE(a && b_client);
+  for (const char* k : {"s0", "s1", "s2", "s3"}) {
+    ASSERT_OK(b_client->Put(k, ValueFor(k, 4096)));
+    ASSERT_OK(a->Put(k, ValueFor(k, 4096)));
+  }
+  auto reserve = [&](const std::string& token, const std::string& client, std::vector<std::string> keys) {
+    v1::KeysRequest req;
+    for (const std::string& k : keys) req.add_keys(k);
+    req.set_counted(true);
+    req.set_client_id(client);
+    v1::GetReplicasResponse resp;
+    EXPECT_OK(AsStatus(stub_->GetReplicas(As(token).get(), req, &resp)));
+    return resp.refused_size();
+  };
+  EXPECT_EQ(reserve(b, "id-0", {"s0", "s1"}), 0);
+  EXPECT_EQ(reserve(b, "id-1", {"s2", "s3"}), 1);  // the tenant's third, not its fourth
+  EXPECT_EQ(reserve(b, "id-2", {"s0"}), 1);
+  EXPECT_EQ(reserve("tenant-a-token-00000000", "id-0", {"s0", "s1"}), 0);
+  absl::StatusOr<std::string> stats = cluster_.HttpGet("/v1/stats", 0, "admin-token-00000000000");
+  ASSERT_OK(stats.status());
+  EXPECT_EQ(nlohmann::json::parse(*stats)["reservations"]["cap_per_tenant"], 3);
+
   // b holds app-a's whole per-client allowance under app-a's name...
   for (int i = 0; i < 4; ++i) ASSERT_OK(put_start(b, "app-a", absl::StrCat("b-held-", i)));
   absl::Status s = put_start(b, "app-a", "b-held-4");
@@ -244,8 +271,8 @@ TEST_F(TenantWallsTest, ClientIdsAreCountedWithinTheirTenant) {
   s = put_start(b, "rotating-6", "r-6");
   EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
   EXPECT_NE(s.message().find("tenant b has 10 puts in flight"), std::string::npos) << s;
-  auto a = Client({"tcp"});
-  ASSERT_TRUE(a);
+  // An id with a NUL in it is still b's.
+  EXPECT_TRUE(absl::IsResourceExhausted(put_start(b, std::string("x\0y", 3), "r-nul")));
   ASSERT_OK(a->Put("model-a/page", ValueFor("model-a/page", 4096)));
 
   // A flood of ids and prefixes from b, then a's first lookups.
@@ -283,6 +310,7 @@ TEST_F(TenantWallsTest, ClientIdsAreCountedWithinTheirTenant) {
   }
   EXPECT_TRUE(b_other) << b_rows << " rows";
   EXPECT_LE(b_rows, 1026u);  // "all", 1024 named, "other"
+
   EXPECT_TRUE(cluster_.master().Running());
 }
 

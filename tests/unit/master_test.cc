@@ -349,6 +349,18 @@ TEST_F(MasterSsdTest, ATierAddressNoClientCanDialIsRefusedAndNeverInstalled) {
   EXPECT_EQ(m->registry().Snapshot()[0].spec.tier_http, "127.0.0.1:9");
   listing.tier_http = "";
   EXPECT_OK(m->SyncSsd(listing).status());
+  // No other segment takes a's tier address (offloads there are signed with
+  // a's key), at its mount or by a heartbeat.
+  SegmentSpec other = Tiered("j1");
+  other.name = "b";
+  EXPECT_THAT(m->Mount({other})[0], StatusIs(absl::StatusCode::kPermissionDenied));
+  other.tier_http = "127.0.0.1:10";
+  ASSERT_OK(m->Mount({other})[0]);
+  other.tier_http = "127.0.0.1:9";
+  EXPECT_TRUE(m->Heartbeat({other}, "").remount.empty());
+  for (const SegmentSnapshot& seg : m->registry().Snapshot()) {
+    EXPECT_EQ(seg.spec.tier_http, seg.spec.name == "a" ? "127.0.0.1:9" : "127.0.0.1:10");
+  }
 }
 
 TEST_F(MasterTest, MetadataKeyspace) {
@@ -581,9 +593,14 @@ TEST_F(MasterTest, ASegmentIsChangedOnlyByItsOwnerOrAnAdmin) {
   EXPECT_EQ(m->registry().OwnerOf(*m->registry().IdOf("s")), "node-a");
   ASSERT_OK(m->Mount({Seg("s")}, a)[0]);
   ASSERT_OK(m->Unmount({"s"}, false, a)[0]);
-  ASSERT_OK(m->Mount({Seg("free")})[0]);  // unauthenticated: no owner
+  SegmentSpec free = Seg("free");
+  free.data_key = std::string(32, 'd');
+  ASSERT_OK(m->Mount({free})[0]);  // unauthenticated: no owner
   EXPECT_EQ(m->registry().OwnerOf(*m->registry().IdOf("free")), "");
-  ASSERT_OK(m->Mount({Seg("free")}, b)[0]);
+  // Only its own daemon (its data key) claims an unowned segment.
+  EXPECT_THAT(m->Mount({Seg("free")}, b)[0], StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(m->Unmount({"free"}, false, b)[0], StatusIs(absl::StatusCode::kPermissionDenied));
+  ASSERT_OK(m->Mount({free}, b)[0]);
   EXPECT_EQ(m->registry().OwnerOf(*m->registry().IdOf("free")), "node-b");
   EXPECT_THAT(m->Unmount({"free"}, false, a)[0], StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_OK(m->index().CheckInvariants());

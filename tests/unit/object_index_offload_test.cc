@@ -34,12 +34,13 @@ class OffloadTest : public IndexTest {
     Build(o);
   }
 
-  void MountWithTier(const std::string& name, uint64_t capacity, uint64_t ssd_capacity) {
+  void MountWithTier(const std::string& name, uint64_t capacity, uint64_t ssd_capacity,
+                     const std::string& data_key = "") {
     bool restored;
     std::optional<uint32_t> replaced;
-    ASSERT_OK(registry_->Mount({name, name, capacity, "inc", "", "127.0.0.1:9", ssd_capacity, 0}, clock_.Now(),
-                               &restored, &replaced)
-                  .status());
+    SegmentSpec spec{name, name, capacity, "inc", "", "127.0.0.1:9", ssd_capacity, 0};
+    spec.data_key = data_key;
+    ASSERT_OK(registry_->Mount(spec, clock_.Now(), &restored, &replaced).status());
   }
 
   // 95 pages of 1 KiB on a 100 KiB segment, each read once if `read`,
@@ -166,6 +167,32 @@ TEST_F(OffloadTest, AStagedCopyGivenBackReturnsItsExtentAtEviction) {
   clock_.Advance(options_.stage_grace + absl::Milliseconds(1));
   index_->Tick();
   EXPECT_EQ(registry_->used(), 0u);
+  EXPECT_OK(index_->CheckInvariants());
+}
+
+// On a daemon with data grants a reader holds the master's leave to stage
+// into its extent until its lease ends: a give-back ends its count, but
+// the extent is not handed to another put before the lease's end.
+TEST_F(OffloadTest, AStagedCopyUnderGrantsKeepsItsExtentToTheLeasesEnd) {
+  MountWithTier("seg-a", 100 * 1024, 1 << 20, std::string(32, 'k'));
+  FillAndEvict(/*read=*/true);
+  clock_.Advance(options_.lease_ttl + absl::Seconds(1));
+  index_->EvictTo(0);
+  index_->Tick();
+  ASSERT_EQ(registry_->used(), 0u);
+  LookupOut a = index_->GetReplicas({"k0"})[0];
+  ASSERT_TRUE(a.replicas[0].stage);
+  ASSERT_NE(a.lease_token, 0u);
+  EXPECT_EQ(index_->ReleaseLeases({{"k0", a.lease_token, absl::ToUnixMillis(a.lease_expiry)}}), 1u);
+  clock_.Advance(absl::Milliseconds(10));
+  index_->EvictTo(0);
+  EXPECT_EQ(registry_->used(), 1024u);  // held: the reader's leave lasts to the lease's end
+  clock_.Advance(options_.stage_lease);
+  index_->EvictTo(0);
+  clock_.Advance(options_.stage_grace + absl::Milliseconds(1));
+  index_->Tick();
+  EXPECT_EQ(registry_->used(), 0u);
+  EXPECT_TRUE(Present("k0"));
   EXPECT_OK(index_->CheckInvariants());
 }
 
