@@ -369,18 +369,22 @@ std::vector<PutStartOut> Master::PutStart(std::vector<PutItem> items, const std:
     pending_refused_->Increment(static_cast<double>(items.size()));
     return std::vector<PutStartOut>(items.size(), PutStartOut{std::move(why), {}});
   };
-  if (const uint64_t cap = options_.max_pending_per_client; cap > 0) {
-    const uint64_t held = index_->PendingOf(counted_as);
+  // Without authentication every caller is the default tenant: a tenant
+  // cap would be a new cluster-wide cap, so it applies only with tenants.
+  const uint64_t client_cap = options_.max_pending_per_client;
+  const uint64_t tenant_cap = options_.callers_authenticated ? options_.max_pending_per_tenant : 0;
+  const ObjectIndex::PendingCounts pending =
+      client_cap > 0 || tenant_cap > 0 ? index_->Pending(counted_as) : ObjectIndex::PendingCounts{};
+  if (const uint64_t cap = client_cap; cap > 0) {
+    const uint64_t held = pending.client;
     if (held + items.size() > cap) {
       return refuse(absl::ResourceExhaustedError(
           absl::StrCat("client ", client, " has ", held, " puts in flight; ", items.size(),
                        " more would pass the cap of ", cap, " (--max-pending-per-client)")));
     }
   }
-  // Without authentication every caller is the default tenant: a tenant
-  // cap would be a new cluster-wide cap, so it applies only with tenants.
-  if (const uint64_t cap = options_.max_pending_per_tenant; cap > 0 && options_.callers_authenticated) {
-    const uint64_t held = index_->PendingOfTenant(tenant);
+  if (const uint64_t cap = tenant_cap; cap > 0) {
+    const uint64_t held = pending.tenant;
     if (held + items.size() > cap) {
       return refuse(absl::ResourceExhaustedError(
           absl::StrCat("tenant ", TenantName(tenant), " has ", held, " puts in flight; ", items.size(),

@@ -262,17 +262,14 @@ void ObjectIndex::Impl::CountPending(const std::string& client, int delta) {
   if (t == 0) pending_by_tenant_.erase(tenant);
 }
 
-uint64_t ObjectIndex::Impl::PendingOfTenant(absl::string_view tenant) {
+ObjectIndex::PendingCounts ObjectIndex::Impl::Pending(const std::string& client) {
   MutexLock lock(&clients_mu_);
-  auto it = pending_by_tenant_.find(tenant);
-  return it == pending_by_tenant_.end() ? 0 : it->second;
+  auto c = pending_by_client_.find(client);
+  auto t = pending_by_tenant_.find(TenantOf(client));
+  return {c == pending_by_client_.end() ? 0 : c->second, t == pending_by_tenant_.end() ? 0 : t->second};
 }
 
-uint64_t ObjectIndex::Impl::PendingOf(const std::string& client) {
-  MutexLock lock(&clients_mu_);
-  auto it = pending_by_client_.find(client);
-  return it == pending_by_client_.end() ? 0 : it->second;
-}
+uint64_t ObjectIndex::Impl::PendingOf(const std::string& client) { return Pending(client).client; }
 
 // --- The public face forwards to Impl.
 
@@ -334,7 +331,7 @@ absl::StatusOr<ObjectInfo> ObjectIndex::Describe(const std::string& key) {
 }
 IndexStats ObjectIndex::Stats() const { return impl_->Stats(); }
 uint64_t ObjectIndex::PendingOf(const std::string& client) { return impl_->PendingOf(client); }
-uint64_t ObjectIndex::PendingOfTenant(absl::string_view tenant) { return impl_->PendingOfTenant(tenant); }
+ObjectIndex::PendingCounts ObjectIndex::Pending(const std::string& client) { return impl_->Pending(client); }
 absl::Status ObjectIndex::CheckInvariants() { return impl_->CheckInvariants(); }
 
 }  // namespace tierkv::master

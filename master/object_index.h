@@ -369,9 +369,13 @@ class ObjectIndex {
   TenantTable& tenants();
   // PENDING objects put by `client` (PutStart without PutEnd, revoke or timeout).
   uint64_t PendingOf(const std::string& client);
-  // PENDING objects put by every client of `tenant` (the TenantOf of their
-  // PutItem::client).
-  uint64_t PendingOfTenant(absl::string_view tenant);
+  // PENDING objects put by `client` and by every client of its tenant (the
+  // TenantOf of PutItem::client), read together under one lock.
+  struct PendingCounts {
+    uint64_t client = 0;
+    uint64_t tenant = 0;
+  };
+  PendingCounts Pending(const std::string& client);
 
   // Checks internal invariants (slot/set agreement, list membership, child
   // counts); INTERNAL naming the first violation. For tests and start-up.

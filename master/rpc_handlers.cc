@@ -66,6 +66,14 @@ absl::Status AsCallerSees(const absl::Status& s, const std::string& tenant) {
   return absl::Status(s.code(), absl::StrReplaceAll(s.message(), {{prefix, ""}}));
 }
 
+// Fields set only for some entries of a reply (stage flags, stage proofs,
+// lease tokens) are filled with `fill` up to `n` entries before the next
+// one is added, so entry j stays aligned with the reply's j-th replica or key.
+template <class Field, class V>
+void PadTo(Field* field, int n, const V& fill) {
+  while (field->size() < n) field->Add(V(fill));
+}
+
 // The leases a request gives back, applied before its own work so a put
 // or stage in the same call finds the DRAM they held; and the reads its
 // client served from its replica cache since its last call, counted as
@@ -257,7 +265,7 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
         resp->add_replica_offsets(e.offset);
         if (e.stage) {
           // Only answers with an SSD hit carry the stage flags.
-          while (resp->replica_stage_size() + 1 < resp->replica_offsets_size()) resp->add_replica_stage(false);
+          PadTo(resp->mutable_replica_stage(), resp->replica_offsets_size() - 1, false);
           resp->add_replica_stage(true);
           if (!tenant.empty() && resp->stage_key_prefix().empty()) {
             resp->set_stage_key_prefix(TenantKey(tenant, ""));
@@ -271,7 +279,7 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
           // object, extent and lease (auth::StageProof).
           std::optional<std::string> data_key = m->registry().DataKeyOfId(e.segment_id);
           if (data_key.has_value() && !data_key->empty()) {
-            while (resp->stage_proofs_size() + 1 < resp->replica_offsets_size()) resp->add_stage_proofs("");
+            PadTo(resp->mutable_stage_proofs(), resp->replica_offsets_size() - 1, std::string());
             resp->add_stage_proofs(auth::StageProof(*data_key, keys[i], e.offset, r.size, absl::ToUnixMillis(r.lease_expiry)));
           }
         }
@@ -285,7 +293,7 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
     if (r.lease_token != 0 && count > 0) {
       // Only answers with a counted read carry tokens.
       const int at = resp->sizes_size() - 1;
-      while (resp->lease_tokens_size() < at) resp->add_lease_tokens(0);
+      PadTo(resp->mutable_lease_tokens(), at, uint64_t{0});
       resp->add_lease_tokens(r.lease_token);
     }
   }

@@ -422,7 +422,7 @@ class ObjectIndex::Impl {
   absl::StatusOr<ObjectInfo> Describe(const std::string& key);
   IndexStats Stats() const;
   uint64_t PendingOf(const std::string& client);
-  uint64_t PendingOfTenant(absl::string_view tenant);
+  ObjectIndex::PendingCounts Pending(const std::string& client);
 
   // GetReplicas' lookups. Keys of SSD hits that found no room for a
   // staging extent go to *no_room, their bytes to *staged_bytes; both
