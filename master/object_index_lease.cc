@@ -2,9 +2,6 @@
 // objects without visiting them, moving an object's lease when a read extends
 // it, readers giving counted leases back, and the extents held past a lease
 // (DeferredFree, staged copies) until no reader can still reach them.
-#include <openssl/evp.h>
-#include <openssl/rand.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -13,35 +10,25 @@
 
 namespace tierkv::master {
 
-LeaseTokens::LeaseTokens() : ctx_(EVP_CIPHER_CTX_new()) {
-  unsigned char key[16];
-  ok_ = ctx_ != nullptr && RAND_bytes(key, sizeof key) == 1 &&
-        EVP_EncryptInit_ex(ctx_, EVP_aes_128_ecb(), nullptr, key, nullptr) == 1 &&
-        EVP_CIPHER_CTX_set_padding(ctx_, 0) == 1;
-  OPENSSL_cleanse(key, sizeof key);
+LeaseTokens::LeaseTokens() {
   // Without tokens counted reads cannot be given back early: their leases
   // then last to their expiry, which is safe, only slower to free memory.
-  if (!ok_) TKV_LOG(ERROR) << "cannot set up lease tokens (AES-128 key); counted leases will run to their expiry";
+  if (!mac_.ok()) TKV_LOG(ERROR) << "cannot set up lease tokens (AES-128 key); counted leases will run to their expiry";
 }
 
-LeaseTokens::~LeaseTokens() { EVP_CIPHER_CTX_free(ctx_); }
-
 std::optional<uint64_t> LeaseTokens::Tag(uint32_t slot, uint32_t gen, uint32_t seq, int64_t expiry_ms) {
-  // CBC-MAC over two blocks of fixed layout: (slot, generation, expiry),
-  // then the read number. Every field has its own bits, so no change to one
-  // can be made up by a change to another.
-  unsigned char block[16], out[16];
-  std::memcpy(block, &slot, 4);
-  std::memcpy(block + 4, &gen, 4);
-  std::memcpy(block + 8, &expiry_ms, 8);
-  int len = 0;
-  if (!ok_ || EVP_EncryptUpdate(ctx_, out, &len, block, sizeof block) != 1 || len != 16) return std::nullopt;
-  std::memcpy(block, out, sizeof block);
-  for (int i = 0; i < 4; ++i) block[i] ^= static_cast<unsigned char>(seq >> (8 * i));
-  if (EVP_EncryptUpdate(ctx_, out, &len, block, sizeof block) != 1 || len != 16) return std::nullopt;
-  uint64_t tag;
-  std::memcpy(&tag, out, 8);
-  return tag & ((uint64_t{1} << kTagBits) - 1);
+  // Two blocks of fixed layout: (slot, generation, expiry), then the read
+  // number. Every field has its own bits, so no change to one can be made
+  // up by a change to another.
+  uint8_t msg[32] = {}, tag[16];
+  std::memcpy(msg, &slot, 4);
+  std::memcpy(msg + 4, &gen, 4);
+  std::memcpy(msg + 8, &expiry_ms, 8);
+  std::memcpy(msg + 16, &seq, 4);
+  if (!mac_.Mac(msg, tag)) return std::nullopt;
+  uint64_t t;
+  std::memcpy(&t, tag, 8);
+  return t & ((uint64_t{1} << kTagBits) - 1);
 }
 
 uint64_t LeaseTokens::Issue(uint32_t slot, uint32_t gen, int64_t expiry_ms) {

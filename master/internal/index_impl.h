@@ -23,10 +23,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/hash/hash.h"
+#include "base/extent_grant.h"
 #include "master/object_index.h"
 #include "master/tenants.h"
 
-struct evp_cipher_ctx_st;  // OpenSSL's EVP_CIPHER_CTX (LeaseTokens)
 
 namespace tierkv::master {
 
@@ -232,13 +232,10 @@ inline constexpr uint8_t kStickyReaders = UINT8_MAX;
 // (nor one for a recovered index's renumbered slots), and the shard
 // remembers the tokens given back until their leases end, so sending one
 // many times ends no other reader's lease. One per shard, used under its
-// lock (the cipher context is not shared between threads). 0 is no token.
+// lock. 0 is no token.
 class LeaseTokens {
  public:
   LeaseTokens();
-  ~LeaseTokens();
-  LeaseTokens(const LeaseTokens&) = delete;
-  LeaseTokens& operator=(const LeaseTokens&) = delete;
 
   // A fresh token for a read of (slot, gen) whose lease ends at expiry_ms.
   uint64_t Issue(uint32_t slot, uint32_t gen, int64_t expiry_ms);
@@ -251,8 +248,7 @@ class LeaseTokens {
   // nullopt when the cipher is unusable (then no token is issued).
   std::optional<uint64_t> Tag(uint32_t slot, uint32_t gen, uint32_t seq, int64_t expiry_ms);
 
-  ::evp_cipher_ctx_st* ctx_;
-  bool ok_ = false;
+  auth::BlockMac mac_;
   uint32_t seq_ = 0;
   // Tokens given back, with their lease's expiry; pruned of ended leases
   // whenever it doubles, so it holds about the give-backs of one lease.
