@@ -333,8 +333,13 @@ std::string GrantProof(absl::string_view session_key, absl::string_view nonce, u
   return HmacSha256(session_key, absl::StrCat(nonce, absl::string_view(target, sizeof target)));
 }
 
+std::string MapSessionKey(absl::string_view data_key, absl::string_view grant) {
+  return HmacSha256(data_key, absl::StrCat("tierkv map grant v1|", grant));
+}
+
 absl::Status CheckGrant(absl::string_view data_key, absl::string_view grant, absl::string_view proof,
-                        absl::string_view nonce, uint32_t segment_index, uint64_t segment_id, absl::Time now) {
+                        absl::string_view nonce, uint32_t segment_index, uint64_t segment_id, absl::Time now,
+                        bool* may_map) {
   if (grant.size() != kGrantBytes || proof.size() != kProofBytes) {
     return absl::UnauthenticatedError("data grant: malformed");
   }
@@ -343,7 +348,9 @@ absl::Status CheckGrant(absl::string_view data_key, absl::string_view grant, abs
   if (now >= expiry) {
     return absl::UnauthenticatedError(absl::StrCat("data grant expired at ", absl::FormatTime(expiry)));
   }
-  if (!SameSecret(proof, GrantProof(GrantSessionKey(data_key, grant), nonce, segment_index, segment_id))) {
+  const bool mapping = SameSecret(proof, GrantProof(MapSessionKey(data_key, grant), nonce, segment_index, segment_id));
+  if (may_map != nullptr) *may_map = mapping;
+  if (!mapping && !SameSecret(proof, GrantProof(GrantSessionKey(data_key, grant), nonce, segment_index, segment_id))) {
     return absl::UnauthenticatedError(
         "data grant refused: the proof does not match this segment's key (a grant for another segment, "
         "or one from another master)");
@@ -432,9 +439,15 @@ absl::Status CheckTierRequest(absl::string_view data_key, const httplib::Request
   if (now >= GrantExpiry(grant)) {
     return absl::UnauthenticatedError(absl::StrCat("tier request: grant expired at ", absl::FormatTime(GrantExpiry(grant))));
   }
-  const std::string session_key =
-      signer == TierSigner::kMaster ? OrderSessionKey(data_key, grant) : GrantSessionKey(data_key, grant);
-  if (!SameSecret(proof, HmacSha256(session_key, TierMessage(req.path, time, req.body)))) {
+  const std::string message = TierMessage(req.path, time, req.body);
+  // A grant holder signs with the session key it was given, a plain or a
+  // mapping one.
+  const bool signed_ok =
+      signer == TierSigner::kMaster
+          ? SameSecret(proof, HmacSha256(OrderSessionKey(data_key, grant), message))
+          : SameSecret(proof, HmacSha256(GrantSessionKey(data_key, grant), message)) ||
+                SameSecret(proof, HmacSha256(MapSessionKey(data_key, grant), message));
+  if (!signed_ok) {
     return absl::UnauthenticatedError(signer == TierSigner::kMaster
                                           ? "tier request: only the master may order this, and the proof is not its"
                                           : "tier request: the proof does not match this segment's key and the request");

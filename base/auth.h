@@ -201,13 +201,20 @@ bool SameSecret(absl::string_view a, absl::string_view b);
 std::string NewGrant(absl::Time expiry);
 absl::Time GrantExpiry(absl::string_view grant);
 std::string GrantSessionKey(absl::string_view data_key, absl::string_view grant);
+// The session key of a grant that also lets its holder map the segment's
+// memory (shm, rdma, cuda), which no extent grant can bound: the master
+// hands it instead of GrantSessionKey's to a caller of the segment owner's
+// tenant. Another label, so neither key can be made from the other.
+std::string MapSessionKey(absl::string_view data_key, absl::string_view grant);
 std::string GrantProof(absl::string_view session_key, absl::string_view nonce, uint32_t segment_index,
                        uint64_t segment_id);
 // OK when `proof` shows the holder of a session key for `grant` under
 // `data_key`, answering `nonce` for the segment, and the grant has not
 // expired by `now`; UNAUTHENTICATED saying which part failed otherwise.
+// `may_map`, when given, says whether the key was MapSessionKey's.
 absl::Status CheckGrant(absl::string_view data_key, absl::string_view grant, absl::string_view proof,
-                        absl::string_view nonce, uint32_t segment_index, uint64_t segment_id, absl::Time now);
+                        absl::string_view nonce, uint32_t segment_index, uint64_t segment_id, absl::Time now,
+                        bool* may_map = nullptr);
 
 // A daemon's HTTP tier orders (/tier/offload from the master, /tier/stage
 // from clients) have no connection to challenge, so each request carries

@@ -44,9 +44,11 @@ bool Awaiting(const v1::GetReplicasResponse& resp, size_t k) {
 }
 
 // Worth trying another replica after this transfer error.
+// (PERMISSION_DENIED: a daemon refused the replica's extent grant, one
+// whose clock runs ahead, say; another daemon may take its own.)
 bool Retryable(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsNotFound(s) ||
-         absl::IsOutOfRange(s) || absl::IsDataLoss(s);
+         absl::IsOutOfRange(s) || absl::IsDataLoss(s) || absl::IsPermissionDenied(s);
 }
 
 }  // namespace
@@ -103,10 +105,12 @@ struct Client::Impl {
           requests.push_back({Op::kRead, piece.data(), seg, off + vsize, piece.size(),
                               // Only the first attempt's: a late transfer of a failed one may still write it.
                               attempt == 0 && outs[i].size() == 1 ? trailers->crc(i) : nullptr});
+          requests.back().grant = where[i].grant(attempt);
           owner.push_back(i);
           vsize += piece.size();
         }
         requests.push_back({Op::kRead, trailers->slot(i), seg, off + vsize, TrailerSize(where[i].put_id)});
+        requests.back().grant = where[i].grant(attempt);
         owner.push_back(i);
       }
       if (requests.empty()) return;
@@ -191,6 +195,10 @@ struct Client::Impl {
         const uint32_t seg = resp.replica_segments(r);
         if (seg >= static_cast<uint32_t>(resp.segments_size())) continue;  // malformed: not a replica
         w.replicas.emplace_back(resp.segments(static_cast<int>(seg)), resp.replica_offsets(r));
+        if (r < resp.replica_grants_size() && !resp.replica_grants(r).empty()) {
+          w.grants.resize(w.replicas.size() - 1);
+          w.grants.push_back(resp.replica_grants(r));
+        }
       }
     }
     return out;
@@ -549,10 +557,12 @@ std::vector<absl::Status> Client::ReadRanges(const ReadSession& session, const s
       const auto& [seg, off] = w.replicas[attempt];
       for (size_t r : reads_of[k]) {
         requests.push_back({Op::kRead, reads[r].out.data(), seg, off + reads[r].offset, reads[r].out.size()});
+        requests.back().grant = w.grant(attempt);
         owner.push_back(k);
       }
       const uint64_t vsize = w.stored_size - TrailerSize(w.put_id);
       requests.push_back({Op::kRead, trailers->slot(k), seg, off + vsize, TrailerSize(w.put_id)});
+      requests.back().grant = w.grant(attempt);
       owner.push_back(k);
       sent.push_back(k);
       until = std::min(until, w.lease_end);

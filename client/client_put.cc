@@ -195,12 +195,12 @@ std::vector<absl::Status> Client::PutOnce(const std::vector<PutItem>& items, con
         if (part.empty()) continue;
         values.push_back(
             {Op::kWrite, const_cast<char*>(part.data()), e.segment(), e.offset() + vsize, part.size(), crc,
-             started->epoch()});
+             started->epoch(), e.grant()});
         value_owner.push_back(i);
         vsize += part.size();
       }
       tails.push_back({Op::kWrite, trailers->slot(i), e.segment(), e.offset() + vsize, internal::kTrailerBytes,
-                       nullptr, started->epoch()});
+                       nullptr, started->epoch(), e.grant()});
       tail_owner.push_back(i);
     }
   }
@@ -353,6 +353,7 @@ struct WriteSession::State {
     absl::Status status;
     uint64_t put_id = 0;
     std::vector<std::pair<std::string, uint64_t>> replicas;  // (segment, offset)
+    std::vector<std::string> grants;                         // each replica's extent grant ("" none)
     std::map<uint64_t, Range> ranges;  // by offset; written or being written
     bool closed = false;               // committed or revoked
   };
@@ -423,7 +424,10 @@ std::unique_ptr<WriteSession> Client::StartWriteSession(const std::vector<WriteI
     k.status = FromItem(r.status());
     if (!k.status.ok()) continue;
     k.put_id = r.put_id();
-    for (const v1::Extent& e : r.replicas()) k.replicas.emplace_back(e.segment(), e.offset());
+    for (const v1::Extent& e : r.replicas()) {
+      k.replicas.emplace_back(e.segment(), e.offset());
+      k.grants.push_back(e.grant());
+    }
     if (k.put_id == 0) {
       k.status = absl::FailedPreconditionError(
           absl::StrCat(k.item.key, ": the master gave no put id (it predates them); upgrade the master"));
@@ -477,9 +481,10 @@ std::vector<absl::Status> Client::WriteRanges(WriteSession& session, const std::
         continue;
       }
       k.ranges.emplace(rw.offset, WriteSession::State::Range{rw.data.size(), 0, false});
-      for (const auto& [seg, off] : k.replicas) {
+      for (size_t j = 0; j < k.replicas.size(); ++j) {
+        const auto& [seg, off] = k.replicas[j];
         requests.push_back({Op::kWrite, const_cast<char*>(rw.data.data()), seg, off + rw.offset, rw.data.size(),
-                            nullptr, s.epoch});
+                            nullptr, s.epoch, k.grants[j]});
         owner.push_back(w);
       }
       sent.push_back(w);
@@ -566,9 +571,10 @@ std::vector<absl::Status> Client::CommitWriteSession(WriteSession& session, absl
       k.status = absl::AbortedError(absl::StrCat(k.item.key, ": another member of group ", k.item.group, " failed"));
     }
     if (!k.status.ok()) continue;
-    for (const auto& [seg, off] : k.replicas) {
+    for (size_t j = 0; j < k.replicas.size(); ++j) {
+      const auto& [seg, off] = k.replicas[j];
       tails.push_back({Op::kWrite, trailers->slot(t), seg, off + k.item.size, internal::kTrailerBytes, nullptr,
-                       s.epoch});
+                       s.epoch, k.grants[j]});
       tail_owner.push_back(take[t]);
     }
   }

@@ -35,6 +35,9 @@ const FlagTable<BenchConfig>& BenchFlags() {
           BoolFlag<C>("auth-compare", &C::auth_compare, "false",
                       "store: also run the same cases against a second embedded cluster running --auth token "
                       "(bearer tokens at the master, data grants at the daemon), printed as with/without"),
+          BoolFlag<C>("extent-grants", &C::extent_grants, "false",
+                      "master: mount the segments with data keys, as daemons running --auth token do, so every "
+                      "PutStart and GetReplicas answer carries signed extent grants (run with and without)"),
           BoolFlag<C>("tls-compare", &C::tls_compare, "false",
                       "store: also run the same cases against a second embedded cluster with TLS on every port "
                       "(the master's, and the daemon's transfer port with --data-tls), printed as with/without"),

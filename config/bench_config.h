@@ -29,6 +29,7 @@ struct BenchConfig {
   int64_t replica_cache = -1;  // store: the client's replica cache entries (0: off, -1: its default)
   bool auth_compare = false;   // store: also a cluster running --auth token, same cases
   bool tls_compare = false;    // store: also a cluster with TLS on every port, same cases
+  bool extent_grants = false;  // master: segments with data keys, so every answer carries signed extent grants
   absl::Duration reply_spin;   // master/store: the client's busy-poll for replies
   absl::Duration direct_spin;  // master/store: the embedded master's --direct-spin
   bool ha = false;             // master: the high-availability figures instead

@@ -167,8 +167,8 @@ class Call final : public CallBase {
         Refuse(ToGrpcStatus(id.status()));
         return;
       }
+      caller_.actor = SegmentActor{std::move(id->name), (id->roles & auth::kAdmin) != 0, id->tenant};
       caller_.tenant = std::move(id->tenant);
-      caller_.actor = SegmentActor{std::move(id->name), (id->roles & auth::kAdmin) != 0};
     }
     if (static_cast<size_t>(items) > state_->limits.max_batch) {
       st.errors->Increment();
@@ -323,7 +323,7 @@ class MasterRpcService::Impl {
         [](const auto& req) { return req.present_size() + req.gone_size(); });
     grant_ = MakeMethod<v1::GrantDataRequest, v1::GrantDataResponse>(
         "GrantData", &S::RequestGrantData,
-        [](Master* m, grpc::ServerContext*, const rpc::Caller&, const auto& req, auto* resp) { rpc::GrantData(m, req, resp); },
+        [](Master* m, grpc::ServerContext*, const rpc::Caller& c, const auto& req, auto* resp) { rpc::GrantData(m, req, c.tenant, resp); },
         [](const auto& req) { return req.segments_size(); });
     grant_.stats = stats("GrantData");
     mount_.stats = stats("MountSegment");

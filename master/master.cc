@@ -96,6 +96,7 @@ std::string EncodeSegment(const SegmentSpec& spec) {
   // Persisted (and so copied to standbys), so no one can take a segment
   // over while its daemon is away across a restart or failover.
   rec.set_owner(spec.owner);
+  rec.set_owner_tenant(spec.owner_tenant);
   return rec.SerializeAsString();
 }
 
@@ -150,6 +151,7 @@ absl::Status Master::Recover() {
     spec.ssd_id = s.ssd_id();
     spec.data_key = s.data_key();
     spec.owner = rec.owner();
+    spec.owner_tenant = rec.owner_tenant();
     registry_.Recover(spec, clock_->Now());
     ++segments;
     return true;
@@ -200,9 +202,9 @@ std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments
     }
     bool restored = false, same_ssd = false;
     std::optional<uint32_t> replaced;
-    std::string owner;
-    absl::StatusOr<uint32_t> id =
-        registry_.Mount(spec, clock_->Now(), &restored, &replaced, options_.segment_ttl, &same_ssd, actor, &owner);
+    std::string owner, owner_tenant;
+    absl::StatusOr<uint32_t> id = registry_.Mount(spec, clock_->Now(), &restored, &replaced, options_.segment_ttl,
+                                                  &same_ssd, actor, &owner, &owner_tenant);
     if (!id.ok()) {
       out.push_back(id.status());
       continue;
@@ -217,6 +219,7 @@ std::vector<absl::Status> Master::Mount(const std::vector<SegmentSpec>& segments
     }
     SegmentSpec owned = spec;
     owned.owner = owner;
+    owned.owner_tenant = owner_tenant;
     absl::Status st = store_->Write({{absl::StrCat(kSegmentPrefix, spec.name), EncodeSegment(owned), false}});
     if (!st.ok()) TKV_LOG(ERROR) << "persisting segment " << spec.name << ": " << st;
     TKV_LOG(INFO) << (restored ? "re-mounted " : "mounted ") << spec.name << " ("
@@ -467,15 +470,33 @@ absl::Status Master::SetTenantLimits(const std::string& name, TenantLimits limit
   return absl::OkStatus();
 }
 
-absl::StatusOr<DataGrantOut> Master::GrantData(const std::string& segment) {
-  std::optional<std::string> key = registry_.DataKeyOf(segment);
+absl::StatusOr<DataGrantOut> Master::GrantData(const std::string& segment, const std::string& tenant) {
+  std::string owner_tenant;
+  std::optional<std::string> key = registry_.DataKeyOf(segment, &owner_tenant);
   if (!key) return absl::NotFoundError(absl::StrCat("segment ", segment, " is not mounted"));
   DataGrantOut out;
   if (key->empty()) return out;
   // The wall clock: daemons check the expiry against their own.
   out.grant = auth::NewGrant(absl::Now() + options_.data_grant_ttl);
-  out.session_key = auth::GrantSessionKey(*key, out.grant);
+  // Mapping reaches every extent of the segment, other tenants' values
+  // included: only the owner's own tenant may (docs/security.md).
+  out.session_key = tenant == owner_tenant ? auth::MapSessionKey(*key, out.grant)
+                                           : auth::GrantSessionKey(*key, out.grant);
   return out;
+}
+
+std::shared_ptr<const auth::ExtentMac> Master::ExtentSigner(uint32_t segment_id) {
+  std::optional<std::string> key = registry_.DataKeyOfId(segment_id);
+  if (!key || key->empty()) return nullptr;
+  MutexLock lock(&signers_mu_);
+  auto it = signers_.find(*key);
+  if (it != signers_.end()) return it->second;
+  // Keys of segments long gone are dropped wholesale; live ones come back
+  // on their next use.
+  if (signers_.size() >= 4096) signers_.clear();
+  auto mac = std::make_shared<const auth::ExtentMac>(*key);
+  signers_.emplace(*key, mac);
+  return mac;
 }
 
 absl::Status Master::Flush() { return store_->Flush(); }

@@ -21,7 +21,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/container/flat_hash_map.h"
 #include "base/auth.h"
+#include "base/extent_grant.h"
+#include "base/mutex.h"
 #include "base/clock.h"
 #include "base/metrics.h"
 #include "master/kv_events.h"
@@ -180,9 +183,14 @@ class Master {
                            bool admin = false);
   absl::Status DeleteMetadata(const std::string& key, const std::string& writer = "", bool admin = false);
 
-  // A data grant for `segment`. NOT_FOUND for a segment not mounted (or
+  // A data grant for `segment` to a caller of `tenant`; one that lets it
+  // map the segment's memory when that is the tenant of the segment's
+  // owner (auth::MapSessionKey). NOT_FOUND for a segment not mounted (or
   // dormant).
-  absl::StatusOr<DataGrantOut> GrantData(const std::string& segment);
+  absl::StatusOr<DataGrantOut> GrantData(const std::string& segment, const std::string& tenant = "");
+  // Signs extent grants (base/extent_grant.h) for segment `segment_id`;
+  // null when its daemon checks none (no data key) or the segment is gone.
+  std::shared_ptr<const auth::ExtentMac> ExtentSigner(uint32_t segment_id);
 
   // A tenant's quota and guaranteed bytes (master/tenants.h; zeros clear
   // them), persisted and applied at once. `tenant` is a tenant's name or
@@ -229,6 +237,9 @@ class Master {
 
   const MasterOptions options_;
   Clock* const clock_;
+  // ExtentSigner's, by data key (a key's AES schedule is set up once).
+  Mutex signers_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<const auth::ExtentMac>> signers_ ABSL_GUARDED_BY(signers_mu_);
   std::unique_ptr<IndexStore> store_;
   SegmentRegistry registry_;
   std::unique_ptr<ObjectIndex> index_;

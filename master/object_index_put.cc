@@ -110,7 +110,7 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
       auto home = group != nullptr ? homes.find(group) : homes.end();
       absl::StatusOr<std::vector<Replica>> placed = registry_->Allocate(
           item.size, replicas, item.preferred_segment,
-          home != homes.end() ? absl::Span<const uint32_t>(home->second) : absl::Span<const uint32_t>());
+          home != homes.end() ? absl::Span<const uint32_t>(home->second) : absl::Span<const uint32_t>(), tenant);
       if (!placed.ok()) {
         if (attempt < kRoomAttempts && absl::IsResourceExhausted(placed.status())) {
           // Make room outside the shard lock, for the rest of this call at

@@ -74,6 +74,27 @@ void PadTo(Field* field, int n, const V& fill) {
   while (field->size() < n) field->Add(V(fill));
 }
 
+// The extent grants of one reply (base/extent_grant.h): each segment's
+// signer looked up once.
+class ExtentGrants {
+ public:
+  ExtentGrants(Master* m, absl::Time expiry, uint8_t ops) : m_(m), expiry_(expiry), ops_(ops) {}
+  // "" when the extent's daemon checks no grants.
+  std::string For(const ExtentOut& e) { return For(e, expiry_); }
+  std::string For(const ExtentOut& e, absl::Time expiry) {
+    auto [it, fresh] = signers_.try_emplace(e.segment_id);
+    if (fresh) it->second = m_->ExtentSigner(e.segment_id);
+    if (it->second == nullptr) return {};
+    return it->second->Sign({e.offset, e.length, absl::ToUnixMillis(expiry), ops_});
+  }
+
+ private:
+  Master* const m_;
+  const absl::Time expiry_;
+  const uint8_t ops_;
+  absl::flat_hash_map<uint32_t, std::shared_ptr<const auth::ExtentMac>> signers_;
+};
+
 // The leases a request gives back, applied before its own work so a put
 // or stage in the same call finds the DRAM they held; and the reads its
 // client served from its replica cache since its last call, counted as
@@ -167,11 +188,21 @@ void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& clie
     if (!refused[i].ok()) items.back().size = 0;
   }
   std::vector<PutStartOut> placed = m->PutStart(std::move(items), client, tenant);
+  // The wall clock: daemons check grants against their own. A put's
+  // extents are its writer's until the put times out.
+  ExtentGrants grants(m, absl::Now() + m->options().index.put_timeout, auth::kExtentWrite);
   for (size_t i = 0; i < placed.size(); ++i) {
     const PutStartOut& r = placed[i];
     v1::PutStartResult* out = resp->add_results();
     SetResultStatus(out, !refused[i].ok() ? refused[i] : AsCallerSees(r.status, tenant));
-    for (const ExtentOut& e : r.replicas) SetExtent(out->add_replicas(), e);
+    for (const ExtentOut& e : r.replicas) {
+      v1::Extent* x = out->add_replicas();
+      SetExtent(x, e);
+      if (r.status.ok()) {
+        std::string grant = grants.For(e);
+        if (!grant.empty()) x->set_grant(std::move(grant));
+      }
+    }
     if (r.status.ok()) out->set_put_id(r.put_id);
   }
 }
@@ -246,6 +277,11 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
   for (size_t i = 0; i < found.size(); ++i) {
     if (absl::IsUnavailable(found[i].status)) resp->add_awaiting(static_cast<uint32_t>(i));
   }
+  // Leases run on the master's clock, grants on the daemons' wall clocks:
+  // each read's grant lasts what is left of its lease.
+  const absl::Time lease_now = m->clock()->Now();
+  const absl::Time wall_now = absl::Now();
+  ExtentGrants grants(m, wall_now, auth::kExtentRead);
   for (size_t i = 0; i < found.size(); ++i) {
     const LookupOut& r = found[i];
     uint32_t count = 0;
@@ -263,6 +299,14 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
         }
         resp->add_replica_segments(it->second);
         resp->add_replica_offsets(e.offset);
+        if (!e.ssd) {
+          std::string grant = grants.For(e, wall_now + (r.lease_expiry - lease_now));
+          if (!grant.empty()) {
+            // Only answers naming a daemon that checks grants carry them.
+            PadTo(resp->mutable_replica_grants(), resp->replica_offsets_size() - 1, std::string());
+            resp->add_replica_grants(std::move(grant));
+          }
+        }
         if (e.stage) {
           // Only answers with an SSD hit carry the stage flags.
           PadTo(resp->mutable_replica_stage(), resp->replica_offsets_size() - 1, false);
@@ -372,10 +416,10 @@ void RemoveAll(Master* m, const v1::RemoveAllRequest& req, const std::string& te
   resp->set_removed(m->index().RemoveAll(req.force(), tenant.empty() ? nullptr : &tenant));
 }
 
-void GrantData(Master* m, const v1::GrantDataRequest& req, v1::GrantDataResponse* resp) {
+void GrantData(Master* m, const v1::GrantDataRequest& req, const std::string& tenant, v1::GrantDataResponse* resp) {
   for (const std::string& name : req.segments()) {
     v1::DataGrant* g = resp->add_grants();
-    absl::StatusOr<DataGrantOut> out = m->GrantData(name);
+    absl::StatusOr<DataGrantOut> out = m->GrantData(name, tenant);
     if (!out.ok()) {
       SetStatus(g->mutable_status(), out.status());
       continue;

@@ -70,7 +70,7 @@ void RemoveAll(Master* m, const v1::RemoveAllRequest& req, const std::string& te
 void Stats(Master* m, const v1::StatsRequest& req, v1::StatsResponse* resp);
 void SyncSsdRecords(Master* m, const v1::SsdRecordsRequest& req, const SegmentActor& actor,
                     v1::SsdRecordsResponse* resp);
-void GrantData(Master* m, const v1::GrantDataRequest& req, v1::GrantDataResponse* resp);
+void GrantData(Master* m, const v1::GrantDataRequest& req, const std::string& tenant, v1::GrantDataResponse* resp);
 
 
 }  // namespace tierkv::master::rpc

@@ -113,7 +113,8 @@ absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::T
                                                 bool* restored,
                                                 std::optional<uint32_t>* replaced_id,
                                                 absl::Duration live_within, bool* same_ssd,
-                                                const SegmentActor& actor, std::string* owner) {
+                                                const SegmentActor& actor, std::string* owner,
+                                                std::string* owner_tenant) {
   if (spec.name.empty()) return absl::InvalidArgumentError("segment name is empty");
   if (spec.capacity < alignment_) {
     return absl::InvalidArgumentError(
@@ -124,12 +125,14 @@ absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::T
   if (same_ssd != nullptr) *same_ssd = false;
   SegmentSpec owned = spec;
   owned.owner = actor.admin ? std::string() : actor.identity;
+  owned.owner_tenant = actor.admin ? std::string() : actor.tenant;
   MutexLock lock(&mu_);
   if (!spec.tier_http.empty() && TierTakenLocked(spec.tier_http, spec.name)) {
     return absl::PermissionDeniedError(absl::StrCat("segment ", spec.name, ": another segment serves the SSD tier at ",
                                                     spec.tier_http));
   }
   if (owner != nullptr) *owner = owned.owner;
+  if (owner_tenant != nullptr) *owner_tenant = owned.owner_tenant;
   if (auto it = by_name_.find(spec.name); it != by_name_.end()) {
     Segment& seg = by_id_.at(it->second);
     // Checked under the lock that the mount takes, so no other mount can
@@ -139,7 +142,13 @@ absl::StatusOr<uint32_t> SegmentRegistry::Mount(const SegmentSpec& spec, absl::T
     if (!actor.MayChange(seg.spec.owner) && !(seg.spec.owner.empty() && same_daemon)) {
       return NotOwner(spec.name, seg.spec.owner, actor);
     }
-    if (actor.admin) owned.owner = seg.spec.owner;
+    if (actor.admin) {
+      owned.owner = seg.spec.owner;
+      owned.owner_tenant = seg.spec.owner_tenant;
+    }
+    // An admin's mount keeps the owner, and says so (it is persisted).
+    if (owner != nullptr) *owner = owned.owner;
+    if (owner_tenant != nullptr) *owner_tenant = owned.owner_tenant;
     if (seg.spec.incarnation == spec.incarnation && seg.spec.capacity == spec.capacity && !seg.dormant) {
       Unfile(seg);  // the host may be another
       const bool was_recovering = seg.recovering;
@@ -255,7 +264,8 @@ std::vector<uint32_t> SegmentRegistry::Expire(absl::Time now, absl::Duration ttl
 
 absl::StatusOr<std::vector<Replica>> SegmentRegistry::Allocate(uint64_t size, int count,
                                                                const std::string& preferred,
-                                                               absl::Span<const uint32_t> with) {
+                                                               absl::Span<const uint32_t> with,
+                                                               absl::string_view tenant) {
   MutexLock lock(&mu_);
   if (order_.empty()) {
     // Not a matter of space: evicting would only throw cached data away.
@@ -268,7 +278,10 @@ absl::StatusOr<std::vector<Replica>> SegmentRegistry::Allocate(uint64_t size, in
   // segment, then the rest by free space (order_). Only segments with room
   // count; the walk stops as soon as `count` are picked, and what it skips
   // is what is picked already or lacks room.
-  auto room = [size](const Segment& seg) { return seg.allocator->largest_free() >= seg.allocator->Rounded(size); };
+  auto room = [size, tenant](const Segment& seg) {
+    return (seg.spec.owner_tenant.empty() || seg.spec.owner_tenant == tenant) &&
+           seg.allocator->largest_free() >= seg.allocator->Rounded(size);
+  };
   absl::InlinedVector<Segment*, 8> front;
   auto in_front = [&front](uint32_t id) {
     return std::any_of(front.begin(), front.end(), [id](const Segment* s) { return s->id == id; });
@@ -447,12 +460,13 @@ std::optional<uint32_t> SegmentRegistry::IdOf(const std::string& name) const {
   return it->second;
 }
 
-std::optional<std::string> SegmentRegistry::DataKeyOf(const std::string& name) const {
+std::optional<std::string> SegmentRegistry::DataKeyOf(const std::string& name, std::string* owner_tenant) const {
   MutexLock lock(&mu_);
   auto it = by_name_.find(name);
   if (it == by_name_.end()) return std::nullopt;
   const Segment& seg = by_id_.at(it->second);
   if (seg.dormant) return std::nullopt;
+  if (owner_tenant != nullptr) *owner_tenant = seg.spec.owner_tenant;
   return seg.spec.data_key;
 }
 

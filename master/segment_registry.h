@@ -44,6 +44,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "base/mutex.h"
@@ -67,6 +68,10 @@ struct SegmentSpec {
   // The authenticated identity that mounted it (set by the registry from
   // the mounting SegmentActor, persisted); empty: anyone may change it.
   std::string owner;
+  // The owner's tenant (empty: none), set and kept with `owner`: only a
+  // caller of this tenant may map the segment's memory (shm, rdma, cuda),
+  // which no extent grant bounds (docs/security.md, "Extent grants").
+  std::string owner_tenant;
 };
 
 // Who asks to change a segment (mount over it, unmount, heartbeat it, list
@@ -83,6 +88,7 @@ struct SegmentSpec {
 struct SegmentActor {
   std::string identity;  // the caller's name (token file or certificate)
   bool admin = true;
+  std::string tenant;    // the caller's tenant (empty: none)
   bool MayChange(const std::string& owner) const { return admin || (!owner.empty() && owner == identity); }
 };
 
@@ -147,12 +153,14 @@ class SegmentRegistry {
   // PERMISSION_DENIED, naming the owner, when the name is held (in any
   // state) by a segment `actor` may not change or claim, or when another
   // segment serves the SSD tier at spec.tier_http (offloads are signed
-  // with the key of the segment at that address). spec.owner is ignored;
-  // *owner (when given) is the owner the mounted segment has.
+  // with the key of the segment at that address). spec.owner and
+  // spec.owner_tenant are ignored; *owner and *owner_tenant (when given)
+  // are those the mounted segment has.
   absl::StatusOr<uint32_t> Mount(const SegmentSpec& spec, absl::Time now, bool* restored,
                                  std::optional<uint32_t>* replaced_id,
                                  absl::Duration live_within = absl::ZeroDuration(), bool* same_ssd = nullptr,
-                                 const SegmentActor& actor = {}, std::string* owner = nullptr);
+                                 const SegmentActor& actor = {}, std::string* owner = nullptr,
+                                 std::string* owner_tenant = nullptr);
 
   // Adds a segment read back from persistence in RECOVERING state.
   uint32_t Recover(const SegmentSpec& spec, absl::Time now);
@@ -202,9 +210,12 @@ class SegmentRegistry {
   // UNAVAILABLE if no segment is live at all (eviction would not help).
   // `with`: the segments of an object this one belongs with (the first
   // member of its group), taken before all others, in order, when able: a
-  // group then lives and dies on the same segments.
+  // group then lives and dies on the same segments. `tenant`: the put's;
+  // a segment owned by a tenant's identity (a tenant lending its own
+  // memory, which its process can read) takes only that tenant's objects.
   absl::StatusOr<std::vector<Replica>> Allocate(uint64_t size, int count, const std::string& preferred,
-                                                absl::Span<const uint32_t> with = {});
+                                                absl::Span<const uint32_t> with = {},
+                                                absl::string_view tenant = {});
   // A `stage` extent of `size` bytes in the LIVE segment `id` (a copy of
   // an SSD record for a read), or nullopt when it has no room.
   std::optional<Replica> AllocateIn(uint32_t id, uint64_t size);
@@ -227,7 +238,8 @@ class SegmentRegistry {
   std::optional<uint32_t> IdOf(const std::string& name) const;
   // The data key of a segment whose DRAM is served (live or recovering);
   // nullopt for an unknown or dormant one.
-  std::optional<std::string> DataKeyOf(const std::string& name) const;
+  // (With `owner_tenant`, the segment's owner's tenant too.)
+  std::optional<std::string> DataKeyOf(const std::string& name, std::string* owner_tenant = nullptr) const;
   // The same by id: the key of that incarnation only.
   std::optional<std::string> DataKeyOfId(uint32_t id) const;
   // The data key of the segment whose SSD tier answers at `tier_http`;

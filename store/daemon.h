@@ -79,6 +79,10 @@ class StoreDaemon {
                                   listed_mount_.load(std::memory_order_acquire) == lender_->mounts());
   }
   const std::string& segment() const { return lender_->name(); }
+  // The served segment's data key ("" without --auth): an embedding
+  // process (a benchmark) that writes raw extents signs their extent
+  // grants with it, as the master does.
+  std::string SegmentDataKey() const { return engine_->SegmentDataKey(lender_->name()).value_or(""); }
   // Where the segment's memory is ("cpu:0"), as its descriptor says.
   std::string location() const { return lender_->location(); }
   // The SSD tier; null without --ssd-dir or when it could not be opened.

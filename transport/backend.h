@@ -39,6 +39,7 @@
 // Post may be called from several worker threads at once.
 #pragma once
 
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <memory>
@@ -71,6 +72,15 @@ struct Slice {
   absl::Status status;  // set by the backend
   CopyCrc* crc = nullptr;  // the Request::crc, when it moves in this one slice
   uint64_t epoch = 0;      // the Request::epoch
+  // The Request::grant, copied: a transfer that outlives its caller (one
+  // that timed out) must not read the caller's copy.
+  absl::string_view grant() const { return {grant_bytes, grant_size}; }
+  void set_grant(absl::string_view g) {
+    grant_size = g.size() <= sizeof grant_bytes ? static_cast<uint8_t>(g.size()) : 0;
+    std::memcpy(grant_bytes, g.data(), grant_size);
+  }
+  char grant_bytes[48];
+  uint8_t grant_size = 0;
 };
 
 struct Capabilities {

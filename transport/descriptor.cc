@@ -32,6 +32,7 @@ std::string SegmentDescriptor::ToJson() const {
   j["segment_id"] = segment_id;
   j["control"] = control;
   if (auth) j["auth"] = true;
+  if (extent_grants) j["extent_grants"] = true;
   j["transports"] = transports;
   j["buffers"] = json::array();
   for (const BufferDescriptor& b : buffers) {
@@ -73,6 +74,10 @@ absl::StatusOr<SegmentDescriptor> SegmentDescriptor::FromJson(const std::string&
   if (auto a = j.find("auth"); a != j.end()) {
     if (!a->is_boolean()) return absl::InvalidArgumentError("descriptor field 'auth' must be a boolean");
     d.auth = a->get<bool>();
+  }
+  if (auto a = j.find("extent_grants"); a != j.end()) {
+    if (!a->is_boolean()) return absl::InvalidArgumentError("descriptor field 'extent_grants' must be a boolean");
+    d.extent_grants = a->get<bool>();
   }
   auto tr = j.find("transports");
   if (tr == j.end() || !tr->is_object()) {

@@ -42,6 +42,11 @@ struct SegmentDescriptor {
   // The serving engine admits a connection only with a data grant for
   // this segment (base/auth.h); "auth": true in JSON, absent when false.
   bool auth = false;
+  // Every data frame must carry the master's extent grant for what it
+  // touches (base/extent_grant.h); "extent_grants": true in JSON. Set with
+  // `auth` by servers that check them; a client sends grants only to such
+  // a server, as an older one would misread them.
+  bool extent_grants = false;
   std::map<std::string, std::string> transports;  // name -> endpoint
   std::vector<BufferDescriptor> buffers;
 

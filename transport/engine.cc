@@ -179,6 +179,7 @@ BufferDescriptor Engine::DescribeBuffer(const LocalBuffer& b, uint64_t offset) {
 std::string Engine::DescriptorJson(const ServedSegment& seg) {
   SegmentDescriptor d;
   d.auth = options_.data_grants;
+  d.extent_grants = options_.data_grants;
   d.name = seg.name;
   d.host = options_.host;
   d.host_id = options_.host_id;

@@ -139,6 +139,7 @@ std::shared_ptr<Batch> Engine::Start(std::vector<Request> requests, absl::Durati
           s.length = std::min(options_.slice_size, length - done);
           if (length <= options_.slice_size) s.crc = r.crc;
           s.epoch = r.epoch;
+          s.set_grant(r.grant);
           batch->slices.push_back(s);
           batch->slice_request.push_back(i);
         }

@@ -160,8 +160,8 @@ void Engine::Invalidate(const std::string& segment) {
 
 bool Engine::Continues(const Request& lead, uint64_t run, const Request& r, const BufferDescriptor* lead_where,
                        const BufferDescriptor* where, Backend* backend) {
-  if (!options_.coalesce || r.op != lead.op || r.epoch != lead.epoch || r.crc != nullptr || lead.crc != nullptr ||
-      where != lead_where) {
+  if (!options_.coalesce || r.op != lead.op || r.epoch != lead.epoch || r.grant != lead.grant || r.crc != nullptr ||
+      lead.crc != nullptr || where != lead_where) {
     return false;
   }
   if (static_cast<char*>(lead.local) + run != r.local || lead.offset + run != r.offset) return false;

@@ -46,6 +46,10 @@ struct Request {
   // lands on space its successor handed out. 0: unfenced (one master).
   // One-sided transports (shm, rdma, cuda) cannot check it.
   uint64_t epoch = 0;
+  // The master's extent grant for the range (base/extent_grant.h), sent in
+  // each tcp frame to a server that needs one (its descriptor says
+  // "extent_grants"); empty: none. It must stay valid as `local` does.
+  absl::string_view grant;
 };
 
 // Where registered memory lives: "cpu:<numa node>" or "cuda:<device>".

@@ -53,6 +53,10 @@ struct Located {
   uint64_t put_id = 0;       // the put that wrote it (its trailer says so); 0: before put ids
   absl::Time lease_end;      // a read must finish before this
   absl::InlinedVector<std::pair<std::string, uint64_t>, 2> replicas;  // (segment, offset), in order
+  // Replica j's extent grant from the master (empty: its daemon checks
+  // none), sent with each read of it; as many as `replicas`, or none.
+  absl::InlinedVector<std::string, 2> grants;
+  absl::string_view grant(size_t j) const { return j < grants.size() ? absl::string_view(grants[j]) : absl::string_view(); }
   bool cached = false;       // came from the cache, not the master
   // A counted read (GetReplicasResponse.lease_tokens): its lease is given
   // back once the read is over, with the master's expiry; a cached entry

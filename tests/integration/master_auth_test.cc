@@ -314,7 +314,9 @@ TEST_F(MasterProcessTest, GrantsComeFromTheSegmentsKeyAndAnOpenMasterSaysItGives
   ASSERT_TRUE(stub_->GrantData(Ctx().get(), req, &resp).ok());
   ASSERT_EQ(resp.grants_size(), 3);
   EXPECT_EQ(resp.grants(0).status().code(), 0);
-  EXPECT_EQ(resp.grants(0).session_key(), auth::GrantSessionKey(key, resp.grants(0).grant()));
+  // An open master's callers have no tenant, as its segments' owners: the
+  // grant lets them map the memory too.
+  EXPECT_EQ(resp.grants(0).session_key(), auth::MapSessionKey(key, resp.grants(0).grant()));
   EXPECT_GT(auth::GrantExpiry(resp.grants(0).grant()), absl::Now() + absl::Minutes(9));
   EXPECT_TRUE(resp.grants(1).grant().empty());
   EXPECT_EQ(resp.grants(2).status().code(), static_cast<int>(absl::StatusCode::kNotFound));

@@ -5,6 +5,9 @@
 // segment-control calls; and a second client of tenant a trying to end
 // its neighbour's read leases with its own token. Each attempt is refused
 // or ignored, a's bytes read back identical, and every process stays up.
+// On the data path b holds a data grant for the daemon's segment (as any
+// client does) and aims raw tcp frames at a's extents, at their true
+// offsets, with no extent grant, with its own, and with its own altered.
 // The fixture is store_fixture.h.
 #include "tests/integration/store_fixture.h"
 
@@ -12,6 +15,7 @@
 #include <fstream>
 #include <set>
 
+#include "absl/strings/str_join.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/master.grpc.pb.h"
 
@@ -312,6 +316,76 @@ TEST_F(TenantWallsTest, ClientIdsAreCountedWithinTheirTenant) {
   EXPECT_LE(b_rows, 1026u);  // "all", 1024 named, "other"
 
   EXPECT_TRUE(cluster_.master().Running());
+}
+
+TEST_F(TenantWallsTest, AGrantForTheSegmentReachesOnlyTheExtentsTheMasterGave) {
+  StartCluster();
+  auto a = Client({"shm", "tcp"});
+  auto b = Client({"shm", "tcp"}, "tenant-b-token-00000000");
+  ASSERT_TRUE(a && b);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 4; ++i) {
+    keys.push_back(absl::StrCat("secret-", i));
+    ASSERT_OK(a->Put(keys.back(), ValueFor(keys.back(), 65536)));
+  }
+  ASSERT_OK(b->Put("mine", std::string(65536, 'b')));
+  // Where a's values sit (a's own lookup: b is given the true offsets, the
+  // worst case), and b's own extent with the grants the master gave b.
+  v1::KeysRequest req;
+  for (const std::string& k : keys) req.add_keys(k);
+  v1::GetReplicasResponse theirs, own;
+  ASSERT_OK(AsStatus(stub_->GetReplicas(As("tenant-a-token-00000000").get(), req, &theirs)));
+  v1::KeysRequest mine;
+  mine.add_keys("mine");
+  ASSERT_OK(AsStatus(stub_->GetReplicas(As("tenant-b-token-00000000").get(), mine, &own)));
+  ASSERT_EQ(theirs.replica_offsets_size(), 4);
+  ASSERT_EQ(own.replica_grants_size(), 1);
+  ASSERT_EQ(own.replica_grants(0).size(), 48u);
+  const std::string segment = theirs.segments(0);
+  v1::PutStartRequest start;
+  v1::PutStartItem* item = start.add_items();
+  item->set_key("mine-2");
+  item->set_size(65536 + 16);
+  start.set_put_ids(true);
+  v1::PutStartResponse started;
+  ASSERT_OK(AsStatus(stub_->PutStart(As("tenant-b-token-00000000").get(), start, &started)));
+  ASSERT_EQ(started.results(0).replicas_size(), 1);
+  const std::string write_grant = started.results(0).replicas(0).grant();
+  ASSERT_EQ(write_grant.size(), 48u);
+
+  std::vector<char> buf(65536);
+  transport::TransferEngine& engine = b->engine();
+  for (int i = 0; i < 4; ++i) {
+    const uint64_t at = theirs.replica_offsets(i);
+    std::string altered = own.replica_grants(0);
+    for (int k = 0; k < 8; ++k) altered[k] = static_cast<char>(at >> (8 * k));  // offset := a's
+    for (absl::string_view grant : {absl::string_view(), absl::string_view(own.replica_grants(0)),
+                                    absl::string_view(altered), absl::string_view(write_grant)}) {
+      transport::Request read{transport::Op::kRead, buf.data(), segment, at, buf.size()};
+      read.grant = grant;
+      transport::Request write{transport::Op::kWrite, buf.data(), segment, at, buf.size()};
+      write.grant = grant;
+      std::fill(buf.begin(), buf.end(), 'X');
+      for (const absl::Status& st : engine.Transfer({read, write}, absl::Seconds(5))) {
+        EXPECT_TRUE(absl::IsPermissionDenied(st)) << st;
+      }
+      EXPECT_EQ(std::count(buf.begin(), buf.end(), 'X'), static_cast<long>(buf.size()));  // nothing read
+    }
+  }
+  // Neither tenant maps the operator's segment: shm would reach every
+  // extent of it. Both move their bytes over tcp, frame by frame.
+  for (client::Client* c : {a.get(), b.get()}) {
+    transport::PeerInfo info = c->engine().Describe(segment);
+    EXPECT_EQ(info.transport, "tcp") << absl::StrJoin(info.fallbacks, "; ");
+  }
+  for (const std::string& k : keys) {
+    absl::StatusOr<std::string> got = a->Get(k);
+    ASSERT_OK(got.status());
+    EXPECT_EQ(*got, ValueFor(k, 65536)) << k;
+  }
+  EXPECT_EQ(*b->Get("mine"), std::string(65536, 'b'));
+  EXPECT_TRUE(cluster_.master().Running());
+  EXPECT_TRUE(cluster_.daemon(0).Running());
 }
 
 }  // namespace

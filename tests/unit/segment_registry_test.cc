@@ -257,6 +257,44 @@ TEST(SegmentRegistryTest, ManySegmentsOneHostPlacesOnTheEmptiest) {
   }
 }
 
+// A tenant lending its own memory holds what lands there: its segment takes
+// only its tenant's objects, while an operator's (no tenant) takes anyone's.
+// The owner's tenant comes with the mount, and an admin's re-mount keeps it.
+TEST(SegmentRegistryTest, ATenantsOwnSegmentTakesOnlyItsTenantsObjects) {
+  SegmentRegistry reg(kAlign);
+  bool restored;
+  std::optional<uint32_t> replaced;
+  std::string owner, owner_tenant;
+  ASSERT_TRUE(reg.Mount({"lender-a", "h1", uint64_t{1} << 30, "x"}, absl::Now(), &restored, &replaced,
+                        absl::ZeroDuration(), nullptr, SegmentActor{"app-a", false, "a"}, &owner, &owner_tenant)
+                  .ok());
+  EXPECT_EQ(owner, "app-a");
+  EXPECT_EQ(owner_tenant, "a");
+  ASSERT_TRUE(reg.Mount({"operator", "h2", uint64_t{1} << 20, "x"}, absl::Now(), &restored, &replaced,
+                        absl::ZeroDuration(), nullptr, SegmentActor{"decode-0", false, ""})
+                  .ok());
+  for (const std::string tenant : {"b", ""}) {
+    for (int i = 0; i < 20; ++i) {
+      // Even named as preferred, and with more room there.
+      absl::StatusOr<std::vector<Replica>> r = reg.Allocate(4096, 2, "lender-a", {}, tenant);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_EQ(r->size(), 1u);
+      EXPECT_EQ(reg.Name((*r)[0].segment_id), "operator");
+    }
+  }
+  absl::StatusOr<std::vector<Replica>> r = reg.Allocate(4096, 2, "", {}, "a");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->size(), 2u);
+  EXPECT_EQ(reg.Name((*r)[0].segment_id), "lender-a");  // the emptiest
+  // Too large for the operator's segment: a's has room, but not for b.
+  EXPECT_TRUE(absl::IsResourceExhausted(reg.Allocate(uint64_t{2} << 20, 1, "", {}, "b").status()));
+  ASSERT_TRUE(reg.Mount({"lender-a", "h1", uint64_t{1} << 30, "x"}, absl::Now(), &restored, &replaced,
+                        absl::ZeroDuration(), nullptr, SegmentActor{"ops", true, ""}, &owner, &owner_tenant)
+                  .ok());
+  EXPECT_EQ(owner, "app-a");
+  EXPECT_EQ(owner_tenant, "a");
+}
+
 // Readers (lookups) and writers (placement, membership) at once: the
 // snapshot a reader holds stays valid and self-consistent whatever
 // changes after it was taken. Meant for TSan as much as for the asserts.

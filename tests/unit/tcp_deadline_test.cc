@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/auth.h"
+#include "base/extent_grant.h"
 #include "base/mutex.h"
 #include "base/net/socket.h"
 #include "base/net/tls.h"
@@ -345,14 +346,14 @@ class TcpLateWriteTest : public ::testing::Test {
     return g;
   }
 
-  absl::Status SendFrame(RequestHeader h, const std::string& payload) {
+  absl::Status SendFrame(RequestHeader h, const std::string& payload, const std::string& grant = "") {
     h.id = ++id_;
     h.segment = desc_.segment_index;
     h.segment_id = desc_.segment_id;
     if (h.length == 0) h.length = payload.size();
-    uint8_t head[kRequestSize];
-    EncodeRequest(h, head);
-    RETURN_IF_ERROR(net::WriteFull(fd_.get(), head, sizeof head, Deadline()));
+    uint8_t head[kHeadMax];
+    const size_t head_len = EncodeHead(h, grant, head);
+    RETURN_IF_ERROR(net::WriteFull(fd_.get(), head, head_len, Deadline()));
     return payload.empty() ? absl::OkStatus() : net::WriteFull(fd_.get(), payload.data(), payload.size(), Deadline());
   }
   absl::StatusOr<std::pair<ReplyHeader, std::string>> Receive() {
@@ -375,11 +376,16 @@ class TcpLateWriteTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(auto admitted, Receive());
     ASSERT_EQ(admitted.first.status, WireStatus::kOk) << admitted.second;
   }
-  // The header and the first half of a WRITE of kLen bytes at kOffset.
-  void StartWrite(absl::Time deadline) {
+  // The header and the first half of a WRITE of kLen bytes at kOffset;
+  // with data grants, under an extent grant for it good for `grant_ttl`.
+  void StartWrite(absl::Time deadline, absl::Duration grant_ttl = absl::Seconds(30)) {
     RequestHeader h{.op = WireOp::kWrite, .flags = kHasDeadline, .offset = kOffset, .length = kLen};
     h.deadline_ms32 = DeadlineMs32(deadline);
-    ASSERT_OK(SendFrame(h, std::string(kLen / 2, kEarly)));
+    const std::string grant =
+        key_.empty() ? std::string()
+                     : auth::ExtentMac(key_).Sign({kOffset, kLen, absl::ToUnixMillis(absl::Now() + grant_ttl),
+                                                   auth::kExtentWrite});
+    ASSERT_OK(SendFrame(h, std::string(kLen / 2, kEarly), grant));
   }
   // What a refused write left: no late byte anywhere, nothing past the
   // early half, and the early half either landed or untouched.
@@ -446,6 +452,26 @@ TEST_F(TcpLateWriteTest, APayloadThatArrivesPastTheConnectionsDataGrantLandsNoLa
   EXPECT_FALSE(net::ReadFull(fd_.get(), &more, 1, Deadline()).ok()) << "the connection stays open";
 }
 
+// The extent grant's expiry is the master's, not the writer's: a payload
+// still arriving past it lands nothing, whatever deadline the frame named.
+TEST_F(TcpLateWriteTest, APayloadThatArrivesPastItsExtentGrantLandsNoLateByte) {
+  ASSERT_NO_FATAL_FAILURE(Start(/*grants=*/true));
+  ASSERT_NO_FATAL_FAILURE(Admit(absl::Minutes(1)));
+  const absl::Time granted = absl::Now();
+  ASSERT_NO_FATAL_FAILURE(StartWrite(absl::Now() + absl::Seconds(30), absl::Seconds(1)));
+  ASSERT_OK(WaitFor("the extent grant to expire", absl::Seconds(10),
+                    [&] { return absl::Now() > granted + absl::Milliseconds(1100); }));
+  const std::string rest(kLen / 2, kLate);
+  ASSERT_OK(net::WriteFull(fd_.get(), rest.data(), rest.size(), Deadline()));
+  ASSERT_OK_AND_ASSIGN(auto reply, Receive());
+  EXPECT_EQ(reply.first.status, WireStatus::kDenied) << reply.second;
+  EXPECT_NE(reply.second.find("expired"), std::string::npos) << reply.second;
+  ExpectNoLateByte();
+  ASSERT_OK(SendFrame({.op = WireOp::kPing}, ""));
+  ASSERT_OK_AND_ASSIGN(auto pong, Receive());
+  EXPECT_EQ(pong.first.status, WireStatus::kOk);
+}
+
 // The client's side of it: a pooled connection whose grant would expire
 // before a batch's deadline is not used for it, so grants that expire
 // while the client runs cost no failed transfer.
@@ -459,12 +485,19 @@ TEST_F(TcpLateWriteTest, PooledConnectionsAreRedialledBeforeTheirDataGrantExpire
   };
   ASSERT_OK_AND_ASSIGN(auto client, TransferEngine::Create(o));
   std::vector<char> out(4096, 'w'), in(4096, 0);
-  ASSERT_OK(client->Transfer({{Op::kWrite, out.data(), "seg", 0, out.size()}}, absl::Milliseconds(300))[0]);
+  const std::string grant =
+      auth::ExtentMac(key_).Sign({0, 4096, absl::ToUnixMillis(absl::Now() + absl::Minutes(1)),
+                                  auth::kExtentRead | auth::kExtentWrite});
+  Request write{Op::kWrite, out.data(), "seg", 0, out.size()};
+  write.grant = grant;
+  Request read{Op::kRead, in.data(), "seg", 0, in.size()};
+  read.grant = grant;
+  ASSERT_OK(client->Transfer({write}, absl::Milliseconds(300))[0]);
   const int first = asked;
   const absl::Time granted = absl::Now();
   ASSERT_OK(WaitFor("the first grant to expire", absl::Seconds(10),
                     [&] { return absl::Now() > granted + absl::Milliseconds(1200); }));
-  ASSERT_OK(client->Transfer({{Op::kRead, in.data(), "seg", 0, in.size()}}, absl::Milliseconds(300))[0]);
+  ASSERT_OK(client->Transfer({read}, absl::Milliseconds(300))[0]);
   EXPECT_EQ(in, out);
   EXPECT_GT(asked, first);
 }

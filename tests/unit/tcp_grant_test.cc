@@ -1,6 +1,7 @@
 // Data grants (--auth token on a daemon): a segment served under grants
 // moves bytes only for a grant naming it, over tcp and shm; raw frames
-// need a challenge and a proof; and the proofs' crypto.
+// need a challenge and a proof; each tcp frame needs an extent grant
+// covering it; mapping (shm) needs a grant that allows it; and the crypto.
 #include <cstring>
 #include <functional>
 #include <map>
@@ -8,6 +9,7 @@
 
 #include "absl/strings/str_join.h"
 #include "base/auth.h"
+#include "base/extent_grant.h"
 #include "base/net/socket.h"
 #include "httplib.h"
 #include "tests/support/status_matchers.h"
@@ -20,6 +22,12 @@ namespace tierkv::transport::tcp {
 namespace {
 
 using ::tierkv::testing::StatusIs;
+
+// PERMISSION_DENIED with `text` in its message.
+MATCHER_P(DeniedSaying, text, "") {
+  *result_listener << arg;
+  return absl::IsPermissionDenied(arg) && arg.message().find(text) != absl::string_view::npos;
+}
 using net::Dial;
 using net::ReadFull;
 using net::WriteFull;
@@ -50,11 +58,17 @@ class DataGrantTest : public ::testing::Test {
     }
     EXPECT_NE(key_["a"], key_["b"]);
   }
-  DataGrant Grant(const std::string& key, absl::Duration ttl = absl::Minutes(1)) {
+  // `map`: the kind the master gives a caller of the segment owner's tenant.
+  DataGrant Grant(const std::string& key, absl::Duration ttl = absl::Minutes(1), bool map = false) {
     DataGrant g;
     g.grant = auth::NewGrant(absl::Now() + ttl);
-    g.session_key = auth::GrantSessionKey(key, g.grant);
+    g.session_key = map ? auth::MapSessionKey(key, g.grant) : auth::GrantSessionKey(key, g.grant);
     return g;
+  }
+  // The master's extent grant for [offset, offset + length) of `segment`.
+  std::string Extent(const std::string& segment, uint64_t offset, uint64_t length, uint8_t ops,
+                     absl::Duration ttl = absl::Minutes(1)) {
+    return auth::ExtentMac(key_[segment]).Sign({offset, length, absl::ToUnixMillis(absl::Now() + ttl), ops});
   }
   std::unique_ptr<TransferEngine> Client(std::vector<std::string> transports,
                                          std::function<absl::StatusOr<DataGrant>(const std::string&, bool, absl::Time)> grants) {
@@ -82,20 +96,111 @@ class DataGrantTest : public ::testing::Test {
 };
 
 TEST_F(DataGrantTest, AGrantForTheSegmentMovesBytesOverTcpAndShm) {
-  for (std::vector<std::string> transports : {std::vector<std::string>{"tcp"}, std::vector<std::string>{"shm", "tcp"}}) {
-    int asked = 0;
-    auto client = Client(transports, [&](const std::string& segment, bool, absl::Time) {
-      ++asked;
-      return Grant(key_[segment]);
-    });
-    std::vector<char> out(4096, 'w'), in(4096, 0);
-    ASSERT_OK(client->Transfer({{Op::kWrite, out.data(), "a", 8192, out.size()}})[0]) << transports[0];
-    ASSERT_OK(client->Transfer({{Op::kRead, in.data(), "a", 8192, in.size()}})[0]) << transports[0];
-    EXPECT_EQ(in, out);
-    PeerInfo info = client->Describe("a");
-    EXPECT_EQ(info.transport, transports[0]) << absl::StrJoin(info.fallbacks, "; ");
-    EXPECT_GE(asked, 1);
+  EXPECT_TRUE(desc_["a"].extent_grants);
+  // shm maps the whole segment: only a grant that allows mapping sets it
+  // up; a plain one moves the same bytes over tcp, each frame with its
+  // extent grant.
+  for (bool map : {false, true}) {
+    for (std::vector<std::string> transports :
+         {std::vector<std::string>{"tcp"}, std::vector<std::string>{"shm", "tcp"}}) {
+      int asked = 0;
+      auto client = Client(transports, [&](const std::string& segment, bool, absl::Time) {
+        ++asked;
+        return Grant(key_[segment], absl::Minutes(1), map);
+      });
+      std::vector<char> out(4096, 'w'), in(4096, 0);
+      Request w{Op::kWrite, out.data(), "a", 8192, out.size()};
+      const std::string wg = Extent("a", 8192, 4096, auth::kExtentWrite);
+      w.grant = wg;
+      ASSERT_OK(client->Transfer({w})[0]) << transports[0];
+      Request r{Op::kRead, in.data(), "a", 8192, in.size()};
+      const std::string rg = Extent("a", 8192, 4096, auth::kExtentRead);
+      r.grant = rg;
+      ASSERT_OK(client->Transfer({r})[0]) << transports[0];
+      EXPECT_EQ(in, out);
+      PeerInfo info = client->Describe("a");
+      const std::string want = map || transports.size() == 1 ? transports[0] : "tcp";
+      EXPECT_EQ(info.transport, want) << absl::StrJoin(info.fallbacks, "; ");
+      if (want != transports[0]) {
+        EXPECT_NE(absl::StrJoin(info.fallbacks, "; ").find("mapping this segment's memory needs"), std::string::npos)
+            << absl::StrJoin(info.fallbacks, "; ");
+      }
+      EXPECT_GE(asked, 1);
+    }
   }
+}
+
+TEST_F(DataGrantTest, EachTcpFrameNeedsAnExtentGrantCoveringItForItsOp) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  const SegmentDescriptor& a = desc_["a"];
+  Connection c = Dialed();
+  ASSERT_OK(c.Authenticate(a.segment_index, a.segment_id, Grant(key_["a"]), deadline));
+  std::vector<char> buf(64, 'x');
+  // One frame on the admitted connection; the connection stays open after
+  // a refusal (a grant that ran out is an ordinary event).
+  auto frame = [&](Op op, uint64_t offset, absl::string_view grant) {
+    Slice s{};
+    s.op = op;
+    s.local = buf.data();
+    s.remote_offset = offset;
+    s.length = buf.size();
+    s.set_grant(grant);
+    Slice* p = &s;
+    c.RunBatch(a.segment_index, a.segment_id, absl::MakeSpan(&p, 1), deadline);
+    EXPECT_FALSE(c.broken()) << s.status;
+    return s.status;
+  };
+  const std::string read = Extent("a", 4096, 4096, auth::kExtentRead);
+  const std::string write = Extent("a", 4096, 4096, auth::kExtentWrite);
+  EXPECT_THAT(frame(Op::kRead, 4096, ""), DeniedSaying("needs an extent grant"));
+  EXPECT_OK(frame(Op::kRead, 4096 + 100, read));
+  EXPECT_THAT(frame(Op::kRead, 0, read), DeniedSaying("covers"));
+  EXPECT_THAT(frame(Op::kRead, 8192 - 32, read), StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(frame(Op::kWrite, 4096, read), DeniedSaying("reads only"));
+  EXPECT_THAT(frame(Op::kWrite, 4096, Extent("a", 4096, 4096, auth::kExtentWrite, -absl::Seconds(1))),
+              DeniedSaying("expired"));
+  EXPECT_THAT(frame(Op::kWrite, 4096, auth::ExtentMac(key_["b"]).Sign({4096, 4096, absl::ToUnixMillis(deadline), 3})),
+              DeniedSaying("this segment's key"));
+  // A grant for one extent, its length stretched to the whole segment.
+  std::string stretched = write;
+  stretched[8 + 2] = 0x10;  // length 4096 -> 1 MiB + 4096
+  EXPECT_THAT(frame(Op::kWrite, 0, stretched), StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_TRUE(Untouched(*a_));
+  std::fill(buf.begin(), buf.end(), 'x');  // the reads above filled it with the region's bytes
+  EXPECT_OK(frame(Op::kWrite, 4096 + 64, write));
+  EXPECT_EQ(a_->data()[4096 + 64], 'x');
+  EXPECT_EQ(static_cast<uint8_t>(a_->data()[4096 + 63]), 0x5a);
+
+  // Small writes go as one vectored frame, each range with its own grant:
+  // one range outside its grant refuses the whole frame, and nothing of it
+  // lands; each under its own, they all do.
+  std::vector<Slice> v(3);
+  std::vector<Slice*> ptrs;
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i].op = Op::kWrite;
+    v[i].local = buf.data();
+    v[i].length = 16;
+    v[i].remote_offset = i < 2 ? 6000 + 100 * i : 12000;
+    v[i].set_grant(write);
+    ptrs.push_back(&v[i]);
+  }
+  c.RunBatch(a.segment_index, a.segment_id, absl::MakeSpan(ptrs), deadline);
+  for (const Slice& s : v) EXPECT_THAT(s.status, StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_EQ(static_cast<uint8_t>(a_->data()[6000]), 0x5a);
+  v[2].set_grant(Extent("a", 12000, 16, auth::kExtentWrite));
+  for (Slice& s : v) s.status = absl::OkStatus();
+  c.RunBatch(a.segment_index, a.segment_id, absl::MakeSpan(ptrs), deadline);
+  for (const Slice& s : v) EXPECT_OK(s.status);
+  EXPECT_EQ(a_->data()[6000], 'x');
+  EXPECT_EQ(a_->data()[6100], 'x');
+  EXPECT_EQ(a_->data()[12000], 'x');
+
+  // A connection admitted by a plain grant sets up no mapping.
+  absl::StatusOr<std::string> shm =
+      c.Handshake("shm", absl::StrCat(R"({"segment_index":)", a.segment_index, R"(,"segment_id":)", a.segment_id, "}"),
+                  deadline, a.segment_index, a.segment_id);
+  EXPECT_THAT(shm.status(), DeniedSaying("mapping"));
+  EXPECT_TRUE(Untouched(*b_));
 }
 
 TEST_F(DataGrantTest, NoGrantAGrantForAnotherSegmentOrAnExpiredOneIsRefusedAndTouchesNothing) {
@@ -139,7 +244,10 @@ TEST_F(DataGrantTest, ARefusedCachedGrantIsRenewedOnce) {
   });
   std::vector<char> out(4096, 'w');
   const absl::Time before = absl::Now();
-  ASSERT_OK(client->Transfer({{Op::kWrite, out.data(), "b", 0, out.size()}}, absl::Seconds(3))[0]);
+  Request w{Op::kWrite, out.data(), "b", 0, out.size()};
+  const std::string grant = Extent("b", 0, out.size(), auth::kExtentWrite);
+  w.grant = grant;
+  ASSERT_OK(client->Transfer({w}, absl::Seconds(3))[0]);
   EXPECT_EQ(renews, (std::vector<bool>{false, true}));
   for (absl::Time d : deadlines) {
     EXPECT_GT(d, before);
@@ -170,6 +278,7 @@ TEST_F(DataGrantTest, RawFramesNeedAChallengeAndAProofForTheNamedSegment) {
     ok.local = buf.data();
     ok.remote_offset = 0;
     ok.length = buf.size();
+    ok.set_grant(Extent("a", 0, buf.size(), auth::kExtentRead));
     Slice* p = &ok;
     c.RunBatch(a.segment_index, a.segment_id, absl::MakeSpan(&p, 1), deadline);
     EXPECT_OK(ok.status);
@@ -208,9 +317,10 @@ TEST_F(DataGrantTest, RawFramesNeedAChallengeAndAProofForTheNamedSegment) {
     EXPECT_FALSE(ReadFull(fd->get(), &more, 1, deadline).ok());  // closed
   }
   {
-    // Admitted for a, a handshake whose target is b: refused, and closed.
+    // Admitted for a (to map it), a handshake whose target is b: refused,
+    // and closed.
     Connection c = Dialed();
-    ASSERT_OK(c.Authenticate(a.segment_index, a.segment_id, Grant(key_["a"]), deadline));
+    ASSERT_OK(c.Authenticate(a.segment_index, a.segment_id, Grant(key_["a"], absl::Minutes(1), true), deadline));
     absl::StatusOr<std::string> r =
         c.Handshake("shm", absl::StrCat(R"({"segment_index":)", b.segment_index, R"(,"segment_id":)", b.segment_id, "}"),
                     deadline, a.segment_index, a.segment_id);
@@ -247,6 +357,14 @@ TEST(DataGrantCryptoTest, ProofsBindTheKeyTheNonceAndTheSegment) {
               StatusIs(absl::StatusCode::kUnauthenticated));
   EXPECT_THAT(auth::CheckGrant(key, grant.substr(1), proof, nonce, 3, 77, now),
               StatusIs(absl::StatusCode::kUnauthenticated));
+  // A mapping grant's proof passes as one; a plain one's does not.
+  bool may_map = true;
+  EXPECT_OK(auth::CheckGrant(key, grant, proof, nonce, 3, 77, now, &may_map));
+  EXPECT_FALSE(may_map);
+  const std::string map_proof = auth::GrantProof(auth::MapSessionKey(key, grant), nonce, 3, 77);
+  EXPECT_OK(auth::CheckGrant(key, grant, map_proof, nonce, 3, 77, now, &may_map));
+  EXPECT_TRUE(may_map);
+  EXPECT_NE(auth::MapSessionKey(key, grant), auth::GrantSessionKey(key, grant));
   EXPECT_FALSE(auth::SameSecret("abc", "abd"));
   EXPECT_TRUE(auth::SameSecret("abc", "abc"));
   EXPECT_FALSE(auth::SameSecret("abc", "abcd"));
@@ -293,6 +411,40 @@ TEST(TierOrderKeysTest, OnlyTheMastersKeyOrdersAndALeaveFitsOneObject) {
   // From its expiry on a leave stages nothing: the extent may be another's.
   EXPECT_FALSE(CheckStageProof(data_key, std::string("a\0page", 6), 4096, 65536, expiry, leave,
                                absl::FromUnixMillis(expiry)).ok());
+}
+
+// Extent grants: every field is under the tag, so no change to one passes;
+// coverage is checked without overflow at the top of the offset space.
+TEST(ExtentGrantTest, AGrantCoversItsExtentForItsOpsUntilItsExpiryAndNothingElse) {
+  const std::string data_key(32, 'k');
+  ExtentMac mac(data_key);
+  ASSERT_TRUE(mac.ok());
+  const absl::Time now = absl::Now();
+  const int64_t expiry = absl::ToUnixMillis(now + absl::Seconds(5));
+  const std::string g = mac.Sign({1 << 20, 65536, expiry, kExtentRead});
+  ASSERT_EQ(g.size(), kExtentGrantBytes);
+  EXPECT_OK(mac.Check(g, kExtentRead, 1 << 20, 65536, now));
+  EXPECT_OK(mac.Check(g, kExtentRead, (1 << 20) + 65535, 1, now));
+  EXPECT_OK(mac.Check(g, kExtentRead, (1 << 20) + 65536, 0, now));
+  EXPECT_FALSE(mac.Check(g, kExtentRead, (1 << 20) - 1, 1, now).ok());
+  EXPECT_FALSE(mac.Check(g, kExtentRead, (1 << 20) + 1, 65536, now).ok());
+  EXPECT_FALSE(mac.Check(g, kExtentRead, (1 << 20) + 8, UINT64_MAX - 4, now).ok());
+  EXPECT_FALSE(mac.Check(g, kExtentWrite, 1 << 20, 16, now).ok());
+  EXPECT_FALSE(mac.Check(g, kExtentRead, 1 << 20, 16, absl::FromUnixMillis(expiry)).ok());
+  EXPECT_FALSE(ExtentMac(std::string(32, 'o')).Check(g, kExtentRead, 1 << 20, 16, now).ok());
+  // Each byte of the fields and the tag, changed, is refused.
+  for (size_t i = 0; i < g.size(); ++i) {
+    std::string bad = g;
+    bad[i] ^= 0x01;
+    ExtentGrantFields f;
+    if (DecodeExtentGrant(bad, &f) && f.ops == kExtentWrite) continue;  // refused for its op below anyway
+    EXPECT_FALSE(mac.Check(bad, kExtentRead, 1 << 20, 16, now).ok()) << "byte " << i;
+  }
+  EXPECT_FALSE(mac.Check(g.substr(1), kExtentRead, 1 << 20, 16, now).ok());
+  // A grant at the top of the offset space covers only itself.
+  const std::string top = mac.Sign({UINT64_MAX - 100, 100, expiry, kExtentRead | kExtentWrite});
+  EXPECT_OK(mac.Check(top, kExtentWrite, UINT64_MAX - 50, 50, now));
+  EXPECT_FALSE(mac.Check(top, kExtentWrite, UINT64_MAX - 50, 51, now).ok());
 }
 
 }  // namespace

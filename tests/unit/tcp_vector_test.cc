@@ -116,6 +116,7 @@ TEST(TcpVectorEngineTest, ScatteredEntriesRoundTripByteIdentical) {
 struct Recorded {
   RequestHeader header;
   std::string payload;
+  std::string grant;  // the extent grant after the header (kHasGrant)
 };
 
 class FakePeer {
@@ -133,12 +134,16 @@ class FakePeer {
         absl::StatusOr<RequestHeader> h = DecodeRequest(head, sizeof head);
         if (!h.ok() || h->length > (64 << 20)) return;
         Recorded r{*h, std::string(h->length, '\0')};
+        if (h->flags & kHasGrant) {
+          r.grant.assign(kGrantBlockBytes, '\0');
+          if (!ReadFull(server_.get(), r.grant.data(), r.grant.size(), deadline).ok()) return;
+        }
         if (!ReadFull(server_.get(), r.payload.data(), r.payload.size(), deadline).ok()) return;
         uint64_t answer = 0;
         if (h->op == WireOp::kRead) answer = h->length;
         if (h->op == WireOp::kReadV) {
           for (uint64_t k = 0; k < h->offset; ++k) {
-            answer += DecodeRange(reinterpret_cast<const uint8_t*>(r.payload.data()) + k * kRangeBytes).length;
+            answer += DecodeRange(reinterpret_cast<const uint8_t*>(r.payload.data()) + k * RangeEntryBytes(*h)).length;
           }
         }
         uint8_t reply[kReplySize];
@@ -202,6 +207,60 @@ TEST(TcpVectorFramingTest, SmallScatteredSlicesGoAsOneVectoredFrame) {
   }
   EXPECT_EQ(frames[0].payload.substr(kSlices * kRangeBytes), data);
   EXPECT_FALSE(conn.broken());
+}
+
+// Slices under extent grants: a plain frame carries its slice's grant after
+// the header; a vectored one carries each range's in its table; a read
+// joins the read before it (a value's trailer) only under the same grant.
+TEST(TcpVectorFramingTest, EachSliceCarriesItsExtentGrant) {
+  std::string small(4096, 's'), large(1 << 20, 'L'), in(100, '\0'), tail(16, '\0'), other(16, '\0');
+  const std::string g1(kGrantBlockBytes, '1'), g2(kGrantBlockBytes, '2'), g3(kGrantBlockBytes, '3');
+  std::vector<Slice> slices = {
+      {.op = Op::kWrite, .local = small.data(), .remote_offset = 0, .length = 100},
+      {.op = Op::kWrite, .local = small.data(), .remote_offset = 8192, .length = 100},
+      {.op = Op::kWrite, .local = large.data(), .remote_offset = 1 << 20, .length = large.size()},
+      {.op = Op::kRead, .local = in.data(), .remote_offset = 5000, .length = in.size()},
+      {.op = Op::kRead, .local = tail.data(), .remote_offset = 5100, .length = tail.size()},    // its trailer
+      {.op = Op::kRead, .local = other.data(), .remote_offset = 5116, .length = other.size()},  // another's
+  };
+  slices[0].set_grant(g1);
+  slices[1].set_grant(g2);
+  slices[2].set_grant(g3);
+  slices[3].set_grant(g1);
+  slices[4].set_grant(g1);
+  slices[5].set_grant(g2);
+  std::vector<Slice*> ptrs;
+  for (Slice& s : slices) ptrs.push_back(&s);
+  FakePeer peer(3, 'r');
+  Connection conn(peer.TakeClient(), "fake");
+  conn.RunBatch(0, 1, ptrs, absl::Now() + absl::Seconds(10));
+  const std::vector<Recorded>& frames = peer.Join();
+  for (const Slice& s : slices) EXPECT_OK(s.status);
+  ASSERT_EQ(frames.size(), 3u);
+  const RequestHeader& wv = frames[0].header;
+  EXPECT_EQ(wv.op, WireOp::kWriteV);
+  EXPECT_TRUE(wv.flags & kRangeGrants);
+  EXPECT_FALSE(wv.flags & kHasGrant);
+  ASSERT_EQ(wv.length, 2 * (kRangeBytes + kGrantBlockBytes) + 200);
+  EXPECT_EQ(frames[0].payload.substr(kRangeBytes, kGrantBlockBytes), g1);
+  EXPECT_EQ(frames[0].payload.substr(2 * kRangeBytes + kGrantBlockBytes, kGrantBlockBytes), g2);
+  EXPECT_EQ(DecodeRange(reinterpret_cast<const uint8_t*>(frames[0].payload.data()) + kRangeBytes + kGrantBlockBytes)
+                .offset,
+            8192u);
+  EXPECT_EQ(frames[1].header.op, WireOp::kWrite);
+  EXPECT_TRUE(frames[1].header.flags & kHasGrant);
+  EXPECT_EQ(frames[1].grant, g3);
+  // The other key's read, adjacent but under another grant, does not join
+  // the value and its trailer: the three go as a vectored frame, each range
+  // with its grant.
+  EXPECT_EQ(frames[2].header.op, WireOp::kReadV);
+  ASSERT_EQ(frames[2].header.offset, 3u);
+  const size_t entry = kRangeBytes + kGrantBlockBytes;
+  EXPECT_EQ(frames[2].payload.substr(kRangeBytes, kGrantBlockBytes), g1);
+  EXPECT_EQ(frames[2].payload.substr(entry + kRangeBytes, kGrantBlockBytes), g1);
+  EXPECT_EQ(frames[2].payload.substr(2 * entry + kRangeBytes, kGrantBlockBytes), g2);
+  EXPECT_EQ(in, std::string(100, 'r'));
+  EXPECT_EQ(other, std::string(16, 'r'));
 }
 
 TEST(TcpVectorFramingTest, LargeSlicesEpochsAndOpsSplitTheGroups) {

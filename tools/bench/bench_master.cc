@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/auth.h"
 #include "client/master_client.h"
 #include "base/mutex.h"
 #include "config/master_config.h"
@@ -173,7 +174,7 @@ struct Cluster {
   MethodLatencies methods;
 };
 
-absl::Status StartCluster(Cluster* c, absl::Duration reply_spin, absl::Duration direct_spin) {
+absl::Status StartCluster(Cluster* c, absl::Duration reply_spin, absl::Duration direct_spin, bool data_keys) {
   c->data_dir = absl::StrCat(std::filesystem::temp_directory_path().string(), "/tierkv-bench-",
                              getpid());
   // No daemon heartbeats here: a long segment TTL keeps the segments (and
@@ -206,6 +207,9 @@ absl::Status StartCluster(Cluster* c, absl::Duration reply_spin, absl::Duration 
     s->set_host(absl::StrCat("bench-host-", i));
     s->set_capacity(1ull << 40);
     s->set_incarnation("bench");
+    // A daemon with --auth token sends one: every answer then signs an
+    // extent grant per replica.
+    if (data_keys) s->set_data_key(auth::RandomBytes(auth::kDataKeyBytes));
   }
   v1::MountSegmentResponse mounted;
   grpc::ClientContext ctx;
@@ -242,7 +246,8 @@ int RunMaster(const BenchConfig& config) {
   if (config.ha) return RunHa(config);
   if (config.scale) return RunMasterScale(config);
   auto cluster = std::make_shared<Cluster>();
-  if (absl::Status s = StartCluster(cluster.get(), config.reply_spin, config.direct_spin); !s.ok()) {
+  if (absl::Status s = StartCluster(cluster.get(), config.reply_spin, config.direct_spin, config.extent_grants);
+      !s.ok()) {
     std::fprintf(stderr, "tierkv-bench: starting the master: %s\n", std::string(s.message()).c_str());
     return 1;
   }

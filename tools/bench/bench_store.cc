@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "base/auth.h"
+#include "base/extent_grant.h"
 #include "base/status.h"
 #include "config/master_config.h"
 #include "config/store_config.h"
@@ -220,11 +221,21 @@ absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const BenchConfig& config,
   ASSIGN_OR_RETURN(c->client, client::Client::Create(co));
   // Steady state: every page of the segment has been touched once, in the
   // daemon and in this process's mapping, before anything is measured.
+  // Under --auth the daemon takes raw writes only with extent grants: this
+  // process holds its key, and signs them as the master would.
   std::vector<char> chunk(64 << 20, 'w');
   std::vector<transport::Request> warm;
+  std::vector<std::string> grants;
+  const std::string data_key = c->daemon->SegmentDataKey();
   for (uint64_t off = 0; off < segment; off += chunk.size()) {
-    warm.push_back({transport::Op::kWrite, chunk.data(), name, off, std::min<uint64_t>(chunk.size(), segment - off)});
+    const uint64_t len = std::min<uint64_t>(chunk.size(), segment - off);
+    warm.push_back({transport::Op::kWrite, chunk.data(), name, off, len});
+    if (!data_key.empty()) {
+      grants.push_back(auth::ExtentMac(data_key).Sign(
+          {off, len, absl::ToUnixMillis(absl::Now() + absl::Minutes(5)), auth::kExtentWrite}));
+    }
   }
+  for (size_t i = 0; i < grants.size(); ++i) warm[i].grant = grants[i];
   for (const absl::Status& s : c->client->engine().Transfer(warm, absl::Minutes(2))) {
     if (!s.ok()) return Annotate(s, "warm-up");
   }

@@ -54,10 +54,10 @@ absl::Status Connection::MoveTls(bool send, char* buf, size_t len, absl::Time de
   return absl::OkStatus();
 }
 
-absl::Status Connection::SendTlsWrite(const uint8_t* head, const char* payload, uint64_t length,
+absl::Status Connection::SendTlsWrite(const uint8_t* head, size_t head_len, const char* payload, uint64_t length,
                                       absl::Time deadline, BufferClaim* claim) {
   if (length <= kTlsGather) {
-    std::string frame(reinterpret_cast<const char*>(head), kRequestSize);
+    std::string frame(reinterpret_cast<const char*>(head), head_len);
     {
       ClaimHold hold(claim);
       if (!hold.held()) return absl::CancelledError("the caller stopped waiting");
@@ -66,7 +66,7 @@ absl::Status Connection::SendTlsWrite(const uint8_t* head, const char* payload, 
     iovec iov{frame.data(), frame.size()};
     return net::TlsWriteVecFull(ssl_.get(), &iov, 1, deadline);
   }
-  iovec iov{const_cast<uint8_t*>(head), kRequestSize};
+  iovec iov{const_cast<uint8_t*>(head), head_len};
   RETURN_IF_ERROR(net::TlsWriteVecFull(ssl_.get(), &iov, 1, deadline));
   return MoveTls(/*send=*/true, const_cast<char*>(payload), length, deadline, claim);
 }
@@ -114,13 +114,13 @@ void Connection::RunBatchTls(uint32_t segment, uint64_t segment_id, absl::Span<S
         h.deadline_ms32 = DeadlineMs32(deadline);
         h.epoch = s->epoch;
       }
-      uint8_t head[kRequestSize];
-      EncodeRequest(h, head);
+      uint8_t head[kHeadMax];
+      const size_t head_len = EncodeHead(h, s->grant(), head);
       absl::Status st;
       if (op == Op::kWrite && claim != nullptr) {
-        st = SendTlsWrite(head, s->local, s->length, deadline, claim);
+        st = SendTlsWrite(head, head_len, s->local, s->length, deadline, claim);
       } else {
-        iovec iov[2] = {{head, kRequestSize}, {s->local, op == Op::kWrite ? s->length : 0}};
+        iovec iov[2] = {{head, head_len}, {s->local, op == Op::kWrite ? s->length : 0}};
         st = net::TlsWriteVecFull(ssl_.get(), iov, op == Op::kWrite ? 2 : 1, deadline);
       }
       if (!st.ok()) return fail("send to ", st);
@@ -157,7 +157,7 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
   PlanFrames(slices, &frames);
   const size_t n = frames.size();
   // A single get or put fits inline: no allocation per batch.
-  absl::InlinedVector<uint8_t, 4 * kRequestSize> heads(n * kRequestSize);
+  absl::InlinedVector<uint8_t, 4 * kHeadMax> heads(n * kHeadMax);
   std::vector<uint8_t> tables;  // the vectored frames' range tables, back to back
   // The socket stays blocking from its first batch on: non-blocking calls
   // pass MSG_DONTWAIT, so no batch pays two fcntl calls each way.
@@ -181,21 +181,32 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
     if (f.vectored) {
       h.op = write ? WireOp::kWriteV : WireOp::kReadV;
       h.offset = f.count;
-      h.length = f.count * kRangeBytes + (write ? f.length : 0);
+      // Ranges under extent grants carry each its own: a batch of small
+      // values, each in its extent, still goes as one frame.
+      for (size_t k = 0; k < f.count; ++k) {
+        if (!slices[f.first + k]->grant().empty()) h.flags |= kRangeGrants;
+      }
+      const size_t entry = RangeEntryBytes(h);
+      f.table_len = f.count * entry;
+      h.length = f.table_len + (write ? f.length : 0);
       f.table_at = tables.size();
-      tables.resize(tables.size() + f.count * kRangeBytes);
+      tables.resize(tables.size() + f.table_len);
       for (size_t k = 0; k < f.count; ++k) {
         const Slice* t = slices[f.first + k];
-        EncodeRange({t->remote_offset, t->length}, &tables[f.table_at + k * kRangeBytes]);
+        uint8_t* at = &tables[f.table_at + k * entry];
+        EncodeRange({t->remote_offset, t->length}, at);
+        if (entry > kRangeBytes && t->grant().size() == kGrantBlockBytes) {
+          std::memcpy(at + kRangeBytes, t->grant().data(), kGrantBlockBytes);
+        }
       }
     }
-    f.wire = kRequestSize + (f.vectored ? f.count * kRangeBytes : 0) + (write ? f.length : 0);
     if (write) {
       h.flags |= kHasDeadline;
       h.deadline_ms32 = DeadlineMs32(deadline);
       h.epoch = s->epoch;
     }
-    EncodeRequest(h, &heads[i * kRequestSize]);
+    f.head_len = EncodeHead(h, f.vectored ? absl::string_view() : s->grant(), &heads[i * kHeadMax]);
+    f.wire = f.head_len + f.table_len + (write ? f.length : 0);
   }
 
   // Send state: slice index, and bytes of (header + payload) already sent.
@@ -269,8 +280,8 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
       };
       for (size_t i = send_i; i < n && cnt < kMaxIov; ++i) {
         const Frame& f = frames[i];
-        add(&heads[i * kRequestSize], kRequestSize);
-        if (f.vectored) add(&tables[f.table_at], f.count * kRangeBytes);
+        add(&heads[i * kHeadMax], f.head_len);
+        if (f.vectored) add(&tables[f.table_at], f.table_len);
         if (slices[f.first]->op == Op::kWrite) {
           for (size_t k = f.first; k < f.first + f.count && cnt < kMaxIov; ++k) {
             add(slices[k]->local, slices[k]->length);
@@ -444,7 +455,9 @@ void Connection::PlanFrames(absl::Span<Slice* const> slices, absl::InlinedVector
       // and the reply is scattered back to both. Each request costs the
       // server a reply and the client a header and a receive: a seventh of
       // a 64 KiB read (docs/performance.md). They share the reply's status.
+      // (Under one extent grant: the frame carries one.)
       if (!f.vectored && s->op == Op::kRead && s->length <= kJoinedRead && last->op == Op::kRead &&
+          s->grant() == head->grant() &&
           last->remote_offset + last->length == s->remote_offset && f.length + s->length <= kMaxJoinedFrame &&
           f.count < kMaxJoined) {
         ++f.count;

@@ -4,12 +4,14 @@
 // replies as they arrive, on a non-blocking socket driven by poll(), so a
 // batch never deadlocks on full socket buffers and every step honours the
 // deadline. Replies are matched by order and checked by id. A small read
-// that starts where the batch's previous read ends (a value's trailer) is
-// sent in that read's request and shares its reply, and so its status.
-// Runs of small slices of one op (and, for writes, one epoch) go as
-// vectored frames (READV, WRITEV; wire.h), one range per slice, and share
-// their frame's status: the server takes or refuses such a frame whole.
-// Over TLS every slice is its own frame.
+// that starts where the batch's previous read ends (a value's trailer),
+// under the same extent grant, is sent in that read's request and shares
+// its reply, and so its status. Runs of small slices of one op (and, for
+// writes, one epoch) go as vectored frames (READV, WRITEV; wire.h), one
+// range per slice with the slice's extent grant, and share their frame's
+// status: the server takes or refuses such a frame whole. A slice's grant
+// (Slice::grant) goes after its frame's header. Over TLS every slice is
+// its own frame.
 //
 // Not thread-safe: a connection is used by one worker at a time (the pool
 // in tcp_backend.cc hands it out).
@@ -96,7 +98,7 @@ class Connection {
   // step under `claim`, each wait outside it. CANCELLED once it is revoked.
   absl::Status MoveTls(bool send, char* buf, size_t len, absl::Time deadline, BufferClaim* claim);
   // Over TLS: a WRITE's header and payload, the payload read under `claim`.
-  absl::Status SendTlsWrite(const uint8_t* head, const char* payload, uint64_t length, absl::Time deadline,
+  absl::Status SendTlsWrite(const uint8_t* head, size_t head_len, const char* payload, uint64_t length, absl::Time deadline,
                             BufferClaim* claim);
 
   // Slices [first, first + count) of a batch, sent as one request of
@@ -112,6 +114,8 @@ class Connection {
     uint64_t largest = 0;
     size_t table_at = 0;
     uint64_t wire = 0;
+    size_t head_len = kRequestSize;  // with an extent grant, kHeadMax
+    size_t table_len = 0;            // a vectored frame's range table
   };
   // Builds the frames of a plain (not TLS) batch.
   static void PlanFrames(absl::Span<Slice* const> slices, absl::InlinedVector<Frame, 4>* frames);

@@ -38,8 +38,9 @@ WireStatus ToWire(const absl::Status& s) {
     case absl::StatusCode::kDeadlineExceeded:
       return WireStatus::kExpired;
     case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kPermissionDenied:
       return WireStatus::kUnauthenticated;
+    case absl::StatusCode::kPermissionDenied:
+      return WireStatus::kDenied;
     case absl::StatusCode::kFailedPrecondition:
       return WireStatus::kStaleEpoch;
     default:
@@ -368,9 +369,9 @@ Server::Step Server::AcceptTls(Conn* c) {
 }
 
 Server::Step Server::ReadHeader(Conn* c) {
-  while (c->head_got < kRequestSize) {
+  while (c->head_got < HeadSize(c)) {
     absl::StatusOr<net::IoStep> got =
-        RecvSome(c->fd.get(), c->ssl.get(), c->head + c->head_got, kRequestSize - c->head_got);
+        RecvSome(c->fd.get(), c->ssl.get(), c->head + c->head_got, HeadSize(c) - c->head_got);
     if (!got.ok()) return Step::kClose;
     if (got->n == 0) {
       // Part of a TLS record starts the frame too: a peer must not trickle
@@ -396,6 +397,7 @@ Server::Step Server::Dispatch(Conn* c) {
     return StartReply(c, absl::InvalidArgumentError(req.status().message()), {}, /*close_after=*/true);
   }
   c->req = *req;
+  c->grant_until = absl::InfiniteFuture();  // until this frame's grant is checked
   const RequestHeader& h = c->req;
   if (h.op == WireOp::kChallenge) {
     if (h.length != 0) return StartReply(c, absl::InvalidArgumentError("a challenge carries no payload"), {}, true);
@@ -408,33 +410,14 @@ Server::Step Server::Dispatch(Conn* c) {
     }
     return StartBody(c, Sink::kBuffer);
   }
-  if (h.op != WireOp::kPing && served_->DataGrantsRequired()) {
-    // Unadmitted, or naming another segment than the one admitted: refused
-    // without a byte written, and the connection closes.
-    const bool same = c->admitted.has_value() &&
-                      (h.op == WireOp::kHandshake || *c->admitted == std::make_pair(h.segment, h.segment_id));
-    // A grant is good until its expiry, for each frame, not only at AUTH.
-    const bool current = absl::Now() < c->admitted_until;
-    if (!same || !current) {
-      absl::Status refused = absl::UnauthenticatedError(
-          !c->admitted ? std::string("this daemon needs a data grant (--auth token): CHALLENGE and AUTH first")
-          : !same      ? absl::StrCat("this connection's data grant is for segment #", c->admitted->first, ", not #",
-                                      h.segment)
-                       : absl::StrCat("this connection's data grant expired at ", absl::FormatTime(c->admitted_until)));
-      // A small payload is drained first, so the refusal reaches the peer
-      // instead of being lost to the reset that unread bytes cause; a
-      // large one is not worth a peer without a grant.
-      if (h.op != WireOp::kRead && h.length <= kMaxHandshake) return StartBody(c, Sink::kDrain, refused, true);
-      return StartReply(c, refused, {}, true);
-    }
-  }
+  if (std::optional<Step> refused = RefuseUnadmitted(c)) return *refused;
   // A fault inside a transfer: `error` fails this request (its payload
   // still drained), `sleep` stalls it, `abort` kills the server mid-stream.
   const bool vectored = h.op == WireOp::kWriteV || h.op == WireOp::kReadV;
   if ((h.op == WireOp::kRead || h.op == WireOp::kWrite || vectored) && TIERKV_FAILPOINT("transport.tcp.serve")) {
     absl::Status failed = absl::InternalError("failpoint transport.tcp.serve");
     if (h.op == WireOp::kRead) return StartReply(c, failed, {});
-    if (h.length > options_.max_frame + (vectored ? kMaxRanges * kRangeBytes : 0)) return Step::kClose;
+    if (h.length > options_.max_frame + (vectored ? kMaxRanges * RangeEntryBytes(h) : 0)) return Step::kClose;
     return StartBody(c, Sink::kDrain, failed);
   }
   switch (h.op) {
@@ -446,6 +429,9 @@ Server::Step Server::Dispatch(Conn* c) {
                                                                        " bytes exceeds the frame cap ",
                                                                        options_.max_frame)),
                           {});
+      }
+      if (absl::Status granted = ExtentAdmitted(c, {{h.offset, h.length}}); !granted.ok()) {
+        return StartReply(c, granted, {});
       }
       absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.segment_id, h.offset, h.length);
       if (!pin.ok()) return StartReply(c, pin.status(), {});
@@ -459,7 +445,10 @@ Server::Step Server::Dispatch(Conn* c) {
                                                                        options_.max_frame)),
                           {}, true);
       }
-      absl::StatusOr<ServedMemory::Pin> pin = served_->Resolve(h.segment, h.segment_id, h.offset, h.length);
+      absl::Status granted = ExtentAdmitted(c, {{h.offset, h.length}});
+      absl::StatusOr<ServedMemory::Pin> pin = granted.ok()
+                                                  ? served_->Resolve(h.segment, h.segment_id, h.offset, h.length)
+                                                  : absl::StatusOr<ServedMemory::Pin>(granted);
       if (pin.ok()) {
         if (absl::Status admitted = WriteAdmitted(c); !admitted.ok()) pin = admitted;
       }
@@ -490,7 +479,7 @@ Server::Step Server::StartBody(Conn* c, Sink sink, absl::Status verdict, bool cl
   c->verdict = std::move(verdict);
   c->close_after = close_after;
   if (sink == Sink::kBuffer) c->body.assign(c->req.length, '\0');
-  if (sink == Sink::kTable) c->body.assign(c->req.offset * kRangeBytes, '\0');
+  if (sink == Sink::kTable) c->body.assign(c->req.offset * RangeEntryBytes(c->req), '\0');
   return Step::kContinue;
 }
 
@@ -510,10 +499,12 @@ Server::Step Server::DispatchVector(Conn* c) {
 void Server::StartRanges(Conn* c) {
   const RequestHeader& h = c->req;
   std::vector<WireRange> ranges;
-  absl::StatusOr<uint64_t> total = DecodeRanges(h, c->body, options_.max_frame, &ranges);
+  std::vector<absl::string_view> grants;  // views into c->body, checked before it is cleared
+  absl::StatusOr<uint64_t> total = DecodeRanges(h, c->body, options_.max_frame, &ranges, &grants);
+  absl::Status verdict = total.ok() ? ExtentAdmitted(c, ranges, grants) : total.status();
   c->body.clear();
   c->ranges.Start(served_, h.segment, h.segment_id, std::move(ranges));
-  absl::Status verdict = total.ok() ? c->ranges.CheckAll() : total.status();
+  if (verdict.ok()) verdict = c->ranges.CheckAll();
   if (verdict.ok() && h.op == WireOp::kWriteV) verdict = WriteAdmitted(c);
   if (!verdict.ok()) {
     c->ranges.Clear();
@@ -549,6 +540,11 @@ absl::Status Server::WriteAdmitted(const Conn* c) {
   if (now >= c->admitted_until) {
     return absl::UnauthenticatedError(absl::StrCat("this connection's data grant expired at ",
                                                    absl::FormatTime(c->admitted_until), " during a write"));
+  }
+  if (now >= c->grant_until) {
+    // The master may have given the extent to another put since.
+    return absl::PermissionDeniedError(absl::StrCat("the write's extent grant expired at ",
+                                                    absl::FormatTime(c->grant_until), " during the write"));
   }
   return served_->AdmitWrite(h.epoch);
 }
@@ -671,27 +667,15 @@ Server::Step Server::FinishBody(Conn* c) {
       c->stage = Stage::kReply;
       return Step::kContinue;
     }
-    case WireOp::kAuth: {
-      // A nonce answers one AUTH: a second try on the connection needs a new challenge.
-      const std::string nonce = std::move(c->nonce);
-      c->nonce.clear();
-      absl::StatusOr<std::string> key = served_->DataKey(h.segment, h.segment_id);
-      // A segment gone from here is a stale descriptor, as for READ: the
-      // client re-reads it and the connection stays.
-      if (!key.ok()) return StartReply(c, key.status(), {});
-      const absl::string_view body(c->body);
-      absl::Status ok = auth::CheckGrant(*key, body.substr(0, auth::kGrantBytes), body.substr(auth::kGrantBytes), nonce,
-                                         h.segment, h.segment_id, absl::Now());
-      if (!ok.ok()) return StartReply(c, ok, {}, true);
-      c->admitted = std::make_pair(h.segment, h.segment_id);
-      c->admitted_until = auth::GrantExpiry(body.substr(0, auth::kGrantBytes));
-      c->admit_by = absl::InfiniteFuture();
-      return StartReply(c, absl::OkStatus(), {});
-    }
+    case WireOp::kAuth:
+      return FinishAuth(c);
     case WireOp::kHandshake: {
       const absl::string_view body(c->body);
-      absl::StatusOr<std::string> answer = served_->Handshake(std::string(body.substr(0, h.offset)),
-                                                              std::string(body.substr(h.offset)), c->admitted);
+      const absl::Status may = MapAdmitted(c);
+      absl::StatusOr<std::string> answer =
+          may.ok() ? served_->Handshake(std::string(body.substr(0, h.offset)), std::string(body.substr(h.offset)),
+                                        c->admitted)
+                   : absl::StatusOr<std::string>(may);
       // A handshake for a segment the grant does not cover closes, as any
       // frame beyond the grant does.
       if (!answer.ok()) return StartReply(c, answer.status(), {}, absl::IsUnauthenticated(answer.status()));

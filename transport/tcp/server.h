@@ -98,6 +98,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "base/extent_grant.h"
 #include "base/mutex.h"
 #include "transport/backend.h"
 #include "base/net/socket.h"
@@ -160,12 +162,20 @@ class Server {
     std::string nonce;
     std::optional<std::pair<uint32_t, uint64_t>> admitted;
     absl::Time admitted_until = absl::InfiniteFuture();  // the admitting grant's expiry
+    // Extent grants: the admitted segment's key for them (set at AUTH), and
+    // whether the admitting grant lets the peer map the segment's memory
+    // (shm, rdma, cuda handshakes).
+    std::shared_ptr<const auth::ExtentMac> extent_mac;
+    bool may_map = false;
+    // The frame's extent grant's expiry: a WRITE's payload arriving past it
+    // lands nothing, whatever deadline the frame names.
+    absl::Time grant_until = absl::InfiniteFuture();
     net::SslPtr ssl;  // with ServerOptions::tls, from the accept
     Stage stage = Stage::kHeader;
     bool want_write = false;                        // parked for writable rather than readable
     absl::Time deadline = absl::InfiniteFuture();   // the frame's (or TLS handshake's); infinite between frames
     absl::Time admit_by = absl::InfiniteFuture();   // data grants: admitted by then, or closed
-    uint8_t head[kRequestSize];
+    uint8_t head[kRequestSize + kGrantBlockBytes];  // the header, then its extent grant (kHasGrant)
     size_t head_got = 0;
     RequestHeader req;
     Sink sink = Sink::kDrain;
@@ -222,6 +232,24 @@ class Server {
   // OK while the WRITE in c->req may still land (see "Late writes" above);
   // otherwise why not: DEADLINE_EXCEEDED, UNAUTHENTICATED, FAILED_PRECONDITION.
   absl::Status WriteAdmitted(const Conn* c);
+
+  // Data and extent grants (server_grants.cc).
+  // The header's length: with kHasGrant, the grant after it too.
+  static size_t HeadSize(const Conn* c);
+  // A frame that needs a connection admitted by a data grant, on one that is
+  // not (or to another segment): the refusal; nullopt lets it through.
+  std::optional<Step> RefuseUnadmitted(Conn* c);
+  // An AUTH frame's payload has arrived: admits the connection or closes it.
+  Step FinishAuth(Conn* c);
+  // OK when this server needs no extent grants, or the frame's grant (with
+  // kRangeGrants: each range's own, `grants`) covers each of `ranges` for
+  // its op now; sets c->grant_until to the earliest expiry.
+  // PERMISSION_DENIED otherwise.
+  absl::Status ExtentAdmitted(Conn* c, absl::Span<const WireRange> ranges,
+                              absl::Span<const absl::string_view> grants = {}) const;
+  // OK for a handshake on this connection (one that maps memory needs the
+  // admitting grant's leave when grants are on).
+  absl::Status MapAdmitted(const Conn* c) const;
 
   const ServerOptions options_;
   ServedMemory* const served_;

@@ -63,8 +63,9 @@ absl::StatusOr<std::unique_ptr<Connection>> DialAdmitted(const std::string& endp
 class TcpChannel final : public PeerChannel {
  public:
   TcpChannel(std::string endpoint, uint32_t segment, uint64_t segment_id, int max_connections,
-             absl::Duration reply_spin, GrantFn grant, std::string tls_ca)
-      : endpoint_(std::move(endpoint)),
+             absl::Duration reply_spin, GrantFn grant, bool extent_grants, std::string tls_ca)
+      : extent_grants_(extent_grants),
+        endpoint_(std::move(endpoint)),
         segment_(segment),
         segment_id_(segment_id),
         max_(max_connections),
@@ -77,6 +78,10 @@ class TcpChannel final : public PeerChannel {
     if (!conn.ok()) {
       for (Slice* s : slices) s->status = conn.status();
       return;
+    }
+    // A server that checks no extent grants would misread them.
+    if (!extent_grants_) {
+      for (Slice* s : slices) s->grant_size = 0;
     }
     (*conn)->RunBatch(segment_, segment_id_, slices, deadline, CurrentTaskClaim());
     Release(std::move(*conn));
@@ -137,6 +142,7 @@ class TcpChannel final : public PeerChannel {
     cv_.SignalAll();
   }
 
+  const bool extent_grants_;  // the server checks extent grants: send them
   const std::string endpoint_;
   const uint32_t segment_;
   const uint64_t segment_id_;
@@ -198,7 +204,8 @@ class TcpBackend final : public Backend {
     if (!probe.ok()) return absl::UnavailableError(probe.status().message());
     return std::unique_ptr<PeerChannel>(new TcpChannel(it->second, remote.segment_index, remote.segment_id,
                                                        options_.connections, options_.reply_spin,
-                                                       remote.auth ? ctx.grant : nullptr, options_.tls.ca));
+                                                       remote.auth ? ctx.grant : nullptr, remote.extent_grants,
+                                                       options_.tls.ca));
   }
 
  private:

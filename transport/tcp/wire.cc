@@ -54,7 +54,7 @@ absl::Status CheckVectorHeader(const RequestHeader& h, uint64_t max_data) {
     return absl::Status(h.offset == 0 ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kResourceExhausted,
                         absl::StrCat(what, " of ", h.offset, " ranges: a frame carries 1 to ", kMaxRanges));
   }
-  const uint64_t table = h.offset * kRangeBytes;
+  const uint64_t table = h.offset * RangeEntryBytes(h);
   if (write ? h.length < table : h.length != table) {
     return absl::InvalidArgumentError(absl::StrCat(what, " of ", h.offset, " ranges carries ", h.length,
                                                    " payload bytes, which do not fit its table"));
@@ -67,18 +67,23 @@ absl::Status CheckVectorHeader(const RequestHeader& h, uint64_t max_data) {
 }
 
 absl::StatusOr<uint64_t> DecodeRanges(const RequestHeader& h, const std::string& table, uint64_t max_data,
-                                      std::vector<WireRange>* ranges) {
+                                      std::vector<WireRange>* ranges, std::vector<absl::string_view>* grants) {
   const bool write = h.op == WireOp::kWriteV;
+  const size_t entry = RangeEntryBytes(h);
   ranges->resize(h.offset);
+  if (grants != nullptr) grants->clear();
   uint64_t total = 0;
   bool overflow = false;
   for (size_t i = 0; i < ranges->size(); ++i) {
-    (*ranges)[i] = DecodeRange(reinterpret_cast<const uint8_t*>(table.data()) + i * kRangeBytes);
+    (*ranges)[i] = DecodeRange(reinterpret_cast<const uint8_t*>(table.data()) + i * entry);
+    if (grants != nullptr && entry > kRangeBytes) {
+      grants->push_back(absl::string_view(table).substr(i * entry + kRangeBytes, kGrantBlockBytes));
+    }
     overflow |= (*ranges)[i].length > UINT64_MAX - total;
     if (!overflow) total += (*ranges)[i].length;
   }
   const std::string sum = overflow ? std::string("over 2^64") : absl::StrCat(total);
-  const uint64_t carried = h.length - h.offset * kRangeBytes;
+  const uint64_t carried = h.length - h.offset * entry;
   if (write && (overflow || total != carried)) {
     return absl::InvalidArgumentError(absl::StrCat("writev ranges total ", sum, " bytes; it carries ", carried));
   }
@@ -94,6 +99,18 @@ void EncodeReply(const ReplyHeader& h, uint8_t out[kReplySize]) {
   out[4] = static_cast<uint8_t>(h.status);
   Put64(out + 8, h.id);
   Put64(out + 16, h.length);
+}
+
+size_t EncodeHead(RequestHeader h, absl::string_view grant, uint8_t out[kHeadMax]) {
+  if (grant.size() != kGrantBlockBytes) {
+    h.flags &= static_cast<uint8_t>(~kHasGrant);
+    EncodeRequest(h, out);
+    return kRequestSize;
+  }
+  h.flags |= kHasGrant;
+  EncodeRequest(h, out);
+  std::memcpy(out + kRequestSize, grant.data(), kGrantBlockBytes);
+  return kHeadMax;
 }
 
 absl::StatusOr<RequestHeader> DecodeRequest(const uint8_t* data, size_t size) {
@@ -154,6 +171,8 @@ absl::Status ReplyToStatus(WireStatus status, const std::string& message) {
       return absl::UnauthenticatedError(message);
     case WireStatus::kStaleEpoch:
       return absl::FailedPreconditionError(message);
+    case WireStatus::kDenied:
+      return absl::PermissionDeniedError(message);
   }
   return absl::InternalError(message);
 }

@@ -47,6 +47,21 @@
 // proof (24 + 32 bytes). Until an AUTH passes, READ(V), WRITE(V) and HANDSHAKE
 // get UNAUTHENTICATED and the connection closes; afterwards they may name
 // only that segment. A refused AUTH closes the connection too.
+//
+// Extent grants (base/extent_grant.h), for a server that advertises
+// "extent_grants" in its descriptor: with flag kHasGrant, the 56-byte
+// header is followed by a 48-byte extent grant from the master, and READ,
+// WRITE, READV and WRITEV must carry one there, covering every range of
+// the frame for its op, before its expiry. A frame without one, or with
+// one that does not cover it, gets DENIED (its payload drained, nothing
+// moved); the connection stays open, as a grant that merely ran out is
+// an ordinary event (the client asks the master again).
+//
+// A vectored frame may instead carry a grant per range (flag
+// kRangeGrants, no grant after the header): each entry of its range table
+// is then 64 bytes, the range's (u64 offset, u64 length) and its grant, so
+// a batch of small values, each in its own extent, still travels as one
+// frame. Every range is checked against its own grant.
 #pragma once
 
 #include <cstddef>
@@ -55,6 +70,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace tierkv::transport::tcp {
@@ -97,10 +113,14 @@ enum class WireStatus : uint8_t {
   kBusy = 7,          // the server is at its connection cap; it closes
   kUnauthenticated = 8,  // no data grant, or one refused; it closes
   kStaleEpoch = 9,       // a WRITE granted by a master older than one the server has seen
+  kDenied = 10,          // no extent grant, or one that does not cover the frame
 };
-inline constexpr uint8_t kMaxWireStatus = 9;
+inline constexpr uint8_t kMaxWireStatus = 10;
 
 inline constexpr uint8_t kHasDeadline = 1;  // request flag
+inline constexpr uint8_t kHasGrant = 2;     // request flag: an extent grant follows the header
+inline constexpr uint8_t kRangeGrants = 4;  // request flag (WRITEV, READV): each range carries its grant
+inline constexpr size_t kGrantBlockBytes = 48;  // auth::kExtentGrantBytes
 
 // The low 32 bits of a Unix time in milliseconds, and whether such a
 // deadline has passed at `now` (wrap-safe for deadlines within ~24 days).
@@ -132,8 +152,17 @@ struct WireRange {
 };
 
 void EncodeRequest(const RequestHeader& h, uint8_t out[kRequestSize]);
+// A header as it goes out: with a `grant` (kGrantBlockBytes; empty: none),
+// flag kHasGrant set and the grant after it. Returns the bytes written.
+inline constexpr size_t kHeadMax = kRequestSize + kGrantBlockBytes;
+size_t EncodeHead(RequestHeader h, absl::string_view grant, uint8_t out[kHeadMax]);
 void EncodeRange(const WireRange& r, uint8_t out[kRangeBytes]);
 WireRange DecodeRange(const uint8_t in[kRangeBytes]);
+// Bytes per entry of a vectored frame's range table: kRangeBytes, and the
+// grant after each range with kRangeGrants.
+inline size_t RangeEntryBytes(const RequestHeader& h) {
+  return (h.flags & kRangeGrants) != 0 ? kRangeBytes + kGrantBlockBytes : kRangeBytes;
+}
 
 // A WRITEV or READV header against the limits above, with `max_data` the
 // server's frame cap on range data: INVALID_ARGUMENT for no ranges or a
@@ -143,9 +172,11 @@ absl::Status CheckVectorHeader(const RequestHeader& h, uint64_t max_data);
 // Decodes the table (h.offset entries) of a frame CheckVectorHeader
 // passed and returns the ranges' total length: a WRITEV's must be the data
 // it carries (INVALID_ARGUMENT otherwise, or when the sum overflows), a
-// READV's at most `max_data` (RESOURCE_EXHAUSTED).
+// READV's at most `max_data` (RESOURCE_EXHAUSTED). With kRangeGrants and
+// `grants`, each range's grant too (views into `table`).
 absl::StatusOr<uint64_t> DecodeRanges(const RequestHeader& h, const std::string& table, uint64_t max_data,
-                                      std::vector<WireRange>* ranges);
+                                      std::vector<WireRange>* ranges,
+                                      std::vector<absl::string_view>* grants = nullptr);
 void EncodeReply(const ReplyHeader& h, uint8_t out[kReplySize]);
 // INVALID_ARGUMENT for a wrong magic or unknown op/status. Never reads past
 // `size`; sizes below the header size are INVALID_ARGUMENT too.
