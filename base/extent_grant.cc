@@ -78,11 +78,16 @@ bool DecodeExtentGrant(absl::string_view grant, ExtentGrantFields* out) {
 ExtentMac::ExtentMac(absl::string_view data_key)
     : mac_(reinterpret_cast<const uint8_t*>(ExtentKey(data_key).data())) {}
 
-std::string ExtentMac::Sign(const ExtentGrantFields& f) const {
-  uint8_t g[kExtentGrantBytes];
+bool ExtentMac::SignInto(const ExtentGrantFields& f, char* out) const {
+  uint8_t* g = reinterpret_cast<uint8_t*>(out);
   EncodeFields(f, g);
-  if (!mac_.Mac(g, g + 32)) return {};
-  return std::string(reinterpret_cast<const char*>(g), sizeof g);
+  return mac_.Mac(g, g + 32);
+}
+
+std::string ExtentMac::Sign(const ExtentGrantFields& f) const {
+  std::string g(kExtentGrantBytes, '\0');
+  if (!SignInto(f, g.data())) return {};
+  return g;
 }
 
 absl::StatusOr<ExtentGrantFields> ExtentMac::Verify(absl::string_view grant, uint8_t op, absl::Time now) const {

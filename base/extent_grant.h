@@ -81,8 +81,10 @@ class ExtentMac {
   // False when OpenSSL could not set the key up: Sign then returns "" and
   // Check refuses everything.
   bool ok() const { return mac_.ok(); }
-  // The 48-byte grant for `f`.
+  // The 48-byte grant for `f` ("" when the cipher failed).
   std::string Sign(const ExtentGrantFields& f) const;
+  // The same into `out` (kExtentGrantBytes); false when the cipher failed.
+  bool SignInto(const ExtentGrantFields& f, char* out) const;
   // The fields of `grant` when it is one of this key's, for `op`, and `now`
   // is before its expiry; PERMISSION_DENIED saying which part failed
   // otherwise. GrantCovers then checks each range a frame names.

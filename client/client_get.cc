@@ -24,6 +24,7 @@ namespace tierkv::client {
 
 namespace {
 
+using auth::kExtentGrantBytes;
 using internal::kCompletionGrace;
 using internal::StageSsdHits;
 using transport::Op;
@@ -195,9 +196,11 @@ struct Client::Impl {
         const uint32_t seg = resp.replica_segments(r);
         if (seg >= static_cast<uint32_t>(resp.segments_size())) continue;  // malformed: not a replica
         w.replicas.emplace_back(resp.segments(static_cast<int>(seg)), resp.replica_offsets(r));
-        if (r < resp.replica_grants_size() && !resp.replica_grants(r).empty()) {
-          w.grants.resize(w.replicas.size() - 1);
-          w.grants.push_back(resp.replica_grants(r));
+        const std::string& packed = resp.replica_grants();
+        if ((static_cast<size_t>(r) + 1) * kExtentGrantBytes <= packed.size()) {
+          // Aligned with w.replicas (a malformed replica above adds none).
+          w.grants.resize((w.replicas.size() - 1) * kExtentGrantBytes, '\0');
+          w.grants.append(packed, static_cast<size_t>(r) * kExtentGrantBytes, kExtentGrantBytes);
         }
       }
     }

@@ -1,6 +1,7 @@
 #include "master/rpc_handlers.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_replace.h"
@@ -80,15 +81,30 @@ class ExtentGrants {
  public:
   ExtentGrants(Master* m, absl::Time expiry, uint8_t ops) : m_(m), expiry_(expiry), ops_(ops) {}
   // "" when the extent's daemon checks no grants.
-  std::string For(const ExtentOut& e) { return For(e, expiry_); }
-  std::string For(const ExtentOut& e, absl::Time expiry) {
-    auto [it, fresh] = signers_.try_emplace(e.segment_id);
-    if (fresh) it->second = m_->ExtentSigner(e.segment_id);
-    if (it->second == nullptr) return {};
-    return it->second->Sign({e.offset, e.length, absl::ToUnixMillis(expiry), ops_});
+  std::string For(const ExtentOut& e) {
+    const auth::ExtentMac* mac = SignerOf(e);
+    return mac == nullptr ? std::string() : mac->Sign({e.offset, e.length, absl::ToUnixMillis(expiry_), ops_});
+  }
+  // Appends replica `index`'s grant, good until `expiry`, to `packed` (48
+  // bytes per replica, zeros for one whose daemon checks none; empty while
+  // no replica has one).
+  void AppendTo(const ExtentOut& e, absl::Time expiry, int index, std::string* packed) {
+    const auth::ExtentMac* mac = SignerOf(e);
+    if (mac == nullptr && packed->empty()) return;
+    packed->resize(static_cast<size_t>(index + 1) * auth::kExtentGrantBytes, '\0');
+    char* at = packed->data() + static_cast<size_t>(index) * auth::kExtentGrantBytes;
+    if (mac != nullptr && !mac->SignInto({e.offset, e.length, absl::ToUnixMillis(expiry), ops_}, at)) {
+      std::memset(at, 0, auth::kExtentGrantBytes);
+    }
   }
 
  private:
+  const auth::ExtentMac* SignerOf(const ExtentOut& e) {
+    auto [it, fresh] = signers_.try_emplace(e.segment_id);
+    if (fresh) it->second = m_->ExtentSigner(e.segment_id);
+    return it->second.get();
+  }
+
   Master* const m_;
   const absl::Time expiry_;
   const uint8_t ops_;
@@ -299,13 +315,10 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
         }
         resp->add_replica_segments(it->second);
         resp->add_replica_offsets(e.offset);
+        // Only answers naming a daemon that checks grants carry them.
         if (!e.ssd) {
-          std::string grant = grants.For(e, wall_now + (r.lease_expiry - lease_now));
-          if (!grant.empty()) {
-            // Only answers naming a daemon that checks grants carry them.
-            PadTo(resp->mutable_replica_grants(), resp->replica_offsets_size() - 1, std::string());
-            resp->add_replica_grants(std::move(grant));
-          }
+          grants.AppendTo(e, wall_now + (r.lease_expiry - lease_now), resp->replica_offsets_size() - 1,
+                          resp->mutable_replica_grants());
         }
         if (e.stage) {
           // Only answers with an SSD hit carry the stage flags.
@@ -340,6 +353,11 @@ void GetReplicas(Master* m, const v1::KeysRequest& req, const std::string& tenan
       PadTo(resp->mutable_lease_tokens(), at, uint64_t{0});
       resp->add_lease_tokens(r.lease_token);
     }
+  }
+  if (!resp->replica_grants().empty()) {
+    // The replicas after the last with a grant have none.
+    resp->mutable_replica_grants()->resize(
+        static_cast<size_t>(resp->replica_offsets_size()) * auth::kExtentGrantBytes, '\0');
   }
   // Read after the lookup: an answer that may reflect a drop names the
   // membership after it.

@@ -43,6 +43,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/time/time.h"
+#include "base/extent_grant.h"
 #include "base/mutex.h"
 
 namespace tierkv::client::internal {
@@ -53,10 +54,16 @@ struct Located {
   uint64_t put_id = 0;       // the put that wrote it (its trailer says so); 0: before put ids
   absl::Time lease_end;      // a read must finish before this
   absl::InlinedVector<std::pair<std::string, uint64_t>, 2> replicas;  // (segment, offset), in order
-  // Replica j's extent grant from the master (empty: its daemon checks
-  // none), sent with each read of it; as many as `replicas`, or none.
-  absl::InlinedVector<std::string, 2> grants;
-  absl::string_view grant(size_t j) const { return j < grants.size() ? absl::string_view(grants[j]) : absl::string_view(); }
+  // The replicas' extent grants from the master, 48 bytes each in replica
+  // order (GetReplicasResponse.replica_grants; empty: no daemon checks
+  // them), sent with each read of replica j; all zeros: none for it.
+  std::string grants;
+  absl::string_view grant(size_t j) const {
+    constexpr size_t kBytes = auth::kExtentGrantBytes;
+    if ((j + 1) * kBytes > grants.size()) return {};
+    absl::string_view g = absl::string_view(grants).substr(j * kBytes, kBytes);
+    return g.find_first_not_of('\0') == absl::string_view::npos ? absl::string_view() : g;
+  }
   bool cached = false;       // came from the cache, not the master
   // A counted read (GetReplicasResponse.lease_tokens): its lease is given
   // back once the read is over, with the master's expiry; a cached entry
