@@ -314,6 +314,12 @@ std::vector<absl::StatusOr<size_t>> Client::Fetch(const std::vector<std::string>
   // asked of the master once more.
   std::vector<size_t> again;
   for (size_t i = 0; i < n; ++i) {
+    // So is a location whose daemon refused the master's extent grant (one
+    // whose clock runs ahead of the master's, say): a fresh one may pass.
+    if (!where[i].cached && !where[i].replicas.empty() && absl::IsPermissionDenied(st[i])) {
+      again.push_back(i);
+      continue;
+    }
     if (!where[i].cached) continue;
     if (!st[i].ok()) {
       replicas_->Erase(keys[i], !absl::IsDeadlineExceeded(st[i]) && !absl::IsUnavailable(st[i]));

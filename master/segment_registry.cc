@@ -485,6 +485,12 @@ std::optional<std::string> SegmentRegistry::DataKeyOfId(uint32_t id) const {
   return it->second.spec.data_key;
 }
 
+bool SegmentRegistry::ChecksGrants(uint32_t id) const {
+  MutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  return it != by_id_.end() && !it->second.spec.data_key.empty();
+}
+
 std::string SegmentRegistry::DataKeyOfTier(const std::string& tier_http) const {
   MutexLock lock(&mu_);
   for (const auto& [id, seg] : by_id_) {

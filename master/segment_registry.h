@@ -242,6 +242,9 @@ class SegmentRegistry {
   std::optional<std::string> DataKeyOf(const std::string& name, std::string* owner_tenant = nullptr) const;
   // The same by id: the key of that incarnation only.
   std::optional<std::string> DataKeyOfId(uint32_t id) const;
+  // Whether segment `id`'s daemon checks data and extent grants (it sent a
+  // data key); false for one that has left.
+  bool ChecksGrants(uint32_t id) const;
   // The data key of the segment whose SSD tier answers at `tier_http`;
   // empty when none does or it needs no grants.
   std::string DataKeyOfTier(const std::string& tier_http) const;

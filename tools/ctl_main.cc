@@ -445,6 +445,20 @@ int Doctor(const CtlConfig& c) {
       here.preferred_segment = name;
       const std::string probe = absl::StrCat("__tierkv_doctor/", name, "/");
       bool ok = cl.Put(probe + "small", std::string(4096, 'd'), here).ok();
+      // The segment is a preference: one full, or another tenant's, puts
+      // the probe elsewhere, whose figures are not this segment's.
+      absl::StatusOr<json> where =
+          ok ? FetchJson(c, "/v1/objects/" + httplib::detail::encode_query_param(probe + "small"))
+             : absl::StatusOr<json>(absl::UnavailableError("the probe put failed"));
+      const bool landed = where.ok() && where->contains("replicas") && (*where)["replicas"].is_array() &&
+                          !(*where)["replicas"].empty() && (*where)["replicas"][0].value("segment", "") == name;
+      if (ok && !landed) {
+        (void)cl.Remove(probe + "small", /*force=*/true);
+        row["probe_ok"] = false;
+        row["probe"] = "skipped: the master placed the probe on another segment (this one full, or another tenant's)";
+        report.push_back(row);
+        continue;
+      }
       std::vector<double> lat;
       for (int i = 0; i < 10 && ok; ++i) {
         absl::Time t0 = absl::Now();

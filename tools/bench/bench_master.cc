@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/auth.h"
+#include "base/extent_grant.h"
 #include "client/master_client.h"
 #include "base/mutex.h"
 #include "config/master_config.h"
@@ -411,6 +412,25 @@ int RunMaster(const BenchConfig& config) {
       state.SetItemsProcessed(state.iterations());
     })->UseRealTime()->Threads(threads);
   }
+
+  // One extent grant signed (the master, per replica of an answer under
+  // --auth) and checked (the daemon, per tcp frame), in the same run.
+  benchmark::RegisterBenchmark("grants/sign", [](benchmark::State& state) {
+    const auth::ExtentMac mac(std::string(auth::kDataKeyBytes, 'k'));
+    char out[auth::kExtentGrantBytes];
+    uint64_t n = 0;
+    for (auto _ : state) {
+      benchmark::DoNotOptimize(mac.SignInto({n++ * 4096, kValue + 16, 1'800'000'000'000, auth::kExtentRead}, out));
+    }
+    state.SetItemsProcessed(state.iterations());
+  })->UseRealTime();
+  benchmark::RegisterBenchmark("grants/check", [](benchmark::State& state) {
+    const auth::ExtentMac mac(std::string(auth::kDataKeyBytes, 'k'));
+    const std::string grant = mac.Sign({4096, kValue + 16, 4'000'000'000'000, auth::kExtentRead});
+    const absl::Time now = absl::Now();
+    for (auto _ : state) benchmark::DoNotOptimize(mac.Check(grant, auth::kExtentRead, 4096, kValue, now));
+    state.SetItemsProcessed(state.iterations());
+  })->UseRealTime();
 
   Figures figures = RunRegistered(config.min_time, config.json);
   // Server-side handling time per RPC, from the master's own histogram:

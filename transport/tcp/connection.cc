@@ -443,7 +443,7 @@ void Connection::RunBatch(uint32_t segment, uint64_t segment_id, absl::Span<Slic
 }
 
 void Connection::PlanFrames(absl::Span<Slice* const> slices, absl::InlinedVector<Frame, 4>* frames) {
-  static_assert(kMaxVectorRanges <= kMaxRanges);
+  static_assert(kMaxVectorRanges <= kMaxRanges * kRangeBytes / (kRangeBytes + kGrantBlockBytes));
   for (size_t i = 0; i < slices.size(); ++i) {
     const Slice* s = slices[i];
     if (!frames->empty()) {

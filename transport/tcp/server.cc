@@ -719,6 +719,9 @@ Server::Step Server::StartMemoryReply(Conn* c, ServedMemory::Pin pin) {
 
 Server::Step Server::SendReply(Conn* c) {
   while (c->out_sent < c->out.size() || c->payload_sent < c->payload || c->staged_left > 0) {
+    // Bytes read past the frame's extent grant may be another put's now: a
+    // reply still unsent at its expiry is cut off.
+    if ((c->payload_sent < c->payload || c->staged_left > 0) && absl::Now() >= c->grant_until) return Step::kClose;
     if (c->out_sent == c->out.size() && c->staged_left > 0) {
       // A READV's next chunk; a range unregistered meanwhile cannot finish
       // its reply, and the connection closes.

@@ -42,7 +42,8 @@
 // closes the connection).
 //
 // Vectored frames (WRITEV, READV; wire.h): the range table is received
-// first, into the connection (at most kMaxRanges * 16 bytes), and every
+// first, into the connection (at most 1 MiB: kMaxRanges 16-byte entries,
+// or a quarter as many 64-byte ones with per-range grants), and every
 // range is resolved before any byte moves; one that fails refuses the
 // whole frame (a WRITEV's data drained, the connection kept). A WRITEV's
 // data is received straight into a run of its ranges with one recvmsg,

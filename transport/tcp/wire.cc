@@ -50,9 +50,12 @@ WireRange DecodeRange(const uint8_t in[kRangeBytes]) { return {Get64(in), Get64(
 absl::Status CheckVectorHeader(const RequestHeader& h, uint64_t max_data) {
   const bool write = h.op == WireOp::kWriteV;
   const char* what = write ? "writev" : "readv";
-  if (h.offset == 0 || h.offset > kMaxRanges) {
+  // A table of at most kMaxRanges plain entries' bytes (1 MiB), whatever
+  // its entries carry.
+  const uint64_t max_ranges = kMaxRanges * kRangeBytes / RangeEntryBytes(h);
+  if (h.offset == 0 || h.offset > max_ranges) {
     return absl::Status(h.offset == 0 ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kResourceExhausted,
-                        absl::StrCat(what, " of ", h.offset, " ranges: a frame carries 1 to ", kMaxRanges));
+                        absl::StrCat(what, " of ", h.offset, " ranges: a frame carries 1 to ", max_ranges));
   }
   const uint64_t table = h.offset * RangeEntryBytes(h);
   if (write ? h.length < table : h.length != table) {

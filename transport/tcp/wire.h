@@ -98,7 +98,7 @@ enum class WireOp : uint8_t {
 inline constexpr uint8_t kMaxWireOp = 8;
 
 // A vectored frame's limits: ranges per frame, and bytes per range in its
-// table (a 1 MiB table at most).
+// table (a 1 MiB table at most; with kRangeGrants, a quarter as many).
 inline constexpr uint64_t kMaxRanges = 65536;
 inline constexpr uint64_t kRangeBytes = 16;
 
