@@ -77,7 +77,7 @@ struct Slice {
   absl::string_view grant() const { return {grant_bytes, grant_size}; }
   void set_grant(absl::string_view g) {
     grant_size = g.size() <= sizeof grant_bytes ? static_cast<uint8_t>(g.size()) : 0;
-    std::memcpy(grant_bytes, g.data(), grant_size);
+    if (grant_size > 0) std::memcpy(grant_bytes, g.data(), grant_size);
   }
   char grant_bytes[48];
   uint8_t grant_size = 0;
