@@ -150,38 +150,6 @@ bool ObjectIndex::Impl::UnderGrants(const Object& o) const {
   return false;
 }
 
-void ObjectIndex::Impl::SamplePutClock(int64_t now_ms) {
-  if (now_ms - put_clock_last_ms_.load(std::memory_order_relaxed) < 1000) return;
-  put_clock_last_ms_.store(now_ms, std::memory_order_relaxed);
-  // One sample at least as old as the longest hold stays: it bounds every
-  // put handed out before it to a start whose hold is over.
-  const int64_t keep_ms = absl::ToInt64Milliseconds(options_.put_timeout + options_.revoke_grace);
-  MutexLock lock(&put_clock_mu_);
-  put_clock_.emplace_back(now_ms, next_put_id_.load(std::memory_order_relaxed));
-  while (put_clock_.size() > 1 && put_clock_[1].first + keep_ms < now_ms) put_clock_.pop_front();
-}
-
-int64_t ObjectIndex::Impl::WriteGrantHold(const Object& o, int64_t now_ms) {
-  const uint64_t id = o.put_id;
-  // Only this master's puts: a predecessor's grants are fenced by epoch.
-  if (id == 0 || id - first_put_id_ >= next_put_id_.load(std::memory_order_relaxed) - first_put_id_) return 0;
-  if (!UnderGrants(o)) return 0;
-  const int64_t timeout_ms = absl::ToInt64Milliseconds(options_.put_timeout);
-  int64_t started_by = now_ms;
-  {
-    MutexLock lock(&put_clock_mu_);
-    // The first sample taken after the id was handed out bounds its PutStart.
-    for (const auto& [at_ms, next] : put_clock_) {
-      if (next - first_put_id_ > id - first_put_id_) {
-        started_by = at_ms;
-        break;
-      }
-    }
-  }
-  const int64_t end = started_by + timeout_ms + absl::ToInt64Milliseconds(options_.revoke_grace);
-  return end > now_ms ? end : 0;
-}
-
 void ObjectIndex::Impl::HoldStagedCopy(const Replica& r, const Object& o, int64_t now_ms) {
   // A reader may hold the copy until its lease ends, and a stage in transit
   // then may land a little after (daemons write none past the lease).

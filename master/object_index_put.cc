@@ -145,7 +145,6 @@ std::vector<PutStartOut> ObjectIndex::Impl::PutStart(const std::vector<PutItem>&
       if (item.put_id) {
         o.put_id = next_put_id_.fetch_add(1, std::memory_order_relaxed);
         if (o.put_id == 0) o.put_id = next_put_id_.fetch_add(1, std::memory_order_relaxed);  // 0 means "none"
-        SamplePutClock(NowMs());
       } else {
         o.put_id = 0;  // a slot is reused: no id left from its last object
       }

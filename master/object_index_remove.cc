@@ -48,26 +48,19 @@ void ObjectIndex::Impl::Erase(Shard& s, uint32_t slot, std::vector<Mutation>* mu
   const int64_t now = NowMs();
   // A put that ends here without committing gives back what it set aside.
   const uint32_t restore = o.state == ObjState::kPending ? DisplacedBy(s, slot) : kNil;
-  // A writer's extent grant may still be good: no other put gets these
-  // extents before it ends (a put never handed out gave none).
-  const int64_t grant_hold = never_written ? 0 : WriteGrantHold(o, now);
   if (o.moving) {
     // An offload order is out: its daemon may be copying these bytes.
     MutexLock lock(&deferred_mu_);
     deferred_.push_back({o.replicas, o.size,
-                         std::max({o.deadline_ms, grant_hold,
-                                   now + 2 * absl::ToInt64Milliseconds(options_.offload_timeout)})});
+                         std::max(o.deadline_ms, now + 2 * absl::ToInt64Milliseconds(options_.offload_timeout))});
   } else if (o.state == ObjState::kComplete && Leased(o, now)) {
     // A reader may be copying these bytes right now: keep them until its lease ends.
     MutexLock lock(&deferred_mu_);
-    deferred_.push_back({o.replicas, o.size, std::max(o.deadline_ms, grant_hold)});
+    deferred_.push_back({o.replicas, o.size, o.deadline_ms});
   } else if (o.state == ObjState::kPending && !never_written && options_.revoke_grace > absl::ZeroDuration()) {
     // A given-up writer may still have bytes on the way to these extents.
     MutexLock lock(&deferred_mu_);
-    deferred_.push_back({o.replicas, o.size, std::max(grant_hold, now + absl::ToInt64Milliseconds(options_.revoke_grace))});
-  } else if (grant_hold > 0) {
-    MutexLock lock(&deferred_mu_);
-    deferred_.push_back({o.replicas, o.size, grant_hold});
+    deferred_.push_back({o.replicas, o.size, now + absl::ToInt64Milliseconds(options_.revoke_grace)});
   } else if (o.state == ObjState::kComplete) {
     follow->freed.push_back({o.replicas, o.size});  // once its deletion is durable (Persist)
   } else {
@@ -198,7 +191,6 @@ void ObjectIndex::Impl::KillGroup(Group* g) {
 
 void ObjectIndex::Impl::Tick() {
   int64_t now = NowMs();
-  SamplePutClock(now);  // so a put's time is known to a tick even when no put follows it
   FollowUp follow;
   uint64_t reclaimed = 0;
   for (auto& sp : shards_) {

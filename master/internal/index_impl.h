@@ -10,7 +10,6 @@
 #include <atomic>
 #include <cassert>
 #include <chrono>
-#include <deque>
 #include <cstddef>
 #include <initializer_list>
 #include <new>
@@ -492,16 +491,6 @@ class ObjectIndex::Impl {
   // leave to stage, auth::StageProof) until the lease's end, so giving the
   // lease back early must not free the extent for another put before then.
   bool UnderGrants(const Object& o) const;
-  // Extent grants to write (base/extent_grant.h) last put_timeout from
-  // their PutStart, whatever becomes of the put: the time (ms) until which
-  // a writer's grant for `o` may still be good, plus revoke_grace for the
-  // daemons' clocks, or 0 when none can be (no copy under grants, a put
-  // before this master's start). The extents are not reused before.
-  int64_t WriteGrantHold(const Object& o, int64_t now_ms);
-  // Samples (ms, next_put_id_) at most once a second, after a PutStart
-  // hands out an id and at each Tick, over the last put_timeout: when a
-  // put id was handed out, to about a second.
-  void SamplePutClock(int64_t now_ms);
   absl::StatusOr<uint64_t> Recover();
   absl::Status CheckInvariants();
 
@@ -739,10 +728,6 @@ class ObjectIndex::Impl {
   // Put ids count up from a number drawn at each start, so a restarted or
   // newly promoted master does not hand out the ids its predecessor did.
   std::atomic<uint64_t> next_put_id_{(uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()};
-  const uint64_t first_put_id_ = next_put_id_.load();
-  std::atomic<int64_t> put_clock_last_ms_{0};
-  Mutex put_clock_mu_;  // a leaf: taken under shard locks
-  std::deque<std::pair<int64_t, uint64_t>> put_clock_ ABSL_GUARDED_BY(put_clock_mu_);
   // Until then (ms), every read is leased for pressure_lease (IndexOptions::pressure_window).
   std::atomic<int64_t> pressure_until_ms_{0};
   void NotePressure() {

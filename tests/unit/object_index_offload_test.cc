@@ -176,8 +176,7 @@ TEST_F(OffloadTest, AStagedCopyGivenBackReturnsItsExtentAtEviction) {
 TEST_F(OffloadTest, AStagedCopyUnderGrantsKeepsItsExtentToTheLeasesEnd) {
   MountWithTier("seg-a", 100 * 1024, 1 << 20, std::string(32, 'k'));
   FillAndEvict(/*read=*/true);
-  // Past every lease, and every writer's extent grant (put_timeout).
-  clock_.Advance(options_.put_timeout + options_.revoke_grace + absl::Seconds(1));
+  clock_.Advance(options_.lease_ttl + absl::Seconds(1));
   index_->EvictTo(0);
   index_->Tick();
   ASSERT_EQ(registry_->used(), 0u);
