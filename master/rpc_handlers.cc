@@ -204,8 +204,9 @@ void PutStart(Master* m, const v1::PutStartRequest& req, const std::string& clie
     if (!refused[i].ok()) items.back().size = 0;
   }
   std::vector<PutStartOut> placed = m->PutStart(std::move(items), client, tenant);
-  // The wall clock: daemons check grants against their own. A put's
-  // extents are its writer's until the put times out.
+  // The wall clock: daemons check grants against their own. A writer may
+  // write its extents until its put times out (a grant does not yet end
+  // with its put: docs/security.md, "Extent grants").
   ExtentGrants grants(m, absl::Now() + m->options().index.put_timeout, auth::kExtentWrite);
   for (size_t i = 0; i < placed.size(); ++i) {
     const PutStartOut& r = placed[i];
